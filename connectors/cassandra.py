@@ -1,0 +1,42 @@
+"""Cassandra plumbing shared by the engine, examples and tests."""
+
+from __future__ import annotations
+
+import re
+
+from cassandra.cluster import Cluster, Session
+
+from millstream.engine.config import MillstreamConfig
+
+__all__ = ["connect", "create_keyspace", "drop_keyspace"]
+
+_IDENTIFIER = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
+
+
+def connect(config: MillstreamConfig, keyspace: str | None = None) -> tuple[Cluster, Session]:
+    """A cluster handle and a session; the caller shuts the cluster down."""
+    cluster = Cluster(
+        contact_points=list(config.cassandra_hosts),
+        port=config.cassandra_port,
+        protocol_version=5,
+    )
+    return cluster, cluster.connect(keyspace)
+
+
+def create_keyspace(session: Session, name: str, replication: int = 1) -> None:
+    _check_identifier(name)
+    session.execute(
+        f"CREATE KEYSPACE IF NOT EXISTS {name} WITH replication = "
+        f"{{'class': 'SimpleStrategy', 'replication_factor': {replication}}}"
+    )
+
+
+def drop_keyspace(session: Session, name: str) -> None:
+    _check_identifier(name)
+    session.execute(f"DROP KEYSPACE IF EXISTS {name}")
+
+
+def _check_identifier(name: str) -> None:
+    # Keyspace names cannot be bound as parameters; refuse anything but a plain identifier.
+    if not _IDENTIFIER.match(name):
+        raise ValueError(f"{name!r} is not a valid keyspace name (lowercase letters, digits, _)")

@@ -1,0 +1,195 @@
+"""Where millstream finds Kafka, Cassandra and Spark, and how it sizes Spark.
+
+Settings come from three layers, later ones winning:
+
+1. built-in defaults: the local single-node stack that ``millstream up`` runs;
+2. a TOML file: ``$MILLSTREAM_CONFIG`` if set, else ``./millstream.toml`` if present;
+3. environment variables ``MILLSTREAM_*``.
+
+The TOML file and the variables name the same settings::
+
+    home = "~/.millstream"                 # MILLSTREAM_HOME
+    [kafka]
+    bootstrap = "broker1:9092,broker2:9092" # MILLSTREAM_KAFKA_BOOTSTRAP
+    controller_port = 9093                  # MILLSTREAM_KAFKA_CONTROLLER_PORT (local stack only)
+    [cassandra]
+    hosts = ["cass1", "cass2"]              # MILLSTREAM_CASSANDRA_HOSTS (comma separated)
+    port = 9042                             # MILLSTREAM_CASSANDRA_PORT
+    storage_port = 7000                     # MILLSTREAM_CASSANDRA_STORAGE_PORT (local stack only)
+    [spark]
+    master = "spark://master:7077"          # MILLSTREAM_SPARK_MASTER
+    shuffle_partitions = 2                  # MILLSTREAM_SPARK_SHUFFLE_PARTITIONS
+    ui = false                              # MILLSTREAM_SPARK_UI
+    packages = ["org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0"]  # MILLSTREAM_SPARK_PACKAGES
+    [spark.conf]
+    "spark.executor.memory" = "4g"
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from millstream.engine.errors import ConfigError
+
+__all__ = ["CONFIG_FILE_NAME", "MillstreamConfig", "load_config"]
+
+CONFIG_FILE_NAME = "millstream.toml"
+_LOOPBACK = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class MillstreamConfig:
+    """Endpoints and sizing; build one with :func:`load_config` or directly in tests."""
+
+    home: Path = field(default_factory=lambda: Path("~/.millstream").expanduser())
+    kafka_bootstrap: str = f"{_LOOPBACK}:9092"
+    kafka_controller_port: int = 9093
+    cassandra_hosts: tuple[str, ...] = (_LOOPBACK,)
+    cassandra_port: int = 9042
+    cassandra_storage_port: int = 7000
+    spark_master: str = "local[*]"
+    spark_shuffle_partitions: int = 2
+    spark_ui: bool = False
+    spark_packages: tuple[str, ...] = ()
+    spark_conf: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def kafka_port(self) -> int:
+        """The port of the first bootstrap server, which the local broker listens on."""
+        first = self.kafka_bootstrap.split(",")[0].strip()
+        return int(first.rsplit(":", 1)[1])
+
+    @property
+    def spark_is_local(self) -> bool:
+        return self.spark_master.startswith("local")
+
+    def with_home(self, home: Path) -> MillstreamConfig:
+        return replace(self, home=home)
+
+
+def load_config(
+    environ: Mapping[str, str] | None = None, path: Path | None = None
+) -> MillstreamConfig:
+    """Merge defaults, the TOML file and ``MILLSTREAM_*`` variables into one config.
+
+    ``environ`` defaults to ``os.environ``; ``path`` overrides ``$MILLSTREAM_CONFIG``.
+    """
+    env = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    file = path or _config_file(env)
+    if file is not None:
+        values.update(_from_toml(file))
+    values.update(_from_env(env))
+    try:
+        config = MillstreamConfig(**values)
+        _ = config.kafka_port
+    except (TypeError, ValueError, IndexError) as exc:
+        raise ConfigError(
+            f"invalid millstream settings ({exc}); check {file or 'the MILLSTREAM_* variables'}"
+        ) from exc
+    return config
+
+
+def _config_file(env: Mapping[str, str]) -> Path | None:
+    named = env.get("MILLSTREAM_CONFIG")
+    if named:
+        file = Path(named).expanduser()
+        if not file.is_file():
+            raise ConfigError(
+                f"MILLSTREAM_CONFIG names {file}, which does not exist; "
+                "point it at a TOML file or unset it"
+            )
+        return file
+    local = Path.cwd() / CONFIG_FILE_NAME
+    return local if local.is_file() else None
+
+
+def _from_toml(file: Path) -> dict[str, Any]:
+    try:
+        doc = tomllib.loads(file.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read config file {file}: {exc}; fix the TOML") from exc
+    known = {"home", "kafka", "cassandra", "spark"}
+    unknown = set(doc) - known
+    if unknown:
+        raise ConfigError(
+            f"unknown setting(s) {sorted(unknown)} in {file}; allowed: {sorted(known)}"
+        )
+    kafka, cassandra, spark = (_table(doc, name, file) for name in ("kafka", "cassandra", "spark"))
+    values: dict[str, Any] = {}
+    if "home" in doc:
+        values["home"] = Path(str(doc["home"])).expanduser()
+    _take(values, "kafka_bootstrap", kafka, "bootstrap", str)
+    _take(values, "kafka_controller_port", kafka, "controller_port", int)
+    if "hosts" in cassandra:
+        hosts = cassandra["hosts"]
+        values["cassandra_hosts"] = tuple(hosts) if isinstance(hosts, list) else _split(str(hosts))
+    _take(values, "cassandra_port", cassandra, "port", int)
+    _take(values, "cassandra_storage_port", cassandra, "storage_port", int)
+    _take(values, "spark_master", spark, "master", str)
+    _take(values, "spark_shuffle_partitions", spark, "shuffle_partitions", int)
+    _take(values, "spark_ui", spark, "ui", bool)
+    if "packages" in spark:
+        values["spark_packages"] = tuple(str(p) for p in spark["packages"])
+    if "conf" in spark:
+        values["spark_conf"] = {str(k): str(v) for k, v in dict(spark["conf"]).items()}
+    return values
+
+
+def _table(doc: Mapping[str, Any], name: str, file: Path) -> Mapping[str, Any]:
+    table = doc.get(name, {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"[{name}] in {file} must be a table")
+    return table
+
+
+def _take(
+    values: dict[str, Any], key: str, table: Mapping[str, Any], name: str, kind: type
+) -> None:
+    if name in table:
+        if not isinstance(table[name], kind):
+            raise ConfigError(f"setting {name!r} must be a {kind.__name__}, got {table[name]!r}")
+        values[key] = table[name]
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    converters: dict[str, tuple[str, Any]] = {
+        "MILLSTREAM_HOME": ("home", lambda v: Path(v).expanduser()),
+        "MILLSTREAM_KAFKA_BOOTSTRAP": ("kafka_bootstrap", str),
+        "MILLSTREAM_KAFKA_CONTROLLER_PORT": ("kafka_controller_port", int),
+        "MILLSTREAM_CASSANDRA_HOSTS": ("cassandra_hosts", _split),
+        "MILLSTREAM_CASSANDRA_PORT": ("cassandra_port", int),
+        "MILLSTREAM_CASSANDRA_STORAGE_PORT": ("cassandra_storage_port", int),
+        "MILLSTREAM_SPARK_MASTER": ("spark_master", str),
+        "MILLSTREAM_SPARK_SHUFFLE_PARTITIONS": ("spark_shuffle_partitions", int),
+        "MILLSTREAM_SPARK_UI": ("spark_ui", _boolean),
+        "MILLSTREAM_SPARK_PACKAGES": ("spark_packages", _split),
+    }
+    values: dict[str, Any] = {}
+    for variable, (key, convert) in converters.items():
+        raw = env.get(variable)
+        if raw is None or raw == "":
+            continue
+        try:
+            values[key] = convert(raw)
+        except ValueError as exc:
+            raise ConfigError(f"{variable}={raw!r} is not valid: {exc}") from exc
+    return values
+
+
+def _split(raw: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in raw.split(",") if part.strip())
+
+
+def _boolean(raw: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off"}:
+        return False
+    raise ValueError("expected true or false")

@@ -1,0 +1,147 @@
+"""The exceptions millstream raises, under one root.
+
+::
+
+    MillstreamError
+    ├── ConfigError                 a setting is missing or malformed
+    ├── LocalStackError             the local Kafka/Cassandra could not be run
+    │   ├── JavaNotFoundError       no java, or not the version the services need
+    │   ├── PortInUseError          a port the service needs is taken
+    │   ├── MavenError              artifacts could not be resolved
+    │   └── ServiceStartError       a service did not come up in time
+    ├── RecordError                 a record cannot travel on a stream
+    │   ├── RecordDecodeError       bytes off a stream are not a record we can read
+    │   │   ├── UnknownSchemaError  the writer's schema fingerprint is not registered
+    │   │   └── MalformedRecordError bad marker, corrupt or truncated body, wrong shape
+    │   ├── OversizedRecordError    an encoded record is larger than a stream carries
+    │   └── AbsurdTimestampError    an event time outside the plausible range (unit mistake?)
+    ├── TopologyError               a topology or computation declaration is invalid
+    ├── UndeclaredStreamError       user code produced to a stream it did not declare
+    └── StoreError                  the interval store refused or lost track of a write
+        ├── FencedError             another worker took the interval: stop, drop soft state
+        └── UnknownOutcomeError     a conditional write timed out: it may or may not have applied
+
+Every message says what was wrong and what to do about it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AbsurdTimestampError",
+    "ConfigError",
+    "FencedError",
+    "JavaNotFoundError",
+    "LocalStackError",
+    "MalformedRecordError",
+    "MavenError",
+    "MillstreamError",
+    "OversizedRecordError",
+    "PortInUseError",
+    "RecordDecodeError",
+    "RecordError",
+    "ServiceStartError",
+    "StoreError",
+    "TopologyError",
+    "UndeclaredStreamError",
+    "UnknownOutcomeError",
+    "UnknownSchemaError",
+]
+
+
+class MillstreamError(Exception):
+    """Root of every error millstream raises on purpose."""
+
+
+class ConfigError(MillstreamError):
+    """A configuration value is missing, malformed or contradictory."""
+
+
+class LocalStackError(MillstreamError):
+    """The local single-node services could not be prepared, started or stopped."""
+
+
+class JavaNotFoundError(LocalStackError):
+    """No usable Java runtime: missing, or a version Kafka and Cassandra do not run on."""
+
+
+class PortInUseError(LocalStackError):
+    """A port a local service must bind is already taken by another process."""
+
+
+class MavenError(LocalStackError):
+    """Maven failed to resolve the pinned JVM artifacts."""
+
+
+class ServiceStartError(LocalStackError):
+    """A service process exited or did not accept clients before its deadline."""
+
+
+class RecordError(MillstreamError):
+    """A record cannot travel on a stream; at the Kafka boundary it becomes a dead letter."""
+
+
+class RecordDecodeError(RecordError):
+    """Bytes read from a stream are not a record this process can decode."""
+
+
+class UnknownSchemaError(RecordDecodeError):
+    """The writer's schema fingerprint is not in the schema registry.
+
+    Register the writer's schema (``SchemaRegistry.register``) in every reader.
+    """
+
+
+class MalformedRecordError(RecordDecodeError):
+    """Bad marker, truncated or corrupt body, trailing bytes, or fields the reader lacks."""
+
+
+class OversizedRecordError(RecordError):
+    """An encoded record is larger than the streams carry (``records.MAX_RECORD_BYTES``)."""
+
+
+class AbsurdTimestampError(RecordError):
+    """An event time lies outside ``records.MIN_EVENT_TIME``..``records.MAX_EVENT_TIME``."""
+
+
+class TopologyError(MillstreamError):
+    """A topology declaration is inconsistent: duplicate names, unknown streams, bad options."""
+
+
+class UndeclaredStreamError(MillstreamError):
+    """User code produced to a stream its computation does not declare as an output."""
+
+
+class StoreError(MillstreamError):
+    """The interval store refused a write or cannot say whether one applied."""
+
+
+class FencedError(StoreError):
+    """Another worker acquired the interval's sequencer after this worker did.
+
+    The write was not applied and no later write with this lease can be. The worker is a
+    zombie for this interval: it must stop work on it, drop its soft state for it, and leave
+    the inputs unacknowledged so that the current owner processes them.
+    """
+
+
+class UnknownOutcomeError(StoreError):
+    """A conditional write timed out: it may or may not have applied, and may still apply.
+
+    ``marker`` identifies the uncertain write; ``uncertain_keys`` are the keys whose changes it
+    carried and ``unattempted_keys`` those the same call had not sent yet. Never assume either
+    outcome: resolve with ``IntervalStore.was_applied(lease, marker)``, a linearizable (SERIAL)
+    read, then commit again whatever did not apply.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        marker: bytes,
+        uncertain_keys: tuple[str, ...] = (),
+        unattempted_keys: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(message)
+        self.marker = marker
+        self.uncertain_keys = uncertain_keys
+        self.unattempted_keys = unattempted_keys

@@ -1,0 +1,398 @@
+"""Records on the wire: the envelope, its Avro encoding, and the record ID rules.
+
+Every stream carries ``millstream.Envelope`` records (``schemas/envelope.avsc``): MillWheel's
+``(key, value, timestamp)`` triple plus a 16-byte ``record_id``. ``value`` is opaque bytes.
+
+Encoding is Avro *single-object encoding*: the marker ``C3 01``, the 8-byte little-endian
+CRC-64-AVRO fingerprint of the writer schema's parsing canonical form, then the schemaless
+Avro body. A reader looks the fingerprint up in a :class:`SchemaRegistry`, so it can tell
+which schema wrote a record and resolve an evolved one against its own.
+
+Decoding never crashes on bad input: it raises :class:`~millstream.engine.errors.UnknownSchemaError`
+or :class:`~millstream.engine.errors.MalformedRecordError`, which the engine turns into
+dead letters.
+
+Record IDs are deterministic, so retries reproduce them and consumers deduplicate by them:
+
+* an injector derives an ID from the source position (:func:`injector_record_id`);
+* a computation derives an ID from (computation, cause, index of the production within the
+  call) (:func:`production_record_id`), where the cause is the input record's ID or the
+  firing timer's :func:`timer_identity`.
+
+IDs are BLAKE2b digests (``digest_size=16``) of an unambiguous, type-tagged, length-prefixed
+encoding of their parts, with a distinct domain per rule. BLAKE2b rather than mmh3: two
+distinct causes must never share an ID (a collision silently drops a record as a duplicate),
+and the parts (file names, keys, tags) are partly user-controlled, so the hash must resist
+crafted collisions, which MurmurHash does not. It is in the standard library and costs about a
+microsecond per ID.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from fastavro import parse_schema, schemaless_reader, schemaless_writer
+from fastavro.schema import fingerprint, to_parsing_canonical_form
+
+from millstream.engine.errors import (
+    AbsurdTimestampError,
+    MalformedRecordError,
+    OversizedRecordError,
+    UnknownSchemaError,
+)
+
+__all__ = [
+    "ENVELOPE_SCHEMA_NAME",
+    "MAX_EVENT_TIME",
+    "MAX_RECORD_BYTES",
+    "MIN_EVENT_TIME",
+    "RECORD_ID_BYTES",
+    "SINGLE_OBJECT_MARKER",
+    "Record",
+    "RegisteredSchema",
+    "SchemaRegistry",
+    "check_event_time",
+    "check_record_size",
+    "dead_letter_record_id",
+    "decode_record",
+    "decode_single_object",
+    "default_registry",
+    "encode_record",
+    "encode_single_object",
+    "injector_record_id",
+    "production_record_id",
+    "shipped_schema",
+    "timer_identity",
+]
+
+SINGLE_OBJECT_MARKER = b"\xc3\x01"
+RECORD_ID_BYTES = 16
+ENVELOPE_SCHEMA_NAME = "millstream.Envelope"
+
+# Kafka's default max.message.bytes is 1 MiB including batch overhead and headers; staying
+# below it means a production that passes this check is never refused by the broker.
+MAX_RECORD_BYTES = 1_000_000
+
+# Event times outside [1970-01-01, 9999-12-31T23:59:59.999999] UTC are treated as absurd:
+# they are almost always a unit mistake (ms or ns for µs) and would wreck low watermarks.
+MIN_EVENT_TIME = 0
+MAX_EVENT_TIME = 253_402_300_799_999_999
+
+_FINGERPRINT_BYTES = 8
+_HEADER_BYTES = len(SINGLE_OBJECT_MARKER) + _FINGERPRINT_BYTES
+_LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
+_SCHEMA_PACKAGE = "millstream.schemas"
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One record: key, opaque value, event time in µs since the epoch (UTC), unique ID."""
+
+    key: str
+    value: bytes
+    timestamp: int
+    record_id: bytes
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.key, str):
+            raise TypeError(f"record key must be str, got {type(self.key).__name__}")
+        if not isinstance(self.value, bytes):
+            raise TypeError(
+                f"record value must be bytes, got {type(self.value).__name__}; "
+                "encode it first (e.g. with a codec from millstream.engine.codecs)"
+            )
+        if not isinstance(self.timestamp, int) or isinstance(self.timestamp, bool):
+            raise TypeError(
+                f"record timestamp must be int microseconds since the epoch, "
+                f"got {type(self.timestamp).__name__}"
+            )
+        if not _LONG_MIN <= self.timestamp <= _LONG_MAX:
+            raise ValueError(f"record timestamp {self.timestamp} does not fit an Avro long")
+        if not isinstance(self.record_id, bytes) or len(self.record_id) != RECORD_ID_BYTES:
+            raise ValueError(
+                f"record_id must be {RECORD_ID_BYTES} bytes, got {self.record_id!r}; "
+                "derive it with injector_record_id or production_record_id"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class RegisteredSchema:
+    """A schema known to a registry: its full name, fingerprint and fastavro-parsed form."""
+
+    name: str
+    fingerprint: bytes
+    canonical_form: str
+    parsed: Any
+
+
+class SchemaRegistry:
+    """Avro schemas by single-object fingerprint, so readers can tell each writer's schema.
+
+    Logical-type annotations are dropped when a schema is registered: millstream hands values
+    to user code as their underlying Avro types (a ``timestamp-micros`` stays an ``int``).
+    Fingerprints are unaffected, since the parsing canonical form ignores annotations.
+
+    Register every schema that ever wrote to a stream (old envelope and value schema versions
+    included) before reading it; registration is idempotent.
+    """
+
+    def __init__(self) -> None:
+        self._by_fingerprint: dict[bytes, RegisteredSchema] = {}
+        self._latest_by_name: dict[str, RegisteredSchema] = {}
+
+    @classmethod
+    def from_package(cls, package: str = _SCHEMA_PACKAGE) -> SchemaRegistry:
+        """A registry holding every ``.avsc`` file shipped in ``package``."""
+        registry = cls()
+        for entry in sorted(resources.files(package).iterdir(), key=lambda e: e.name):
+            if entry.name.endswith(".avsc"):
+                registry.register(entry.read_text(encoding="utf-8"))
+        return registry
+
+    def register(self, schema: str | Mapping[str, Any]) -> RegisteredSchema:
+        """Add a schema (JSON text or parsed JSON); the latest one registered wins its name."""
+        raw = json.loads(schema) if isinstance(schema, str) else schema
+        parsed = parse_schema(_without_logical_types(raw), named_schemas={})
+        canonical = to_parsing_canonical_form(parsed)
+        registered = RegisteredSchema(
+            name=_schema_name(parsed),
+            fingerprint=bytes.fromhex(fingerprint(canonical, "CRC-64-AVRO")),
+            canonical_form=canonical,
+            parsed=parsed,
+        )
+        self._by_fingerprint.setdefault(registered.fingerprint, registered)
+        self._latest_by_name[registered.name] = self._by_fingerprint[registered.fingerprint]
+        return self._by_fingerprint[registered.fingerprint]
+
+    def lookup(self, schema_fingerprint: bytes) -> RegisteredSchema:
+        """The schema with this fingerprint, or :class:`UnknownSchemaError`."""
+        try:
+            return self._by_fingerprint[schema_fingerprint]
+        except KeyError:
+            raise UnknownSchemaError(
+                f"no registered schema has fingerprint {schema_fingerprint.hex()}; register "
+                "the writer's schema with SchemaRegistry.register in this reader"
+            ) from None
+
+    def named(self, name: str) -> RegisteredSchema:
+        """The latest schema registered under a full name such as ``millstream.Envelope``."""
+        try:
+            return self._latest_by_name[name]
+        except KeyError:
+            raise UnknownSchemaError(
+                f"no schema named {name!r} is registered; known: {sorted(self._latest_by_name)}"
+            ) from None
+
+    def __contains__(self, schema_fingerprint: object) -> bool:
+        return schema_fingerprint in self._by_fingerprint
+
+    def __len__(self) -> int:
+        return len(self._by_fingerprint)
+
+
+@cache
+def default_registry() -> SchemaRegistry:
+    """The process-wide registry, preloaded with the schemas shipped in ``millstream.schemas``."""
+    return SchemaRegistry.from_package()
+
+
+def encode_single_object(datum: Any, schema: RegisteredSchema) -> bytes:
+    """Avro single-object encoding of ``datum`` written with ``schema``."""
+    body = io.BytesIO()
+    body.write(SINGLE_OBJECT_MARKER)
+    body.write(schema.fingerprint)
+    schemaless_writer(body, schema.parsed, datum, strict=True)
+    return body.getvalue()
+
+
+def decode_single_object(
+    data: bytes, reader: RegisteredSchema, registry: SchemaRegistry | None = None
+) -> Any:
+    """Decode single-object-encoded ``data``, resolving its writer schema against ``reader``.
+
+    Raises :class:`UnknownSchemaError` if the writer's fingerprint is not in ``registry``
+    (default: :func:`default_registry`) and :class:`MalformedRecordError` for a bad marker, a
+    truncated or corrupt body, trailing bytes, or a writer schema that cannot be resolved
+    against ``reader`` (such as a field the reader requires and the writer lacks).
+    """
+    registry = default_registry() if registry is None else registry
+    if len(data) < _HEADER_BYTES:
+        raise MalformedRecordError(
+            f"{len(data)} bytes is shorter than the {_HEADER_BYTES}-byte Avro single-object "
+            "header; the producer must use millstream's encoding"
+        )
+    if data[:2] != SINGLE_OBJECT_MARKER:
+        raise MalformedRecordError(
+            f"bytes start with {data[:2].hex()}, not the Avro single-object marker c301; "
+            "the producer must use Avro single-object encoding"
+        )
+    writer = registry.lookup(bytes(data[2:_HEADER_BYTES]))
+    body = io.BytesIO(data)
+    body.seek(_HEADER_BYTES)
+    try:
+        datum = schemaless_reader(body, writer.parsed, None if writer is reader else reader.parsed)
+    except Exception as exc:
+        # fastavro signals corrupt input with whatever its decoder hit (EOFError, ValueError,
+        # UnicodeDecodeError, SchemaResolutionError, ...); all of them mean "not a readable
+        # record", which callers handle as one dead-letter case.
+        raise MalformedRecordError(
+            f"cannot decode a {writer.name} body as {reader.name}: {type(exc).__name__}: {exc}"
+        ) from exc
+    if body.tell() != len(data):
+        raise MalformedRecordError(
+            f"{len(data) - body.tell()} trailing bytes after a {writer.name} body; "
+            "one message must hold exactly one record"
+        )
+    return datum
+
+
+def encode_record(record: Record) -> bytes:
+    """The envelope of ``record`` in Avro single-object encoding."""
+    return encode_single_object(
+        {
+            "key": record.key,
+            "value": record.value,
+            "timestamp": record.timestamp,
+            "record_id": record.record_id,
+        },
+        _envelope(),
+    )
+
+
+def decode_record(data: bytes, registry: SchemaRegistry | None = None) -> Record:
+    """Decode an envelope written with any registered envelope schema version.
+
+    Raises :class:`UnknownSchemaError` or :class:`MalformedRecordError`; never anything else
+    for bad bytes.
+    """
+    datum = decode_single_object(data, _envelope(), registry)
+    try:
+        return Record(
+            key=datum["key"],
+            value=datum["value"],
+            timestamp=datum["timestamp"],
+            record_id=datum["record_id"],
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise MalformedRecordError(f"decoded envelope is not a valid record: {exc}") from exc
+
+
+def check_record_size(data: bytes) -> None:
+    """Raise :class:`OversizedRecordError` if an encoded record is too large for a stream."""
+    if len(data) > MAX_RECORD_BYTES:
+        raise OversizedRecordError(
+            f"encoded record is {len(data)} bytes, over the {MAX_RECORD_BYTES}-byte limit; "
+            "keep large payloads elsewhere and produce a reference to them"
+        )
+
+
+def check_event_time(timestamp: int) -> None:
+    """Raise :class:`AbsurdTimestampError` for an event time outside the plausible range."""
+    if not MIN_EVENT_TIME <= timestamp <= MAX_EVENT_TIME:
+        raise AbsurdTimestampError(
+            f"event time {timestamp} is outside [{MIN_EVENT_TIME}, {MAX_EVENT_TIME}]; "
+            "timestamps are integer microseconds since the Unix epoch (not ms or ns)"
+        )
+
+
+def injector_record_id(source: str, partition_or_file: str | int, offset: int) -> bytes:
+    """The ID of a record an injector reads at a source position.
+
+    ``source`` names the source (a topic, a log directory, a feed), ``partition_or_file`` the
+    partition number or the file identity (e.g. ``"<inode>:<creation time>"``, not only its
+    path, which may be reused), ``offset`` the position within it. A restarted injector that
+    re-reads a position re-sends the same ID.
+    """
+    if not source:
+        raise ValueError("source must be a non-empty name")
+    if offset < 0:
+        raise ValueError(f"offset must be non-negative, got {offset}")
+    return _derive_id("injector", source, partition_or_file, offset)
+
+
+def production_record_id(computation: str, cause_id: bytes, index: int) -> bytes:
+    """The ID of the ``index``-th production of a call, so a retried call reproduces it.
+
+    ``cause_id`` is the input record's ID, or :func:`timer_identity` of the firing timer.
+    """
+    if not computation:
+        raise ValueError("computation must be a non-empty name")
+    if not cause_id:
+        raise ValueError("cause_id must be the input record's ID or a timer identity")
+    if index < 0:
+        raise ValueError(f"index must be non-negative, got {index}")
+    return _derive_id("production", computation, cause_id, index)
+
+
+def dead_letter_record_id(computation: str, cause_id: bytes) -> bytes:
+    """The ID of the dead letter a call or a rejected input turns into (at most one per cause)."""
+    if not cause_id:
+        raise ValueError("cause_id must identify the failed record, timer or input position")
+    return _derive_id("dead-letter", computation, cause_id)
+
+
+def timer_identity(key: str, tag: str, timestamp: int, set_by: bytes = b"") -> bytes:
+    """The identity of one setting of a timer, the cause of the productions of its firing.
+
+    ``set_by`` is the cause ID of the call that set the timer. It tells apart two settings of
+    the same (key, tag, timestamp), e.g. a window timer set again by a late record after the
+    first one fired: without it the corrected window's productions would reuse the first
+    firing's record IDs and be dropped downstream as duplicates.
+    """
+    return _derive_id("timer", key, tag, timestamp, set_by)
+
+
+def _derive_id(domain: str, *parts: str | bytes | int) -> bytes:
+    digest = hashlib.blake2b(digest_size=RECORD_ID_BYTES, person=b"millstream.id.v1")
+    for part in (domain, *parts):
+        digest.update(_frame(part))
+    return digest.digest()
+
+
+def _frame(part: str | bytes | int) -> bytes:
+    # Type tag plus length prefix: ("ab", "c") and ("a", "bc"), or partition 3 and file "3",
+    # must never hash alike.
+    if isinstance(part, bool):
+        raise TypeError("record ID parts must be str, bytes or int, not bool")
+    if isinstance(part, int):
+        if not _LONG_MIN <= part <= _LONG_MAX:
+            raise ValueError(f"record ID part {part} does not fit 64 bits")
+        return b"i" + struct.pack(">q", part)
+    raw = part.encode("utf-8") if isinstance(part, str) else bytes(part)
+    return (b"s" if isinstance(part, str) else b"b") + struct.pack(">I", len(raw)) + raw
+
+
+@cache
+def shipped_schema(file_name: str) -> RegisteredSchema:
+    """A schema file of ``millstream.schemas`` as registered in :func:`default_registry`.
+
+    This is the version this code reads and writes, even if a newer one is registered too.
+    """
+    shipped = resources.files(_SCHEMA_PACKAGE).joinpath(file_name)
+    return default_registry().register(shipped.read_text(encoding="utf-8"))
+
+
+def _envelope() -> RegisteredSchema:
+    return shipped_schema("envelope.avsc")
+
+
+def _schema_name(parsed: Any) -> str:
+    if isinstance(parsed, dict):
+        return str(parsed.get("name", parsed["type"]))
+    return parsed if isinstance(parsed, str) else "union"
+
+
+def _without_logical_types(schema: Any) -> Any:
+    if isinstance(schema, dict):
+        return {k: _without_logical_types(v) for k, v in schema.items() if k != "logicalType"}
+    if isinstance(schema, list):
+        return [_without_logical_types(item) for item in schema]
+    return schema

@@ -1,0 +1,21 @@
+# Sourced by the other scripts: make .venv with millstream and its test tools
+# installed, reinstalling only when the package metadata changed.
+_python=${PYTHON:-python3}
+if ! "$_python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+  echo "millstream needs Python 3.11 or newer; '$_python' is $("$_python" --version 2>&1)." >&2
+  echo "Install Python 3.11 and run again, or point PYTHON at it (PYTHON=python3.11 $0)." >&2
+  exit 1
+fi
+if [ ! -x .venv/bin/python ]; then
+  echo "millstream: creating .venv with $("$_python" --version)" >&2
+  "$_python" -m venv .venv
+fi
+_stamp=$(cat setup.cfg pyproject.toml | sha256sum | cut -c1-16)
+if [ "$(cat .venv/.millstream-stamp 2>/dev/null)" != "$_stamp" ]; then
+  echo "millstream: installing Python dependencies into .venv (first run takes a minute)" >&2
+  .venv/bin/python -m pip install --quiet --upgrade pip
+  .venv/bin/python -m pip install --quiet -e '.[test]'
+  echo "$_stamp" > .venv/.millstream-stamp
+fi
+export PATH="$PWD/.venv/bin:$PATH"
+unset _python _stamp

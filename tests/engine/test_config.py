@@ -1,0 +1,92 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from millstream.engine.config import MillstreamConfig, load_config
+from millstream.engine.errors import ConfigError
+
+pytestmark = pytest.mark.unit
+
+
+def test_defaults_point_at_the_local_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # no millstream.toml here
+    config = load_config(environ={})
+    assert config == MillstreamConfig()
+    assert config.kafka_bootstrap == "127.0.0.1:9092"
+    assert config.kafka_port == 9092
+    assert config.cassandra_hosts == ("127.0.0.1",)
+    assert config.spark_master == "local[*]"
+    assert config.spark_is_local
+
+
+def test_file_then_environment_override_defaults(tmp_path: Path) -> None:
+    file = tmp_path / "cluster.toml"
+    file.write_text(
+        'home = "/srv/millstream"\n'
+        "[kafka]\n"
+        'bootstrap = "k1:9092,k2:9092"\n'
+        "[cassandra]\n"
+        'hosts = ["c1", "c2"]\n'
+        "port = 19042\n"
+        "[spark]\n"
+        'master = "spark://m:7077"\n'
+        "shuffle_partitions = 8\n"
+        'packages = ["org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0"]\n'
+        "[spark.conf]\n"
+        '"spark.executor.memory" = "4g"\n'
+    )
+    config = load_config(
+        environ={"MILLSTREAM_CONFIG": str(file), "MILLSTREAM_CASSANDRA_PORT": "29042"}
+    )
+    assert config.home == Path("/srv/millstream")
+    assert config.kafka_bootstrap == "k1:9092,k2:9092"
+    assert config.cassandra_hosts == ("c1", "c2")
+    assert config.cassandra_port == 29042  # the variable beats the file
+    assert config.spark_master == "spark://m:7077"
+    assert not config.spark_is_local
+    assert config.spark_shuffle_partitions == 8
+    assert config.spark_packages == ("org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0",)
+    assert config.spark_conf == {"spark.executor.memory": "4g"}
+
+
+def test_environment_lists_and_booleans() -> None:
+    config = load_config(
+        environ={
+            "MILLSTREAM_CASSANDRA_HOSTS": "a, b ,c",
+            "MILLSTREAM_SPARK_UI": "yes",
+            "MILLSTREAM_HOME": "/tmp/ms",
+        },
+        path=None,
+    )
+    assert config.cassandra_hosts == ("a", "b", "c")
+    assert config.spark_ui is True
+    assert config.home == Path("/tmp/ms")
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({"MILLSTREAM_CASSANDRA_PORT": "ninety"}, "MILLSTREAM_CASSANDRA_PORT='ninety'"),
+        ({"MILLSTREAM_SPARK_UI": "maybe"}, "expected true or false"),
+        ({"MILLSTREAM_CONFIG": "/nonexistent/millstream.toml"}, "does not exist"),
+        ({"MILLSTREAM_KAFKA_BOOTSTRAP": "no-port-here"}, "invalid millstream settings"),
+    ],
+)
+def test_bad_settings_say_what_is_wrong(environ: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(environ=environ)
+
+
+def test_unknown_and_mistyped_file_settings_are_refused(tmp_path: Path) -> None:
+    file = tmp_path / "m.toml"
+    file.write_text("[kafak]\nbootstrap = 'x:1'\n")
+    with pytest.raises(ConfigError, match="unknown setting"):
+        load_config(environ={}, path=file)
+    file.write_text("[cassandra]\nport = '9042'\n")
+    with pytest.raises(ConfigError, match="must be a int"):
+        load_config(environ={}, path=file)
+    file.write_text("[cassandra\n")
+    with pytest.raises(ConfigError, match="fix the TOML"):
+        load_config(environ={}, path=file)

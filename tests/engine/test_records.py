@@ -1,0 +1,241 @@
+import contextlib
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from millstream.engine.errors import (
+    AbsurdTimestampError,
+    MalformedRecordError,
+    OversizedRecordError,
+    RecordDecodeError,
+    UnknownSchemaError,
+)
+from millstream.engine.records import (
+    MAX_EVENT_TIME,
+    MAX_RECORD_BYTES,
+    SINGLE_OBJECT_MARKER,
+    Record,
+    SchemaRegistry,
+    check_event_time,
+    check_record_size,
+    dead_letter_record_id,
+    decode_record,
+    decode_single_object,
+    default_registry,
+    encode_record,
+    encode_single_object,
+    injector_record_id,
+    production_record_id,
+    timer_identity,
+)
+
+pytestmark = pytest.mark.unit
+
+RID = bytes(range(16))
+records = st.builds(
+    Record,
+    key=st.text(),
+    value=st.binary(),
+    timestamp=st.integers(-(2**63), 2**63 - 1),
+    record_id=st.binary(min_size=16, max_size=16),
+)
+
+
+@given(records)
+def test_encode_decode_round_trips(record: Record) -> None:
+    assert decode_record(encode_record(record)) == record
+
+
+def test_encoding_is_single_object_with_the_envelope_fingerprint() -> None:
+    data = encode_record(Record("k", b"v", 1, RID))
+    envelope = default_registry().named("millstream.Envelope")
+    assert data[:2] == SINGLE_OBJECT_MARKER
+    assert data[2:10] == envelope.fingerprint
+    assert '"logicalType"' not in envelope.canonical_form
+
+
+def test_fingerprint_is_little_endian_crc64_avro() -> None:
+    # The Avro specification's single-object example: the "int" schema's header.
+    registered = SchemaRegistry().register('"int"')
+    assert SINGLE_OBJECT_MARKER + registered.fingerprint == bytes.fromhex("c3018f5c393f1ad57572")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"record_id": b"short"}, ValueError),
+        ({"record_id": "x" * 16}, ValueError),
+        ({"timestamp": 1.5}, TypeError),
+        ({"timestamp": True}, TypeError),
+        ({"timestamp": 2**63}, ValueError),
+        ({"key": b"k"}, TypeError),
+        ({"value": "v"}, TypeError),
+    ],
+)
+def test_record_validates_its_fields(kwargs: dict[str, object], error: type[Exception]) -> None:
+    fields: dict[str, object] = {"key": "k", "value": b"v", "timestamp": 1, "record_id": RID}
+    fields.update(kwargs)
+    with pytest.raises(error):
+        Record(**fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"\xc3\x01\x00",
+        b"\x00\x01" + bytes(8) + b"\x00",
+    ],
+)
+def test_bad_header_is_malformed(data: bytes) -> None:
+    with pytest.raises(MalformedRecordError):
+        decode_record(data)
+
+
+def test_unknown_fingerprint_is_unknown_schema() -> None:
+    data = encode_record(Record("k", b"v", 1, RID))
+    with pytest.raises(UnknownSchemaError):
+        decode_record(data[:2] + bytes(8) + data[10:])
+
+
+def test_truncated_body_is_malformed() -> None:
+    data = encode_record(Record("key", b"value", 1, RID))
+    with pytest.raises(MalformedRecordError):
+        decode_record(data[:-1])
+
+
+def test_trailing_bytes_are_malformed() -> None:
+    data = encode_record(Record("key", b"value", 1, RID))
+    with pytest.raises(MalformedRecordError, match="trailing"):
+        decode_record(data + b"\x00")
+
+
+@given(st.binary(max_size=64))
+def test_any_body_either_decodes_or_raises_a_decode_error(body: bytes) -> None:
+    header = encode_record(Record("k", b"v", 1, RID))[:10]
+    with contextlib.suppress(RecordDecodeError):
+        decode_record(header + body)
+
+
+def test_a_registered_schema_missing_envelope_fields_is_malformed() -> None:
+    registry = SchemaRegistry.from_package()
+    older = registry.register(
+        {
+            "type": "record",
+            "name": "Envelope",
+            "namespace": "millstream",
+            "fields": [{"name": "key", "type": "string"}],
+        }
+    )
+    data = encode_single_object({"key": "k"}, older)
+    with pytest.raises(MalformedRecordError, match="cannot decode"):
+        decode_record(data, registry)
+
+
+def test_an_evolved_envelope_is_resolved_against_the_readers() -> None:
+    registry = SchemaRegistry.from_package()
+    envelope = json.loads(default_registry().named("millstream.Envelope").canonical_form)
+    envelope["fields"].append({"name": "trace", "type": "string"})
+    newer = registry.register(envelope)
+    datum = {"key": "k", "value": b"v", "timestamp": 7, "record_id": RID, "trace": "t"}
+    assert decode_record(encode_single_object(datum, newer), registry) == Record("k", b"v", 7, RID)
+    with pytest.raises(UnknownSchemaError):
+        decode_record(encode_single_object(datum, newer), SchemaRegistry.from_package())
+
+
+def test_user_value_schemas_can_evolve_with_defaults() -> None:
+    registry = SchemaRegistry()
+    v1 = registry.register(
+        {"type": "record", "name": "app.Click", "fields": [{"name": "url", "type": "string"}]}
+    )
+    v2 = registry.register(
+        {
+            "type": "record",
+            "name": "app.Click",
+            "fields": [
+                {"name": "url", "type": "string"},
+                {"name": "referrer", "type": "string", "default": ""},
+            ],
+        }
+    )
+    assert registry.named("app.Click") is v2
+    old_bytes = encode_single_object({"url": "/a"}, v1)
+    assert decode_single_object(old_bytes, v2, registry) == {"url": "/a", "referrer": ""}
+
+
+def test_registry_loads_every_shipped_schema() -> None:
+    names = {"millstream.Envelope", "millstream.DeadLetter"}
+    registry = SchemaRegistry.from_package()
+    assert all(registry.named(name).fingerprint in registry for name in names)
+
+
+def test_registration_is_idempotent() -> None:
+    registry = SchemaRegistry()
+    first = registry.register('"string"')
+    assert registry.register('"string"') is first
+    assert len(registry) == 1
+
+
+def test_record_size_limit() -> None:
+    check_record_size(bytes(MAX_RECORD_BYTES))
+    with pytest.raises(OversizedRecordError):
+        check_record_size(bytes(MAX_RECORD_BYTES + 1))
+
+
+def test_event_time_bounds() -> None:
+    check_event_time(0)
+    check_event_time(MAX_EVENT_TIME)
+    for absurd in (-1, MAX_EVENT_TIME + 1):
+        with pytest.raises(AbsurdTimestampError):
+            check_event_time(absurd)
+
+
+def test_record_ids_are_16_bytes_and_deterministic() -> None:
+    ids = [
+        injector_record_id("clicks", 3, 42),
+        production_record_id("counter", RID, 0),
+        timer_identity("k", "window", 10),
+        dead_letter_record_id("counter", RID),
+    ]
+    assert all(len(i) == 16 for i in ids)
+    assert ids == [
+        injector_record_id("clicks", 3, 42),
+        production_record_id("counter", RID, 0),
+        timer_identity("k", "window", 10),
+        dead_letter_record_id("counter", RID),
+    ]
+    assert len(set(ids)) == len(ids)
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        (injector_record_id("t", 3, 1), injector_record_id("t", "3", 1)),
+        (injector_record_id("ab", "c", 1), injector_record_id("a", "bc", 1)),
+        (injector_record_id("t", 0, 1), injector_record_id("t", 0, 2)),
+        (production_record_id("c", RID, 0), production_record_id("c", RID, 1)),
+        (production_record_id("c", RID, 0), production_record_id("d", RID, 0)),
+        (timer_identity("k", "t", 1), timer_identity("k", "t", 1, set_by=RID)),
+        (timer_identity("k", "t", 1), timer_identity("k", "t", 2)),
+        (dead_letter_record_id("c", RID), production_record_id("c", RID, 0)),
+    ],
+)
+def test_record_ids_separate_their_inputs(a: bytes, b: bytes) -> None:
+    assert a != b
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: injector_record_id("", 0, 0),
+        lambda: injector_record_id("t", 0, -1),
+        lambda: production_record_id("c", b"", 0),
+        lambda: production_record_id("c", RID, -1),
+        lambda: production_record_id("", RID, 0),
+    ],
+)
+def test_record_id_arguments_are_validated(call: object) -> None:
+    with pytest.raises(ValueError):  # noqa: PT011 - each case has its own message
+        call()  # type: ignore[operator]
