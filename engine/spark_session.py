@@ -17,11 +17,13 @@ from typing import TYPE_CHECKING
 from millstream.engine.config import MillstreamConfig
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from collections.abc import Sequence
+
+    from pyspark.sql import DataFrame, SparkSession
 
     from millstream.connectors.local.process import Progress
 
-__all__ = ["spark_conf", "spark_session"]
+__all__ = ["kafka_stream", "spark_conf", "spark_session"]
 
 
 def spark_conf(
@@ -81,6 +83,25 @@ def spark_session(
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     return session
+
+
+def kafka_stream(
+    spark: SparkSession,
+    config: MillstreamConfig,
+    topics: Sequence[str],
+    starting_offsets: str = "earliest",
+) -> DataFrame:
+    """A streaming DataFrame of the topics' records (key, value, topic, partition, offset, ...).
+
+    ``starting_offsets`` applies only to a query's first run; afterwards its checkpoint decides.
+    """
+    return (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", config.kafka_bootstrap)
+        .option("subscribe", ",".join(topics))
+        .option("startingOffsets", starting_offsets)
+        .load()
+    )
 
 
 def local_connector_jars(config: MillstreamConfig, progress: Progress) -> list[Path]:

@@ -12,6 +12,7 @@ from millstream.connectors import cassandra as cassandra_connector
 from millstream.connectors.kafka import producer
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.records import Record, decode_record, encode_record, injector_record_id
+from millstream.engine.spark_session import kafka_stream
 
 if TYPE_CHECKING:
     from cassandra.cluster import Session
@@ -89,11 +90,7 @@ def test_avro_records_flow_from_kafka_through_spark_into_cassandra_lwt(
     # 2./3. Spark reads the topic through the Kafka connector; foreachBatch writes by LWT.
     writer = LwtWriter(services, keyspace)
     query = (
-        spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", services.kafka_bootstrap)
-        .option("subscribe", topic)
-        .option("startingOffsets", "earliest")
-        .load()
+        kafka_stream(spark, services, [topic])
         .writeStream.foreachBatch(writer)
         .option("checkpointLocation", str(tmp_path / "checkpoint"))
         .trigger(availableNow=True)
