@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 
 from cassandra.cluster import Cluster, Session
 
@@ -19,6 +20,9 @@ def connect(config: MillstreamConfig, keyspace: str | None = None) -> tuple[Clus
         contact_points=list(config.cassandra_hosts),
         port=config.cassandra_port,
         protocol_version=5,
+        # The driver leaves Nagle on: a request of a few KB then waits ~40 ms for the
+        # server's delayed ACK, which caps commits per second (bench/core_commits.py).
+        sockopts=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
     )
     return cluster, cluster.connect(keyspace)
 

@@ -129,8 +129,9 @@ class UnknownOutcomeError(StoreError):
 
     ``marker`` identifies the uncertain write; ``uncertain_keys`` are the keys whose changes it
     carried and ``unattempted_keys`` those the same call had not sent yet. Never assume either
-    outcome: resolve with ``IntervalStore.was_applied(lease, marker)``, a linearizable (SERIAL)
-    read, then commit again whatever did not apply.
+    outcome: resolve with ``IntervalStore.was_applied(lease, marker)``, which answers
+    linearizably and makes sure a write it reports as not applied can never apply later, then
+    commit again whatever did not apply.
     """
 
     def __init__(

@@ -1,0 +1,496 @@
+"""The per-key protocol: exactly-once processing of one key interval (paper 6.1, 6.2).
+
+An :class:`IntervalWorker` owns the work of one computation on one key interval and handles
+one batch of input at a time (a Spark micro-batch's share of the interval):
+
+1. **Acquire** the interval's sequencer. If nobody else acquired it since this worker's last
+   batch, its soft state (per-key state cache, timer set, pending productions, Bloom filter)
+   is still exact; otherwise it **rescans** the interval.
+2. **Resend** committed productions not yet acknowledged (its own, or a previous owner's).
+3. For each key, in key order, with its records in delivery order:
+
+   * drop duplicates: repeats within the batch, then IDs the Bloom filter may contain and the
+     store confirms (exactly-once computations only);
+   * run ``process_record``, collecting its state, timer and production changes; a call that
+     raises contributes nothing but a dead letter;
+   * fire the key's due timers in timestamp order (event time against the input low
+     watermark, wall time against the injected clock), each a call like a record's.
+
+4. **Weak productions** only: send them and wait ``weak_production_delay``; checkpoint the
+   stragglers.
+5. **Commit** every key's changes with the dedup IDs of its records, conditionally on the
+   sequencer; one key's changes never split. An unknown outcome is resolved by reading the
+   commit marker back before committing again what did not apply.
+6. **Send** the checkpointed productions and delete those the sink acknowledged.
+
+If anything fails (a fenced write, a crash, an unresolved outcome) the exception propagates
+and the worker forgets its soft state; the batch's inputs must not be acknowledged, so they
+come again and, being duplicates of whatever was committed, are harmless.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+
+from millstream.engine.clock import Clock
+from millstream.engine.computation import Computation
+from millstream.engine.context import Context
+from millstream.engine.deadletters import DeadLetter, Origin
+from millstream.engine.dedup import BloomFilter, seen_before
+from millstream.engine.errors import (
+    AbsurdTimestampError,
+    UndeclaredStreamError,
+    UnknownOutcomeError,
+)
+from millstream.engine.keys import key_interval
+from millstream.engine.productions import Production, ProductionSink
+from millstream.engine.records import (
+    MAX_EVENT_TIME,
+    MIN_EVENT_TIME,
+    Record,
+    check_event_time,
+    check_record_size,
+    encode_record,
+    production_record_id,
+)
+from millstream.engine.sequencer import Lease
+from millstream.engine.state import UNCHANGED, KeyChanges, effective_timers
+from millstream.engine.store import IntervalStore
+from millstream.engine.timers import TimeDomain, Timer, due_timers
+from millstream.engine.topology import ComputationSpec
+
+__all__ = ["BatchResult", "Delivery", "IntervalWorker", "Rejected"]
+
+# After this many unknown outcomes in a row the batch fails; the store is too unhealthy to wait.
+_MAX_COMMIT_ATTEMPTS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """An input record for the interval, under the key the consumer's extractor gave it."""
+
+    key: str
+    record: Record
+    origin: Origin = field(default_factory=Origin)
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """Input that could not be decoded; it becomes a dead letter.
+
+    ``origin`` must locate it (stream, partition, offset), since that is its only identity;
+    ``timestamp`` is the best event time known for it, e.g. the Kafka message timestamp.
+    """
+
+    origin: Origin
+    raw: bytes
+    error: Exception
+    timestamp: int
+
+
+@dataclass
+class BatchResult:
+    """What a committed batch did: records ``processed`` (duplicates and late ones counted
+    apart), timers fired, dead letters, keys committed, productions the sink acknowledged
+    (resends included) and those still ``pending`` after it."""
+
+    lease: Lease
+    rescanned: bool
+    processed: int = 0
+    duplicates: int = 0
+    late: int = 0
+    fired_timers: list[Timer] = field(default_factory=list)
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+    committed_keys: int = 0
+    acknowledged: int = 0
+    pending: int = 0
+
+
+@dataclass
+class _SoftState:
+    lease: Lease
+    states: dict[str, bytes | None]
+    timers: dict[str, dict[str, Timer]]
+    pending: dict[bytes, Production]
+    bloom: BloomFilter | None
+
+
+class IntervalWorker:
+    """Runs one computation's per-key protocol on one key interval, batch by batch.
+
+    A worker is single-threaded. Several workers may be pointed at one interval (retries,
+    speculation, failover); the sequencer makes sure only the latest one commits.
+    """
+
+    def __init__(
+        self,
+        spec: ComputationSpec,
+        interval: int,
+        *,
+        store: IntervalStore,
+        sink: ProductionSink,
+        clock: Clock,
+    ) -> None:
+        if not 0 <= interval < spec.options.key_intervals:
+            raise ValueError(
+                f"interval {interval} is outside [0, {spec.options.key_intervals}) "
+                f"of computation {spec.name!r}"
+            )
+        self.spec = spec
+        self.interval = interval
+        self._store = store
+        self._sink = sink
+        self._clock = clock
+        self._soft: _SoftState | None = None
+
+    def process(
+        self, inputs: Iterable[Delivery | Rejected], input_low_watermark: int
+    ) -> BatchResult:
+        """Process one batch; returns only once everything in it is committed."""
+        try:
+            return self._process(list(inputs), input_low_watermark)
+        except BaseException:
+            # The store may now differ from the soft state (a fenced or uncertain write, a
+            # crash between steps); only a rescan can tell what it holds.
+            self._soft = None
+            raise
+
+    def _process(self, inputs: list[Delivery | Rejected], watermark: int) -> BatchResult:
+        now = self._clock.now()
+        previous = self._soft.lease if self._soft is not None else None
+        lease = self._store.acquire(self.spec.name, self.interval, previous)
+        soft = self._soft
+        rescan = (
+            soft is None
+            or not lease.cache_valid
+            or (soft.bloom is not None and soft.bloom.saturated)
+        )
+        if soft is None or rescan:
+            soft = self._load(lease)
+        else:
+            soft.lease = lease
+        self._soft = soft
+        result = BatchResult(lease=lease, rescanned=rescan)
+        self._send(soft, list(soft.pending.values()), result)
+
+        changes: dict[str, KeyChanges] = {}
+        weak_outbox: list[tuple[KeyChanges, Production]] = []
+        by_key: dict[str, list[Delivery]] = {}
+        for item in inputs:
+            if isinstance(item, Rejected):
+                self._reject(item, changes, result)
+            else:
+                self._check_interval(item.key)
+                by_key.setdefault(item.key, []).append(item)
+        timer_keys = {
+            key
+            for key, timers in soft.timers.items()
+            if any(t.is_due(watermark, now) for t in timers.values())
+        }
+        for key in sorted(by_key.keys() | timer_keys):
+            key_changes = changes.setdefault(key, KeyChanges(key))
+            _KeyRun(self, soft, key_changes, watermark, now, result, weak_outbox).run(
+                by_key.get(key, [])
+            )
+
+        if weak_outbox:
+            acked = self._sink.send(
+                [p for _, p in weak_outbox], self.spec.options.weak_production_delay
+            )
+            for key_changes, production in weak_outbox:
+                if production.record_id in acked:
+                    result.acknowledged += 1
+                else:
+                    key_changes.productions.append(production)
+        to_commit = [c for c in changes.values() if not c.is_empty()]
+        self._commit(lease, to_commit)
+        result.committed_keys = len(to_commit)
+        self._remember(soft, to_commit)
+        self._send(soft, [p for c in to_commit for p in c.productions], result)
+        result.pending = len(soft.pending)
+        return result
+
+    def _load(self, lease: Lease) -> _SoftState:
+        snapshot = self._store.scan(lease)
+        options = self.spec.options
+        bloom = None
+        if options.exactly_once:
+            bloom = BloomFilter(
+                max(options.bloom_expected_ids, 2 * len(snapshot.dedup_ids)),
+                options.bloom_false_positive_rate,
+            )
+            for record_id in snapshot.dedup_ids:
+                bloom.add(record_id)
+        timers: dict[str, dict[str, Timer]] = {}
+        for timer in snapshot.timers:
+            timers.setdefault(timer.key, {})[timer.tag] = timer
+        return _SoftState(
+            lease=lease,
+            states={},
+            timers=timers,
+            pending={p.record_id: p for p in snapshot.productions},
+            bloom=bloom,
+        )
+
+    def _check_interval(self, key: str) -> None:
+        actual = key_interval(key, self.spec.options.key_intervals)
+        if actual != self.interval:
+            raise ValueError(
+                f"key {key!r} belongs to interval {actual} of {self.spec.name!r}, not "
+                f"{self.interval}; route deliveries with millstream.engine.keys.key_interval"
+            )
+
+    def _reject(
+        self, rejected: Rejected, changes: dict[str, KeyChanges], result: BatchResult
+    ) -> None:
+        dead_letter = DeadLetter.from_error(
+            self.spec.name, rejected.origin, rejected.error, rejected.raw
+        )
+        key = rejected.origin.key or ""
+        record = dead_letter.to_record(rejected.origin.cause_id(), _plausible(rejected.timestamp))
+        changes.setdefault(key, KeyChanges(key)).productions.append(
+            Production(self.spec.dead_letter_stream, record)
+        )
+        result.dead_letters.append(dead_letter)
+
+    def _commit(self, lease: Lease, changes: list[KeyChanges]) -> None:
+        remaining = changes
+        attempts = 0
+        while remaining:
+            try:
+                self._store.commit(lease, remaining, dedup_ttl=self.spec.options.dedup_ttl)
+            except UnknownOutcomeError as outcome:
+                attempts += 1
+                applied = self._store.was_applied(lease, outcome.marker)
+                left = set(outcome.unattempted_keys)
+                if not applied:
+                    left.update(outcome.uncertain_keys)
+                remaining = [c for c in remaining if c.key in left]
+                if remaining and attempts >= _MAX_COMMIT_ATTEMPTS:
+                    raise
+            else:
+                return
+
+    def _remember(self, soft: _SoftState, committed: list[KeyChanges]) -> None:
+        for change in committed:
+            if change.state is not UNCHANGED:
+                soft.states[change.key] = change.state
+            if change.timers:
+                timers = effective_timers(soft.timers.get(change.key, {}), change)
+                if timers:
+                    soft.timers[change.key] = timers
+                else:
+                    soft.timers.pop(change.key, None)
+            if soft.bloom is not None:
+                for record_id in change.dedup_ids:
+                    soft.bloom.add(record_id)
+            for production in change.productions:
+                soft.pending[production.record_id] = production
+
+    def _send(self, soft: _SoftState, productions: list[Production], result: BatchResult) -> None:
+        if not productions:
+            return
+        acked = self._sink.send(productions, self.spec.options.send_timeout)
+        done = [p.record_id for p in productions if p.record_id in acked]
+        if done:
+            self._store.delete_productions(soft.lease, done)
+            for record_id in done:
+                soft.pending.pop(record_id, None)
+            result.acknowledged += len(done)
+
+
+class _KeyRun:
+    """The calls for one key in one batch, accumulating into the key's change set."""
+
+    def __init__(
+        self,
+        worker: IntervalWorker,
+        soft: _SoftState,
+        changes: KeyChanges,
+        watermark: int,
+        now: int,
+        result: BatchResult,
+        weak_outbox: list[tuple[KeyChanges, Production]],
+    ) -> None:
+        self.worker = worker
+        self.spec = worker.spec
+        self.soft = soft
+        self.key = changes.key
+        self.changes = changes
+        self.watermark = watermark
+        self.now = now
+        self.result = result
+        self.weak_outbox = weak_outbox
+        if self.key not in soft.states:
+            soft.states[self.key] = worker._store.read_state(soft.lease, self.key)
+        self.committed_state = soft.states[self.key]
+        self.committed_timers = soft.timers.get(self.key, {})
+
+    def run(self, deliveries: list[Delivery]) -> None:
+        fresh = self._fresh(deliveries) if self.spec.options.exactly_once else deliveries
+        self.result.duplicates += len(deliveries) - len(fresh)
+        for delivery in fresh:
+            self._record(delivery)
+        self._fire_timers()
+
+    def _fresh(self, deliveries: list[Delivery]) -> list[Delivery]:
+        first: dict[bytes, Delivery] = {}
+        for delivery in deliveries:
+            first.setdefault(delivery.record.record_id, delivery)
+        assert self.soft.bloom is not None  # exactly-once workers always keep one
+        store, lease = self.worker._store, self.soft.lease
+        seen = seen_before(first, self.soft.bloom, lambda ids: store.has_seen(lease, self.key, ids))
+        return [d for record_id, d in first.items() if record_id not in seen]
+
+    def _record(self, delivery: Delivery) -> None:
+        record = delivery.record
+        origin = replace(delivery.origin, record_id=record.record_id, key=self.key)
+        if self.spec.options.exactly_once:
+            self.changes.dedup_ids.append(record.record_id)
+        self.result.processed += 1
+        try:
+            check_event_time(record.timestamp)
+        except AbsurdTimestampError as exc:
+            self._dead_letter(origin, exc, encode_record(record), record.record_id, self.watermark)
+            return
+        if record.timestamp < self.watermark:
+            self.result.late += 1
+        computation = self.spec.computation
+        self._call(
+            record.record_id,
+            lambda ctx: computation.process_record(ctx, record),
+            origin,
+            lambda: encode_record(record),
+            record.timestamp,
+        )
+
+    def _fire_timers(self) -> None:
+        computation = self.spec.computation
+        for _ in range(self.spec.options.max_timer_firings_per_key):
+            timers = effective_timers(self.committed_timers, self.changes).values()
+            due = due_timers(timers, self.watermark, self.now)
+            if not due:
+                return
+            timer = due[0]
+            # Deleted in the commit that holds its effects, even if the call fails.
+            self.changes.timers[timer.tag] = None
+            origin = Origin(key=self.key, timer_tag=timer.tag, timer_timestamp=timer.timestamp)
+            self._call(
+                timer.identity,
+                _timer_hook(computation, timer),
+                origin,
+                lambda: b"",
+                timer.timestamp,
+            )
+            self.result.fired_timers.append(timer)
+
+    def _call(
+        self,
+        cause_id: bytes,
+        hook: Callable[[Context], None],
+        origin: Origin,
+        raw: Callable[[], bytes],
+        timestamp: int,
+    ) -> None:
+        context = _CallContext(self, cause_id)
+        try:
+            hook(context)
+        except Exception as exc:
+            # User code failed: its changes are dropped and the input is kept as a dead letter,
+            # so one bad record cannot stop the interval.
+            self._dead_letter(origin, exc, raw(), cause_id, timestamp)
+            return
+        call_changes = context.changes
+        if not self.spec.options.strong_productions:
+            self.weak_outbox.extend((self.changes, p) for p in call_changes.productions)
+            call_changes.productions = []
+        self.changes.merge(call_changes)
+
+    def _dead_letter(
+        self, origin: Origin, error: Exception, raw: bytes, cause_id: bytes, timestamp: int
+    ) -> None:
+        dead_letter = DeadLetter.from_error(self.spec.name, origin, error, raw)
+        record = dead_letter.to_record(cause_id, _plausible(timestamp))
+        self.changes.productions.append(Production(self.spec.dead_letter_stream, record))
+        self.result.dead_letters.append(dead_letter)
+
+
+class _CallContext(Context):
+    """The context of one call: reads see committed state under the key's pending changes."""
+
+    def __init__(self, run: _KeyRun, cause_id: bytes) -> None:
+        self._run = run
+        self._cause_id = cause_id
+        self._next_index = 0
+        self.changes = KeyChanges(run.key)
+
+    @property
+    def key(self) -> str:
+        return self._run.key
+
+    @property
+    def input_low_watermark(self) -> int:
+        return self._run.watermark
+
+    @property
+    def clock(self) -> Clock:
+        return self._run.worker._clock
+
+    def get_state(self) -> bytes | None:
+        for layer in (self.changes, self._run.changes):
+            if layer.state is not UNCHANGED:
+                return layer.state
+        return self._run.committed_state
+
+    def set_state(self, value: bytes) -> None:
+        if not isinstance(value, bytes):
+            raise TypeError(
+                f"state must be bytes, got {type(value).__name__}; use ctx.state(codec) "
+                "for typed state"
+            )
+        self.changes.state = value
+
+    def clear_state(self) -> None:
+        self.changes.state = None
+
+    def timer(self, tag: str) -> Timer | None:
+        for layer in (self.changes.timers, self._run.changes.timers):
+            if tag in layer:
+                return layer[tag]
+        return self._run.committed_timers.get(tag)
+
+    def set_timer(
+        self, tag: str, timestamp: int, domain: TimeDomain = TimeDomain.EVENT_TIME
+    ) -> None:
+        self.changes.timers[tag] = Timer(self.key, tag, timestamp, domain, self._cause_id)
+
+    def delete_timer(self, tag: str) -> None:
+        self.changes.timers[tag] = None
+
+    def produce(self, stream: str, value: bytes, timestamp: int, key: str | None = None) -> Record:
+        spec = self._run.spec
+        if not spec.writes(stream):
+            raise UndeclaredStreamError(
+                f"computation {spec.name!r} produced to {stream!r}, which is not among its "
+                f"declared outputs {list(spec.outputs)}; declare it in the topology"
+            )
+        check_event_time(timestamp)
+        record = Record(
+            key=self.key if key is None else key,
+            value=value,
+            timestamp=timestamp,
+            record_id=production_record_id(spec.name, self._cause_id, self._next_index),
+        )
+        check_record_size(encode_record(record))
+        self._next_index += 1
+        self.changes.productions.append(Production(stream, record))
+        return record
+
+
+def _plausible(timestamp: int) -> int:
+    return min(max(timestamp, MIN_EVENT_TIME), MAX_EVENT_TIME)
+
+
+def _timer_hook(computation: Computation, timer: Timer) -> Callable[[Context], None]:
+    return lambda ctx: computation.process_timer(ctx, timer)

@@ -1,0 +1,811 @@
+"""The Cassandra :class:`~millstream.engine.store.IntervalStore`: one partition per key interval.
+
+The mapping is the one :mod:`millstream.engine.store` describes, on one table::
+
+    CREATE TABLE <keyspace>.<table> (
+        computation     text,
+        interval        int,
+        kind            text,    -- 'state' | 'timer' | 'dedup' | 'production'
+        key             text,    -- '' for productions (deleted by ID, whoever made them)
+        item            blob,    -- '' for state, the tag (UTF-8) for timers, else record ID
+        sequencer       bigint static,
+        last_commit     blob static,
+        value           blob,    -- state
+        timer_timestamp bigint,  -- timer
+        timer_domain    text,
+        timer_set_by    blob,
+        expires         bigint,  -- dedup: injected-clock µs; the row also has a TTL
+        stream          text,    -- production
+        record          blob,    --   its envelope, Avro single-object encoded
+        PRIMARY KEY ((computation, interval), kind, key, item))
+
+Rules that make the contract hold:
+
+* **Only LWTs write.** Acquiring is ``UPDATE ... SET sequencer = s + 1, last_commit = m0
+  IF sequencer = s`` (``INSERT ... IF NOT EXISTS`` for an interval nobody ever acquired);
+  every commit and delete is an UNLOGGED batch on the one partition whose guard statement
+  is ``UPDATE ... SET last_commit = <fresh marker> IF sequencer = <token> AND last_commit =
+  <the marker before>``. A plain write would take a client timestamp that can lose against
+  (or beat) the ballot timestamps of Paxos writes, and would not be ordered by the
+  sequencer at all.
+* **Markers form a chain.** Each write names the ``last_commit`` it expects, so a write
+  with an unknown outcome can be *fenced* by the next one:
+  :meth:`~CassandraIntervalStore.was_applied` moves ``last_commit`` past the uncertain
+  write's predecessor, after which it can never apply, even if it is still queued on a
+  coordinator or in the network (a SERIAL read alone would let such a late write overtake
+  it: on the local node, 299 of 300 client-timed-out commits applied after a SERIAL read
+  on another connection had found them absent). The worker knows the head of its chain
+  (it set it), so the extra condition costs no round trip.
+* **Consistency:** Paxos at ``SERIAL`` and its commit at ``QUORUM``; reads at ``QUORUM``;
+  the sequencer reads at ``SERIAL``. With ``datacenter_local=True``
+  these become ``LOCAL_SERIAL``/``LOCAL_QUORUM``: faster in a multi-datacenter cluster, but
+  Paxos then only orders writers *within* one datacenter, so two workers in two datacenters
+  could both hold an interval. Use it only if every worker of a computation runs in the
+  datacenter its driver sessions treat as local.
+* **Batch size:** Cassandra's ``batch_size_warn_threshold`` (5 KiB) and
+  ``batch_size_fail_threshold`` (50 KiB) are checked only for non-conditional batches that
+  span several partitions; a conditional batch on one partition is exempt (``BatchStatement
+  .executeWithConditions`` never calls ``verifyBatchSize``; verified on 5.0). Commits are
+  still split at :data:`DEFAULT_MAX_BATCH_BYTES` (48 KiB), under the fail threshold, so
+  each Paxos proposal (written to ``system.paxos`` and then to the table) stays small, an
+  unknown outcome puts little in doubt, and nothing breaks should the threshold ever apply.
+  The hard limits are ``max_mutation_size`` (16 MiB by default) and the driver's 65,535
+  statements per batch; a single key may exceed the byte limit (it goes alone) but not those.
+* **Dedup IDs** carry both an ``expires`` time from the injected clock, which decides
+  whether they count as seen (so expiry is testable with a manual clock, like the memory
+  backend), and ``USING TTL``, which makes Cassandra delete them (MillWheel's garbage
+  collection). The TTL is the duration rounded up to whole seconds, plus one: Cassandra
+  counts it from the current whole second, so a TTL of ``n`` lives between ``n - 1`` and
+  ``n`` seconds. On a real clock (in step with the servers') the TTL thus never removes an
+  ID before its ``expires``.
+* **Unknown outcomes:** a conditional write that fails in a way after which it may have
+  been (or may still be) applied raises
+  :class:`~millstream.engine.errors.UnknownOutcomeError`: a ``WriteTimeout`` of any write
+  type (Paxos phases report ``CAS``; a commit-phase timeout may report ``SIMPLE``), a
+  ``WriteFailure``, protocol v5's ``CAS_WRITE_UNKNOWN`` (0x1700, which this driver does not
+  name), a client-side ``OperationTimedOut``, a connection lost with the request in flight
+  and a coordinator ``ServerError``. The driver never retries these statements by itself
+  (their retry policy rethrows everything), so each error reaches this code exactly once.
+  Errors that prove the write was not attempted (``Unavailable``, ``NoHostAvailable``,
+  ``InvalidRequest``) propagate unchanged.
+
+Tombstones: deleted timers and acknowledged productions leave tombstones, and expired dedup
+IDs turn into them, until ``gc_grace_seconds`` (10 days by default) after which compaction
+drops them. A scan reads through them; an interval that churns through more than
+``tombstone_failure_threshold`` (100,000) rows of one kind within that time would fail its
+scans. Lower ``gc_grace_seconds`` on the table only together with a repair schedule shorter
+than it, or deleted timers could come back on a replica that missed the delete.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+import uuid
+from collections.abc import Collection, Iterator, Sequence, Set
+from dataclasses import dataclass
+from typing import Any, Final, TypeAlias
+
+from cassandra import ConsistencyLevel, OperationTimedOut, WriteFailure, WriteTimeout
+from cassandra.connection import ConnectionException
+from cassandra.policies import FallthroughRetryPolicy
+from cassandra.protocol import ErrorMessage, ServerError
+from cassandra.query import BatchStatement, BatchType
+
+from millstream.engine.clock import Clock
+from millstream.engine.errors import FencedError, StoreError, UnknownOutcomeError
+from millstream.engine.productions import Production
+from millstream.engine.records import decode_record, encode_record
+from millstream.engine.sequencer import INITIAL_SEQUENCER, Lease
+from millstream.engine.state import UNCHANGED, KeyChanges
+from millstream.engine.store import IntervalSnapshot, IntervalStore, split_batches
+from millstream.engine.timers import TimeDomain, Timer
+
+__all__ = [
+    "DEFAULT_ACQUIRE_ATTEMPTS",
+    "DEFAULT_MAX_BATCH_BYTES",
+    "DEFAULT_TABLE",
+    "MAX_BATCH_STATEMENTS",
+    "CassandraIntervalStore",
+    "StoreStats",
+    "create_schema",
+    "schema_cql",
+]
+
+# Under Cassandra 5.0's default batch_size_fail_threshold of 50 KiB (see the module docstring
+# for why it is kept although conditional single-partition batches are exempt from it).
+DEFAULT_MAX_BATCH_BYTES: Final = 48 * 1024
+DEFAULT_TABLE: Final = "intervals"
+# Enough for a handful of workers racing for one interval (a lost race costs one LWT, and
+# retries back off with jitter); more contention than that is a deployment error.
+DEFAULT_ACQUIRE_ATTEMPTS: Final = 20
+# The native protocol counts a batch's statements in an unsigned short.
+MAX_BATCH_STATEMENTS: Final = 0xFFFF
+
+# Cassandra refuses TTLs above 20 years (Attributes.MAX_TTL).
+_MAX_TTL_SECONDS = 20 * 365 * 24 * 3600
+_MICROS_PER_SECOND = 1_000_000
+# Protocol v5 error code of CasWriteUnknownResultException; the Python driver surfaces it
+# as a bare ErrorMessage.
+_CAS_WRITE_UNKNOWN = 0x1700
+# Rows of IDs per SELECT ... IN: keeps each read small; IN lists are cheap per partition.
+_IDS_PER_READ = 256
+# Approximate bytes one production delete adds to a batch (row overhead plus a 16-byte ID),
+# so delete batches obey the same byte limit as commits.
+_DELETE_BYTES = 64
+# A commit that finds another head than expected under its own lease learns it and retries.
+_STALE_HEAD_ATTEMPTS = 3
+_IDENTIFIER = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
+
+# A statement of a batch with its parameters.
+_Row: TypeAlias = tuple[Any, tuple[Any, ...]]
+
+
+@dataclass
+class StoreStats:
+    """Counters of the conditional writes one store instance sent (for tuning and benchmarks).
+
+    ``acquire_attempts`` above ``acquires`` means contention or uncertain acquires; ``batches``
+    counts every conditional batch sent by :meth:`~CassandraIntervalStore.commit` and
+    :meth:`~CassandraIntervalStore.delete_productions`, applied or not.
+    """
+
+    acquires: int = 0
+    acquire_attempts: int = 0
+    batches: int = 0
+    statements: int = 0
+    largest_batch_bytes: int = 0
+
+
+@dataclass
+class _Uncertain:
+    """A write whose outcome is unknown: its marker and the head it was chained on."""
+
+    token: int
+    marker: bytes
+    predecessor: bytes | None
+    outcome: bool | None = None  # set once a linearizable read or write shows it
+
+
+def schema_cql(keyspace: str, table: str = DEFAULT_TABLE) -> str:
+    """The ``CREATE TABLE IF NOT EXISTS`` statement of the interval table."""
+    _check_identifier("keyspace", keyspace)
+    _check_identifier("table", table)
+    return f"""CREATE TABLE IF NOT EXISTS {keyspace}.{table} (
+    computation text,
+    interval int,
+    kind text,
+    key text,
+    item blob,
+    sequencer bigint static,
+    last_commit blob static,
+    value blob,
+    timer_timestamp bigint,
+    timer_domain text,
+    timer_set_by blob,
+    expires bigint,
+    stream text,
+    record blob,
+    PRIMARY KEY ((computation, interval), kind, key, item)
+) WITH comment = 'millstream interval store: one partition per key interval, LWT writes only'"""
+
+
+def create_schema(session: Any, keyspace: str, table: str = DEFAULT_TABLE) -> None:
+    """Create the interval table in an existing keyspace; does nothing if it exists.
+
+    ``session`` is a cassandra-driver ``Session``. The keyspace is not created here: its
+    replication is a deployment decision (``millstream.connectors.cassandra.create_keyspace``
+    makes a SimpleStrategy one for development).
+    """
+    statement = schema_cql(keyspace, table)
+    if keyspace not in session.cluster.metadata.keyspaces:
+        raise StoreError(
+            f"keyspace {keyspace!r} does not exist; create it first (for development: "
+            f"millstream.connectors.cassandra.create_keyspace(session, {keyspace!r}))"
+        )
+    session.execute(statement)
+
+
+class CassandraIntervalStore(IntervalStore):
+    """Interval partitions in one Cassandra table, written only by LWTs.
+
+    ``session`` is a cassandra-driver ``Session`` (any row factory); the table must exist
+    (:func:`create_schema`). ``clock`` is the injected clock that decides dedup expiry.
+    ``request_timeout`` (seconds, default: the session's; also an attribute) bounds each
+    request on the client; keep it above the server's ``write_request_timeout`` plus
+    ``cas_contention_timeout``, or slow but healthy LWTs turn into unknown outcomes.
+    ``acquire_attempts`` bounds the LWTs one :meth:`acquire` sends before it gives up on a
+    contended or failing interval.
+
+    One instance per worker (thread), and one per lease: the instance remembers the head of
+    each lease's marker chain and its latest uncertain write, which :meth:`was_applied`
+    needs to fence it. (Another instance writing with the same lease is detected and
+    followed, but then only a SERIAL read resolves its markers.) The driver session is
+    thread-safe and may be shared. All statements are prepared here, once.
+
+    Give the session's ``Cluster`` ``sockopts=[(IPPROTO_TCP, TCP_NODELAY, 1)]``: the Python
+    driver does not set it, and then every request over a few KB (most commits) waits about
+    40 ms for the server's delayed ACK (``bench/core_commits.py`` shows 3-11x throughput).
+    """
+
+    def __init__(
+        self,
+        session: Any,
+        keyspace: str,
+        clock: Clock,
+        *,
+        table: str = DEFAULT_TABLE,
+        max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+        datacenter_local: bool = False,
+        request_timeout: float | None = None,
+        acquire_attempts: int = DEFAULT_ACQUIRE_ATTEMPTS,
+    ) -> None:
+        if max_batch_bytes < 1:
+            raise ValueError(f"max_batch_bytes must be positive, got {max_batch_bytes}")
+        if request_timeout is not None and request_timeout <= 0:
+            raise ValueError(f"request_timeout must be positive seconds, got {request_timeout}")
+        if acquire_attempts < 1:
+            raise ValueError(f"acquire_attempts must be at least 1, got {acquire_attempts}")
+        _check_identifier("keyspace", keyspace)
+        _check_identifier("table", table)
+        self.clock = clock
+        self.max_batch_bytes = max_batch_bytes
+        self.acquire_attempts = acquire_attempts
+        self.stats = StoreStats()
+        self.request_timeout: float = (
+            request_timeout if request_timeout is not None else session.default_timeout
+        )
+        self._session = session
+        self._name = f"{keyspace}.{table}"
+        # Per interval: the token and last_commit ("head") this instance's writes chain on,
+        # and its latest write with an unknown outcome.
+        self._heads: dict[tuple[str, int], tuple[int, bytes | None]] = {}
+        self._uncertain: dict[tuple[str, int], _Uncertain] = {}
+        if datacenter_local:
+            self._serial, self._quorum = (
+                ConsistencyLevel.LOCAL_SERIAL,
+                ConsistencyLevel.LOCAL_QUORUM,
+            )
+        else:
+            self._serial, self._quorum = ConsistencyLevel.SERIAL, ConsistencyLevel.QUORUM
+        self._statements = _Statements(self)
+
+    # -- the contract ----------------------------------------------------------------------
+
+    def acquire(self, computation: str, interval: int, previous: Lease | None = None) -> Lease:
+        """Move the sequencer forward by one LWT (two for a worker without a previous lease).
+
+        With a previous lease of this interval, the first attempt is conditional on its token
+        and succeeds exactly when nobody acquired in between (``cache_valid``). Otherwise the
+        current value is read at SERIAL, or taken from the failed LWT's result (a
+        linearizable read too), and the attempt repeats. An attempt with an unknown outcome
+        is resolved the same way; since the sequencer then cannot tell whose advance it saw,
+        such a lease is never ``cache_valid``, which costs a rescan and nothing else. The
+        same LWT sets ``last_commit`` to a fresh marker, the head of the lease's chain.
+        """
+        statements = self._statements
+        expected: int | None
+        if previous is not None and (previous.computation, previous.interval) == (
+            computation,
+            interval,
+        ):
+            expected, valid = previous.token, True
+        else:
+            expected, valid = self._serial_read(computation, interval)[0], False
+        last_error: BaseException | None = None
+        self.stats.acquires += 1
+        for attempt in range(self.acquire_attempts):
+            self.stats.acquire_attempts += 1
+            token = INITIAL_SEQUENCER + 1 if expected is None else expected + 1
+            head = _new_marker()
+            try:
+                if expected is None:
+                    result = self._execute(
+                        statements.acquire_first, (computation, interval, token, head)
+                    )
+                else:
+                    result = self._execute(
+                        statements.acquire_next, (token, head, computation, interval, expected)
+                    )
+            except Exception as exc:
+                if not _is_uncertain(exc):
+                    raise
+                last_error = exc
+                valid = False
+                _backoff(attempt)
+                expected = self._serial_read(computation, interval)[0]
+                continue
+            row = _one(result)
+            if row["[applied]"]:
+                # Anything this instance left uncertain on the interval is fenced for good.
+                self._uncertain.pop((computation, interval), None)
+                self._heads[(computation, interval)] = (token, head)
+                return Lease(computation, interval, token, cache_valid=valid)
+            # Someone else moved the sequencer (or created the partition) first: their value
+            # came back with the failed condition, so the next attempt needs no extra read.
+            valid = False
+            expected = row.get("sequencer")
+            if attempt:
+                _backoff(attempt)
+        raise StoreError(
+            f"could not acquire interval {interval} of {computation!r} in {self._name} after "
+            f"{self.acquire_attempts} attempts (last error: {last_error!r}): other workers keep "
+            "acquiring it, or its LWTs keep timing out. Check that one worker runs per "
+            "interval and that Cassandra is healthy, then retry the batch"
+        )
+
+    def scan(self, lease: Lease) -> IntervalSnapshot:
+        statements = self._statements
+        partition = (lease.computation, lease.interval)
+        timers, productions, dedup = (
+            self._session.execute_async(statement, partition, timeout=self.request_timeout)
+            for statement in (
+                statements.scan_timers,
+                statements.scan_productions,
+                statements.scan_dedup,
+            )
+        )
+        now = self.clock.now()
+        return IntervalSnapshot(
+            timers=tuple(_timer(row) for row in _rows(timers.result())),
+            productions=tuple(
+                Production(row["stream"], decode_record(row["record"]))
+                for row in _rows(productions.result())
+            ),
+            dedup_ids=tuple(row["item"] for row in _rows(dedup.result()) if row["expires"] > now),
+        )
+
+    def read_state(self, lease: Lease, key: str) -> bytes | None:
+        result = self._execute(
+            self._statements.read_state, (lease.computation, lease.interval, key)
+        )
+        rows = list(_rows(result))
+        return rows[0]["value"] if rows else None
+
+    def has_seen(self, lease: Lease, key: str, record_ids: Collection[bytes]) -> Set[bytes]:
+        ids = list(dict.fromkeys(record_ids))
+        futures = [
+            self._session.execute_async(
+                self._statements.read_dedup,
+                (lease.computation, lease.interval, key, ids[start : start + _IDS_PER_READ]),
+                timeout=self.request_timeout,
+            )
+            for start in range(0, len(ids), _IDS_PER_READ)
+        ]
+        now = self.clock.now()
+        return {
+            row["item"]
+            for future in futures
+            for row in _rows(future.result())
+            if row["expires"] > now
+        }
+
+    def commit(self, lease: Lease, changes: Sequence[KeyChanges], *, dedup_ttl: int) -> None:
+        keys = [change.key for change in changes]
+        if len(set(keys)) != len(keys):
+            raise ValueError("each key may appear once per commit: merge its changes first")
+        ttl_seconds = _ttl_seconds(dedup_ttl)
+        for change in changes:
+            rows = _row_count(change)
+            if rows + 1 > MAX_BATCH_STATEMENTS:
+                raise ValueError(
+                    f"key {change.key!r} carries {rows} row changes, more than one Cassandra "
+                    f"batch can hold ({MAX_BATCH_STATEMENTS - 1} besides its guard) and one "
+                    "key's changes are never split; give this key fewer records per batch"
+                )
+        batches = _cap_statements(split_batches(changes, self.max_batch_bytes))
+        for number, batch in enumerate(batches):
+            expires = self.clock.now() + dedup_ttl
+            self._write(
+                lease,
+                [
+                    row
+                    for change in batch
+                    for row in self._rows_of(lease, change, expires, ttl_seconds)
+                ],
+                sum(change.approximate_size() for change in batch),
+                what=f"commit of {len(batch)} key(s)",
+                uncertain_keys=tuple(change.key for change in batch),
+                unattempted_keys=tuple(c.key for later in batches[number + 1 :] for c in later),
+            )
+
+    def was_applied(self, lease: Lease, marker: bytes) -> bool:
+        """Resolve an unknown outcome, linearizably and for good.
+
+        For this instance's latest uncertain write it is one LWT that moves ``last_commit``
+        from the write's predecessor to a fresh marker: if it applies, the uncertain write
+        (conditional on that predecessor) had not applied and now never can, even if it is
+        still queued on a coordinator or in the network; if it does not, ``last_commit``
+        tells. A SERIAL read could not promise that: it only completes proposals already in
+        Paxos, and a request that has not reached Paxos yet (a client-side timeout, a lost
+        connection) may overtake it and apply afterwards. For any other marker, the answer
+        is a SERIAL read of ``last_commit``, exact for writes that can no longer be in flight.
+        """
+        partition = (lease.computation, lease.interval)
+        entry = self._uncertain.get(partition)
+        if entry is None or (entry.token, entry.marker) != (lease.token, marker):
+            sequencer, last_commit = self._serial_read(lease.computation, lease.interval)
+            self._check_fence(lease, sequencer)
+            self._learn(lease, last_commit)
+            return last_commit == marker
+        if entry.outcome is None:
+            resolution = _new_marker()
+            try:
+                result = self._execute(
+                    self._statements.guard,
+                    (resolution, lease.computation, lease.interval, lease.token, entry.predecessor),
+                )
+            except Exception as exc:
+                if not _is_uncertain(exc):
+                    raise
+                self._heads.pop(partition, None)
+                raise UnknownOutcomeError(
+                    f"resolving the outcome of a write to interval {lease.interval} of "
+                    f"{lease.computation!r} timed out too ({type(exc).__name__}: {exc}); call "
+                    "was_applied again with the same marker once Cassandra responds",
+                    marker=marker,
+                ) from exc
+            row = _one(result)
+            if row["[applied]"]:
+                self._heads[partition] = (lease.token, resolution)
+                entry.outcome = False
+            else:
+                self._check_fence(lease, row.get("sequencer"))
+                self._learn(lease, row.get("last_commit"))
+                # Markers never repeat: once last_commit left the predecessor for anything
+                # but this write, this write's condition can never hold again.
+                entry.outcome = row.get("last_commit") == marker
+        else:
+            sequencer, last_commit = self._serial_read(lease.computation, lease.interval)
+            self._check_fence(lease, sequencer)
+            self._learn(lease, last_commit)
+        del self._uncertain[partition]
+        return entry.outcome
+
+    def delete_productions(self, lease: Lease, record_ids: Collection[bytes]) -> None:
+        """Delete acknowledged productions in conditional batches under the byte limit.
+
+        With no IDs it still runs the guard, so a stale lease is reported as for any write.
+        Like a commit it moves ``last_commit``; an unknown outcome carries that marker and no
+        keys (deletes are idempotent: repeating them is the whole recovery).
+        """
+        ids = list(dict.fromkeys(record_ids))
+        per_batch = max(1, min(self.max_batch_bytes // _DELETE_BYTES, MAX_BATCH_STATEMENTS - 1))
+        chunks = [ids[start : start + per_batch] for start in range(0, len(ids), per_batch)]
+        delete = self._statements.delete_row
+        for chunk in chunks or [[]]:
+            self._write(
+                lease,
+                [
+                    (delete, (lease.computation, lease.interval, "production", "", record_id))
+                    for record_id in chunk
+                ],
+                _DELETE_BYTES * len(chunk),
+                what=f"deletion of {len(chunk)} acknowledged production(s)",
+                uncertain_keys=(),
+                unattempted_keys=(),
+            )
+
+    # -- inspection ------------------------------------------------------------------------
+
+    def sequencer(self, computation: str, interval: int) -> int | None:
+        """The interval's current sequencer (SERIAL read); ``None`` if never acquired."""
+        return self._serial_read(computation, interval)[0]
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _rows_of(
+        self, lease: Lease, change: KeyChanges, expires: int, ttl_seconds: int
+    ) -> list[_Row]:
+        statements = self._statements
+        partition = (lease.computation, lease.interval)
+        key = change.key
+        rows: list[_Row] = []
+        if change.state is None:
+            rows.append((statements.delete_row, (*partition, "state", key, b"")))
+        elif change.state is not UNCHANGED:
+            rows.append((statements.put_state, (*partition, key, change.state)))
+        for tag, timer in change.timers.items():
+            item = tag.encode("utf-8")
+            if timer is None:
+                rows.append((statements.delete_row, (*partition, "timer", key, item)))
+            else:
+                rows.append(
+                    (
+                        statements.put_timer,
+                        (*partition, key, item, timer.timestamp, timer.domain.value, timer.set_by),
+                    )
+                )
+        for record_id in dict.fromkeys(change.dedup_ids):
+            rows.append((statements.put_dedup, (*partition, key, record_id, expires, ttl_seconds)))
+        for production in change.productions:
+            record = encode_record(production.record)
+            rows.append(
+                (
+                    statements.put_production,
+                    (*partition, production.record_id, production.stream, record),
+                )
+            )
+        return rows
+
+    def _write(
+        self,
+        lease: Lease,
+        rows: list[_Row],
+        approximate_bytes: int,
+        *,
+        what: str,
+        uncertain_keys: tuple[str, ...],
+        unattempted_keys: tuple[str, ...],
+    ) -> None:
+        """One conditional batch: ``rows`` behind the guard, chained on the known head."""
+        partition = (lease.computation, lease.interval)
+        stats = self.stats
+        for _ in range(_STALE_HEAD_ATTEMPTS):
+            predecessor = self._head(lease)
+            marker = _new_marker()
+            batch = BatchStatement(
+                batch_type=BatchType.UNLOGGED,  # one partition: atomic without the batchlog
+                retry_policy=FallthroughRetryPolicy(),
+                consistency_level=self._quorum,
+                serial_consistency_level=self._serial,
+            )
+            batch.add(
+                self._statements.guard,
+                (marker, lease.computation, lease.interval, lease.token, predecessor),
+            )
+            for statement, parameters in rows:
+                batch.add(statement, parameters)
+            stats.batches += 1
+            stats.statements += len(batch)
+            stats.largest_batch_bytes = max(stats.largest_batch_bytes, approximate_bytes)
+            try:
+                result = self._session.execute(batch, timeout=self.request_timeout)
+            except Exception as exc:
+                if not _is_uncertain(exc):
+                    raise
+                self._heads.pop(partition, None)
+                self._uncertain[partition] = _Uncertain(lease.token, marker, predecessor)
+                raise UnknownOutcomeError(
+                    f"{what} to interval {lease.interval} of {lease.computation!r} in "
+                    f"{self._name} has an unknown outcome ({type(exc).__name__}: {exc}); it "
+                    "may have applied or may still apply. Resolve it with "
+                    "was_applied(lease, error.marker), then write again what did not apply",
+                    marker=marker,
+                    uncertain_keys=uncertain_keys,
+                    unattempted_keys=unattempted_keys,
+                ) from exc
+            row = _one(result)
+            if row["[applied]"]:
+                self._heads[partition] = (lease.token, marker)
+                return
+            self._check_fence(lease, row.get("sequencer"))
+            # Same token, another head: a write this instance had not seen (its own uncertain
+            # write that landed, or another instance writing with the same lease).
+            self._learn(lease, row.get("last_commit"))
+        raise StoreError(
+            f"{what} to interval {lease.interval} of {lease.computation!r} in {self._name} "
+            f"lost {_STALE_HEAD_ATTEMPTS} times to other writes under the same lease: some "
+            "other store instance or process is writing with this lease. Use one store "
+            "instance per worker and do not share leases"
+        )
+
+    def _head(self, lease: Lease) -> bytes | None:
+        """The ``last_commit`` the next write of ``lease`` must find (SERIAL read if unknown)."""
+        known = self._heads.get((lease.computation, lease.interval))
+        if known is not None and known[0] == lease.token:
+            return known[1]
+        sequencer, last_commit = self._serial_read(lease.computation, lease.interval)
+        self._check_fence(lease, sequencer)
+        self._learn(lease, last_commit)
+        return last_commit
+
+    def _learn(self, lease: Lease, head: bytes | None) -> None:
+        """Record ``head`` as the lease's ``last_commit``, as read linearizably.
+
+        Finding the uncertain write's marker there settles it as applied; it must be noted
+        now, since the next write moves the head on and the marker is never seen again.
+        """
+        partition = (lease.computation, lease.interval)
+        self._heads[partition] = (lease.token, head)
+        entry = self._uncertain.get(partition)
+        if entry is not None and entry.token == lease.token and head == entry.marker:
+            entry.outcome = True
+
+    def _check_fence(self, lease: Lease, sequencer: int | None) -> None:
+        if sequencer == lease.token:
+            return
+        if sequencer is None:
+            raise FencedError(
+                f"interval {lease.interval} of {lease.computation!r} was never acquired in "
+                f"{self._name}, yet this lease claims token {lease.token}: it comes from "
+                "another keyspace or table. Acquire the interval from this store"
+            )
+        raise FencedError(
+            f"interval {lease.interval} of {lease.computation!r} was acquired by another "
+            f"worker (sequencer {sequencer}, this lease {lease.token}); stop work on it and "
+            "drop its cached state"
+        )
+
+    def _serial_read(self, computation: str, interval: int) -> tuple[int | None, bytes | None]:
+        result = self._execute(self._statements.read_sequencer, (computation, interval))
+        rows = list(_rows(result))
+        if not rows:
+            return None, None
+        return rows[0]["sequencer"], rows[0]["last_commit"]
+
+    def _execute(self, statement: Any, parameters: tuple[Any, ...]) -> Any:
+        return self._session.execute(statement, parameters, timeout=self.request_timeout)
+
+
+class _Statements:
+    """Every statement the store runs, prepared once with its consistency levels."""
+
+    def __init__(self, store: CassandraIntervalStore) -> None:
+        name = store._name
+        self._store = store
+        where = "WHERE computation = ? AND interval = ?"
+        self.acquire_first = self._prepare(
+            f"INSERT INTO {name} (computation, interval, sequencer, last_commit) "
+            "VALUES (?, ?, ?, ?) IF NOT EXISTS",
+            lwt=True,
+        )
+        self.acquire_next = self._prepare(
+            f"UPDATE {name} SET sequencer = ?, last_commit = ? {where} IF sequencer = ?",
+            lwt=True,
+        )
+        # Alone, it resolves unknown outcomes; as the first statement of a batch, it guards it.
+        self.guard = self._prepare(
+            f"UPDATE {name} SET last_commit = ? {where} IF sequencer = ? AND last_commit = ?",
+            lwt=True,
+        )
+        self.read_sequencer = self._prepare(
+            f"SELECT sequencer, last_commit FROM {name} {where} LIMIT 1", serial_read=True
+        )
+        columns = "computation, interval, kind, key, item"
+        self.put_state = self._prepare(
+            f"INSERT INTO {name} ({columns}, value) VALUES (?, ?, 'state', ?, 0x, ?)"
+        )
+        self.put_timer = self._prepare(
+            f"INSERT INTO {name} ({columns}, timer_timestamp, timer_domain, timer_set_by) "
+            "VALUES (?, ?, 'timer', ?, ?, ?, ?, ?)"
+        )
+        self.put_dedup = self._prepare(
+            f"INSERT INTO {name} ({columns}, expires) VALUES (?, ?, 'dedup', ?, ?, ?) USING TTL ?"
+        )
+        self.put_production = self._prepare(
+            f"INSERT INTO {name} ({columns}, stream, record) "
+            "VALUES (?, ?, 'production', '', ?, ?, ?)"
+        )
+        self.delete_row = self._prepare(
+            f"DELETE FROM {name} {where} AND kind = ? AND key = ? AND item = ?"
+        )
+        self.read_state = self._prepare(
+            f"SELECT value FROM {name} {where} AND kind = 'state' AND key = ? AND item = 0x"
+        )
+        self.read_dedup = self._prepare(
+            f"SELECT item, expires FROM {name} {where} AND kind = 'dedup' AND key = ? AND item IN ?"
+        )
+        self.scan_timers = self._prepare(
+            f"SELECT key, item, timer_timestamp, timer_domain, timer_set_by FROM {name} "
+            f"{where} AND kind = 'timer'"
+        )
+        self.scan_dedup = self._prepare(
+            f"SELECT item, expires FROM {name} {where} AND kind = 'dedup'"
+        )
+        self.scan_productions = self._prepare(
+            f"SELECT stream, record FROM {name} {where} AND kind = 'production'"
+        )
+
+    def _prepare(self, cql: str, *, lwt: bool = False, serial_read: bool = False) -> Any:
+        store = self._store
+        try:
+            statement = store._session.prepare(cql)
+        except Exception as exc:
+            raise StoreError(
+                f"cannot prepare a statement on {store._name} ({exc}); the table must exist "
+                "with the interval store's columns: create it with "
+                "millstream.engine.stores.cassandra.create_schema(session, keyspace, table)"
+            ) from exc
+        if serial_read:
+            statement.consistency_level = store._serial
+        else:
+            statement.consistency_level = store._quorum
+        if lwt:
+            # Inside a batch the batch's own settings apply; these are for lone execution.
+            statement.serial_consistency_level = store._serial
+            statement.retry_policy = FallthroughRetryPolicy()
+        return statement
+
+
+def _is_uncertain(exc: BaseException) -> bool:
+    """Whether a conditional write that raised ``exc`` may have applied, or may still."""
+    if isinstance(
+        exc, WriteTimeout | WriteFailure | OperationTimedOut | ConnectionException | ServerError
+    ):
+        return True
+    return isinstance(exc, ErrorMessage) and exc.code == _CAS_WRITE_UNKNOWN
+
+
+def _rows(result: Any) -> Iterator[dict[str, Any]]:
+    """Rows as dicts, whatever row factory the caller's session uses."""
+    names = result.column_names
+    for row in result:
+        yield dict(row) if isinstance(row, dict) else dict(zip(names, row, strict=True))
+
+
+def _one(result: Any) -> dict[str, Any]:
+    rows = list(_rows(result))
+    if len(rows) != 1:
+        raise StoreError(f"an LWT returned {len(rows)} rows instead of one; this is a bug")
+    return rows[0]
+
+
+def _timer(row: dict[str, Any]) -> Timer:
+    return Timer(
+        key=row["key"],
+        tag=row["item"].decode("utf-8"),
+        timestamp=row["timer_timestamp"],
+        domain=TimeDomain(row["timer_domain"]),
+        set_by=row["timer_set_by"] or b"",
+    )
+
+
+def _ttl_seconds(dedup_ttl: int) -> int:
+    if dedup_ttl <= 0:
+        raise ValueError(
+            f"dedup_ttl must be a positive number of µs, got {dedup_ttl} (a TTL of 0 would "
+            "make Cassandra keep dedup IDs forever)"
+        )
+    # Rounded up, plus the part of the current second Cassandra's expiry clock ignores.
+    seconds = -(-dedup_ttl // _MICROS_PER_SECOND) + 1
+    if seconds > _MAX_TTL_SECONDS:
+        raise ValueError(
+            f"dedup_ttl of {dedup_ttl} µs is over Cassandra's 20-year TTL limit; "
+            "shorten the retry window and late-injector slack"
+        )
+    return seconds
+
+
+def _row_count(change: KeyChanges) -> int:
+    state = 0 if change.state is UNCHANGED else 1
+    return state + len(change.timers) + len(set(change.dedup_ids)) + len(change.productions)
+
+
+def _cap_statements(batches: list[list[KeyChanges]]) -> list[list[KeyChanges]]:
+    """Split batches further, between keys, so none exceeds the driver's statement limit."""
+    capped: list[list[KeyChanges]] = []
+    for batch in batches:
+        current: list[KeyChanges] = []
+        count = 1  # the guard
+        for change in batch:
+            rows = _row_count(change)
+            if current and count + rows > MAX_BATCH_STATEMENTS:
+                capped.append(current)
+                current, count = [], 1
+            current.append(change)
+            count += rows
+        capped.append(current)
+    return capped
+
+
+def _new_marker() -> bytes:
+    # Random, not a counter: markers must be unique across every worker that ever writes.
+    return uuid.uuid4().bytes
+
+
+def _backoff(attempt: int) -> None:
+    # Competing acquirers (lost races, contention timeouts) retry after a random, growing
+    # pause, so that they do not keep colliding in lockstep.
+    time.sleep(random.uniform(0, min(0.5, 0.01 * 2**attempt)))
+
+
+def _check_identifier(what: str, name: str) -> None:
+    # Keyspace and table names cannot be bound as parameters; refuse anything but a plain
+    # (unquoted, hence case-insensitive) identifier.
+    if not _IDENTIFIER.match(name):
+        raise ValueError(
+            f"{name!r} is not a valid {what} name: use lowercase letters, digits and _ "
+            "(at most 48, starting with a letter)"
+        )

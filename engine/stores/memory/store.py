@@ -1,0 +1,346 @@
+"""An in-process :class:`~millstream.engine.store.IntervalStore` with injectable faults.
+
+It has the semantics of the Cassandra backend, down to what a test can observe: sequencer
+fencing of every write, one atomic batch per group of keys under a byte limit, dedup IDs that
+expire against the injected clock, and a chain of ``last_commit`` markers. Every conditional
+write (acquire, commit batch, delete, the fence of :meth:`~MemoryIntervalStore.was_applied`)
+is one "Paxos round" on the partition; a write checks ``sequencer == token`` and that
+``last_commit`` is still the marker it was issued after, then sets a fresh one.
+
+A write that times out may really have applied, never apply, be completed by the next round
+(an accepted Paxos proposal), or still be queued and be proposed rounds later with its original
+condition (what a coordinator does with a client-timed-out write). The marker chain makes the
+last one harmless: by then ``last_commit`` has moved and the condition fails.
+
+Faults are armed one at a time and fire once, in the order armed:
+
+* :meth:`MemoryIntervalStore.inject` runs an action at a :class:`FaultPoint` (by default it
+  raises :class:`InjectedCrash`, a simulated process crash; any callable may stand in, e.g. one
+  that lets a competing worker acquire the interval in the middle of a batch);
+* :meth:`MemoryIntervalStore.inject_unknown_outcome` makes the next commit batch time out.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import struct
+from collections import deque
+from collections.abc import Callable, Collection, Sequence, Set
+from dataclasses import dataclass, field
+
+from millstream.engine.clock import Clock
+from millstream.engine.errors import FencedError, UnknownOutcomeError
+from millstream.engine.productions import Production
+from millstream.engine.sequencer import INITIAL_SEQUENCER, Lease
+from millstream.engine.state import UNCHANGED, KeyChanges
+from millstream.engine.store import IntervalSnapshot, IntervalStore, split_batches
+from millstream.engine.timers import Timer
+
+__all__ = [
+    "DEFAULT_MAX_BATCH_BYTES",
+    "LATE_ROUNDS",
+    "AppliedCommit",
+    "FaultPoint",
+    "InjectedCrash",
+    "MemoryIntervalStore",
+    "UnknownOutcome",
+]
+
+# Cassandra's default batch_size_fail_threshold is 50 KiB; stay a little under it.
+DEFAULT_MAX_BATCH_BYTES = 48 * 1024
+
+
+class FaultPoint(enum.Enum):
+    """Where an injected fault fires."""
+
+    BEFORE_ACQUIRE = "before_acquire"
+    AFTER_ACQUIRE = "after_acquire"
+    BEFORE_SCAN = "before_scan"
+    BEFORE_READ = "before_read"
+    BEFORE_COMMIT = "before_commit"
+    AFTER_COMMIT = "after_commit"
+    BEFORE_DELETE = "before_delete"
+    AFTER_DELETE = "after_delete"
+
+
+class UnknownOutcome(enum.Enum):
+    """What really happens to a commit batch that timed out."""
+
+    APPLIED = "applied"
+    NOT_APPLIED = "not_applied"
+    APPLIES_LATER = "applies_later"
+    """Completed by the next round on the partition, before that round's own write."""
+    PROPOSED_LATE = "proposed_late"
+    """Still queued; proposed with its original condition after :data:`LATE_ROUNDS` rounds."""
+
+
+# How many later rounds a PROPOSED_LATE write waits: past the caller's resolution and retry,
+# into the writes of its next batch.
+LATE_ROUNDS = 6
+
+
+class InjectedCrash(Exception):  # noqa: N818 - it is a crash, not an error of the code under test
+    """A simulated crash of the process at a fault point."""
+
+
+@dataclass(frozen=True, slots=True)
+class AppliedCommit:
+    """One applied commit batch, for tests: who wrote it and what it touched."""
+
+    computation: str
+    interval: int
+    token: int
+    sequencer: int
+    marker: bytes
+    keys: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Write:
+    """One conditional commit batch, as issued."""
+
+    lease: Lease
+    after: bytes
+    marker: bytes
+    changes: tuple[KeyChanges, ...]
+    dedup_ttl: int
+
+
+@dataclass
+class _Partition:
+    sequencer: int = INITIAL_SEQUENCER
+    last_commit: bytes = b""
+    rounds: int = 0
+    states: dict[str, bytes] = field(default_factory=dict)
+    timers: dict[str, dict[str, Timer]] = field(default_factory=dict)
+    dedup: dict[str, dict[bytes, int]] = field(default_factory=dict)
+    productions: dict[bytes, Production] = field(default_factory=dict)
+    delayed: list[tuple[int, _Write]] = field(default_factory=list)
+
+
+class MemoryIntervalStore(IntervalStore):
+    """Interval partitions in a dict; single-threaded."""
+
+    def __init__(self, clock: Clock, *, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> None:
+        if max_batch_bytes < 1:
+            raise ValueError(f"max_batch_bytes must be positive, got {max_batch_bytes}")
+        self.clock = clock
+        self.max_batch_bytes = max_batch_bytes
+        self.commit_log: list[AppliedCommit] = []
+        self._partitions: dict[tuple[str, int], _Partition] = {}
+        self._faults: dict[FaultPoint, deque[Callable[[], object]]] = {}
+        self._unknown_outcomes: deque[UnknownOutcome] = deque()
+        self._markers = itertools.count(1)
+
+    # -- fault injection ------------------------------------------------------------------
+
+    def inject(self, point: FaultPoint, action: Callable[[], object] | None = None) -> None:
+        """Run ``action`` (default: raise :class:`InjectedCrash`) the next time ``point`` is hit."""
+        self._faults.setdefault(point, deque()).append(action or _crash(point))
+
+    def inject_unknown_outcome(self, outcome: UnknownOutcome) -> None:
+        """Make the next commit batch time out, with ``outcome`` as what really happened."""
+        self._unknown_outcomes.append(outcome)
+
+    def clear_faults(self) -> None:
+        self._faults.clear()
+        self._unknown_outcomes.clear()
+
+    # -- the contract ----------------------------------------------------------------------
+
+    def acquire(self, computation: str, interval: int, previous: Lease | None = None) -> Lease:
+        self._fault(FaultPoint.BEFORE_ACQUIRE)
+        partition = self._round(computation, interval)
+        cache_valid = (
+            previous is not None
+            and (previous.computation, previous.interval) == (computation, interval)
+            and previous.token == partition.sequencer
+        )
+        partition.sequencer += 1
+        partition.last_commit = self._marker()
+        lease = Lease(computation, interval, partition.sequencer, cache_valid)
+        self._fault(FaultPoint.AFTER_ACQUIRE)
+        return lease
+
+    def scan(self, lease: Lease) -> IntervalSnapshot:
+        self._fault(FaultPoint.BEFORE_SCAN)
+        partition = self._partition(lease.computation, lease.interval)
+        now = self.clock.now()
+        return IntervalSnapshot(
+            timers=tuple(t for timers in partition.timers.values() for t in timers.values()),
+            productions=tuple(partition.productions.values()),
+            dedup_ids=tuple(
+                record_id
+                for ids in partition.dedup.values()
+                for record_id, expires in ids.items()
+                if expires > now
+            ),
+        )
+
+    def read_state(self, lease: Lease, key: str) -> bytes | None:
+        self._fault(FaultPoint.BEFORE_READ)
+        return self._partition(lease.computation, lease.interval).states.get(key)
+
+    def has_seen(self, lease: Lease, key: str, record_ids: Collection[bytes]) -> Set[bytes]:
+        self._fault(FaultPoint.BEFORE_READ)
+        ids = self._partition(lease.computation, lease.interval).dedup.get(key, {})
+        now = self.clock.now()
+        return {r for r in record_ids if ids.get(r, now) > now}
+
+    def commit(self, lease: Lease, changes: Sequence[KeyChanges], *, dedup_ttl: int) -> None:
+        keys = [change.key for change in changes]
+        if len(set(keys)) != len(keys):
+            raise ValueError("each key may appear once per commit: merge its changes first")
+        batches = split_batches(changes, self.max_batch_bytes)
+        for number, batch in enumerate(batches):
+            self._fault(FaultPoint.BEFORE_COMMIT)
+            partition = self._fenced(lease)
+            write = _Write(lease, partition.last_commit, self._marker(), tuple(batch), dedup_ttl)
+            outcome = self._unknown_outcomes.popleft() if self._unknown_outcomes else None
+            if outcome is None or outcome is UnknownOutcome.APPLIED:
+                self._land(partition, write)
+            elif outcome is UnknownOutcome.APPLIES_LATER:
+                partition.delayed.append((partition.rounds + 1, write))
+            elif outcome is UnknownOutcome.PROPOSED_LATE:
+                partition.delayed.append((partition.rounds + LATE_ROUNDS, write))
+            if outcome is not None:
+                raise UnknownOutcomeError(
+                    f"commit to {lease.computation}/{lease.interval} timed out (injected)",
+                    marker=write.marker,
+                    uncertain_keys=tuple(c.key for c in batch),
+                    unattempted_keys=tuple(c.key for later in batches[number + 1 :] for c in later),
+                )
+            self._fault(FaultPoint.AFTER_COMMIT)
+
+    def was_applied(self, lease: Lease, marker: bytes) -> bool:
+        partition = self._fenced(lease)
+        if partition.last_commit == marker:
+            return True
+        # Move the chain on, so that the uncertain write, if still queued, can never apply.
+        partition.last_commit = self._marker()
+        return False
+
+    def delete_productions(self, lease: Lease, record_ids: Collection[bytes]) -> None:
+        self._fault(FaultPoint.BEFORE_DELETE)
+        partition = self._fenced(lease)
+        for record_id in record_ids:
+            partition.productions.pop(record_id, None)
+        partition.last_commit = self._marker()
+        self._fault(FaultPoint.AFTER_DELETE)
+
+    # -- inspection for tests ----------------------------------------------------------------
+
+    def sequencer(self, computation: str, interval: int) -> int:
+        return self._partition(computation, interval).sequencer
+
+    def in_flight(self, computation: str, interval: int) -> int:
+        """How many timed-out writes of the interval have not landed or failed yet."""
+        return len(self._partition(computation, interval).delayed)
+
+    def states(self, computation: str) -> dict[str, bytes]:
+        """Committed state of every key of ``computation``, across its intervals."""
+        return {
+            key: value
+            for (name, _), partition in sorted(self._partitions.items())
+            if name == computation
+            for key, value in partition.states.items()
+        }
+
+    def timers(self, computation: str) -> list[Timer]:
+        return [
+            timer
+            for (name, _), partition in sorted(self._partitions.items())
+            if name == computation
+            for timers in partition.timers.values()
+            for timer in timers.values()
+        ]
+
+    def pending_productions(self, computation: str) -> list[Production]:
+        return [
+            production
+            for (name, _), partition in sorted(self._partitions.items())
+            if name == computation
+            for production in partition.productions.values()
+        ]
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _partition(self, computation: str, interval: int) -> _Partition:
+        return self._partitions.setdefault((computation, interval), _Partition())
+
+    def _round(self, computation: str, interval: int) -> _Partition:
+        """Start a Paxos round: delayed writes due by now are proposed first."""
+        partition = self._partition(computation, interval)
+        partition.rounds += 1
+        due = [w for at, w in partition.delayed if at <= partition.rounds]
+        partition.delayed = [(at, w) for at, w in partition.delayed if at > partition.rounds]
+        for write in due:
+            self._land(partition, write)
+        return partition
+
+    def _fenced(self, lease: Lease) -> _Partition:
+        partition = self._round(lease.computation, lease.interval)
+        if partition.sequencer != lease.token:
+            raise FencedError(
+                f"interval {lease.interval} of {lease.computation!r} was acquired by another "
+                f"worker (sequencer {partition.sequencer}, this lease {lease.token}); stop work "
+                "on it and drop its cached state"
+            )
+        return partition
+
+    def _land(self, partition: _Partition, write: _Write) -> None:
+        lease = write.lease
+        if partition.sequencer != lease.token or partition.last_commit != write.after:
+            return  # its condition no longer holds: the write does not apply
+        expires = self.clock.now() + write.dedup_ttl
+        for change in write.changes:
+            _apply(partition, change, expires)
+        partition.last_commit = write.marker
+        self.commit_log.append(
+            AppliedCommit(
+                lease.computation,
+                lease.interval,
+                lease.token,
+                partition.sequencer,
+                write.marker,
+                tuple(c.key for c in write.changes),
+            )
+        )
+
+    def _marker(self) -> bytes:
+        return struct.pack(">Q", next(self._markers))
+
+    def _fault(self, point: FaultPoint) -> None:
+        actions = self._faults.get(point)
+        if actions:
+            actions.popleft()()
+
+
+def _apply(partition: _Partition, change: KeyChanges, dedup_expires: int) -> None:
+    key = change.key
+    if change.state is None:
+        partition.states.pop(key, None)
+    elif change.state is not UNCHANGED:
+        partition.states[key] = change.state
+    if change.timers:
+        timers = partition.timers.setdefault(key, {})
+        for tag, timer in change.timers.items():
+            if timer is None:
+                timers.pop(tag, None)
+            else:
+                timers[tag] = timer
+        if not timers:
+            del partition.timers[key]
+    if change.dedup_ids:
+        ids = partition.dedup.setdefault(key, {})
+        ids.update(dict.fromkeys(change.dedup_ids, dedup_expires))
+    for production in change.productions:
+        partition.productions[production.record_id] = production
+
+
+def _crash(point: FaultPoint) -> Callable[[], None]:
+    def crash() -> None:
+        raise InjectedCrash(f"injected crash at {point.value}")
+
+    return crash

@@ -1,0 +1,274 @@
+"""Topologies: which computations run, what they read and write, with which guarantees.
+
+A :class:`Topology` is a declaration (paper figure 3); the runner supplies the runtime. For
+each computation it names the input streams with the consumer's key extractor (several
+consumers may key one stream differently, paper 4.2), the output streams, and the
+:class:`ComputationOptions`. Streams are identified by name only; any computation may read or
+write any stream. A stream is *known* if an injector feeds it (:meth:`Topology.add_stream`)
+or some computation declares it as an output.
+
+The graph may be arbitrary, cycles and self-loops included, as in MillWheel: a computation may
+feed its own input (iterative refinement). A cycle's low watermark is held by the oldest
+pending work inside it, so a cycle advances only if its computations produce records with
+timestamps ahead of the ones they consume.
+
+Computations can be added and removed while others run; :meth:`Topology.validate` checks the
+result (every input known) and the runner calls it after each change.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from millstream.engine.computation import Computation
+from millstream.engine.deadletters import default_dead_letter_stream
+from millstream.engine.errors import TopologyError
+from millstream.engine.keys import MAX_KEY_INTERVALS
+from millstream.engine.productions import ProductionPolicy
+from millstream.engine.records import Record
+
+__all__ = [
+    "ComputationOptions",
+    "ComputationSpec",
+    "InputStream",
+    "KeyExtractor",
+    "Topology",
+    "record_key",
+]
+
+KeyExtractor = Callable[[Record], str]
+"""Picks the key a consumer processes a record under. Must be deterministic: a redelivered
+record must reach the same key, or its dedup ID is not found."""
+
+# Names become Kafka topic names and parts of record IDs: Kafka's legal characters, and short
+# enough to leave room for suffixes such as ".dead-letters".
+_NAME = re.compile(r"[A-Za-z0-9._-]{1,200}")
+_MINUTE = 60 * 1_000_000
+
+
+def record_key(record: Record) -> str:
+    """The default key extractor: the key the producer gave the record."""
+    return record.key
+
+
+@dataclass(frozen=True, slots=True)
+class ComputationOptions:
+    """Per-computation guarantees and tuning (paper 6.1.3).
+
+    * ``exactly_once``: drop redelivered records by their dedup IDs. Off, no dedup ID is
+      checked or written, and a redelivered record runs again.
+    * ``strong_productions``: checkpoint productions before sending them (see
+      :mod:`millstream.engine.productions`). Off, they are sent first and only the stragglers
+      not acknowledged within ``weak_production_delay`` seconds are checkpointed.
+    * ``key_intervals``: how many key intervals (units of parallelism and of the store).
+    * ``retry_window`` + ``late_injector_slack`` (µs): how long dedup IDs are kept.
+    * ``send_timeout`` (s): how long a worker waits for the sink before leaving productions
+      pending for a later resend.
+    * ``dead_letter_stream``: defaults to ``<computation>.dead-letters``.
+    * ``bloom_expected_ids``, ``bloom_false_positive_rate``: sizing of the dedup Bloom filter.
+    * ``max_timer_firings_per_key``: per key and batch; the rest fire in the next batch, so a
+      timer that keeps re-arming itself cannot stall an interval.
+    """
+
+    exactly_once: bool = True
+    strong_productions: bool = True
+    key_intervals: int = 16
+    retry_window: int = 10 * _MINUTE
+    late_injector_slack: int = 0
+    weak_production_delay: float = 1.0
+    send_timeout: float = 30.0
+    dead_letter_stream: str | None = None
+    bloom_expected_ids: int = 100_000
+    bloom_false_positive_rate: float = 0.01
+    max_timer_firings_per_key: int = 1_000
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.key_intervals <= MAX_KEY_INTERVALS:
+            raise TopologyError(
+                f"key_intervals must be in [1, {MAX_KEY_INTERVALS}], got {self.key_intervals}"
+            )
+        if self.retry_window <= 0 or self.late_injector_slack < 0:
+            raise TopologyError(
+                "retry_window must be positive and late_injector_slack non-negative (µs)"
+            )
+        if self.weak_production_delay < 0 or self.send_timeout < 0:
+            raise TopologyError("weak_production_delay and send_timeout must be non-negative")
+        if self.max_timer_firings_per_key < 1:
+            raise TopologyError("max_timer_firings_per_key must be at least 1")
+        if self.dead_letter_stream is not None:
+            _check_name("dead-letter stream", self.dead_letter_stream)
+
+    @property
+    def dedup_ttl(self) -> int:
+        """How long (µs) a dedup ID outlives its commit: the retry window plus the slack."""
+        return self.retry_window + self.late_injector_slack
+
+    @property
+    def production_policy(self) -> ProductionPolicy:
+        return ProductionPolicy.STRONG if self.strong_productions else ProductionPolicy.WEAK
+
+
+@dataclass(frozen=True, slots=True)
+class InputStream:
+    """One input of a computation: a stream and the consumer's key extractor for it."""
+
+    stream: str
+    key_extractor: KeyExtractor = record_key
+
+
+@dataclass(frozen=True, slots=True)
+class ComputationSpec:
+    """A computation as declared in a topology."""
+
+    name: str
+    computation: Computation
+    inputs: tuple[InputStream, ...]
+    outputs: tuple[str, ...]
+    options: ComputationOptions = field(default_factory=ComputationOptions)
+
+    @property
+    def dead_letter_stream(self) -> str:
+        return self.options.dead_letter_stream or default_dead_letter_stream(self.name)
+
+    def key_extractor(self, stream: str) -> KeyExtractor:
+        for input_stream in self.inputs:
+            if input_stream.stream == stream:
+                return input_stream.key_extractor
+        raise TopologyError(f"computation {self.name!r} does not read stream {stream!r}")
+
+    def writes(self, stream: str) -> bool:
+        """Whether user code may produce to ``stream`` (declared outputs, not dead letters)."""
+        return stream in self.outputs
+
+
+class Topology:
+    """A named graph of computations and streams."""
+
+    def __init__(self, name: str = "millstream", streams: Iterable[str] = ()) -> None:
+        _check_name("topology", name)
+        self.name = name
+        self._external: set[str] = set()
+        self._computations: dict[str, ComputationSpec] = {}
+        for stream in streams:
+            self.add_stream(stream)
+
+    def add_stream(self, stream: str) -> None:
+        """Declare a stream fed from outside the topology, by injectors."""
+        _check_name("stream", stream)
+        self._external.add(stream)
+
+    def add_computation(
+        self,
+        name: str,
+        computation: Computation,
+        *,
+        inputs: Mapping[str, KeyExtractor | None] | Iterable[str],
+        outputs: Iterable[str] = (),
+        options: ComputationOptions | None = None,
+    ) -> ComputationSpec:
+        """Declare a computation reading ``inputs`` and writing ``outputs``.
+
+        ``inputs`` maps each input stream to its key extractor (``None``: the record's own key),
+        or lists stream names to use the record's key for all of them.
+        """
+        _check_name("computation", name)
+        if isinstance(inputs, str) or isinstance(outputs, str):
+            raise TopologyError(
+                f"computation {name!r}: inputs and outputs take lists of stream names, not a str"
+            )
+        if name in self._computations:
+            raise TopologyError(f"computation {name!r} is already in topology {self.name!r}")
+        if not isinstance(computation, Computation):
+            raise TopologyError(
+                f"computation {name!r} must be a Computation instance, got {computation!r}"
+            )
+        extractors = (
+            dict(inputs)
+            if isinstance(inputs, Mapping)
+            else dict.fromkeys(_unique("input stream", name, inputs))
+        )
+        input_streams = tuple(
+            InputStream(stream, extractor or record_key) for stream, extractor in extractors.items()
+        )
+        spec = ComputationSpec(
+            name=name,
+            computation=computation,
+            inputs=input_streams,
+            outputs=tuple(_unique("output stream", name, outputs)),
+            options=options or ComputationOptions(),
+        )
+        for stream in (*extractors, *spec.outputs):
+            _check_name("stream", stream)
+        if spec.dead_letter_stream in spec.outputs or spec.dead_letter_stream in extractors:
+            raise TopologyError(
+                f"computation {name!r} uses its dead-letter stream {spec.dead_letter_stream!r} "
+                "as a regular stream; name another dead_letter_stream in its options"
+            )
+        self._computations[name] = spec
+        return spec
+
+    def remove_computation(self, name: str) -> ComputationSpec:
+        """Take a computation out; its consumers keep reading its streams if still known."""
+        try:
+            return self._computations.pop(name)
+        except KeyError:
+            raise TopologyError(f"no computation {name!r} in topology {self.name!r}") from None
+
+    @property
+    def external_streams(self) -> frozenset[str]:
+        """The streams declared with :meth:`add_stream`."""
+        return frozenset(self._external)
+
+    @property
+    def computations(self) -> Mapping[str, ComputationSpec]:
+        return dict(self._computations)
+
+    def streams(self) -> set[str]:
+        """Every known stream: external ones, outputs and dead-letter streams."""
+        known = set(self._external)
+        for spec in self._computations.values():
+            known.update(spec.outputs)
+            known.add(spec.dead_letter_stream)
+        return known
+
+    def producers(self, stream: str) -> list[ComputationSpec]:
+        return [spec for spec in self._computations.values() if stream in spec.outputs]
+
+    def consumers(self, stream: str) -> list[ComputationSpec]:
+        return [
+            spec
+            for spec in self._computations.values()
+            if any(i.stream == stream for i in spec.inputs)
+        ]
+
+    def validate(self) -> None:
+        """Raise :class:`TopologyError` if a computation reads a stream nothing feeds."""
+        known = self.streams()
+        problems = [
+            f"{spec.name!r} reads unknown stream {i.stream!r}"
+            for spec in self._computations.values()
+            for i in spec.inputs
+            if i.stream not in known
+        ]
+        if problems:
+            raise TopologyError(
+                "; ".join(problems) + ": declare injector streams with Topology.add_stream or add "
+                "the computation that produces them"
+            )
+
+
+def _check_name(what: str, name: str) -> None:
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise TopologyError(
+            f"{what} name {name!r} is invalid: use 1-200 of the characters A-Z a-z 0-9 . _ -"
+        )
+
+
+def _unique(what: str, computation: str, names: Iterable[str]) -> list[str]:
+    listed = list(names)
+    duplicates = sorted({n for n in listed if listed.count(n) > 1})
+    if duplicates:
+        raise TopologyError(f"computation {computation!r} lists {what}s twice: {duplicates}")
+    return listed

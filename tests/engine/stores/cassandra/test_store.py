@@ -1,0 +1,748 @@
+"""The Cassandra interval store on the real Cassandra: what the shared contract cannot show.
+
+Fencing and atomicity of real conditional batches, batch splitting and sizes, real TTLs,
+linearizable acquires under contention, and unknown outcomes. Faults are injected by
+:class:`ScriptedSession`, a real session whose requests a test can intercept (run them and
+then fail, fail without running, or run something in between); one unknown outcome is real,
+a client timeout shorter than the LWT.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from cassandra import OperationTimedOut, Unavailable, WriteTimeout, WriteType
+from cassandra.protocol import ErrorMessage
+from cassandra.query import BatchStatement, dict_factory
+
+from millstream.connectors import cassandra as cassandra_connector
+from millstream.engine.clock import ManualClock, SystemClock
+from millstream.engine.computation import Computation
+from millstream.engine.config import MillstreamConfig
+from millstream.engine.context import Context
+from millstream.engine.errors import FencedError, StoreError, UnknownOutcomeError
+from millstream.engine.productions import Production
+from millstream.engine.protocol import Delivery, IntervalWorker
+from millstream.engine.records import Record, injector_record_id
+from millstream.engine.sequencer import Lease
+from millstream.engine.state import KeyChanges
+from millstream.engine.store import split_batches
+from millstream.engine.stores.cassandra import (
+    DEFAULT_MAX_BATCH_BYTES,
+    CassandraIntervalStore,
+    create_schema,
+)
+from millstream.engine.testing import TestingSink
+from millstream.engine.timers import TimeDomain, Timer
+from millstream.engine.topology import ComputationOptions, ComputationSpec, InputStream
+
+pytestmark = pytest.mark.integration
+
+TTL = 60 * 1_000_000
+# Cassandra 5.0's default batch_size_fail_threshold.
+FAIL_THRESHOLD = 50 * 1024
+
+Run = Callable[[], Any]
+Interceptor = Callable[[Run], Any]
+
+
+class ScriptedSession:
+    """A real driver session whose requests can be intercepted, one interceptor per request.
+
+    Requests are classified as ``"batch"`` (commits and deletes), ``"acquire"`` (the
+    sequencer LWTs), ``"resolve"`` (the LWT of ``was_applied``) or ``"read"``; an interceptor
+    queued for a class receives the request as a thunk and decides what happens. Everything
+    else is passed through. With ``batch_session``, batches travel on another connection.
+    """
+
+    def __init__(self, session: Any, batch_session: Any = None) -> None:
+        self.session = session
+        self.batch_session = batch_session or session
+        self.prepared: list[str] = []
+        self.batches: list[Any] = []
+        self._interceptors: dict[str, deque[Interceptor]] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.session, name)
+
+    def intercept(self, kind: str, interceptor: Interceptor) -> None:
+        self._interceptors.setdefault(kind, deque()).append(interceptor)
+
+    def prepare(self, cql: str) -> Any:
+        self.prepared.append(cql)
+        return self.session.prepare(cql)
+
+    def execute(self, statement: Any, parameters: Any = None, **options: Any) -> Any:
+        kind = _kind(statement)
+        if kind == "batch":
+            self.batches.append(statement)
+
+        def run() -> Any:
+            session = self.batch_session if kind == "batch" else self.session
+            return session.execute(statement, parameters, **options)
+
+        queued = self._interceptors.get(kind)
+        return queued.popleft()(run) if queued else run()
+
+    def execute_async(self, statement: Any, parameters: Any = None, **options: Any) -> Any:
+        return self.session.execute_async(statement, parameters, **options)
+
+
+def _kind(statement: Any) -> str:
+    if isinstance(statement, BatchStatement):
+        return "batch"
+    cql = getattr(statement, "prepared_statement", statement).query_string
+    if "SET sequencer" in cql or cql.startswith("INSERT"):
+        return "acquire"
+    return "resolve" if cql.startswith("UPDATE") else "read"
+
+
+def timeout_after_running(run: Run) -> Any:
+    run()
+    raise WriteTimeout("injected: applied, then timed out", write_type=WriteType.CAS)
+
+
+def timeout_without_running(run: Run) -> Any:
+    raise WriteTimeout("injected: timed out before applying", write_type=WriteType.CAS)
+
+
+def cas_write_unknown_after_running(run: Run) -> Any:
+    run()
+    raise ErrorMessage(0x1700, "CAS operation result is unknown - proposal accepted by 1", {})
+
+
+def unavailable(run: Run) -> Any:
+    raise Unavailable("injected: not enough replicas", required_replicas=1, alive_replicas=0)
+
+
+def then(action: Callable[[], object]) -> Interceptor:
+    def interceptor(run: Run) -> Any:
+        result = run()
+        action()
+        return result
+
+    return interceptor
+
+
+def payload_bytes(batch: Any) -> int:
+    """Bytes of bound values a batch carried (test-only peek at the driver's batch)."""
+    return sum(
+        len(value)
+        for _, _, values in batch._statements_and_parameters
+        for value in values
+        if value is not None
+    )
+
+
+def rid(n: int) -> bytes:
+    return injector_record_id("t", 0, n)
+
+
+def production(n: int, key: str = "k", size: int = 1) -> Production:
+    return Production("out", Record(key, b"v" * size, n, rid(n)))
+
+
+def full_change(n: int, state_size: int = 10, value_size: int = 10) -> KeyChanges:
+    """A key's realistic changes: new state, one dedup ID and one pending production."""
+    key = f"key-{n:05d}"
+    return KeyChanges(
+        key,
+        state=bytes([n % 251]) * state_size,
+        productions=[production(n, key, value_size)],
+        dedup_ids=[rid(n)],
+    )
+
+
+StoreFactory = Callable[..., CassandraIntervalStore]
+
+
+@pytest.fixture
+def keyspace(cassandra: Any, cassandra_keyspace: Callable[[], str]) -> str:
+    name = cassandra_keyspace()
+    create_schema(cassandra, name)
+    return name
+
+
+@pytest.fixture
+def scripted(cassandra: Any) -> ScriptedSession:
+    return ScriptedSession(cassandra)
+
+
+@pytest.fixture
+def make_store(scripted: ScriptedSession, keyspace: str) -> StoreFactory:
+    """Factory of stores on the test's table: all share the scripted session by default."""
+
+    def make(session: Any = None, clock: Any = None, **options: Any) -> CassandraIntervalStore:
+        return CassandraIntervalStore(
+            scripted if session is None else session,
+            keyspace,
+            clock if clock is not None else ManualClock(1_000_000),
+            **options,
+        )
+
+    return make
+
+
+def rows_of(session: Any, keyspace: str, kind: str) -> list[Any]:
+    """Every row of one kind in the table, read plainly (for checks only)."""
+    return list(
+        session.execute(
+            f"SELECT * FROM {keyspace}.intervals WHERE kind = %s ALLOW FILTERING", (kind,)
+        )
+    )
+
+
+# -- schema and construction ------------------------------------------------------------------
+
+
+def test_create_schema_is_idempotent_and_requires_the_keyspace(
+    cassandra: Any, keyspace: str
+) -> None:
+    create_schema(cassandra, keyspace)
+    with pytest.raises(StoreError, match="does not exist; create it first"):
+        create_schema(cassandra, "no_such_keyspace_here")
+    with pytest.raises(ValueError, match="not a valid table name"):
+        create_schema(cassandra, keyspace, "drop table x")
+
+
+def test_a_missing_table_is_reported_with_the_fix(cassandra: Any, keyspace: str) -> None:
+    with pytest.raises(StoreError, match=r"create_schema\(session, keyspace, table\)"):
+        CassandraIntervalStore(cassandra, keyspace, SystemClock(), table="absent")
+
+
+def test_options_are_validated(cassandra: Any, keyspace: str) -> None:
+    with pytest.raises(ValueError, match="max_batch_bytes"):
+        CassandraIntervalStore(cassandra, keyspace, SystemClock(), max_batch_bytes=0)
+    with pytest.raises(ValueError, match="request_timeout"):
+        CassandraIntervalStore(cassandra, keyspace, SystemClock(), request_timeout=0)
+    with pytest.raises(ValueError, match="acquire_attempts"):
+        CassandraIntervalStore(cassandra, keyspace, SystemClock(), acquire_attempts=0)
+    with pytest.raises(ValueError, match="not a valid keyspace name"):
+        CassandraIntervalStore(cassandra, "Bad-Name", SystemClock())
+
+
+def test_statements_are_prepared_once(make_store: StoreFactory, scripted: ScriptedSession) -> None:
+    store = make_store()
+    prepared = len(scripted.prepared)
+    for _ in range(3):
+        lease = store.acquire("c", 0)
+        store.commit(lease, [full_change(1)], dedup_ttl=TTL)
+        store.has_seen(lease, "k", [rid(1)])
+        store.read_state(lease, "k")
+        store.scan(lease)
+        store.delete_productions(lease, [rid(1)])
+        store.was_applied(lease, b"m")
+    assert len(scripted.prepared) == prepared == len(set(scripted.prepared))
+
+
+# -- fencing and atomicity --------------------------------------------------------------------
+
+
+def test_a_fenced_batch_applies_nothing(
+    make_store: StoreFactory, cassandra: Any, keyspace: str
+) -> None:
+    store = make_store()
+    zombie = store.acquire("c", 0)
+    store.commit(zombie, [KeyChanges("before", b"kept")], dedup_ttl=TTL)
+    store.acquire("c", 0)
+    changes = [
+        KeyChanges(
+            f"k{n}",
+            b"zombie",
+            {"t": Timer(f"k{n}", "t", n)},
+            [production(n, f"k{n}")],
+            [rid(100 + n)],
+        )
+        for n in range(20)
+    ]
+    with pytest.raises(FencedError, match=r"sequencer 2, this lease 1"):
+        store.commit(zombie, changes, dedup_ttl=TTL)
+    assert [row.key for row in rows_of(cassandra, keyspace, "state")] == ["before"]
+    for kind in ("timer", "dedup", "production"):
+        assert rows_of(cassandra, keyspace, kind) == []
+
+
+def test_a_zombie_worker_is_fenced(make_store: StoreFactory) -> None:
+    worker_a, worker_b = make_store(), make_store()
+    lease_a = worker_a.acquire("c", 0)
+    worker_a.commit(lease_a, [KeyChanges("k", b"a", productions=[production(1)])], dedup_ttl=TTL)
+    lease_b = worker_b.acquire("c", 0)
+    assert not lease_b.cache_valid
+
+    with pytest.raises(FencedError, match="acquired by another worker"):
+        worker_a.commit(lease_a, [KeyChanges("k", b"zombie", dedup_ids=[rid(2)])], dedup_ttl=TTL)
+    with pytest.raises(FencedError):
+        worker_a.delete_productions(lease_a, [rid(1)])
+    with pytest.raises(FencedError):
+        worker_a.was_applied(lease_a, b"m")
+    assert worker_b.read_state(lease_b, "k") == b"a"
+    assert worker_b.has_seen(lease_b, "k", [rid(2)]) == set()
+    assert worker_b.scan(lease_b).productions == (production(1),)
+    # The new owner resends and deletes what the zombie left pending.
+    worker_b.delete_productions(lease_b, [rid(1)])
+    worker_b.commit(lease_b, [KeyChanges("k", b"b")], dedup_ttl=TTL)
+    assert worker_b.read_state(lease_b, "k") == b"b"
+    assert worker_b.scan(lease_b).productions == ()
+
+
+def test_a_lease_the_table_never_issued_is_fenced(make_store: StoreFactory) -> None:
+    with pytest.raises(FencedError, match="was never acquired"):
+        make_store().commit(Lease("c", 7, 5, False), [KeyChanges("k", b"s")], dedup_ttl=TTL)
+
+
+def test_a_competitor_between_batches_leaves_a_prefix_of_whole_keys(
+    make_store: StoreFactory, scripted: ScriptedSession
+) -> None:
+    store, competitor = make_store(max_batch_bytes=2_000), make_store()
+    lease = store.acquire("c", 0)
+    changes = [full_change(n, state_size=300) for n in range(40)]
+    predicted = split_batches(changes, 2_000)
+    assert len(predicted) > 3
+    scripted.intercept("batch", lambda run: run())
+    scripted.intercept("batch", then(lambda: competitor.acquire("c", 0)))
+
+    with pytest.raises(FencedError):
+        store.commit(lease, changes, dedup_ttl=TTL)
+    assert len(scripted.batches) == 3  # the third was sent and refused
+    applied = {c.key for batch in predicted[:2] for c in batch}
+    snapshot = store.scan(lease)
+    assert {p.record.key for p in snapshot.productions} == applied
+    assert set(snapshot.dedup_ids) == {c.dedup_ids[0] for c in changes if c.key in applied}
+    for c in changes:
+        assert store.read_state(lease, c.key) == (c.state if c.key in applied else None)
+
+
+# -- batch size -------------------------------------------------------------------------------
+
+
+def test_a_large_commit_is_split_between_keys_and_applies_every_key(
+    make_store: StoreFactory, scripted: ScriptedSession
+) -> None:
+    store = make_store()
+    lease = store.acquire("c", 0)
+    changes = [full_change(n, state_size=3_000, value_size=200) for n in range(1_000)]
+    predicted = split_batches(changes, DEFAULT_MAX_BATCH_BYTES)
+
+    started = time.monotonic()
+    store.commit(lease, changes, dedup_ttl=TTL)
+    elapsed = time.monotonic() - started
+
+    # Whole keys per batch: each sent batch holds exactly the rows of its predicted keys
+    # (state, dedup ID, production: 3 per key) plus the guard.
+    assert [len(batch) for batch in scripted.batches] == [1 + 3 * len(b) for b in predicted]
+    assert store.stats.batches == len(predicted) > 1
+    assert store.stats.largest_batch_bytes <= DEFAULT_MAX_BATCH_BYTES
+    assert max(payload_bytes(batch) for batch in scripted.batches) < FAIL_THRESHOLD
+    snapshot = store.scan(lease)
+    assert len(snapshot.productions) == len(snapshot.dedup_ids) == 1_000
+    assert all(store.read_state(lease, c.key) == c.state for c in changes)
+    print(f"1000 keys x ~3.2 KB: {len(predicted)} batches in {elapsed:.2f} s")
+
+
+def test_a_key_over_the_fail_threshold_goes_alone_and_is_accepted(
+    make_store: StoreFactory, scripted: ScriptedSession
+) -> None:
+    # Cassandra exempts conditional single-partition batches from batch_size_fail_threshold.
+    store = make_store()
+    lease = store.acquire("c", 0)
+    big = KeyChanges("big", b"x" * (4 * FAIL_THRESHOLD), dedup_ids=[rid(1)])
+    store.commit(lease, [full_change(1), big, full_change(2)], dedup_ttl=TTL)
+    assert [len(batch) for batch in scripted.batches] == [4, 3, 4]
+    assert payload_bytes(scripted.batches[1]) > FAIL_THRESHOLD
+    assert store.read_state(lease, "big") == big.state
+
+
+# -- acquiring --------------------------------------------------------------------------------
+
+
+def test_concurrent_acquires_are_linearizable(make_store: StoreFactory, cassandra: Any) -> None:
+    stores = [make_store(session=cassandra) for _ in range(6)]
+    tokens: list[int] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def worker(store: CassandraIntervalStore) -> None:
+        try:
+            lease = None
+            for _ in range(5):
+                lease = store.acquire("c", 0, previous=lease)
+                with lock:
+                    tokens.append(lease.token)
+        except BaseException as exc:
+            errors.append(exc)
+            raise
+
+    threads = [threading.Thread(target=worker, args=(store,)) for store in stores]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert sorted(tokens) == list(range(1, 31))
+    assert stores[0].sequencer("c", 0) == 30
+    print("attempts per acquire:", sum(s.stats.acquire_attempts for s in stores) / 30)
+
+
+def test_an_uncertain_acquire_is_resolved_and_claims_no_valid_cache(
+    make_store: StoreFactory, scripted: ScriptedSession
+) -> None:
+    store = make_store()
+    first = store.acquire("c", 0)
+    scripted.intercept("acquire", timeout_after_running)
+    second = store.acquire("c", 0, previous=first)
+    # Its own advance to 2 applied unseen; it cannot know that, so it moved on to 3.
+    assert (second.token, second.cache_valid) == (3, False)
+    scripted.intercept("acquire", timeout_without_running)
+    third = store.acquire("c", 0, previous=second)
+    assert (third.token, third.cache_valid) == (4, False)
+    with pytest.raises(FencedError):
+        store.commit(second, [KeyChanges("k", b"s")], dedup_ttl=TTL)
+
+
+def test_acquire_gives_up_with_advice_when_every_attempt_is_uncertain(
+    make_store: StoreFactory, scripted: ScriptedSession
+) -> None:
+    store = make_store(acquire_attempts=3)
+    for _ in range(3):
+        scripted.intercept("acquire", timeout_without_running)
+    with pytest.raises(StoreError, match=r"after 3 attempts .*WriteTimeout.*one worker runs"):
+        store.acquire("c", 0)
+
+
+# -- scans and TTLs ---------------------------------------------------------------------------
+
+
+def test_scan_returns_timers_pending_productions_and_unexpired_dedup_ids(
+    make_store: StoreFactory,
+) -> None:
+    clock = ManualClock(1_000_000)
+    store = make_store(clock=clock)
+    lease = store.acquire("c", 0)
+    timers = {
+        "a": Timer("a", "window", 10),
+        "b": Timer("b", "flush", 20, TimeDomain.WALL_TIME, set_by=rid(3)),
+        "c": Timer("c", "gone", 30),
+    }
+    store.commit(
+        lease,
+        [
+            KeyChanges(k, timers={t.tag: t}, productions=[production(n, k)], dedup_ids=[rid(n)])
+            for n, (k, t) in enumerate(timers.items())
+        ],
+        dedup_ttl=TTL,
+    )
+    clock.advance(TTL // 2)
+    store.commit(
+        lease,
+        [KeyChanges("c", timers={"gone": None}), KeyChanges("d", dedup_ids=[rid(9)])],
+        dedup_ttl=TTL,
+    )
+    store.delete_productions(lease, [rid(1)])
+    clock.advance(TTL // 2)  # the first three IDs are now exactly TTL old: expired
+
+    snapshot = store.scan(lease)
+    assert set(snapshot.timers) == {timers["a"], timers["b"]}
+    assert set(snapshot.productions) == {production(0, "a"), production(2, "c")}
+    assert snapshot.dedup_ids == (rid(9),)
+
+
+def test_dedup_ids_expire_by_cassandra_ttl(
+    make_store: StoreFactory, cassandra: Any, keyspace: str
+) -> None:
+    store = make_store(clock=SystemClock())
+    lease = store.acquire("c", 0)
+    committed = time.monotonic()
+    store.commit(lease, [KeyChanges("k", dedup_ids=[rid(1), rid(2)])], dedup_ttl=1_000_000)
+    assert store.has_seen(lease, "k", [rid(1), rid(2)]) == {rid(1), rid(2)}
+    # Cassandra must keep them at least as long as they count as seen (one second).
+    time.sleep(max(0.0, committed + 0.95 - time.monotonic()))
+    assert len(rows_of(cassandra, keyspace, "dedup")) == 2
+    deadline = time.monotonic() + 5
+    while rows_of(cassandra, keyspace, "dedup") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert rows_of(cassandra, keyspace, "dedup") == []  # gone from Cassandra, not just filtered
+    assert store.has_seen(lease, "k", [rid(1), rid(2)]) == set()
+    assert store.scan(lease).dedup_ids == ()
+
+
+def test_the_ttl_is_rounded_up_to_outlive_the_expiry_time(
+    make_store: StoreFactory, cassandra: Any, keyspace: str
+) -> None:
+    store = make_store(clock=SystemClock())
+    lease = store.acquire("c", 0)
+    remaining = []
+    # 100.000001 s: 101 whole seconds, plus one since Cassandra's TTL clock ignores the part
+    # of the current second. TTL() counts down in whole seconds: a read right after the write
+    # sees 102 unless a second boundary passed in between, so a few tries make it reliable.
+    for n in range(3):
+        store.commit(lease, [KeyChanges(f"k{n}", dedup_ids=[rid(n)])], dedup_ttl=100_000_001)
+        row = cassandra.execute(
+            f"SELECT TTL(expires) AS ttl FROM {keyspace}.intervals WHERE computation = 'c' "
+            "AND interval = 0 AND kind = 'dedup' AND key = %s",
+            (f"k{n}",),
+        ).one()
+        remaining.append(row.ttl)
+    assert max(remaining) == 102
+    with pytest.raises(ValueError, match="positive"):
+        store.commit(lease, [], dedup_ttl=0)
+    with pytest.raises(ValueError, match="20-year"):
+        store.commit(lease, [], dedup_ttl=21 * 365 * 24 * 3600 * 1_000_000)
+
+
+# -- unknown outcomes -------------------------------------------------------------------------
+
+
+def test_a_timeout_after_applying_is_resolved_as_applied(
+    make_store: StoreFactory, scripted: ScriptedSession
+) -> None:
+    store = make_store()
+    lease = store.acquire("c", 0)
+    store.commit(lease, [KeyChanges("k", b"old")], dedup_ttl=TTL)
+    scripted.intercept("batch", timeout_after_running)
+    with pytest.raises(UnknownOutcomeError, match="was_applied") as raised:
+        store.commit(lease, [KeyChanges("k", b"new")], dedup_ttl=TTL)
+    error = raised.value
+    assert isinstance(error.__cause__, WriteTimeout)
+    assert (error.uncertain_keys, error.unattempted_keys) == (("k",), ())
+    assert store.was_applied(lease, error.marker)
+    assert not store.was_applied(lease, b"\x00" * 16)
+    assert store.read_state(lease, "k") == b"new"
+
+
+def test_a_timeout_before_applying_is_resolved_as_not_applied(
+    make_store: StoreFactory, scripted: ScriptedSession
+) -> None:
+    store = make_store(max_batch_bytes=1)
+    lease = store.acquire("c", 0)
+    scripted.intercept("batch", timeout_without_running)
+    changes = [KeyChanges(k, k.encode()) for k in ("a", "b", "c")]
+    with pytest.raises(UnknownOutcomeError) as raised:
+        store.commit(lease, changes, dedup_ttl=TTL)
+    error = raised.value
+    assert (error.uncertain_keys, error.unattempted_keys) == (("a",), ("b", "c"))
+    assert not store.was_applied(lease, error.marker)
+    assert [store.read_state(lease, k) for k in "abc"] == [None, None, None]
+    store.commit(lease, changes, dedup_ttl=TTL)  # what the caller does next
+    assert [store.read_state(lease, k) for k in "abc"] == [b"a", b"b", b"c"]
+
+
+def test_cas_write_unknown_of_protocol_v5_is_an_unknown_outcome(
+    make_store: StoreFactory, scripted: ScriptedSession
+) -> None:
+    store = make_store()
+    lease = store.acquire("c", 0)
+    scripted.intercept("batch", cas_write_unknown_after_running)
+    with pytest.raises(UnknownOutcomeError) as raised:
+        store.commit(lease, [KeyChanges("k", b"s")], dedup_ttl=TTL)
+    assert store.was_applied(lease, raised.value.marker)
+
+
+def test_an_unknown_outcome_of_a_delete_carries_its_marker(
+    make_store: StoreFactory, scripted: ScriptedSession
+) -> None:
+    store = make_store()
+    lease = store.acquire("c", 0)
+    store.commit(lease, [KeyChanges("k", productions=[production(1)])], dedup_ttl=TTL)
+    scripted.intercept("batch", timeout_after_running)
+    with pytest.raises(UnknownOutcomeError, match="deletion of 1") as raised:
+        store.delete_productions(lease, [rid(1)])
+    assert (raised.value.uncertain_keys, raised.value.unattempted_keys) == ((), ())
+    assert store.was_applied(lease, raised.value.marker)
+    assert store.scan(lease).productions == ()
+
+
+def test_errors_that_prove_nothing_was_sent_propagate_unchanged(
+    make_store: StoreFactory, scripted: ScriptedSession
+) -> None:
+    store = make_store()
+    lease = store.acquire("c", 0)
+    scripted.intercept("batch", unavailable)
+    with pytest.raises(Unavailable):
+        store.commit(lease, [KeyChanges("k", b"s")], dedup_ttl=TTL)
+    assert store.read_state(lease, "k") is None
+
+
+class Held:
+    """Intercepts a request without sending it, to send it late: a write still in flight."""
+
+    def __init__(self) -> None:
+        self.run: Run | None = None
+
+    def __call__(self, run: Run) -> Any:
+        self.run = run
+        raise OperationTimedOut("injected: the client gave up, the request is still on its way")
+
+    def land(self) -> bool:
+        """Send the held request now; whether it applied."""
+        assert self.run is not None
+        return bool(self.run().one()[0])
+
+
+def test_was_applied_fences_a_write_still_in_flight(
+    make_store: StoreFactory, scripted: ScriptedSession
+) -> None:
+    store = make_store()
+    lease = store.acquire("c", 0)
+    held = Held()
+    scripted.intercept("batch", held)
+    with pytest.raises(UnknownOutcomeError) as raised:
+        store.commit(lease, [KeyChanges("k", b"late")], dedup_ttl=TTL)
+    assert not store.was_applied(lease, raised.value.marker)
+    assert not held.land()  # the answer stands: the late write finds its chain moved on
+    assert store.read_state(lease, "k") is None
+    store.commit(lease, [KeyChanges("k", b"again")], dedup_ttl=TTL)
+    assert store.read_state(lease, "k") == b"again"
+
+
+def test_the_next_write_fences_an_unresolved_write_in_flight(
+    make_store: StoreFactory, scripted: ScriptedSession
+) -> None:
+    store = make_store()
+    lease = store.acquire("c", 0)
+    held = Held()
+    scripted.intercept("batch", held)
+    with pytest.raises(UnknownOutcomeError) as raised:
+        store.commit(lease, [KeyChanges("k", b"old")], dedup_ttl=TTL)
+    store.commit(lease, [KeyChanges("k", b"new")], dedup_ttl=TTL)  # without resolving first
+    assert not held.land()  # it would have overwritten the newer state
+    assert store.read_state(lease, "k") == b"new"
+    assert not store.was_applied(lease, raised.value.marker)
+
+
+def test_an_uncertain_write_that_landed_is_recognised_by_the_next_write(
+    make_store: StoreFactory, scripted: ScriptedSession
+) -> None:
+    store = make_store()
+    lease = store.acquire("c", 0)
+    scripted.intercept("batch", timeout_after_running)
+    with pytest.raises(UnknownOutcomeError) as raised:
+        store.commit(lease, [KeyChanges("a", b"a")], dedup_ttl=TTL)
+    # The next commit finds the chain moved on by the write it was unsure of, and follows.
+    store.commit(lease, [KeyChanges("b", b"b")], dedup_ttl=TTL)
+    assert store.was_applied(lease, raised.value.marker)
+    assert (store.read_state(lease, "a"), store.read_state(lease, "b")) == (b"a", b"b")
+
+
+def test_an_uncertain_resolution_can_be_retried(
+    make_store: StoreFactory, scripted: ScriptedSession
+) -> None:
+    store = make_store()
+    lease = store.acquire("c", 0)
+    scripted.intercept("batch", timeout_without_running)
+    with pytest.raises(UnknownOutcomeError) as raised:
+        store.commit(lease, [KeyChanges("k", b"s")], dedup_ttl=TTL)
+    scripted.intercept("resolve", timeout_after_running)
+    with pytest.raises(UnknownOutcomeError, match="call was_applied again") as again:
+        store.was_applied(lease, raised.value.marker)
+    assert again.value.marker == raised.value.marker
+    assert not store.was_applied(lease, raised.value.marker)
+    assert store.read_state(lease, "k") is None
+
+
+def test_two_store_instances_sharing_a_lease_follow_each_other(
+    make_store: StoreFactory,
+) -> None:
+    first, second = make_store(), make_store()
+    lease = first.acquire("c", 0)
+    first.commit(lease, [KeyChanges("a", b"1")], dedup_ttl=TTL)
+    second.commit(lease, [KeyChanges("b", b"2")], dedup_ttl=TTL)
+    first.commit(lease, [KeyChanges("c", b"3")], dedup_ttl=TTL)  # learns the new head
+    assert [first.read_state(lease, k) for k in "abc"] == [b"1", b"2", b"3"]
+    assert first.stats.batches == 3  # one retry after the head it expected had moved
+
+
+@pytest.fixture
+def other_session(services: MillstreamConfig) -> Iterator[Any]:
+    """A session of its own, so that its requests travel on other connections."""
+    cluster, session = cassandra_connector.connect(services)
+    try:
+        yield session
+    finally:
+        cluster.shutdown()
+
+
+def test_real_client_timeouts_are_resolved_for_good(
+    make_store: StoreFactory, cassandra: Any, other_session: Any
+) -> None:
+    # Genuine unknown outcomes on one node: the client gives up after a microsecond while
+    # the LWT, already on the wire, runs on. Batches travel on other connections than the
+    # resolving LWT, which therefore often overtakes them; whatever was_applied answers must
+    # stay true once the late writes have landed.
+    store = make_store(session=ScriptedSession(cassandra, batch_session=other_session))
+    lease = store.acquire("c", 0)
+    answers = {}
+    for n in range(20):
+        store.request_timeout = 1e-6
+        with pytest.raises(UnknownOutcomeError) as raised:
+            store.commit(lease, [KeyChanges(f"k{n}", b"x" * 20_000)], dedup_ttl=TTL)
+        store.request_timeout = 10.0
+        assert isinstance(raised.value.__cause__, OperationTimedOut)
+        answers[f"k{n}"] = store.was_applied(lease, raised.value.marker)
+    time.sleep(1)
+    assert {k: store.read_state(lease, k) is not None for k in answers} == answers
+    print("applied before resolution:", sum(answers.values()), "of", len(answers))
+
+
+# -- sessions and the protocol ----------------------------------------------------------------
+
+
+@pytest.fixture
+def dict_session(services: MillstreamConfig) -> Iterator[Any]:
+    cluster, session = cassandra_connector.connect(services)
+    session.row_factory = dict_factory
+    try:
+        yield session
+    finally:
+        cluster.shutdown()
+
+
+def test_any_row_factory_and_datacenter_local_consistency_work(
+    make_store: StoreFactory, dict_session: Any
+) -> None:
+    store = make_store(session=dict_session, datacenter_local=True)
+    lease = store.acquire("c", 0)
+    lease = store.acquire("c", 0, previous=lease)
+    assert lease.cache_valid
+    store.commit(lease, [full_change(1)], dedup_ttl=TTL)
+    assert store.read_state(lease, "key-00001") == full_change(1).state
+    assert len(store.scan(lease).productions) == 1
+    with pytest.raises(FencedError):
+        store.commit(Lease("c", 0, 1, False), [full_change(2)], dedup_ttl=TTL)
+
+
+class Counter(Computation):
+    """Counts records per key in state and produces the running count."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        count = int(ctx.get_state() or b"0") + 1
+        ctx.set_state(str(count).encode())
+        ctx.produce("out", str(count).encode(), record.timestamp)
+
+
+def test_the_per_key_protocol_is_exactly_once_on_cassandra(make_store: StoreFactory) -> None:
+    clock = ManualClock(1_000_000)
+    store, sink = make_store(clock=clock), TestingSink()
+    spec = ComputationSpec(
+        "counter",
+        Counter(),
+        (InputStream("in"),),
+        ("out",),
+        ComputationOptions(key_intervals=1),
+    )
+    deliveries = [
+        Delivery(key, Record(key, b"", 10, rid(n))) for n, key in enumerate(["a", "b", "a"])
+    ]
+    first = IntervalWorker(spec, 0, store=store, sink=sink, clock=clock)
+    assert first.process(deliveries, 0).processed == 3
+    # A replay on a new worker (a retried task) finds every record a duplicate.
+    replay = IntervalWorker(spec, 0, store=store, sink=sink, clock=clock).process(deliveries, 0)
+    assert (replay.rescanned, replay.processed, replay.duplicates) == (True, 0, 3)
+    lease = store.acquire("counter", 0)
+    assert (store.read_state(lease, "a"), store.read_state(lease, "b")) == (b"2", b"1")
+    assert sorted(p.record.value for p in sink.delivered()) == [b"1", b"1", b"2"]
+    assert store.scan(lease).productions == ()

@@ -1,0 +1,264 @@
+from __future__ import annotations
+
+import pytest
+
+from millstream.engine.clock import ManualClock
+from millstream.engine.errors import FencedError, UnknownOutcomeError
+from millstream.engine.productions import Production
+from millstream.engine.records import Record, injector_record_id
+from millstream.engine.state import KeyChanges
+from millstream.engine.stores.memory.store import (
+    LATE_ROUNDS,
+    FaultPoint,
+    InjectedCrash,
+    MemoryIntervalStore,
+    UnknownOutcome,
+)
+from millstream.engine.timers import Timer
+
+pytestmark = pytest.mark.unit
+
+TTL = 1_000
+
+
+def rid(n: int) -> bytes:
+    return injector_record_id("t", 0, n)
+
+
+def production(n: int) -> Production:
+    return Production("out", Record("k", b"v", 1, rid(n)))
+
+
+def change(key: str, state: bytes | None = b"s", ids: tuple[int, ...] = ()) -> KeyChanges:
+    return KeyChanges(key, state=state, dedup_ids=[rid(n) for n in ids])
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(0)
+
+
+@pytest.fixture
+def store(clock: ManualClock) -> MemoryIntervalStore:
+    return MemoryIntervalStore(clock)
+
+
+def test_acquire_moves_the_sequencer_and_reports_cache_validity(
+    store: MemoryIntervalStore,
+) -> None:
+    first = store.acquire("c", 0)
+    mine = store.acquire("c", 0, previous=first)
+    assert (first.token, first.cache_valid) == (1, False)
+    assert (mine.token, mine.cache_valid) == (2, True)
+
+    other = store.acquire("c", 0)
+    assert not store.acquire("c", 0, previous=mine).cache_valid
+    assert not store.acquire("c", 1, previous=other).cache_valid
+    assert store.sequencer("c", 0) == 4
+    assert store.sequencer("c", 1) == 1
+
+
+def test_commit_applies_state_timers_dedup_ids_and_productions(
+    store: MemoryIntervalStore,
+) -> None:
+    lease = store.acquire("c", 0)
+    timer = Timer("k", "t", 5)
+    store.commit(
+        lease,
+        [KeyChanges("k", b"s", {"t": timer}, [production(1)], [rid(9)])],
+        dedup_ttl=TTL,
+    )
+    assert store.read_state(lease, "k") == b"s"
+    assert store.has_seen(lease, "k", [rid(9), rid(8)]) == {rid(9)}
+    assert store.has_seen(lease, "other", [rid(9)]) == set()
+    snapshot = store.scan(lease)
+    assert snapshot.timers == (timer,)
+    assert snapshot.productions == (production(1),)
+    assert snapshot.dedup_ids == (rid(9),)
+
+    store.commit(lease, [KeyChanges("k", None, {"t": None})], dedup_ttl=TTL)
+    assert store.read_state(lease, "k") is None
+    assert store.scan(lease).timers == ()
+    store.delete_productions(lease, [production(1).record_id])
+    assert store.scan(lease).productions == ()
+
+
+def test_unchanged_state_is_left_alone(store: MemoryIntervalStore) -> None:
+    lease = store.acquire("c", 0)
+    store.commit(lease, [change("k", b"s")], dedup_ttl=TTL)
+    store.commit(lease, [KeyChanges("k", dedup_ids=[rid(1)])], dedup_ttl=TTL)
+    assert store.read_state(lease, "k") == b"s"
+
+
+def test_dedup_ids_expire_after_their_ttl(store: MemoryIntervalStore, clock: ManualClock) -> None:
+    lease = store.acquire("c", 0)
+    store.commit(lease, [change("k", ids=(1,))], dedup_ttl=TTL)
+    clock.advance(TTL - 1)
+    assert store.has_seen(lease, "k", [rid(1)]) == {rid(1)}
+    assert store.scan(lease).dedup_ids == (rid(1),)
+    clock.advance(1)
+    assert store.has_seen(lease, "k", [rid(1)]) == set()
+    assert store.scan(lease).dedup_ids == ()
+
+
+def test_every_write_is_fenced_by_a_newer_lease(store: MemoryIntervalStore) -> None:
+    old = store.acquire("c", 0)
+    store.commit(old, [change("k", b"old")], dedup_ttl=TTL)
+    store.commit(old, [KeyChanges("p", productions=[production(1)])], dedup_ttl=TTL)
+    store.acquire("c", 0)
+
+    with pytest.raises(FencedError):
+        store.commit(old, [change("k", b"zombie")], dedup_ttl=TTL)
+    with pytest.raises(FencedError):
+        store.delete_productions(old, [production(1).record_id])
+    with pytest.raises(FencedError):
+        store.was_applied(old, b"marker")
+    assert store.read_state(old, "k") == b"old"  # reads are not fenced
+    assert store.scan(old).productions == (production(1),)
+    assert [c.token for c in store.commit_log] == [1, 1]
+
+
+def test_a_fenced_commit_applies_no_later_batch(clock: ManualClock) -> None:
+    store = MemoryIntervalStore(clock, max_batch_bytes=1)
+    lease = store.acquire("c", 0)
+
+    def competitor_acquires() -> None:
+        store.acquire("c", 0)
+
+    store.inject(FaultPoint.AFTER_COMMIT, competitor_acquires)
+    with pytest.raises(FencedError):
+        store.commit(lease, [change("a"), change("b"), change("c")], dedup_ttl=TTL)
+    assert store.states("c") == {"a": b"s"}
+
+
+def test_batches_split_between_keys_under_the_byte_limit(clock: ManualClock) -> None:
+    store = MemoryIntervalStore(clock, max_batch_bytes=300)
+    lease = store.acquire("c", 0)
+    store.commit(
+        lease,
+        [change("a"), change("b"), change("big", b"x" * 1_000), change("c"), change("d")],
+        dedup_ttl=TTL,
+    )
+    batches = [c.keys for c in store.commit_log]
+    assert ("big",) in batches
+    assert [k for keys in batches for k in keys] == ["a", "b", "big", "c", "d"]
+    assert all(len(keys) <= 2 for keys in batches)
+    assert len({c.marker for c in store.commit_log}) == len(batches)
+
+
+def test_a_key_may_appear_once_per_commit(store: MemoryIntervalStore) -> None:
+    lease = store.acquire("c", 0)
+    with pytest.raises(ValueError, match="once per commit"):
+        store.commit(lease, [change("k"), change("k")], dedup_ttl=TTL)
+
+
+def test_unknown_outcome_that_applied(store: MemoryIntervalStore) -> None:
+    lease = store.acquire("c", 0)
+    store.inject_unknown_outcome(UnknownOutcome.APPLIED)
+    with pytest.raises(UnknownOutcomeError) as raised:
+        store.commit(lease, [change("k")], dedup_ttl=TTL)
+    assert raised.value.uncertain_keys == ("k",)
+    assert store.read_state(lease, "k") == b"s"
+    assert store.was_applied(lease, raised.value.marker)
+
+
+def test_unknown_outcome_that_did_not_apply(clock: ManualClock) -> None:
+    store = MemoryIntervalStore(clock, max_batch_bytes=1)
+    lease = store.acquire("c", 0)
+    store.inject_unknown_outcome(UnknownOutcome.NOT_APPLIED)
+    with pytest.raises(UnknownOutcomeError) as raised:
+        store.commit(lease, [change("a"), change("b"), change("c")], dedup_ttl=TTL)
+    assert (raised.value.uncertain_keys, raised.value.unattempted_keys) == (("a",), ("b", "c"))
+    assert not store.was_applied(lease, raised.value.marker)
+    assert store.states("c") == {}
+
+
+def test_unknown_outcome_that_lands_at_the_next_paxos_round(store: MemoryIntervalStore) -> None:
+    lease = store.acquire("c", 0)
+    store.inject_unknown_outcome(UnknownOutcome.APPLIES_LATER)
+    with pytest.raises(UnknownOutcomeError) as raised:
+        store.commit(lease, [change("k")], dedup_ttl=TTL)
+    assert store.read_state(lease, "k") is None  # plain reads do not complete Paxos
+    assert store.was_applied(lease, raised.value.marker)
+    assert store.read_state(lease, "k") == b"s"
+
+
+def test_an_in_flight_write_lands_before_the_next_owner_acquires(
+    store: MemoryIntervalStore,
+) -> None:
+    lease = store.acquire("c", 0)
+    store.inject_unknown_outcome(UnknownOutcome.APPLIES_LATER)
+    with pytest.raises(UnknownOutcomeError):
+        store.commit(lease, [change("k")], dedup_ttl=TTL)
+    successor = store.acquire("c", 0)
+    assert store.read_state(successor, "k") == b"s"
+    assert [c.token for c in store.commit_log] == [lease.token]
+
+
+def test_a_late_proposal_is_fenced_by_the_resolution(store: MemoryIntervalStore) -> None:
+    lease = store.acquire("c", 0)
+    store.inject_unknown_outcome(UnknownOutcome.PROPOSED_LATE)
+    with pytest.raises(UnknownOutcomeError) as raised:
+        store.commit(lease, [change("k", b"late")], dedup_ttl=TTL)
+    assert not store.was_applied(lease, raised.value.marker)
+    for _ in range(LATE_ROUNDS):
+        store.delete_productions(lease, [])
+    assert store.in_flight("c", 0) == 0
+    assert store.read_state(lease, "k") is None
+
+
+def test_a_late_proposal_cannot_overwrite_newer_commits(store: MemoryIntervalStore) -> None:
+    lease = store.acquire("c", 0)
+    store.inject_unknown_outcome(UnknownOutcome.PROPOSED_LATE)
+    with pytest.raises(UnknownOutcomeError):
+        store.commit(lease, [change("k", b"old")], dedup_ttl=TTL)
+    store.commit(lease, [change("k", b"new")], dedup_ttl=TTL)  # a blind retry, then more
+    for _ in range(LATE_ROUNDS):
+        store.delete_productions(lease, [])
+    assert store.in_flight("c", 0) == 0
+    assert store.read_state(lease, "k") == b"new"
+
+
+def every_operation(store: MemoryIntervalStore) -> None:
+    lease = store.acquire("c", 0)
+    store.scan(lease)
+    store.read_state(lease, "k")
+    store.commit(lease, [change("k")], dedup_ttl=TTL)
+    store.delete_productions(lease, [])
+
+
+@pytest.mark.parametrize("point", list(FaultPoint))
+def test_crashes_can_be_injected_at_every_point(
+    store: MemoryIntervalStore, point: FaultPoint
+) -> None:
+    store.inject(point)
+    with pytest.raises(InjectedCrash, match=point.value):
+        every_operation(store)
+    every_operation(store)  # a fault fires once
+
+
+def test_crash_before_commit_applies_nothing_and_after_commit_everything(
+    store: MemoryIntervalStore,
+) -> None:
+    lease = store.acquire("c", 0)
+    store.inject(FaultPoint.BEFORE_COMMIT)
+    with pytest.raises(InjectedCrash):
+        store.commit(lease, [change("a")], dedup_ttl=TTL)
+    store.inject(FaultPoint.AFTER_COMMIT)
+    with pytest.raises(InjectedCrash):
+        store.commit(lease, [change("b")], dedup_ttl=TTL)
+    assert store.states("c") == {"b": b"s"}
+
+
+def test_clear_faults(store: MemoryIntervalStore) -> None:
+    store.inject(FaultPoint.BEFORE_ACQUIRE)
+    store.inject_unknown_outcome(UnknownOutcome.NOT_APPLIED)
+    store.clear_faults()
+    lease = store.acquire("c", 0)
+    store.commit(lease, [change("k")], dedup_ttl=TTL)
+    assert store.states("c") == {"k": b"s"}
+
+
+def test_batch_limit_must_be_positive(clock: ManualClock) -> None:
+    with pytest.raises(ValueError, match="max_batch_bytes"):
+        MemoryIntervalStore(clock, max_batch_bytes=0)

@@ -1,0 +1,298 @@
+"""The interval store contract (:mod:`millstream.engine.store`), run against every backend.
+
+One body of tests, one ``backend`` fixture parametrized over the backends: ``memory`` (a unit
+test) and ``cassandra`` (an integration test on the real Cassandra, in a keyspace of its own).
+Only the public contract is used here; fault injection and inspection that exist in one
+backend alone are tested in that backend's own folder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+
+from millstream.engine.clock import ManualClock
+from millstream.engine.errors import FencedError
+from millstream.engine.productions import Production
+from millstream.engine.records import Record, injector_record_id
+from millstream.engine.sequencer import Lease
+from millstream.engine.state import KeyChanges
+from millstream.engine.store import IntervalSnapshot, IntervalStore
+from millstream.engine.stores.cassandra import CassandraIntervalStore, create_schema
+from millstream.engine.stores.memory import MemoryIntervalStore
+from millstream.engine.timers import TimeDomain, Timer
+
+# Long enough that Cassandra's own TTL (real seconds) never fires during a test, so expiry is
+# decided by the manual clock alone, as the contract says.
+TTL = 60 * 1_000_000
+START = 1_000_000
+
+
+@dataclass
+class Backend:
+    """A backend under test: ``store(max_batch_bytes)`` makes a store on ``clock``."""
+
+    name: str
+    clock: ManualClock
+    make: Callable[[int | None], IntervalStore]
+
+    def store(self, max_batch_bytes: int | None = None) -> IntervalStore:
+        return self.make(max_batch_bytes)
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("memory", marks=pytest.mark.unit),
+        pytest.param("cassandra", marks=pytest.mark.integration),
+    ]
+)
+def backend(request: pytest.FixtureRequest) -> Backend:
+    clock = ManualClock(START)
+    if request.param == "memory":
+
+        def memory(limit: int | None) -> IntervalStore:
+            if limit is None:
+                return MemoryIntervalStore(clock)
+            return MemoryIntervalStore(clock, max_batch_bytes=limit)
+
+        return Backend("memory", clock, memory)
+
+    # Only the Cassandra case needs the services, so unit runs never start them.
+    session = request.getfixturevalue("cassandra")
+    keyspace = request.getfixturevalue("cassandra_keyspace")()
+    create_schema(session, keyspace)
+
+    def cassandra(limit: int | None) -> IntervalStore:
+        if limit is None:
+            return CassandraIntervalStore(session, keyspace, clock)
+        return CassandraIntervalStore(session, keyspace, clock, max_batch_bytes=limit)
+
+    return Backend("cassandra", clock, cassandra)
+
+
+def rid(n: int) -> bytes:
+    return injector_record_id("t", 0, n)
+
+
+def production(n: int, key: str = "k") -> Production:
+    return Production("out", Record(key, f"v{n}".encode(), n, rid(n)))
+
+
+def change(key: str, state: bytes | None = b"s", ids: tuple[int, ...] = ()) -> KeyChanges:
+    return KeyChanges(key, state=state, dedup_ids=[rid(n) for n in ids])
+
+
+def test_the_first_lease_of_an_interval_has_token_one(backend: Backend) -> None:
+    lease = backend.store().acquire("c", 0)
+    assert (lease.token, lease.cache_valid) == (1, False)
+
+
+def test_acquire_moves_the_sequencer_and_reports_cache_validity(backend: Backend) -> None:
+    store = backend.store()
+    first = store.acquire("c", 0)
+    mine = store.acquire("c", 0, previous=first)
+    assert (mine.token, mine.cache_valid) == (2, True)
+
+    other = store.acquire("c", 0)
+    assert (other.token, other.cache_valid) == (3, False)
+    after_other = store.acquire("c", 0, previous=mine)
+    assert (after_other.token, after_other.cache_valid) == (4, False)
+    # A lease of another interval or computation says nothing about this one.
+    assert store.acquire("c", 1, previous=after_other) == Lease("c", 1, 1, False)
+    assert not store.acquire("d", 0, previous=after_other).cache_valid
+
+
+def test_commit_applies_state_timers_dedup_ids_and_productions(backend: Backend) -> None:
+    store = backend.store()
+    lease = store.acquire("c", 0)
+    timer = Timer("k", "t", 5, TimeDomain.WALL_TIME, set_by=rid(7))
+    store.commit(
+        lease,
+        [KeyChanges("k", b"s", {"t": timer}, [production(1)], [rid(9)])],
+        dedup_ttl=TTL,
+    )
+    assert store.read_state(lease, "k") == b"s"
+    assert store.read_state(lease, "other") is None
+    assert store.has_seen(lease, "k", [rid(9), rid(8)]) == {rid(9)}
+    assert store.has_seen(lease, "other", [rid(9)]) == set()
+    snapshot = store.scan(lease)
+    assert snapshot.timers == (timer,)
+    assert snapshot.productions == (production(1),)
+    assert snapshot.dedup_ids == (rid(9),)
+
+    store.commit(lease, [KeyChanges("k", None, {"t": None})], dedup_ttl=TTL)
+    assert store.read_state(lease, "k") is None
+    assert store.scan(lease).timers == ()
+    store.delete_productions(lease, [production(1).record_id])
+    assert store.scan(lease).productions == ()
+
+
+def test_deleted_state_can_be_written_again(backend: Backend) -> None:
+    # On Cassandra this relies on Paxos ballots ordering the delete before the new write.
+    store = backend.store()
+    lease = store.acquire("c", 0)
+    for state in (b"one", None, b"two", None, b"three"):
+        store.commit(lease, [change("k", state)], dedup_ttl=TTL)
+        assert store.read_state(lease, "k") == state
+
+
+def test_timers_are_set_replaced_and_deleted_by_tag(backend: Backend) -> None:
+    store = backend.store()
+    lease = store.acquire("c", 0)
+    early, late = Timer("k", "a", 10), Timer("k", "b", 20)
+    store.commit(lease, [KeyChanges("k", timers={"a": early, "b": late})], dedup_ttl=TTL)
+    replaced = Timer("k", "a", 30, TimeDomain.WALL_TIME, set_by=rid(1))
+    other_key = Timer("j", "a", 40)
+    store.commit(
+        lease,
+        [
+            KeyChanges("k", timers={"a": replaced, "b": None, "never-set": None}),
+            KeyChanges("j", timers={"a": other_key}),
+        ],
+        dedup_ttl=TTL,
+    )
+    assert set(store.scan(lease).timers) == {replaced, other_key}
+
+
+def test_unchanged_state_is_left_alone(backend: Backend) -> None:
+    store = backend.store()
+    lease = store.acquire("c", 0)
+    store.commit(lease, [change("k", b"s")], dedup_ttl=TTL)
+    store.commit(lease, [KeyChanges("k", dedup_ids=[rid(1)])], dedup_ttl=TTL)
+    assert store.read_state(lease, "k") == b"s"
+
+
+def test_the_empty_key_is_a_key_like_any_other(backend: Backend) -> None:
+    # Cassandra files productions under key ''; they must not mix with the state of key ''.
+    store = backend.store()
+    lease = store.acquire("c", 0)
+    store.commit(
+        lease,
+        [KeyChanges("", b"empty", productions=[production(1, key="")], dedup_ids=[rid(2)])],
+        dedup_ttl=TTL,
+    )
+    store.delete_productions(lease, [rid(1)])
+    assert store.read_state(lease, "") == b"empty"
+    assert store.has_seen(lease, "", [rid(1), rid(2)]) == {rid(2)}
+    assert store.scan(lease).productions == ()
+
+
+def test_dedup_ids_belong_to_their_key(backend: Backend) -> None:
+    store = backend.store()
+    lease = store.acquire("c", 0)
+    store.commit(lease, [change("a", ids=(1, 2)), change("b", ids=(3,))], dedup_ttl=TTL)
+    assert store.has_seen(lease, "a", [rid(1), rid(2), rid(3), rid(1)]) == {rid(1), rid(2)}
+    assert store.has_seen(lease, "b", [rid(1), rid(3)]) == {rid(3)}
+    assert store.has_seen(lease, "a", []) == set()
+    assert set(store.scan(lease).dedup_ids) == {rid(1), rid(2), rid(3)}
+
+
+def test_dedup_ids_expire_after_their_ttl(backend: Backend) -> None:
+    store = backend.store()
+    lease = store.acquire("c", 0)
+    store.commit(lease, [change("k", ids=(1,))], dedup_ttl=TTL)
+    backend.clock.advance(TTL - 1)
+    assert store.has_seen(lease, "k", [rid(1)]) == {rid(1)}
+    assert store.scan(lease).dedup_ids == (rid(1),)
+    backend.clock.advance(1)
+    assert store.has_seen(lease, "k", [rid(1)]) == set()
+    assert store.scan(lease).dedup_ids == ()
+
+
+def test_every_write_is_fenced_by_a_newer_lease(backend: Backend) -> None:
+    store = backend.store()
+    old = store.acquire("c", 0)
+    store.commit(old, [change("k", b"old")], dedup_ttl=TTL)
+    store.commit(old, [KeyChanges("p", productions=[production(1)])], dedup_ttl=TTL)
+    new = store.acquire("c", 0)
+
+    with pytest.raises(FencedError, match="acquired by another worker"):
+        store.commit(old, [change("k", b"zombie", ids=(5,))], dedup_ttl=TTL)
+    with pytest.raises(FencedError):
+        store.delete_productions(old, [production(1).record_id])
+    with pytest.raises(FencedError):
+        store.delete_productions(old, [])
+    with pytest.raises(FencedError):
+        store.was_applied(old, b"marker")
+    # Reads are not fenced; nothing of the zombie's writes is there.
+    assert store.read_state(old, "k") == b"old"
+    assert store.scan(old).productions == (production(1),)
+    assert store.has_seen(new, "k", [rid(5)]) == set()
+    store.commit(new, [change("k", b"new")], dedup_ttl=TTL)
+    assert store.read_state(new, "k") == b"new"
+
+
+def test_batches_split_between_keys_apply_every_key(backend: Backend) -> None:
+    store = backend.store(max_batch_bytes=300)
+    lease = store.acquire("c", 0)
+    keys = ["a", "b", "big", "c", "d"]
+    store.commit(
+        lease,
+        [
+            change(k, b"x" * 1_000 if k == "big" else k.encode(), ids=(n,))
+            for n, k in enumerate(keys)
+        ],
+        dedup_ttl=TTL,
+    )
+    assert {k: store.read_state(lease, k) for k in keys} == {
+        "a": b"a",
+        "b": b"b",
+        "big": b"x" * 1_000,
+        "c": b"c",
+        "d": b"d",
+    }
+    assert set(store.scan(lease).dedup_ids) == {rid(n) for n in range(len(keys))}
+
+
+def test_a_key_may_appear_once_per_commit(backend: Backend) -> None:
+    store = backend.store()
+    lease = store.acquire("c", 0)
+    with pytest.raises(ValueError, match="once per commit"):
+        store.commit(lease, [change("k"), change("k")], dedup_ttl=TTL)
+    assert store.read_state(lease, "k") is None
+
+
+def test_an_empty_commit_writes_nothing(backend: Backend) -> None:
+    store = backend.store()
+    lease = store.acquire("c", 0)
+    store.commit(lease, [], dedup_ttl=TTL)
+    store.commit(lease, [KeyChanges("k")], dedup_ttl=TTL)
+    assert store.read_state(lease, "k") is None
+    assert store.scan(lease) == IntervalSnapshot((), (), ())
+
+
+def test_was_applied_is_false_for_a_marker_never_written(backend: Backend) -> None:
+    store = backend.store()
+    lease = store.acquire("c", 0)
+    store.commit(lease, [change("k")], dedup_ttl=TTL)
+    assert not store.was_applied(lease, b"\x00" * 16)
+
+
+def test_intervals_and_computations_are_separate(backend: Backend) -> None:
+    store = backend.store()
+    leases = [store.acquire(c, i) for c in ("c", "d") for i in (0, 1)]
+    for n, lease in enumerate(leases):
+        store.commit(
+            lease,
+            [KeyChanges("k", str(n).encode(), productions=[production(n)], dedup_ids=[rid(n)])],
+            dedup_ttl=TTL,
+        )
+    for n, lease in enumerate(leases):
+        assert store.read_state(lease, "k") == str(n).encode()
+        assert store.scan(lease).productions == (production(n),)
+        assert store.scan(lease).dedup_ids == (rid(n),)
+    # Acquiring one interval fences no other.
+    store.acquire("c", 0)
+    store.commit(leases[1], [change("k", b"still mine")], dedup_ttl=TTL)
+    assert store.read_state(leases[1], "k") == b"still mine"
+
+
+def test_deleting_productions_that_are_not_pending_is_harmless(backend: Backend) -> None:
+    store = backend.store()
+    lease = store.acquire("c", 0)
+    store.commit(lease, [KeyChanges("k", productions=[production(1)])], dedup_ttl=TTL)
+    store.delete_productions(lease, [rid(99), rid(99)])
+    store.delete_productions(lease, [])
+    assert store.scan(lease).productions == (production(1),)

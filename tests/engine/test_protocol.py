@@ -1,0 +1,727 @@
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence, Set
+from typing import TYPE_CHECKING
+
+import pytest
+
+from millstream.engine.clock import ManualClock
+from millstream.engine.codecs import JsonCodec
+from millstream.engine.computation import Computation
+from millstream.engine.context import Context
+from millstream.engine.deadletters import Origin, decode_dead_letter
+from millstream.engine.errors import FencedError, MalformedRecordError, UnknownOutcomeError
+from millstream.engine.keys import key_interval
+from millstream.engine.productions import Production
+from millstream.engine.protocol import Delivery, IntervalWorker, Rejected
+from millstream.engine.records import (
+    MAX_RECORD_BYTES,
+    Record,
+    dead_letter_record_id,
+    encode_record,
+    injector_record_id,
+    production_record_id,
+)
+from millstream.engine.sequencer import Lease
+from millstream.engine.stores.memory.store import (
+    FaultPoint,
+    InjectedCrash,
+    MemoryIntervalStore,
+    UnknownOutcome,
+)
+from millstream.engine.testing import SendOutcome, TestingSink
+from millstream.engine.timers import TimeDomain, Timer
+from millstream.engine.topology import ComputationOptions
+
+if TYPE_CHECKING:
+    from tests.engine.conftest import RecordFactory, Workers, WorkersFactory
+
+pytestmark = pytest.mark.unit
+
+WM = 0
+JSON = JsonCodec()
+
+
+def deliver(*records: Record) -> list[Delivery | Rejected]:
+    return [Delivery(r.key, r) for r in records]
+
+
+class Appender(Computation):
+    """Appends each record's value to a JSON list in state and produces it to ``out``.
+
+    A value of ``b"boom"`` raises after changing state, to test that a failed call's changes
+    are dropped. Timers append ``"timer:<tag>"`` and produce it.
+    """
+
+    def __init__(self, *, timer_at: int | None = None) -> None:
+        self.timer_at = timer_at
+        self.timer_calls: list[Timer] = []
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        items = ctx.state(JSON)
+        items.set([*items.get([]), record.value.decode()])
+        ctx.produce("out", record.value, record.timestamp)
+        if self.timer_at is not None:
+            ctx.set_timer("t", self.timer_at)
+        if record.value == b"boom":
+            raise RuntimeError("boom")
+
+    def process_timer(self, ctx: Context, timer: Timer) -> None:
+        self.timer_calls.append(timer)
+        items = ctx.state(JSON)
+        items.set([*items.get([]), f"timer:{timer.tag}"])
+        ctx.produce("out", f"timer:{timer.tag}".encode(), timer.timestamp)
+
+
+class CountingStore(MemoryIntervalStore):
+    """Counts the dedup lookups that reach the store."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        super().__init__(clock)
+        self.lookups: list[frozenset[bytes]] = []
+
+    def has_seen(self, lease: Lease, key: str, record_ids: Collection[bytes]) -> Set[bytes]:
+        self.lookups.append(frozenset(record_ids))
+        return super().has_seen(lease, key, record_ids)
+
+
+# -- records, state, productions ----------------------------------------------------------
+
+
+def test_a_record_commits_state_and_its_production_is_sent_then_deleted(
+    workers: Workers, make_record: RecordFactory
+) -> None:
+    spec = workers.spec(Appender())
+    record = make_record("k", b"a")
+    result = workers.worker(spec).process(deliver(record), WM)
+
+    assert workers.state(spec) == {"k": ["a"]}
+    sent = workers.sink.delivered("out")
+    assert [p.record for p in sent] == [
+        Record("k", b"a", 1, production_record_id("comp", record.record_id, 0))
+    ]
+    assert workers.store.pending_productions("comp") == []
+    assert (result.processed, result.acknowledged, result.pending) == (1, 1, 0)
+
+
+def test_records_of_a_key_run_in_delivery_order_and_keys_in_one_commit(
+    workers: Workers, make_record: RecordFactory
+) -> None:
+    spec = workers.spec(Appender())
+    records = [make_record("b", b"1"), make_record("a", b"2"), make_record("b", b"3")]
+    workers.worker(spec).process(deliver(*records), WM)
+
+    assert workers.state(spec) == {"a": ["2"], "b": ["1", "3"]}
+    assert [c.keys for c in workers.store.commit_log] == [("a", "b")]
+
+
+def test_production_ids_are_reproduced_by_a_retried_call(
+    workers: Workers, make_record: RecordFactory
+) -> None:
+    spec = workers.spec(Appender(), options=ComputationOptions(key_intervals=1))
+    record = make_record("k", b"a")
+    workers.store.inject(FaultPoint.BEFORE_COMMIT)
+    with pytest.raises(InjectedCrash):
+        workers.worker(spec).process(deliver(record), WM)
+    workers.worker(spec).process(deliver(record), WM)
+
+    assert workers.state(spec) == {"k": ["a"]}
+    assert [p.record_id for p in workers.sink.sent] == [
+        production_record_id("comp", record.record_id, 0)
+    ]
+
+
+# -- exactly once -------------------------------------------------------------------------
+
+
+def test_duplicates_in_a_batch_and_across_batches_are_dropped(
+    workers: Workers, make_record: RecordFactory
+) -> None:
+    spec = workers.spec(Appender())
+    record = make_record("k", b"a")
+    worker = workers.worker(spec)
+    first = worker.process(deliver(record, record), WM)
+    second = worker.process(deliver(record), WM)
+
+    assert workers.state(spec) == {"k": ["a"]}
+    assert (first.processed, first.duplicates) == (1, 1)
+    assert (second.processed, second.duplicates) == (0, 1)
+
+
+def test_bloom_filter_spares_the_store_lookup_for_new_records(
+    make_workers: WorkersFactory, clock: ManualClock, sink: TestingSink, make_record: RecordFactory
+) -> None:
+    store = CountingStore(clock)
+    workers = make_workers(store, sink)
+    spec = workers.spec(Appender())
+    worker = workers.worker(spec)
+    seen = make_record("k", b"a")
+    worker.process(deliver(seen), WM)
+    worker.process(deliver(make_record("k", b"b"), seen), WM)
+
+    # Only the ID the filter may contain went to the store; new ones did not.
+    assert store.lookups == [frozenset({seen.record_id})]
+
+
+def test_a_new_owner_rebuilds_dedup_from_the_store(
+    workers: Workers, make_record: RecordFactory
+) -> None:
+    spec = workers.spec(Appender())
+    record = make_record("k", b"a")
+    workers.worker(spec).process(deliver(record), WM)
+    result = workers.worker(spec).process(deliver(record), WM)
+
+    assert result.rescanned
+    assert result.duplicates == 1
+    assert workers.state(spec) == {"k": ["a"]}
+
+
+def test_dedup_ids_expire_after_the_ttl(
+    workers: Workers, clock: ManualClock, make_record: RecordFactory
+) -> None:
+    options = ComputationOptions(key_intervals=1, retry_window=100, late_injector_slack=50)
+    spec = workers.spec(Appender(), options=options)
+    record = make_record("k", b"a")
+    worker = workers.worker(spec)
+    worker.process(deliver(record), WM)
+    clock.advance(149)
+    assert worker.process(deliver(record), WM).duplicates == 1
+    clock.advance(1)
+    assert worker.process(deliver(record), WM).duplicates == 0
+    assert workers.state(spec) == {"k": ["a", "a"]}
+
+
+def test_without_exactly_once_redeliveries_run_again_and_no_ids_are_kept(
+    workers: Workers, make_record: RecordFactory
+) -> None:
+    spec = workers.spec(Appender(), options=ComputationOptions(key_intervals=1, exactly_once=False))
+    record = make_record("k", b"a")
+    worker = workers.worker(spec)
+    worker.process(deliver(record), WM)
+    worker.process(deliver(record), WM)
+
+    assert workers.state(spec) == {"k": ["a", "a"]}
+    lease = workers.store.acquire("comp", 0)
+    assert workers.store.scan(lease).dedup_ids == ()
+
+
+# -- soft state and the sequencer ---------------------------------------------------------
+
+
+def test_soft_state_is_reused_until_another_worker_takes_the_interval(
+    workers: Workers, make_record: RecordFactory
+) -> None:
+    spec = workers.spec(Appender())
+    mine, other = workers.worker(spec), workers.worker(spec)
+    assert mine.process(deliver(make_record("k", b"a")), WM).rescanned
+    assert not mine.process(deliver(make_record("k", b"b")), WM).rescanned
+    other.process(deliver(make_record("k", b"c")), WM)
+    result = mine.process(deliver(make_record("k", b"d")), WM)
+
+    assert result.rescanned
+    assert workers.state(spec) == {"k": ["a", "b", "c", "d"]}
+
+
+def test_a_zombie_is_fenced_and_commits_nothing(
+    workers: Workers, make_record: RecordFactory
+) -> None:
+    spec = workers.spec(Appender())
+    zombie, successor = workers.worker(spec), workers.worker(spec)
+    zombie.process(deliver(make_record("k", b"a")), WM)
+    commits = len(workers.store.commit_log)
+    # The successor acquires the interval while the zombie is between user code and commit.
+    workers.store.inject(FaultPoint.BEFORE_COMMIT, lambda: successor.process([], WM))
+
+    with pytest.raises(FencedError):
+        zombie.process(deliver(make_record("k", b"zombie")), WM)
+
+    assert workers.state(spec) == {"k": ["a"]}
+    assert len(workers.store.commit_log) == commits
+    assert all(p.record.value != b"zombie" for p in workers.sink.sent)
+
+
+def test_a_failed_batch_drops_soft_state(workers: Workers, make_record: RecordFactory) -> None:
+    spec = workers.spec(Appender())
+    worker = workers.worker(spec)
+    worker.process(deliver(make_record("k", b"a")), WM)
+    workers.store.inject(FaultPoint.AFTER_COMMIT)
+    with pytest.raises(InjectedCrash):
+        worker.process(deliver(make_record("k", b"b")), WM)
+
+    assert worker.process([], WM).rescanned
+
+
+def test_unknown_outcome_that_applied_is_not_committed_twice(
+    workers: Workers, make_record: RecordFactory
+) -> None:
+    spec = workers.spec(Appender())
+    workers.store.inject_unknown_outcome(UnknownOutcome.APPLIED)
+    workers.worker(spec).process(deliver(make_record("k", b"a")), WM)
+
+    assert workers.state(spec) == {"k": ["a"]}
+    assert len(workers.store.commit_log) == 1
+
+
+@pytest.mark.parametrize("outcome", [UnknownOutcome.NOT_APPLIED, UnknownOutcome.APPLIES_LATER])
+def test_unknown_outcome_is_resolved_before_committing_again(
+    workers: Workers, make_record: RecordFactory, outcome: UnknownOutcome
+) -> None:
+    spec = workers.spec(Appender())
+    workers.store.inject_unknown_outcome(outcome)
+    workers.worker(spec).process(deliver(make_record("k", b"a")), WM)
+
+    assert workers.state(spec) == {"k": ["a"]}
+    assert len(workers.store.commit_log) == 1
+    assert len(workers.sink.delivered("out")) == 1
+
+
+def test_an_unknown_outcome_mid_commit_recommits_only_what_did_not_apply(
+    make_workers: WorkersFactory, clock: ManualClock, sink: TestingSink, make_record: RecordFactory
+) -> None:
+    store = MemoryIntervalStore(clock, max_batch_bytes=1)  # one key per batch
+    workers = make_workers(store, sink)
+    spec = workers.spec(Appender())
+    store.inject(
+        FaultPoint.AFTER_COMMIT, lambda: store.inject_unknown_outcome(UnknownOutcome.NOT_APPLIED)
+    )
+    records = [make_record(k, k.encode()) for k in "abc"]
+    workers.worker(spec).process(deliver(*records), WM)
+
+    assert workers.state(spec) == {"a": ["a"], "b": ["b"], "c": ["c"]}
+    assert [c.keys for c in store.commit_log] == [("a",), ("b",), ("c",)]
+
+
+def test_endless_unknown_outcomes_fail_the_batch(
+    workers: Workers, make_record: RecordFactory
+) -> None:
+    spec = workers.spec(Appender())
+    for _ in range(5):
+        workers.store.inject_unknown_outcome(UnknownOutcome.NOT_APPLIED)
+    with pytest.raises(UnknownOutcomeError):
+        workers.worker(spec).process(deliver(make_record("k", b"a")), WM)
+    assert workers.state(spec) == {}
+
+
+def test_commits_split_between_keys_never_within_one(
+    make_workers: WorkersFactory, clock: ManualClock, sink: TestingSink, make_record: RecordFactory
+) -> None:
+    store = MemoryIntervalStore(clock, max_batch_bytes=600)
+    workers = make_workers(store, sink)
+    spec = workers.spec(Appender())
+    big = "x" * 1_000
+    records = [make_record(k, b"v") for k in ("a", "b", "c")] + [
+        make_record("d", big.encode()),
+        make_record("d", b"w"),
+    ]
+    workers.worker(spec).process(deliver(*records), WM)
+
+    batches = [c.keys for c in store.commit_log]
+    assert len(batches) > 1
+    assert ("d",) in batches
+    assert sorted(k for keys in batches for k in keys) == ["a", "b", "c", "d"]
+    assert workers.state(spec)["d"] == [big, "w"]
+
+
+# -- strong and weak productions ----------------------------------------------------------
+
+
+class InspectingSink(TestingSink):
+    """Records, at each send, what the store had already committed."""
+
+    def __init__(self, store: MemoryIntervalStore) -> None:
+        super().__init__()
+        self.store = store
+        self.pending_at_send: list[set[bytes]] = []
+        self.commits_at_send: list[int] = []
+
+    def send(self, productions: Sequence[Production], timeout: float) -> Set[bytes]:
+        self.pending_at_send.append({p.record_id for p in self.store.pending_productions("comp")})
+        self.commits_at_send.append(len(self.store.commit_log))
+        return super().send(productions, timeout)
+
+
+def test_strong_productions_are_checkpointed_before_they_are_sent(
+    make_workers: WorkersFactory, store: MemoryIntervalStore, make_record: RecordFactory
+) -> None:
+    sink = InspectingSink(store)
+    workers = make_workers(store, sink)
+    workers.worker(workers.spec(Appender())).process(deliver(make_record("k", b"a")), WM)
+
+    (sent,) = sink.sent
+    assert sink.pending_at_send == [{sent.record_id}]
+    assert store.pending_productions("comp") == []
+
+
+def test_unacknowledged_productions_stay_pending_and_are_resent(
+    make_workers: WorkersFactory, store: MemoryIntervalStore, make_record: RecordFactory
+) -> None:
+    outcome = SendOutcome.UNACKNOWLEDGED
+    sink = TestingSink(lambda _: outcome)
+    workers = make_workers(store, sink)
+    worker = workers.worker(workers.spec(Appender()))
+    first = worker.process(deliver(make_record("k", b"a")), WM)
+    assert (first.acknowledged, first.pending) == (0, 1)
+    assert len(store.pending_productions("comp")) == 1
+
+    outcome = SendOutcome.ACKNOWLEDGED
+    second = worker.process([], WM)
+    assert (second.acknowledged, second.pending) == (1, 0)
+    assert store.pending_productions("comp") == []
+    assert len(sink.sent) == 2
+    assert len(sink.delivered()) == 1
+
+
+def test_a_new_owner_resends_what_the_crashed_one_committed(
+    workers: Workers, make_record: RecordFactory
+) -> None:
+    spec = workers.spec(Appender())
+    workers.store.inject(FaultPoint.AFTER_COMMIT)
+    with pytest.raises(InjectedCrash):
+        workers.worker(spec).process(deliver(make_record("k", b"a")), WM)
+    assert workers.sink.sent == []
+
+    workers.worker(spec).process([], WM)
+    assert [p.record.value for p in workers.sink.sent] == [b"a"]
+    assert workers.store.pending_productions("comp") == []
+
+
+def test_weak_productions_are_sent_before_the_commit_and_not_checkpointed(
+    make_workers: WorkersFactory, store: MemoryIntervalStore, make_record: RecordFactory
+) -> None:
+    sink = InspectingSink(store)
+    workers = make_workers(store, sink)
+    spec = workers.spec(
+        Appender(), options=ComputationOptions(key_intervals=1, strong_productions=False)
+    )
+    result = workers.worker(spec).process(deliver(make_record("k", b"a")), WM)
+
+    assert sink.commits_at_send == [0]
+    assert sink.pending_at_send == [set()]
+    assert result.acknowledged == 1
+    assert store.pending_productions("comp") == []
+    assert workers.state(spec) == {"k": ["a"]}
+
+
+def test_weak_stragglers_are_checkpointed_and_resent(
+    make_workers: WorkersFactory, store: MemoryIntervalStore, make_record: RecordFactory
+) -> None:
+    outcome = SendOutcome.LOST
+    sink = TestingSink(lambda _: outcome)
+    workers = make_workers(store, sink)
+    spec = workers.spec(
+        Appender(), options=ComputationOptions(key_intervals=1, strong_productions=False)
+    )
+    worker = workers.worker(spec)
+    worker.process(deliver(make_record("k", b"a")), WM)
+    assert [p.record.value for p in store.pending_productions("comp")] == [b"a"]
+
+    outcome = SendOutcome.ACKNOWLEDGED
+    worker.process([], WM)
+    assert store.pending_productions("comp") == []
+    assert len(sink.delivered()) == 1
+
+
+def test_a_fenced_delete_leaves_productions_for_the_new_owner(
+    workers: Workers, make_record: RecordFactory
+) -> None:
+    spec = workers.spec(Appender())
+    zombie, successor = workers.worker(spec), workers.worker(spec)
+    workers.store.inject(FaultPoint.BEFORE_DELETE, lambda: successor.process([], WM))
+    with pytest.raises(FencedError):
+        zombie.process(deliver(make_record("k", b"a")), WM)
+
+    # The successor found the committed production and resent it; downstream dedups.
+    assert [p.record.value for p in workers.sink.delivered()] == [b"a"]
+    assert len(workers.sink.sent) == 2
+
+
+# -- dead letters -------------------------------------------------------------------------
+
+
+def test_an_exception_in_user_code_dead_letters_the_record_atomically(
+    workers: Workers, make_record: RecordFactory
+) -> None:
+    spec = workers.spec(Appender())
+    bad = make_record("k", b"boom", timestamp=7)
+    result = workers.worker(spec).process(
+        [
+            Delivery("k", bad, Origin(stream="in", partition=2, offset=9)),
+            *deliver(make_record("k", b"ok")),
+        ],
+        WM,
+    )
+
+    assert workers.state(spec) == {"k": ["ok"]}  # the failed call's state change is dropped
+    (letter,) = workers.sink.delivered("comp.dead-letters")
+    assert letter.record.record_id == dead_letter_record_id("comp", bad.record_id)
+    assert letter.record.timestamp == 7
+    dead = decode_dead_letter(letter.record.value)
+    assert dead == result.dead_letters[0]
+    assert dead.origin == Origin(
+        stream="in", partition=2, offset=9, record_id=bad.record_id, key="k"
+    )
+    assert (dead.error_type, dead.error_message) == ("RuntimeError", "boom")
+    assert dead.raw == encode_record(bad)
+    assert [p.record.value for p in workers.sink.delivered("out")] == [b"ok"]
+    (commit,) = workers.store.commit_log  # dead letter, dedup ID and state: one write
+    assert commit.keys == ("k",)
+
+
+def test_a_dead_lettered_record_is_not_retried(
+    workers: Workers, make_record: RecordFactory
+) -> None:
+    spec = workers.spec(Appender())
+    worker = workers.worker(spec)
+    bad = make_record("k", b"boom")
+    worker.process(deliver(bad), WM)
+    assert worker.process(deliver(bad), WM).duplicates == 1
+    assert len(workers.sink.sent) == 1
+
+
+class Producer(Computation):
+    def __init__(self, stream: str, size: int = 1, timestamp: int = 1) -> None:
+        self.stream, self.size, self.timestamp = stream, size, timestamp
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.produce(self.stream, b"x" * self.size, self.timestamp)
+
+
+@pytest.mark.parametrize(
+    ("computation", "error"),
+    [
+        (Producer("undeclared"), "UndeclaredStreamError"),
+        (Producer("out", size=MAX_RECORD_BYTES), "OversizedRecordError"),
+        (Producer("out", timestamp=-1), "AbsurdTimestampError"),
+    ],
+)
+def test_bad_productions_dead_letter_the_input(
+    workers: Workers, make_record: RecordFactory, computation: Computation, error: str
+) -> None:
+    result = workers.worker(workers.spec(computation)).process(deliver(make_record("k")), WM)
+    assert [d.error_type for d in result.dead_letters] == [error]
+    assert workers.sink.delivered("out") == []
+
+
+def test_an_absurd_input_timestamp_is_dead_lettered_without_running_user_code(
+    workers: Workers, make_record: RecordFactory
+) -> None:
+    spec = workers.spec(Appender())
+    result = workers.worker(spec).process(deliver(make_record("k", b"a", timestamp=-5)), 42)
+    assert [d.error_type for d in result.dead_letters] == ["AbsurdTimestampError"]
+    assert workers.state(spec) == {}
+    (letter,) = workers.sink.delivered("comp.dead-letters")
+    assert letter.record.timestamp == 42
+
+
+def test_undecodable_input_becomes_a_dead_letter_identified_by_its_position(
+    workers: Workers,
+) -> None:
+    spec = workers.spec(Appender())
+    origin = Origin(stream="in", partition=1, offset=5)
+    rejected = Rejected(origin, b"\x00garbage", MalformedRecordError("bad marker"), 77)
+    workers.worker(spec).process([rejected], WM)
+    workers.worker(spec).process([rejected], WM)  # a replayed batch
+
+    (letter,) = workers.sink.delivered("comp.dead-letters")
+    cause = injector_record_id("in", 1, 5)
+    assert letter.record.record_id == dead_letter_record_id("comp", cause)
+    dead = decode_dead_letter(letter.record.value)
+    assert (dead.error_type, dead.raw, dead.origin) == (
+        "MalformedRecordError",
+        b"\x00garbage",
+        origin,
+    )
+
+
+def test_a_delivery_for_another_interval_is_refused(
+    workers: Workers, make_record: RecordFactory
+) -> None:
+    spec = workers.spec(Appender(), options=ComputationOptions(key_intervals=64))
+    key = next(k for k in map(str, range(100)) if key_interval(k, 64) != 0)
+    with pytest.raises(ValueError, match="belongs to interval"):
+        workers.worker(spec, 0).process(deliver(make_record(key)), WM)
+
+
+# -- timers -------------------------------------------------------------------------------
+
+
+class TimerSetter(Computation):
+    """Sets the timers named in the record value: ``tag:timestamp[:wall]`` separated by commas."""
+
+    def __init__(self) -> None:
+        self.fired: list[tuple[str, int]] = []
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        for spec in record.value.decode().split(","):
+            tag, at, *wall = spec.split(":")
+            domain = TimeDomain.WALL_TIME if wall else TimeDomain.EVENT_TIME
+            ctx.set_timer(tag, int(at), domain)
+
+    def process_timer(self, ctx: Context, timer: Timer) -> None:
+        self.fired.append((timer.tag, ctx.input_low_watermark))
+        if timer.tag == "again":
+            ctx.set_timer("again2", timer.timestamp + 1)
+        if timer.tag == "fail":
+            raise ValueError("timer failed")
+        ctx.produce("out", timer.tag.encode(), timer.timestamp)
+
+
+def test_event_timers_fire_once_the_watermark_passes_them_in_timestamp_order(
+    workers: Workers, make_record: RecordFactory
+) -> None:
+    computation = TimerSetter()
+    worker = workers.worker(workers.spec(computation))
+    worker.process(deliver(make_record("k", b"c:30,a:10,b:20")), 10)
+    assert computation.fired == []  # timestamp 10 is not below watermark 10
+
+    result = worker.process([], 30)
+    assert [t.tag for t in result.fired_timers] == ["a", "b"]
+    assert computation.fired == [("a", 30), ("b", 30)]
+    assert [t.tag for t in workers.store.timers("comp")] == ["c"]
+    worker.process([], 31)
+    assert [tag for tag, _ in computation.fired] == ["a", "b", "c"]
+    assert workers.store.timers("comp") == []
+
+
+def test_wall_timers_fire_when_the_clock_reaches_them(
+    workers: Workers, clock: ManualClock, make_record: RecordFactory
+) -> None:
+    computation = TimerSetter()
+    worker = workers.worker(workers.spec(computation))
+    worker.process(deliver(make_record("k", f"w:{clock.now() + 5}:wall".encode())), 0)
+    clock.advance(4)
+    assert worker.process([], 0).fired_timers == []
+    clock.advance(1)
+    assert [t.tag for t in worker.process([], 0).fired_timers] == ["w"]
+
+
+def test_setting_a_tag_again_replaces_the_timer_and_deleting_removes_it(
+    workers: Workers, make_record: RecordFactory
+) -> None:
+    class Resetter(Computation):
+        def process_record(self, ctx: Context, record: Record) -> None:
+            ctx.set_timer("t", 100)
+            ctx.set_timer("t", 200)
+            ctx.set_timer("gone", 5)
+            ctx.delete_timer("gone")
+            assert ctx.timer("t") is not None
+            assert ctx.timer("gone") is None
+
+    workers.worker(workers.spec(Resetter())).process(deliver(make_record("k")), 0)
+    assert [(t.tag, t.timestamp) for t in workers.store.timers("comp")] == [("t", 200)]
+
+
+def test_a_firing_can_set_a_due_timer_which_fires_in_the_same_batch(
+    workers: Workers, make_record: RecordFactory
+) -> None:
+    computation = TimerSetter()
+    worker = workers.worker(workers.spec(computation))
+    worker.process(deliver(make_record("k", b"again:5")), 0)
+    result = worker.process([], 100)
+    assert [t.tag for t in result.fired_timers] == ["again", "again2"]
+    assert workers.store.timers("comp") == []
+
+
+def test_a_failing_timer_is_deleted_and_dead_lettered(
+    workers: Workers, make_record: RecordFactory
+) -> None:
+    computation = TimerSetter()
+    worker = workers.worker(workers.spec(computation))
+    worker.process(deliver(make_record("k", b"fail:5")), 0)
+    result = worker.process([], 100)
+    (dead,) = result.dead_letters
+    assert (dead.error_type, dead.origin.timer_tag, dead.origin.timer_timestamp) == (
+        "ValueError",
+        "fail",
+        5,
+    )
+    assert workers.store.timers("comp") == []
+    assert worker.process([], 200).fired_timers == []
+
+
+def test_a_fired_timer_is_deleted_in_the_commit_of_its_effects(
+    workers: Workers, make_record: RecordFactory
+) -> None:
+    spec = workers.spec(Appender(timer_at=5))
+    workers.worker(spec).process(deliver(make_record("k", b"a")), 0)
+    workers.store.inject(FaultPoint.BEFORE_COMMIT)
+    with pytest.raises(InjectedCrash):
+        workers.worker(spec).process([], 10)
+    assert len(workers.store.timers("comp")) == 1  # nothing committed: the timer is still there
+
+    workers.worker(spec).process([], 10)
+    workers.worker(spec).process([], 20)
+    assert workers.state(spec) == {"k": ["a", "timer:t"]}
+    assert workers.store.timers("comp") == []
+
+
+def test_timer_firings_per_key_are_capped_per_batch(
+    workers: Workers, make_record: RecordFactory
+) -> None:
+    class Rearm(Computation):
+        def process_record(self, ctx: Context, record: Record) -> None:
+            ctx.set_timer("t", 0)
+
+        def process_timer(self, ctx: Context, timer: Timer) -> None:
+            ctx.set_timer("t", timer.timestamp + 1)
+
+    options = ComputationOptions(key_intervals=1, max_timer_firings_per_key=3)
+    worker = workers.worker(workers.spec(Rearm(), options=options))
+    assert len(worker.process(deliver(make_record("k")), 100).fired_timers) == 3
+    assert len(worker.process([], 100).fired_timers) == 3
+
+
+def test_a_timer_set_again_after_firing_gets_new_production_ids(
+    workers: Workers, make_record: RecordFactory
+) -> None:
+    computation = TimerSetter()
+    worker = workers.worker(workers.spec(computation))
+    worker.process(deliver(make_record("k", b"w:5")), 0)
+    worker.process([], 10)
+    worker.process(deliver(make_record("k", b"w:5")), 10)  # a late record re-arms the window
+    worker.process([], 10)
+    assert [p.record.value for p in workers.sink.delivered("out")] == [b"w", b"w"]
+
+
+def test_timers_of_keys_without_input_fire(workers: Workers, make_record: RecordFactory) -> None:
+    spec = workers.spec(Appender(timer_at=5))
+    worker = workers.worker(spec)
+    worker.process(deliver(make_record("a", b"1"), make_record("b", b"2")), 0)
+    result = worker.process(deliver(make_record("c", b"3")), 10)
+    assert sorted(t.key for t in result.fired_timers) == ["a", "b", "c"]
+
+
+def test_late_records_are_counted_and_processed(
+    workers: Workers, make_record: RecordFactory
+) -> None:
+    spec = workers.spec(Appender())
+    result = workers.worker(spec).process(deliver(make_record("k", b"a", timestamp=5)), 10)
+    assert (result.late, result.processed) == (1, 1)
+    assert workers.state(spec) == {"k": ["a"]}
+
+
+def test_context_exposes_key_watermark_clock_and_typed_state(
+    workers: Workers, clock: ManualClock, make_record: RecordFactory
+) -> None:
+    seen: list[object] = []
+
+    class Probe(Computation):
+        def process_record(self, ctx: Context, record: Record) -> None:
+            counter = ctx.state(JSON)
+            seen.extend([ctx.key, ctx.input_low_watermark, ctx.clock.now(), counter.get()])
+            counter.set(1)
+            seen.append(ctx.get_state())
+            ctx.clear_state()
+            seen.append(counter.get("default"))
+            with pytest.raises(TypeError):
+                ctx.set_state("not bytes")  # type: ignore[arg-type]
+
+    workers.worker(workers.spec(Probe())).process(deliver(make_record("k")), 7)
+    assert seen == ["k", 7, clock.now(), None, b"1", "default"]
+
+
+def test_worker_interval_must_exist(workers: Workers) -> None:
+    with pytest.raises(ValueError, match="outside"):
+        IntervalWorker(
+            workers.spec(Appender()), 1, store=workers.store, sink=workers.sink, clock=workers.clock
+        )

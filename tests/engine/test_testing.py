@@ -1,0 +1,207 @@
+"""The testing helpers, used the way a user would."""
+
+from __future__ import annotations
+
+import pytest
+
+from millstream.engine.codecs import IntCodec
+from millstream.engine.computation import Computation
+from millstream.engine.context import Context
+from millstream.engine.errors import TopologyError
+from millstream.engine.productions import Production
+from millstream.engine.records import Record
+from millstream.engine.stores.memory.store import InjectedCrash
+from millstream.engine.testing import (
+    END_OF_TIME,
+    AdvanceClock,
+    SendOutcome,
+    TestingSink,
+    Watermark,
+    record,
+    run_computation,
+    run_topology,
+)
+from millstream.engine.timers import TimeDomain, Timer
+from millstream.engine.topology import Topology
+
+pytestmark = pytest.mark.unit
+
+COUNT = IntCodec()
+WINDOW = 100
+
+
+class WindowCounter(Computation):
+    """Counts records per key and window of 100 µs; emits each count when the window closes."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        end = record.timestamp // WINDOW * WINDOW + WINDOW - 1
+        count = ctx.state(COUNT)
+        count.set(count.get(0) + 1)
+        ctx.set_timer("window", end)
+
+    def process_timer(self, ctx: Context, timer: Timer) -> None:
+        ctx.produce("counts", COUNT.encode(ctx.state(COUNT).get(0)), timer.timestamp)
+        ctx.clear_state()
+
+
+def test_a_computation_is_tested_in_a_few_lines() -> None:
+    run = run_computation(
+        WindowCounter(),
+        [record("cat", b"", 10), record("cat", b"", 20), record("dog", b"", 50), Watermark(100)],
+        outputs=["counts"],
+    )
+    assert sorted((r.key, COUNT.decode(r.value)) for r in run.records("counts")) == [
+        ("cat", 2),
+        ("dog", 1),
+    ]
+    assert run.state == {}
+    assert [t.tag for t in run.fired_timers] == ["window", "window"]
+    assert run.pending_timers == []
+    assert run.dead_letters == []
+
+
+def test_nothing_fires_before_the_watermark_passes() -> None:
+    run = run_computation(
+        WindowCounter(), [record("cat", b"", 10), Watermark(99)], outputs=["counts"]
+    )
+    assert run.records("counts") == []
+    assert run.state == {"cat": COUNT.encode(1)}
+    assert [t.timestamp for t in run.pending_timers] == [99]
+
+
+class Alarm(Computation):
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.set_timer("alarm", ctx.clock.now() + 1_000, TimeDomain.WALL_TIME)
+
+    def process_timer(self, ctx: Context, timer: Timer) -> None:
+        ctx.produce("alarms", b"ring", 0)
+
+
+def test_wall_time_moves_by_hand() -> None:
+    early = run_computation(Alarm(), [record("k", b"", 0), AdvanceClock(999)], outputs=["alarms"])
+    assert early.values("alarms") == []
+    late = run_computation(Alarm(), [record("k", b"", 0), AdvanceClock(1_000)], outputs=["alarms"])
+    assert late.values("alarms") == [b"ring"]
+
+
+class Fragile(Computation):
+    def process_record(self, ctx: Context, record: Record) -> None:
+        if record.value == b"bad":
+            raise ValueError("cannot handle bad")
+        ctx.produce("output", record.value, record.timestamp)
+
+
+def test_dead_letters_are_reported() -> None:
+    bad = record("k", b"bad", 5)
+    run = run_computation(Fragile(), [record("k", b"ok", 1), bad])
+    assert run.values("output") == [b"ok"]
+    (dead,) = run.dead_letters
+    assert (dead.error_type, dead.error_message, dead.origin.record_id) == (
+        "ValueError",
+        "cannot handle bad",
+        bad.record_id,
+    )
+
+
+def test_records_of_the_helper_get_unique_ids() -> None:
+    assert record("k", b"", 1).record_id != record("k", b"", 1).record_id
+    assert record("k", b"", 1, record_id=bytes(16)).record_id == bytes(16)
+
+
+class Splitter(Computation):
+    """Re-keys each record by its value."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.produce("words", b"1", record.timestamp, key=record.value.decode())
+
+
+def test_a_topology_runs_end_to_end_and_watermarks_flow_downstream() -> None:
+    topology = Topology("words", streams=["lines"])
+    topology.add_computation("split", Splitter(), inputs=["lines"], outputs=["words"])
+    topology.add_computation("count", WindowCounter(), inputs=["words"], outputs=["counts"])
+    runs = run_topology(
+        topology,
+        [
+            ("lines", record("l1", b"cat", 10)),
+            ("lines", record("l2", b"cat", 20)),
+            ("lines", record("l3", b"dog", 150)),
+            Watermark(100),
+        ],
+    )
+    assert [(r.key, COUNT.decode(r.value)) for r in runs["count"].records("counts")] == [("cat", 2)]
+    assert [t.key for t in runs["count"].pending_timers] == ["dog"]
+    assert len(runs["split"].records("words")) == 3
+
+
+class HoldsBack(Computation):
+    """Forwards each record under the key ``all`` only when its event timer fires."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.set_timer("forward", record.timestamp)
+
+    def process_timer(self, ctx: Context, timer: Timer) -> None:
+        ctx.produce("held", b"", timer.timestamp, key="all")
+
+
+def test_a_consumer_waits_for_its_producers_pending_work() -> None:
+    topology = Topology(streams=["in"])
+    # "count" runs first in every round, so only its watermark can hold its window open.
+    topology.add_computation("count", WindowCounter(), inputs=["held"], outputs=["counts"])
+    topology.add_computation("hold", HoldsBack(), inputs=["in"], outputs=["held"])
+    runs = run_topology(
+        topology,
+        [
+            ("in", record("a", b"", 10)),
+            Watermark(20),
+            ("in", record("b", b"", 50)),
+            Watermark(END_OF_TIME),
+        ],
+    )
+    # The window [0, 100) of "count" closes only after "hold" forwarded the record at 50.
+    assert [COUNT.decode(r.value) for r in runs["count"].records("counts")] == [2]
+
+
+def test_a_failing_key_extractor_dead_letters_the_record() -> None:
+    def first_byte(record: Record) -> str:
+        return chr(record.value[0])
+
+    topology = Topology(streams=["in"])
+    topology.add_computation("c", Fragile(), inputs={"in": first_byte}, outputs=["output"])
+    runs = run_topology(topology, [("in", record("k", b"", 1)), ("in", record("k", b"a", 2))])
+    assert runs["c"].values("output") == [b"a"]
+    assert [d.error_type for d in runs["c"].dead_letters] == ["IndexError"]
+
+
+def test_records_go_to_injected_streams_only() -> None:
+    topology = Topology(streams=["in"])
+    topology.add_computation("c", Fragile(), inputs=["in"], outputs=["output"])
+    with pytest.raises(TopologyError, match="not an injected stream"):
+        run_topology(topology, [("output", record("k", b"", 1))])
+
+
+def test_an_invalid_topology_is_refused() -> None:
+    topology = Topology()
+    topology.add_computation("c", Fragile(), inputs=["nowhere"])
+    with pytest.raises(TopologyError):
+        run_topology(topology, [])
+
+
+def production(n: int) -> Production:
+    return Production("s", Record("k", b"", 1, n.to_bytes(16, "big")))
+
+
+def test_testing_sink_outcomes_and_crashes() -> None:
+    outcomes = iter([SendOutcome.ACKNOWLEDGED, SendOutcome.UNACKNOWLEDGED, SendOutcome.LOST])
+    sink = TestingSink(lambda _: next(outcomes))
+    acked = sink.send([production(1), production(2), production(3)], timeout=1.0)
+    assert acked == {production(1).record_id}
+    assert sink.sent == [production(1), production(2)]
+
+    sink = TestingSink()
+    sink.crash_next_send(after=1)
+    with pytest.raises(InjectedCrash):
+        sink.send([production(1), production(2)], timeout=1.0)
+    assert sink.sent == [production(1)]
+    sink.send([production(1), production(2)], timeout=1.0)
+    assert sink.delivered() == [production(1), production(2)]
+    assert len(sink.sent) == 3

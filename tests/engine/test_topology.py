@@ -1,0 +1,124 @@
+import pytest
+
+from millstream.engine.computation import Computation
+from millstream.engine.errors import TopologyError
+from millstream.engine.records import Record
+from millstream.engine.topology import ComputationOptions, Topology, record_key
+
+pytestmark = pytest.mark.unit
+
+NOOP = Computation()
+
+
+def by_value(record: Record) -> str:
+    return record.value.decode()
+
+
+def test_a_topology_declares_streams_extractors_and_outputs() -> None:
+    topology = Topology("zeitgeist", streams=["searches"])
+    counter = topology.add_computation(
+        "counter", NOOP, inputs={"searches": by_value}, outputs=["counts"]
+    )
+    detector = topology.add_computation(
+        "detector", NOOP, inputs=["counts", "searches"], outputs=["anomalies"]
+    )
+    topology.validate()
+
+    assert counter.key_extractor("searches") is by_value
+    assert detector.key_extractor("searches") is record_key
+    assert counter.dead_letter_stream == "counter.dead-letters"
+    assert topology.streams() == {
+        "searches",
+        "counts",
+        "anomalies",
+        "counter.dead-letters",
+        "detector.dead-letters",
+    }
+    assert [c.name for c in topology.consumers("searches")] == ["counter", "detector"]
+    assert [c.name for c in topology.producers("counts")] == ["counter"]
+    assert counter.writes("counts")
+    assert not counter.writes("counter.dead-letters")
+    with pytest.raises(TopologyError, match="does not read"):
+        counter.key_extractor("anomalies")
+
+
+def test_cycles_and_self_loops_are_allowed() -> None:
+    topology = Topology(streams=["in"])
+    topology.add_computation("a", NOOP, inputs=["in", "b-out"], outputs=["a-out"])
+    topology.add_computation("b", NOOP, inputs=["a-out", "b-out"], outputs=["b-out"])
+    topology.validate()
+
+
+def test_reading_a_stream_nothing_feeds_is_reported() -> None:
+    topology = Topology()
+    topology.add_computation("a", NOOP, inputs=["nowhere"])
+    with pytest.raises(TopologyError, match="'a' reads unknown stream 'nowhere'"):
+        topology.validate()
+
+
+def test_removing_a_producer_leaves_its_consumers_dangling() -> None:
+    topology = Topology(streams=["in"])
+    topology.add_computation("up", NOOP, inputs=["in"], outputs=["mid"])
+    topology.add_computation("down", NOOP, inputs=["mid"])
+    topology.validate()
+    assert topology.remove_computation("up").name == "up"
+    with pytest.raises(TopologyError, match="unknown stream 'mid'"):
+        topology.validate()
+    topology.add_stream("mid")
+    topology.validate()
+    with pytest.raises(TopologyError, match="no computation"):
+        topology.remove_computation("up")
+
+
+@pytest.mark.parametrize(
+    ("name", "inputs", "outputs"),
+    [
+        ("has space", ["in"], []),
+        ("", ["in"], []),
+        ("ok", ["bad/name"], []),
+        ("ok", ["in", "in"], []),
+        ("ok", ["in"], ["out", "out"]),
+        ("ok", "in", []),
+        ("ok", ["in"], ["ok.dead-letters"]),
+    ],
+)
+def test_bad_declarations_are_refused(name: str, inputs: list[str], outputs: list[str]) -> None:
+    with pytest.raises(TopologyError):
+        Topology(streams=["in"]).add_computation(name, NOOP, inputs=inputs, outputs=outputs)
+
+
+def test_duplicate_names_and_non_computations_are_refused() -> None:
+    topology = Topology(streams=["in"])
+    topology.add_computation("a", NOOP, inputs=["in"])
+    with pytest.raises(TopologyError, match="already"):
+        topology.add_computation("a", NOOP, inputs=["in"])
+    with pytest.raises(TopologyError, match="Computation instance"):
+        topology.add_computation("b", object(), inputs=["in"])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"key_intervals": 0},
+        {"retry_window": 0},
+        {"late_injector_slack": -1},
+        {"weak_production_delay": -1.0},
+        {"max_timer_firings_per_key": 0},
+        {"dead_letter_stream": "bad name"},
+    ],
+)
+def test_options_are_validated(options: dict[str, object]) -> None:
+    with pytest.raises(TopologyError):
+        ComputationOptions(**options)  # type: ignore[arg-type]
+
+
+def test_dedup_ttl_is_the_retry_window_plus_the_slack() -> None:
+    assert ComputationOptions(retry_window=10, late_injector_slack=5).dedup_ttl == 15
+
+
+def test_a_named_dead_letter_stream_is_used() -> None:
+    topology = Topology(streams=["in"])
+    spec = topology.add_computation(
+        "a", NOOP, inputs=["in"], options=ComputationOptions(dead_letter_stream="errors")
+    )
+    assert spec.dead_letter_stream == "errors"
