@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from millstream.connectors.local.process import Progress
 
-__all__ = ["kafka_stream", "spark_conf", "spark_session"]
+__all__ = ["kafka_stream", "local_connector_jars", "spark_conf", "spark_session"]
 
 
 def spark_conf(

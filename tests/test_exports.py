@@ -1,4 +1,4 @@
-"""Every engine module's ``__all__`` names exactly its public classes and functions."""
+"""Every public module's ``__all__`` names exactly its public classes and functions."""
 
 import importlib
 import inspect
@@ -7,18 +7,17 @@ from types import ModuleType
 
 import pytest
 
+import millstream.connectors
 import millstream.engine
 
 pytestmark = pytest.mark.unit
 
 
-def engine_modules() -> list[str]:
+def public_modules() -> list[str]:
     return sorted(
         info.name
-        for info in pkgutil.walk_packages(millstream.engine.__path__, "millstream.engine.")
-        # Backends that need a running service import their driver lazily or not at all;
-        # the Spark session module pulls in pyspark, which is not part of the engine core.
-        if not info.name.endswith("spark_session")
+        for package in (millstream.engine, millstream.connectors)
+        for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}.")
     )
 
 
@@ -32,7 +31,7 @@ def defined_here(module: ModuleType) -> set[str]:
     }
 
 
-@pytest.mark.parametrize("name", engine_modules())
+@pytest.mark.parametrize("name", public_modules())
 def test_all_is_honest(name: str) -> None:
     module = importlib.import_module(name)
     exported = getattr(module, "__all__", None)
