@@ -5,6 +5,10 @@
     millstream up        start local Kafka + Cassandra (reuses running ones)
     millstream status    pid, address, health and memory of each
     millstream down      stop them by pid
+    millstream run MODULE:TOPOLOGY [options]
+                         run a topology on Spark (see millstream.engine.spark_runner);
+                         MODULE is imported from the working directory or PYTHONPATH,
+                         TOPOLOGY is a Topology or a zero-argument callable returning one
 
 Settings (ports, data directory) come from :mod:`millstream.engine.config`.
 """
@@ -12,9 +16,11 @@ Settings (ports, data directory) come from :mod:`millstream.engine.config`.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from millstream.engine.config import load_config
 from millstream.engine.errors import MillstreamError
@@ -28,7 +34,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands.add_parser("up", help="start the local Kafka and Cassandra")
     commands.add_parser("status", help="report the local services")
     commands.add_parser("down", help="stop the local services")
+    run = commands.add_parser("run", help="run a topology on Spark Structured Streaming")
+    run.add_argument("target", metavar="MODULE:TOPOLOGY")
+    run.add_argument("--keyspace", default="millstream", help="Cassandra keyspace of the state")
+    run.add_argument(
+        "--checkpoint-root", type=Path, default=None, help="default: <home>/checkpoints"
+    )
+    when = run.add_mutually_exclusive_group()
+    when.add_argument(
+        "--available-now", action="store_true", help="process what the topics hold, then exit"
+    )
+    when.add_argument(
+        "--processing-time", type=float, default=1.0, help="seconds between micro-batches"
+    )
+    run.add_argument("--partitions", type=int, default=2, help="partitions of created topics")
+    run.add_argument("--max-offsets-per-trigger", type=int, default=None)
+    run.add_argument(
+        "--no-create-keyspace",
+        action="store_true",
+        help="the keyspace exists (by default a development keyspace is created if missing)",
+    )
     args = parser.parse_args(argv)
+    if args.command == "run":
+        return _run(args)
 
     started = time.monotonic()
 
@@ -62,6 +90,59 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         print(f"millstream {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    # The driver's py4j chatter is not what an operator needs to read.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    try:
+        from millstream.engine.spark_runner import (
+            AvailableNow,
+            ProcessingTime,
+            load_topology,
+            run_topology,
+        )
+
+        topology, module = load_topology(args.target)
+        # Executors import millstream but not the user's module: ship its code with each task.
+        from pyspark import cloudpickle
+
+        cloudpickle.register_pickle_by_value(module)  # type: ignore[no-untyped-call]
+        trigger = AvailableNow() if args.available_now else ProcessingTime(args.processing_time)
+        running = run_topology(
+            topology,
+            load_config(),
+            trigger=trigger,
+            keyspace=args.keyspace,
+            checkpoint_root=args.checkpoint_root,
+            partitions=args.partitions,
+            max_offsets_per_trigger=args.max_offsets_per_trigger,
+            create_keyspace=not args.no_create_keyspace,
+        )
+        try:
+            if args.available_now:
+                rounds = running.process_available()
+                print(f"millstream run: processed everything available in {rounds} round(s)")
+            else:
+                running.await_termination()
+        finally:
+            running.stop()
+        for name, metrics in sorted(running.metrics().items()):
+            print(
+                f"  {name}: {metrics.inputs} inputs, {metrics.processed} processed, "
+                f"{metrics.duplicates} duplicates, {metrics.dead_letters} dead letters, "
+                f"cache hit rate {metrics.cache_hit_rate:.0%}"
+            )
+        return 0
+    except MillstreamError as exc:
+        print(f"millstream run: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("millstream run: interrupted", file=sys.stderr)
         return 130
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from millstream.engine.config import MillstreamConfig
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
     from pyspark.sql import DataFrame, SparkSession
 
@@ -90,18 +90,22 @@ def kafka_stream(
     config: MillstreamConfig,
     topics: Sequence[str],
     starting_offsets: str = "earliest",
+    options: Mapping[str, str] | None = None,
 ) -> DataFrame:
     """A streaming DataFrame of the topics' records (key, value, topic, partition, offset, ...).
 
     ``starting_offsets`` applies only to a query's first run; afterwards its checkpoint decides.
+    ``options`` are further Kafka source options (e.g. ``maxOffsetsPerTrigger``).
     """
-    return (
+    reader = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", config.kafka_bootstrap)
         .option("subscribe", ",".join(topics))
         .option("startingOffsets", starting_offsets)
-        .load()
     )
+    for name, value in (options or {}).items():
+        reader = reader.option(name, value)
+    return reader.load()
 
 
 def local_connector_jars(config: MillstreamConfig, progress: Progress) -> list[Path]:

@@ -1,0 +1,335 @@
+"""Latency and throughput of a two-stage pipeline on the Spark runner, against the bare floor.
+
+Three runs on the local stack, each on fresh topics and keyspace:
+
+* ``floor``: Spark alone, Kafka → ``foreachBatch`` → Kafka, doing nothing else;
+* ``strong``: the runner with strong productions and exactly-once on (the defaults);
+* ``weak``: weak productions and exactly-once off (paper 6.1.3).
+
+Each run first feeds ``--rate`` events/s for ``--seconds`` and measures per-stage latency from
+Kafka timestamps: stage 1 = its production's append time minus the event's injection time,
+stage 2 = its production's append time minus stage 1's (the ``floor`` has one stage). Then it
+produces a ``--backlog`` at once and measures throughput (events/s through all stages).
+Ratios to the floor are printed at the end. Runtime: about two minutes with the defaults.
+
+    python bench/spark_pipeline.py [--rate 50] [--seconds 10] [--backlog 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from millstream.connectors import cassandra as cassandra_connector
+from millstream.connectors import kafka as kafka_connector
+from millstream.engine.computation import Computation
+from millstream.engine.config import MillstreamConfig, load_config
+from millstream.engine.context import Context
+from millstream.engine.records import Record, encode_record, injector_record_id
+from millstream.engine.spark_runner import ProcessingTime, RunningTopology, run_topology
+from millstream.engine.spark_session import kafka_stream, spark_session
+from millstream.engine.topology import ComputationOptions, Topology
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+INTERVALS = 8
+TRIGGER_SECONDS = 0.2
+
+
+class Stage(Computation):
+    """Passes each event on, keyed by ``field`` of its value; the value names the event."""
+
+    def __init__(self, output: str, by_user: bool) -> None:
+        self.output = output
+        self.by_user = by_user
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        count = ctx.state(_INT)
+        count.set(count.get(0) + 1)
+        origin = record.value[:16]
+        key = f"user-{origin[0] % 50}" if self.by_user else f"query-{origin[1] % 20}"
+        ctx.produce(self.output, origin, record.timestamp, key=key)
+
+
+class _IntCodec:
+    def encode(self, value: int, /) -> bytes:
+        return value.to_bytes(8, "big")
+
+    def decode(self, data: bytes, /) -> int:
+        return int.from_bytes(data, "big")
+
+
+_INT = _IntCodec()
+
+
+@dataclass
+class Result:
+    mode: str
+    stage_latencies: list[list[float]]  # per stage, ms
+    throughput: float
+
+
+def percentiles(values: list[float]) -> str:
+    if not values:
+        return "no samples"
+    cuts = statistics.quantiles(values, n=100, method="inclusive")
+    return f"p50 {cuts[49]:7.1f}  p95 {cuts[94]:7.1f}  p99 {cuts[98]:7.1f} ms (n={len(values)})"
+
+
+def produce_events(
+    config: MillstreamConfig, topic: str, count: int, rate: float | None, first: int = 0
+) -> None:
+    """``count`` events numbered from ``first``, each valued by its own 16-byte ID,
+    timestamped at production (µs)."""
+    producer = kafka_connector.producer(config, **{"linger.ms": 5})
+    started = time.monotonic()
+    for n in range(first, first + count):
+        if rate is not None:
+            delay = started + (n - first) / rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+        record_id = injector_record_id(topic, 0, n)
+        record = Record(f"e{n}", record_id, time.time_ns() // 1_000, record_id)
+        producer.produce(topic, key=record.key.encode(), value=encode_record(record))
+        producer.poll(0)
+    if producer.flush(60):
+        raise RuntimeError("events were not acknowledged by Kafka within 60 s")
+
+
+def read_times(
+    config: MillstreamConfig, topic: str, expect: int, timeout: float
+) -> dict[bytes, int]:
+    """For each distinct event named in ``topic``'s records: its first append time (ms)."""
+    from confluent_kafka import Consumer
+
+    from millstream.engine.records import decode_record
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": config.kafka_bootstrap,
+            "group.id": f"bench-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.subscribe([topic])
+    times: dict[bytes, int] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(times) < expect and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None or message.error() is not None:
+                continue
+            value = message.value()
+            assert value is not None
+            # Every stage's value starts with the event's ID (the floor copies the envelope).
+            times.setdefault(decode_record(value).value[:16], message.timestamp()[1])
+    finally:
+        consumer.close()
+    return times
+
+
+def event_times(config: MillstreamConfig, topic: str, expect: int) -> dict[bytes, int]:
+    """For each event injected to ``topic``: its injection time (ms), from its timestamp."""
+    from confluent_kafka import Consumer
+
+    from millstream.engine.records import decode_record
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": config.kafka_bootstrap,
+            "group.id": f"bench-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.subscribe([topic])
+    times: dict[bytes, int] = {}
+    deadline = time.monotonic() + 30
+    try:
+        while len(times) < expect and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None or message.error() is not None:
+                continue
+            value = message.value()
+            assert value is not None
+            record = decode_record(value)
+            times[record.value[:16]] = record.timestamp // 1_000
+    finally:
+        consumer.close()
+    return times
+
+
+def latencies(later: dict[bytes, int], earlier: dict[bytes, int]) -> list[float]:
+    return [float(t - earlier[k]) for k, t in later.items() if k in earlier]
+
+
+def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} did not happen within {timeout} s")
+        time.sleep(0.2)
+
+
+def floor_run(
+    config: MillstreamConfig, spark: SparkSession, args: argparse.Namespace, root: Path
+) -> Result:
+    suffix = uuid.uuid4().hex[:8]
+    source, sink = f"bench_in_{suffix}", f"bench_out_{suffix}"
+    kafka_connector.create_topics(config, [source, sink], partitions=2)
+    bootstrap = config.kafka_bootstrap
+    seen = {"rows": 0}
+
+    def forward(batch: DataFrame, batch_id: int) -> None:
+        batch.select("key", "value").write.format("kafka").option(
+            "kafka.bootstrap.servers", bootstrap
+        ).option("topic", sink).save()
+        seen["rows"] += batch.count()
+
+    query = (
+        kafka_stream(spark, config, [source])
+        .writeStream.foreachBatch(forward)
+        .option("checkpointLocation", str(root / f"floor-{suffix}"))
+        .trigger(processingTime=f"{TRIGGER_SECONDS} seconds")
+        .start()
+    )
+    try:
+        count = int(args.rate * args.seconds)
+        produce_events(config, source, count, args.rate)
+        wait_for(lambda: seen["rows"] >= count, 120, "the floor query catching up")
+        injected = event_times(config, source, count)
+        out = read_times(config, sink, count, 30)
+        stage = latencies(out, injected)
+        started = time.monotonic()
+        produce_events(config, source, args.backlog, None, first=count)
+        wait_for(lambda: seen["rows"] >= count + args.backlog, 300, "the floor backlog")
+        throughput = args.backlog / (time.monotonic() - started)
+    finally:
+        query.stop()
+        kafka_connector.delete_topics(config, [source, sink])
+    return Result("floor", [stage], throughput)
+
+
+def runner_run(
+    mode: str,
+    options: ComputationOptions,
+    config: MillstreamConfig,
+    spark: SparkSession,
+    args: argparse.Namespace,
+    root: Path,
+) -> tuple[Result, RunningTopology]:
+    suffix = uuid.uuid4().hex[:8]
+    source, middle, sink = f"bench_in_{suffix}", f"bench_mid_{suffix}", f"bench_out_{suffix}"
+    keyspace = f"bench_{suffix}"
+    topology = Topology(f"bench_{suffix}", streams=[source])
+    topology.add_computation(
+        f"stage1_{suffix}", Stage(middle, True), inputs=[source], outputs=[middle], options=options
+    )
+    topology.add_computation(
+        f"stage2_{suffix}", Stage(sink, False), inputs=[middle], outputs=[sink], options=options
+    )
+    running = run_topology(
+        topology,
+        config,
+        trigger=ProcessingTime(TRIGGER_SECONDS),
+        spark=spark,
+        keyspace=keyspace,
+        checkpoint_root=root,
+    )
+    stage2 = f"stage2_{suffix}"
+
+    def processed(total: int) -> Callable[[], bool]:
+        def check() -> bool:
+            running.raise_failure()
+            done = running.metrics().get(stage2)
+            return done is not None and done.processed >= total
+
+        return check
+
+    try:
+        count = int(args.rate * args.seconds)
+        produce_events(config, source, count, args.rate)
+        wait_for(processed(count), 180, f"{mode}: stage 2 catching up")
+        injected = event_times(config, source, count)
+        first = read_times(config, middle, count, 30)
+        second = read_times(config, sink, count, 30)
+        stages = [latencies(first, injected), latencies(second, first)]
+        started = time.monotonic()
+        produce_events(config, source, args.backlog, None, first=count)
+        wait_for(processed(count + args.backlog), 300, f"{mode}: the backlog")
+        throughput = args.backlog / (time.monotonic() - started)
+    finally:
+        running.stop()
+        kafka_connector.delete_topics(config, sorted(topology.streams()))
+        cluster, session = cassandra_connector.connect(config)
+        try:
+            cassandra_connector.drop_keyspace(session, keyspace)
+        finally:
+            cluster.shutdown()
+    return Result(mode, stages, throughput), running
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rate", type=float, default=50.0, help="events/s in the latency phase")
+    parser.add_argument("--seconds", type=float, default=10.0, help="length of that phase")
+    parser.add_argument("--backlog", type=int, default=2000, help="events of the throughput phase")
+    args = parser.parse_args(argv)
+    config = load_config()
+    spark = spark_session(config, app_name="millstream-bench")
+    root = Path(tempfile.mkdtemp(prefix="millstream-bench-"))
+    results: list[Result] = []
+    try:
+        results.append(floor_run(config, spark, args, root))
+        for mode, options in (
+            ("strong", ComputationOptions(key_intervals=INTERVALS)),
+            (
+                "weak",
+                ComputationOptions(
+                    key_intervals=INTERVALS, strong_productions=False, exactly_once=False
+                ),
+            ),
+        ):
+            result, running = runner_run(mode, options, config, spark, args, root)
+            results.append(result)
+            for name, metrics in sorted(running.metrics().items()):
+                print(
+                    f"  {mode} {name}: {metrics.batches} batches, cache hit rate "
+                    f"{metrics.cache_hit_rate:.0%} ({metrics.cache_hits}/{metrics.intervals})"
+                )
+    finally:
+        spark.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    floor = results[0]
+    print(
+        f"\nlatency at {args.rate:g} events/s, trigger {TRIGGER_SECONDS} s; throughput of a "
+        f"{args.backlog}-event backlog"
+    )
+    for result in results:
+        for number, stage in enumerate(result.stage_latencies, 1):
+            print(f"  {result.mode:6} stage {number}: {percentiles(stage)}")
+        print(f"  {result.mode:6} throughput: {result.throughput:8.0f} events/s")
+    floor_p50 = statistics.median(floor.stage_latencies[0])
+    for result in results[1:]:
+        p50s = [statistics.median(stage) for stage in result.stage_latencies if stage]
+        print(
+            f"  {result.mode}/floor: per-stage p50 latency x"
+            f"{', x'.join(f'{p / floor_p50:.1f}' for p in p50s)}, "
+            f"throughput x{result.throughput / floor.throughput:.2f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,346 @@
+"""The executor side of the Spark runner: routing a micro-batch and working its key intervals.
+
+:mod:`millstream.engine.spark_runner` ships two pandas functions per computation and batch to
+Spark's Python workers:
+
+1. :func:`router` (``mapInPandas``): decodes each Kafka message, applies the consumer's key
+   extractor *of the stream (topic) the message came from*, and tags the row with its key
+   interval. A message that cannot be made a delivery (oversized, undecodable, unknown schema,
+   failing or non-``str`` key extractor) becomes a *rejected* row in the interval of the empty
+   key, carrying its raw bytes.
+2. :func:`interval_task` (``groupBy("interval").applyInPandas``): turns one interval's rows
+   back into :class:`~millstream.engine.protocol.Delivery` / ``Rejected`` inputs, in
+   (stream, partition, offset) order, and runs the interval's
+   :class:`~millstream.engine.protocol.IntervalWorker` on them, against a
+   :class:`~millstream.engine.stores.cassandra.CassandraIntervalStore` and a
+   :class:`~millstream.connectors.kafka.KafkaProductionSink`. It returns one row of counts
+   per interval, which the driver collects as the batch's metrics.
+
+**Per-process cache.** Spark reuses Python worker processes across tasks
+(``spark.python.worker.reuse``, on by default), so each process keeps, at module level, one
+Cassandra session, one store, one Kafka producer per set of endpoints, and the
+``IntervalWorker`` of every (computation run, interval) it has worked on. A worker's soft state
+(state cache, timers, pending productions, Bloom filter) is reused exactly when the sequencer
+says nobody else acquired the interval since this process's last batch on it
+(``BatchResult.rescanned`` is false); a batch of the interval that ran in another process, or
+a retried task, makes the next batch here rescan. Workers are keyed by the computation's
+*run token* (fresh whenever a runner adds the computation, kept across restarts of its query),
+so a computation removed and declared again never reuses workers of the earlier declaration.
+
+**Failures.** Whatever the worker raises (``FencedError``, an unresolved unknown outcome, a
+store or Kafka outage) fails the task: the interval's commit either applied completely for a
+key or not at all, the worker forgets its soft state, and the driver re-runs the batch
+(see :mod:`millstream.engine.spark_runner`). Rejected input is re-decoded here rather than
+shipped as an exception object: user exceptions need not be picklable, and re-running the
+(deterministic) decoder and extractor yields the genuine exception for the dead letter.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+import pandas as pd
+
+from millstream.connectors.kafka import stream_topic
+from millstream.engine.clock import SystemClock
+from millstream.engine.config import MillstreamConfig
+from millstream.engine.deadletters import Origin
+from millstream.engine.keys import key_interval
+from millstream.engine.protocol import Delivery, IntervalWorker, Rejected
+from millstream.engine.records import MIN_EVENT_TIME, Record, check_record_size, decode_record
+from millstream.engine.topology import ComputationSpec
+
+if TYPE_CHECKING:
+    from millstream.connectors.kafka import KafkaProductionSink
+    from millstream.engine.stores.cassandra import CassandraIntervalStore
+
+__all__ = [
+    "INPUT_LOW_WATERMARK",
+    "RESULT_SCHEMA",
+    "ROUTED_SCHEMA",
+    "TaskSettings",
+    "clear_process_cache",
+    "decode_delivery",
+    "interval_task",
+    "router",
+]
+
+INPUT_LOW_WATERMARK: Final = MIN_EVENT_TIME
+"""The input low watermark every batch runs with until the watermark system exists.
+
+Conservative: no record is ever late and no event-time timer fires (a timer fires once the
+watermark passes its timestamp, and no valid timestamp is below ``MIN_EVENT_TIME``).
+Wall-time timers do fire, but only in a batch that has input for their interval.
+"""
+
+ROUTED_SCHEMA: Final = (
+    "interval int, stream string, partition int, offset long, kafka_ts long, "
+    "key string, record_key string, record_value binary, record_ts long, record_id binary, "
+    "raw binary, error string"
+)
+"""The rows :func:`router` emits: a delivery has ``key`` and the ``record_*`` fields, a
+rejected message ``raw`` and ``error`` (a description; the exception is rebuilt later)."""
+
+RESULT_SCHEMA: Final = (
+    "computation string, interval int, inputs long, rejected long, processed long, "
+    "duplicates long, late long, dead_letters long, committed_keys long, fired_timers long, "
+    "acknowledged long, pending long, rescanned boolean, cache_hit boolean, pid int, "
+    "seconds double"
+)
+"""One row per interval and batch attempt, from :func:`interval_task`; ``cache_hit`` means
+this process had a worker for the interval and its soft state was still valid."""
+
+_RESULT_COLUMNS: Final = [part.split()[0] for part in RESULT_SCHEMA.split(", ")]
+_ROUTED_COLUMNS: Final = [part.split()[0] for part in ROUTED_SCHEMA.split(", ")]
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSettings:
+    """What an executor needs besides the computation: endpoints, store table, run token."""
+
+    config: MillstreamConfig
+    keyspace: str
+    table: str
+    run_token: str
+
+    @property
+    def endpoints(self) -> tuple[str, tuple[str, ...], int, str, str]:
+        config = self.config
+        return (
+            config.kafka_bootstrap,
+            config.cassandra_hosts,
+            config.cassandra_port,
+            self.keyspace,
+            self.table,
+        )
+
+
+@dataclass
+class _Resources:
+    """One process's connections to one set of endpoints, and its interval workers."""
+
+    cluster: Any
+    store: CassandraIntervalStore
+    sink: KafkaProductionSink
+    workers: dict[tuple[str, str, int], IntervalWorker] = field(default_factory=dict)
+
+
+_CACHE: dict[tuple[str, tuple[str, ...], int, str, str], _Resources] = {}
+
+
+def clear_process_cache() -> None:
+    """Drop this process's cached workers and close its connections (tests, shutdown)."""
+    while _CACHE:
+        _, resources = _CACHE.popitem()
+        resources.sink.close()
+        resources.cluster.shutdown()
+
+
+def _resources(settings: TaskSettings) -> _Resources:
+    resources = _CACHE.get(settings.endpoints)
+    if resources is None:
+        # Imported here: the driver imports this module without needing the drivers loaded.
+        from millstream.connectors.cassandra import connect
+        from millstream.connectors.kafka import KafkaProductionSink
+        from millstream.engine.stores.cassandra import CassandraIntervalStore
+
+        cluster, session = connect(settings.config)
+        try:
+            store = CassandraIntervalStore(
+                session, settings.keyspace, SystemClock(), table=settings.table
+            )
+            sink = KafkaProductionSink(settings.config)
+        except BaseException:
+            cluster.shutdown()
+            raise
+        resources = _Resources(cluster, store, sink)
+        _CACHE[settings.endpoints] = resources
+    return resources
+
+
+def router(
+    spec: ComputationSpec,
+) -> Callable[[Iterator[pd.DataFrame]], Iterator[pd.DataFrame]]:
+    """The ``mapInPandas`` function that decodes, keys and routes ``spec``'s input.
+
+    Input columns: ``value`` (bytes), ``topic``, ``partition``, ``offset``, ``kafka_ts``
+    (the Kafka message timestamp in µs). Output: :data:`ROUTED_SCHEMA`.
+    """
+    intervals = spec.options.key_intervals
+    reject_interval = key_interval("", intervals)
+    streams = _streams_by_topic(spec)
+
+    def route(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        for frame in frames:
+            rows: list[tuple[Any, ...]] = []
+            for value, topic, partition, offset, kafka_ts in zip(
+                frame["value"].tolist(),
+                frame["topic"].tolist(),
+                frame["partition"].tolist(),
+                frame["offset"].tolist(),
+                frame["kafka_ts"].tolist(),
+                strict=True,
+            ):
+                raw = bytes(value)
+                stream = streams[topic]
+                record, key, error = decode_delivery(spec, stream, raw)
+                if error is None:
+                    assert record is not None
+                    assert key is not None
+                    rows.append(
+                        (
+                            key_interval(key, intervals),
+                            stream,
+                            partition,
+                            offset,
+                            kafka_ts,
+                            key,
+                            record.key,
+                            record.value,
+                            record.timestamp,
+                            record.record_id,
+                            None,
+                            None,
+                        )
+                    )
+                else:
+                    rows.append(
+                        (
+                            reject_interval,
+                            stream,
+                            partition,
+                            offset,
+                            kafka_ts,
+                            *(None,) * 5,
+                            raw,
+                            f"{type(error).__qualname__}: {error}",
+                        )
+                    )
+            yield pd.DataFrame.from_records(rows, columns=_ROUTED_COLUMNS)
+
+    return route
+
+
+def _streams_by_topic(spec: ComputationSpec) -> dict[str, str]:
+    return {stream_topic(i.stream): i.stream for i in spec.inputs}
+
+
+def decode_delivery(
+    spec: ComputationSpec, stream: str, raw: bytes
+) -> tuple[Record | None, str | None, Exception | None]:
+    """The record and the consumer's key of one message of ``stream``, or why it cannot be
+    delivered.
+
+    The error is one of the record errors, or whatever the key extractor raised (user code
+    must not stop a partition). The record is returned whenever it decoded, to locate the
+    dead letter by its record ID.
+    """
+    try:
+        check_record_size(raw)
+        record = decode_record(raw)
+    except Exception as exc:
+        return None, None, exc
+    try:
+        key = spec.key_extractor(stream)(record)
+        if not isinstance(key, str):
+            raise TypeError(
+                f"the key extractor of {spec.name!r} for stream {stream!r} returned "
+                f"{type(key).__name__}, not str; return the key as a string"
+            )
+    except Exception as exc:
+        return record, None, exc
+    return record, key, None
+
+
+def interval_task(
+    spec: ComputationSpec, settings: TaskSettings
+) -> Callable[[pd.DataFrame], pd.DataFrame]:
+    """The ``applyInPandas`` function that runs one interval's share of a batch.
+
+    Raises whatever the interval's worker raises, failing the task; see the module docstring.
+    """
+
+    def run(frame: pd.DataFrame) -> pd.DataFrame:
+        started = time.monotonic()
+        interval = int(frame["interval"].iloc[0])
+        frame = frame.sort_values(["stream", "partition", "offset"], kind="stable")
+        inputs = _inputs(spec, frame)
+        resources = _resources(settings)
+        worker_key = (settings.run_token, spec.name, interval)
+        worker = resources.workers.get(worker_key)
+        cached = worker is not None
+        if worker is None:
+            worker = IntervalWorker(
+                spec, interval, store=resources.store, sink=resources.sink, clock=SystemClock()
+            )
+            resources.workers[worker_key] = worker
+        result = worker.process(inputs, INPUT_LOW_WATERMARK)
+        rejected = sum(isinstance(item, Rejected) for item in inputs)
+        row = (
+            spec.name,
+            interval,
+            len(inputs),
+            rejected,
+            result.processed,
+            result.duplicates,
+            result.late,
+            len(result.dead_letters),
+            result.committed_keys,
+            len(result.fired_timers),
+            result.acknowledged,
+            result.pending,
+            result.rescanned,
+            cached and not result.rescanned,
+            os.getpid(),
+            time.monotonic() - started,
+        )
+        return pd.DataFrame.from_records([row], columns=_RESULT_COLUMNS)
+
+    return run
+
+
+def _inputs(spec: ComputationSpec, frame: pd.DataFrame) -> list[Delivery | Rejected]:
+    inputs: list[Delivery | Rejected] = []
+    for stream, partition, offset, kafka_ts, key, r_key, r_value, r_ts, r_id, raw in zip(
+        frame["stream"].tolist(),
+        frame["partition"].tolist(),
+        frame["offset"].tolist(),
+        frame["kafka_ts"].tolist(),
+        frame["key"].tolist(),
+        frame["record_key"].tolist(),
+        frame["record_value"].tolist(),
+        frame["record_ts"].tolist(),
+        frame["record_id"].tolist(),
+        frame["raw"].tolist(),
+        strict=True,
+    ):
+        origin = Origin(stream=stream, partition=int(partition), offset=int(offset))
+        if raw is None:
+            record = Record(str(r_key), bytes(r_value), int(r_ts), bytes(r_id))
+            inputs.append(Delivery(str(key), record, origin))
+        else:
+            inputs.append(_rejected(spec, origin, bytes(raw), int(kafka_ts)))
+    return inputs
+
+
+def _rejected(spec: ComputationSpec, origin: Origin, raw: bytes, kafka_ts: int) -> Rejected:
+    assert origin.stream is not None
+    record, _, error = decode_delivery(spec, origin.stream, raw)
+    if error is None:
+        error = RuntimeError(
+            f"message at {origin.stream}/{origin.partition}@{origin.offset} failed to decode "
+            f"or key on the first attempt and succeeded on the second; the key extractor of "
+            f"{spec.name!r} must be deterministic"
+        )
+    if record is not None:
+        return Rejected(
+            Origin(origin.stream, origin.partition, origin.offset, record_id=record.record_id),
+            raw,
+            error,
+            record.timestamp,
+        )
+    return Rejected(origin, raw, error, kafka_ts)

@@ -1,0 +1,459 @@
+"""The Spark runner on the real Kafka, Cassandra and Spark.
+
+The pipeline is ``examples/search_pipeline.py``: stage 1 keys search events by user and
+counts them, producing ``(query, 1)`` keyed by query; stage 2 keys those by query and counts
+them, remembering every record ID it counted. Each test compares the state committed in
+Cassandra with a fold over the distinct input.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from millstream.connectors import kafka as kafka_connector
+from millstream.engine.clock import SystemClock
+from millstream.engine.codecs import JsonCodec
+from millstream.engine.computation import Computation
+from millstream.engine.config import MillstreamConfig
+from millstream.engine.context import Context
+from millstream.engine.deadletters import decode_dead_letter
+from millstream.engine.keys import key_interval
+from millstream.engine.records import (
+    MAX_RECORD_BYTES,
+    SINGLE_OBJECT_MARKER,
+    Record,
+    decode_record,
+    encode_record,
+    injector_record_id,
+)
+from millstream.engine.spark_runner import AvailableNow, RunningTopology, run_topology
+from millstream.engine.stores.cassandra import CassandraIntervalStore
+from millstream.engine.topology import ComputationOptions, Topology
+
+if TYPE_CHECKING:
+    from cassandra.cluster import Session
+    from pyspark.sql import SparkSession
+
+pytestmark = pytest.mark.integration
+
+JSON = JsonCodec()
+INTERVALS = 4
+BASE_TIME = 1_700_000_000_000_000
+USERS = [f"user-{n}" for n in range(7)]
+QUERIES = ["weather", "football", "eclipse", "flu", "tickets"]
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _load_example() -> ModuleType:
+    # examples/ is not a package; load the module under its own name, as `millstream run`
+    # does from that directory.
+    spec = importlib.util.spec_from_file_location(
+        "search_pipeline", EXAMPLES / "search_pipeline.py"
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["search_pipeline"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+search_pipeline = _load_example()
+
+
+@dataclass
+class Pipeline:
+    """One test's names: streams, computations, keyspace and checkpoint root."""
+
+    suffix: str
+    keyspace: str
+    checkpoints: Path
+
+    def __getattr__(self, name: str) -> str:
+        names: dict[str, str] = search_pipeline.names(self.suffix)
+        try:
+            return names[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def topology(self) -> Topology:
+        topology: Topology = search_pipeline.pipeline_topology(
+            self.suffix, ComputationOptions(key_intervals=INTERVALS)
+        )
+        return topology
+
+
+def register_by_value(module: ModuleType) -> None:
+    """Ship ``module``'s code with each task: executors cannot import test modules."""
+    from pyspark import cloudpickle
+
+    cloudpickle.register_pickle_by_value(module)  # type: ignore[no-untyped-call]
+
+
+@pytest.fixture
+def pipeline(
+    services: MillstreamConfig,
+    unique: Callable[[str], str],
+    cassandra_keyspace: Callable[[], str],
+    tmp_path: Path,
+    spark: SparkSession,
+) -> Iterator[Pipeline]:
+    register_by_value(search_pipeline)
+    register_by_value(sys.modules[__name__])
+    made = Pipeline(unique("p").removeprefix("p_"), cassandra_keyspace(), tmp_path / "checkpoints")
+    yield made
+    kafka_connector.delete_topics(services, sorted(made.topology().streams()))
+
+
+def events(count: int, seed: int = 0) -> list[Record]:
+    """Search events with IDs from their position; users and queries cycle co-prime."""
+    return [
+        Record(
+            key=f"session-{n % 3}",
+            value=json.dumps({"user": USERS[n % 7], "query": QUERIES[(n * 3 + seed) % 5]}).encode(),
+            timestamp=BASE_TIME + n,
+            record_id=injector_record_id("searches", seed, n),
+        )
+        for n in range(count)
+    ]
+
+
+def produce(config: MillstreamConfig, topic: str, messages: list[bytes], **settings: Any) -> None:
+    producer = kafka_connector.producer(config, **settings)
+    for number, message in enumerate(messages):
+        producer.produce(topic, key=str(number % 5).encode(), value=message)
+    assert producer.flush(30) == 0
+
+
+def states(session: Session, keyspace: str, computation: str) -> dict[str, Any]:
+    """Committed state per key of ``computation``, decoded as JSON, from every interval."""
+    found: dict[str, Any] = {}
+    for interval in range(INTERVALS):
+        rows = session.execute(
+            f"SELECT key, value FROM {keyspace}.intervals "
+            "WHERE computation = %s AND interval = %s AND kind = 'state'",
+            (computation, interval),
+        )
+        for row in rows:
+            assert key_interval(row.key, INTERVALS) == interval
+            found[row.key] = JSON.decode(row.value)
+    return found
+
+
+def assert_results(session: Session, pipeline: Pipeline, counted_events: list[Record]) -> None:
+    """Both stages' state equals a fold over ``counted_events`` (distinct, all countable)."""
+    per_user: Counter[str] = Counter()
+    per_query: Counter[str] = Counter()
+    for record in counted_events:
+        event = json.loads(record.value)
+        per_user[event["user"]] += 1
+        per_query[event["query"]] += 1
+    assert states(session, pipeline.keyspace, pipeline.per_user) == dict(per_user)
+    counted = states(session, pipeline.keyspace, pipeline.per_query)
+    assert {query: state["count"] for query, state in counted.items()} == dict(per_query)
+    ids = [record_id for state in counted.values() for record_id in state["ids"]]
+    assert len(ids) == len(set(ids)) == len(counted_events)
+
+
+def read_topic(config: MillstreamConfig, topic: str) -> list[tuple[int, int, bytes]]:
+    """Every message of ``topic`` as (partition, offset, value)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": config.kafka_bootstrap,
+            "group.id": f"test-reader-{time.monotonic_ns()}",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        total = sum(
+            consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in partitions
+        )
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        messages: list[tuple[int, int, bytes]] = []
+        deadline = time.monotonic() + 30
+        while len(messages) < total and time.monotonic() < deadline:
+            message = consumer.poll(1.0)
+            if message is None:
+                continue
+            assert message.error() is None, message.error()
+            value = message.value()
+            assert value is not None
+            messages.append((message.partition() or 0, message.offset() or 0, value))
+        assert len(messages) == total
+        return messages
+    finally:
+        consumer.close()
+
+
+def start(
+    pipeline: Pipeline,
+    config: MillstreamConfig,
+    spark: SparkSession,
+    topology: Topology | None = None,
+    **options: Any,
+) -> RunningTopology:
+    return run_topology(
+        topology or pipeline.topology(),
+        config,
+        trigger=AvailableNow(),
+        spark=spark,
+        keyspace=pipeline.keyspace,
+        checkpoint_root=pipeline.checkpoints,
+        create_keyspace=False,
+        **options,
+    )
+
+
+def test_two_stages_keyed_differently_count_each_distinct_event_once(
+    services: MillstreamConfig, spark: SparkSession, cassandra: Session, pipeline: Pipeline
+) -> None:
+    distinct = events(300)
+    # Every fifth event is delivered twice, as a retrying injector would: some in the same
+    # batch, some in a later one.
+    repeated = distinct + distinct[::5]
+    kafka_connector.create_topics(services, [pipeline.searches], partitions=2)
+    produce(services, pipeline.searches, [encode_record(r) for r in repeated[:200]])
+
+    running = start(pipeline, services, spark, max_offsets_per_trigger=120)
+    running.process_available(timeout=300)
+    produce(services, pipeline.searches, [encode_record(r) for r in repeated[200:]])
+    running.process_available(timeout=300)
+
+    assert_results(cassandra, pipeline, distinct)
+    metrics = running.metrics()
+    first, second = metrics[pipeline.per_user], metrics[pipeline.per_query]
+    assert first.inputs == len(repeated)
+    assert (first.processed, first.duplicates) == (len(distinct), len(distinct[::5]))
+    assert (first.dead_letters, first.failed_attempts) == (0, 0)
+    assert second.processed == len(distinct)
+    assert second.duplicates == second.inputs - len(distinct)
+    assert first.batches >= 3
+    assert first.intervals == first.rescans + first.cache_hits
+    # Downstream, deduplicating by record ID, sees one production per distinct event.
+    hits = [decode_record(value) for _, _, value in read_topic(services, pipeline.hits)]
+    assert len({r.record_id for r in hits}) == len(distinct)
+
+
+def test_bad_input_lands_in_dead_letters_with_its_origin(
+    services: MillstreamConfig, spark: SparkSession, cassandra: Session, pipeline: Pipeline
+) -> None:
+    good = events(60)
+    absurd = Record("s", json.dumps({"user": "u", "query": "q"}).encode(), 2**62, b"a" * 16)
+    failing = Record(
+        "s", json.dumps({"user": "u", "query": "q", "fail": True}).encode(), 5, b"f" * 16
+    )
+    unkeyable = Record("s", json.dumps({"query": "q"}).encode(), 5, b"k" * 16)
+    oversized = Record("s", b"x" * MAX_RECORD_BYTES, 5, b"o" * 16)
+    bad = {
+        b"not avro at all": "MalformedRecordError",
+        SINGLE_OBJECT_MARKER + b"\x01" * 8 + b"\x02body": "UnknownSchemaError",
+        encode_record(oversized): "OversizedRecordError",
+        encode_record(absurd): "AbsurdTimestampError",
+        encode_record(failing): "ValueError",
+        encode_record(unkeyable): "KeyError",
+    }
+    # The failing record is delivered twice: its dead letter is committed with its dedup ID,
+    # so the second delivery is a counted duplicate, not a second dead letter.
+    messages = [encode_record(r) for r in good[:30]]
+    messages += [*bad, encode_record(failing)]
+    messages += [encode_record(r) for r in good[30:]]
+    kafka_connector.create_topics(
+        services, [pipeline.searches], partitions=2, topic_config={"max.message.bytes": "2000000"}
+    )
+    produce(services, pipeline.searches, messages, **{"message.max.bytes": 2_000_000})
+
+    running = start(pipeline, services, spark)
+    running.process_available(timeout=300)
+
+    assert_results(cassandra, pipeline, good)
+    positions: dict[bytes, tuple[int, int]] = {}
+    for partition, offset, value in read_topic(services, pipeline.searches):
+        positions.setdefault(value, (partition, offset))  # a duplicate's first delivery
+    letters = {}
+    for _, _, value in read_topic(services, f"{pipeline.per_user}.dead-letters"):
+        envelope = decode_record(value)
+        letters[envelope.record_id] = decode_dead_letter(envelope.value)
+    assert len(letters) == len(bad)
+    by_error = {letter.error_type: letter for letter in letters.values()}
+    assert set(by_error) == set(bad.values())
+    for raw, error_type in bad.items():
+        letter = by_error[error_type]
+        assert letter.computation == pipeline.per_user
+        assert letter.origin.stream == pipeline.searches
+        assert (letter.origin.partition, letter.origin.offset) == positions[raw]
+        assert letter.raw_size == len(raw)
+        assert raw.startswith(letter.raw)
+        assert letter.raw == raw or error_type == "OversizedRecordError"
+        assert letter.error_message
+    assert by_error["ValueError"].origin.record_id == failing.record_id
+    assert by_error["KeyError"].origin.record_id == unkeyable.record_id
+
+    first = running.metrics()[pipeline.per_user]
+    assert first.inputs == len(messages)
+    assert first.rejected == 4  # malformed, unknown schema, oversized, unkeyable
+    assert first.duplicates == 1
+    assert first.dead_letters == len(bad)
+    assert first.inputs == first.processed + first.rejected + first.duplicates
+
+
+def test_a_driver_killed_mid_run_loses_and_duplicates_nothing(
+    services: MillstreamConfig, cassandra: Session, pipeline: Pipeline
+) -> None:
+    distinct = events(360, seed=1)
+    kafka_connector.create_topics(services, [pipeline.searches], partitions=2)
+    produce(services, pipeline.searches, [encode_record(r) for r in distinct + distinct[::4]])
+    command = [
+        sys.executable,
+        "-m",
+        "millstream.engine.cli",
+        "run",
+        "search_pipeline:topology",
+        "--available-now",
+        "--max-offsets-per-trigger=40",
+        f"--keyspace={pipeline.keyspace}",
+        f"--checkpoint-root={pipeline.checkpoints}",
+        "--no-create-keyspace",
+    ]
+    env = {
+        **os.environ,
+        "SEARCH_PIPELINE_SUFFIX": pipeline.suffix,
+        "SEARCH_PIPELINE_INTERVALS": str(INTERVALS),
+    }
+
+    # First run: killed with SIGKILL right after stage 1 committed its second batch.
+    crashed = subprocess.Popen(
+        command,
+        cwd=EXAMPLES,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group: the JVM and Python workers too
+    )
+    try:
+        assert crashed.stderr is not None
+        marker = f"computation '{pipeline.per_user}' batch 1:"
+        log: list[str] = []
+        deadline = time.monotonic() + 180
+        for line in crashed.stderr:
+            log.append(line)
+            if marker in line:
+                time.sleep(0.3)  # into the next batch's commits
+                os.kill(crashed.pid, signal.SIGKILL)
+                break
+            assert time.monotonic() < deadline, "".join(log[-30:])
+        assert crashed.wait(60) == -signal.SIGKILL, "".join(log[-30:])
+    finally:
+        # The driver is dead; its JVM and Python workers share its process group.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(crashed.pid, signal.SIGKILL)
+        crashed.wait(60)
+    counted = sum(states(cassandra, pipeline.keyspace, pipeline.per_user).values())
+    assert 0 < counted < len(distinct), "the kill did not land mid-run"
+
+    # Second run: restarts from the same checkpoints and finishes.
+    finished = subprocess.run(
+        command, cwd=EXAMPLES, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert_results(cassandra, pipeline, distinct)
+
+
+class Gate(Computation):
+    """Blocks its first call until the test opens the gate, then records who committed."""
+
+    def __init__(self, directory: str, output: str) -> None:
+        self.directory = directory
+        self.output = output
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        gate = Path(self.directory, "gate")
+        first = not gate.exists()
+        if first:
+            Path(self.directory, "entered").touch()
+            deadline = time.monotonic() + 120
+            while not gate.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        attempt = "fenced attempt" if first else "retry"
+        ctx.state(JSON).set(attempt)
+        ctx.produce(self.output, attempt.encode(), record.timestamp)
+
+
+def test_a_task_whose_interval_was_taken_commits_nothing(
+    services: MillstreamConfig,
+    spark: SparkSession,
+    cassandra: Session,
+    pipeline: Pipeline,
+    tmp_path: Path,
+) -> None:
+    topology = Topology(f"zombie_{pipeline.suffix}", streams=[pipeline.searches])
+    name = pipeline.per_user
+    topology.add_computation(
+        name,
+        Gate(str(tmp_path), pipeline.hits),
+        inputs=[pipeline.searches],
+        outputs=[pipeline.hits],
+        options=ComputationOptions(key_intervals=1),
+    )
+    kafka_connector.create_topics(services, [pipeline.searches], partitions=1)
+    produce(services, pipeline.searches, [encode_record(events(1)[0])])
+    running = start(pipeline, services, spark, topology=topology)
+    failures: list[BaseException] = []
+
+    def process() -> None:
+        try:
+            running.process_available(timeout=240)
+        except BaseException as exc:
+            failures.append(exc)
+
+    worker = threading.Thread(target=process)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "entered").exists():
+            assert time.monotonic() < deadline, "the task never reached user code"
+            assert worker.is_alive(), failures
+            time.sleep(0.1)
+        # The task holds sequencer 1 and runs user code; a newer owner takes the interval.
+        store = CassandraIntervalStore(cassandra, pipeline.keyspace, SystemClock())
+        assert store.acquire(name, 0).token == 2
+    finally:
+        (tmp_path / "gate").touch()
+        worker.join(240)
+    assert not worker.is_alive()
+    assert not failures, failures
+
+    (batch,) = running.batches(name)
+    assert len(batch.failed_attempts) == 1
+    assert "FencedError" in batch.failed_attempts[0]
+    assert batch.processed == 1
+    # Only the retry (sequencer 3) committed: state and productions are its alone.
+    assert store.sequencer(name, 0) == 3
+    rows = cassandra.execute(
+        f"SELECT key, value FROM {pipeline.keyspace}.intervals "
+        "WHERE computation = %s AND interval = 0 AND kind = 'state'",
+        (name,),
+    )
+    assert [JSON.decode(row.value) for row in rows] == ["retry"]
+    produced = [decode_record(v).value for _, _, v in read_topic(services, pipeline.hits)]
+    assert produced == [b"retry"]
