@@ -464,6 +464,12 @@ class RunningTopology:
         return spec
 
     @property
+    def queries(self) -> dict[str, StreamingQuery]:
+        """The streaming query of each computation currently started, by computation name."""
+        with self._lock:
+            return dict(self._queries)
+
+    @property
     def active_computations(self) -> list[str]:
         with self._lock:
             return sorted(name for name, query in self._queries.items() if query.isActive)

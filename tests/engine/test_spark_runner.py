@@ -42,7 +42,12 @@ from millstream.engine.records import (
     encode_record,
     injector_record_id,
 )
-from millstream.engine.spark_runner import AvailableNow, RunningTopology, run_topology
+from millstream.engine.spark_runner import (
+    AvailableNow,
+    ProcessingTime,
+    RunningTopology,
+    run_topology,
+)
 from millstream.engine.stores.cassandra import CassandraIntervalStore
 from millstream.engine.topology import ComputationOptions, Topology
 
@@ -457,3 +462,62 @@ def test_a_task_whose_interval_was_taken_commits_nothing(
     assert [JSON.decode(row.value) for row in rows] == ["retry"]
     produced = [decode_record(v).value for _, _, v in read_topic(services, pipeline.hits)]
     assert produced == [b"retry"]
+
+
+def test_computations_are_added_and_removed_while_the_others_keep_running(
+    services: MillstreamConfig, spark: SparkSession, cassandra: Session, pipeline: Pipeline
+) -> None:
+    first, second = events(80), events(60, seed=1)
+    kafka_connector.create_topics(services, [pipeline.searches], partitions=2)
+    produce(services, pipeline.searches, [encode_record(r) for r in first])
+    running = run_topology(
+        pipeline.topology(),
+        services,
+        trigger=ProcessingTime(0.5),
+        spark=spark,
+        keyspace=pipeline.keyspace,
+        checkpoint_root=pipeline.checkpoints,
+        create_keyspace=False,
+    )
+    try:
+        running.await_idle(timeout=180)
+        assert running.active_computations == sorted([pipeline.per_user, pipeline.per_query])
+
+        # Add a third computation (a second consumer of `hits`): it starts from the earliest
+        # offsets while the others keep their queries.
+        copy = f"{pipeline.per_query}_copy"
+        queries_before = running.queries
+        running.add_computation(
+            copy,
+            search_pipeline.CountPerQuery(),
+            inputs=[pipeline.hits],
+            options=ComputationOptions(key_intervals=INTERVALS),
+        )
+        running.await_idle(timeout=180)
+        assert running.active_computations == sorted([pipeline.per_user, pipeline.per_query, copy])
+        for name, query in queries_before.items():
+            assert running.queries[name] is query, f"{name} was restarted"
+            assert query.isActive
+        assert_counts_equal(cassandra, pipeline.keyspace, copy, pipeline.per_query)
+
+        # Remove it again: the others go on with new input, the removed one stops where it was.
+        running.remove_computation(copy)
+        copy_batches = len(running.batches(copy))
+        produce(services, pipeline.searches, [encode_record(r) for r in second])
+        running.await_idle(timeout=180)
+        assert running.active_computations == sorted([pipeline.per_user, pipeline.per_query])
+        assert len(running.batches(copy)) == copy_batches
+        assert_results(cassandra, pipeline, first + second)
+        copied = states(cassandra, pipeline.keyspace, copy)
+        assert sum(state["count"] for state in copied.values()) == len(first)
+    finally:
+        running.stop()
+
+
+def assert_counts_equal(session: Session, keyspace: str, left: str, right: str) -> None:
+    counts = [
+        {key: state["count"] for key, state in states(session, keyspace, name).items()}
+        for name in (left, right)
+    ]
+    assert counts[0] == counts[1]
+    assert counts[0]
