@@ -29,12 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from confluent_kafka import Message
+
 from millstream.connectors import cassandra as cassandra_connector
 from millstream.connectors import kafka as kafka_connector
 from millstream.engine.computation import Computation
 from millstream.engine.config import MillstreamConfig, load_config
 from millstream.engine.context import Context
-from millstream.engine.records import Record, encode_record, injector_record_id
+from millstream.engine.records import Record, decode_record, encode_record, injector_record_id
 from millstream.engine.spark_runner import ProcessingTime, RunningTopology, run_topology
 from millstream.engine.spark_session import kafka_stream, spark_session
 from millstream.engine.topology import ComputationOptions, Topology
@@ -107,21 +109,17 @@ def produce_events(
 
 
 def read_times(
-    config: MillstreamConfig, topic: str, expect: int, timeout: float
+    config: MillstreamConfig,
+    topic: str,
+    expect: int,
+    timeout: float,
+    time_of: Callable[[Message, Record], int],
 ) -> dict[bytes, int]:
-    """For each distinct event named in ``topic``'s records: its first append time (ms)."""
-    from confluent_kafka import Consumer
+    """For each distinct event named in ``topic``'s records: ``time_of`` its first record (ms).
 
-    from millstream.engine.records import decode_record
-
-    consumer = Consumer(
-        {
-            "bootstrap.servers": config.kafka_bootstrap,
-            "group.id": f"bench-{uuid.uuid4().hex}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-        }
-    )
+    Every stage's value starts with the event's ID (the floor copies the envelope).
+    """
+    consumer = kafka_connector.consumer(config, "bench")
     consumer.subscribe([topic])
     times: dict[bytes, int] = {}
     deadline = time.monotonic() + timeout
@@ -132,42 +130,21 @@ def read_times(
                 continue
             value = message.value()
             assert value is not None
-            # Every stage's value starts with the event's ID (the floor copies the envelope).
-            times.setdefault(decode_record(value).value[:16], message.timestamp()[1])
-    finally:
-        consumer.close()
-    return times
-
-
-def event_times(config: MillstreamConfig, topic: str, expect: int) -> dict[bytes, int]:
-    """For each event injected to ``topic``: its injection time (ms), from its timestamp."""
-    from confluent_kafka import Consumer
-
-    from millstream.engine.records import decode_record
-
-    consumer = Consumer(
-        {
-            "bootstrap.servers": config.kafka_bootstrap,
-            "group.id": f"bench-{uuid.uuid4().hex}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-        }
-    )
-    consumer.subscribe([topic])
-    times: dict[bytes, int] = {}
-    deadline = time.monotonic() + 30
-    try:
-        while len(times) < expect and time.monotonic() < deadline:
-            message = consumer.poll(0.5)
-            if message is None or message.error() is not None:
-                continue
-            value = message.value()
-            assert value is not None
             record = decode_record(value)
-            times[record.value[:16]] = record.timestamp // 1_000
+            times.setdefault(record.value[:16], time_of(message, record))
     finally:
         consumer.close()
     return times
+
+
+def append_time(message: Message, record: Record) -> int:
+    """When Kafka appended the record (ms): a stage's output time."""
+    return int(message.timestamp()[1])
+
+
+def injection_time(message: Message, record: Record) -> int:
+    """The event time the injector stamped (ms): when the event entered the pipeline."""
+    return record.timestamp // 1_000
 
 
 def latencies(later: dict[bytes, int], earlier: dict[bytes, int]) -> list[float]:
@@ -208,8 +185,8 @@ def floor_run(
         count = int(args.rate * args.seconds)
         produce_events(config, source, count, args.rate)
         wait_for(lambda: seen["rows"] >= count, 120, "the floor query catching up")
-        injected = event_times(config, source, count)
-        out = read_times(config, sink, count, 30)
+        injected = read_times(config, source, count, 30, injection_time)
+        out = read_times(config, sink, count, 30, append_time)
         stage = latencies(out, injected)
         started = time.monotonic()
         produce_events(config, source, args.backlog, None, first=count)
@@ -261,9 +238,9 @@ def runner_run(
         count = int(args.rate * args.seconds)
         produce_events(config, source, count, args.rate)
         wait_for(processed(count), 180, f"{mode}: stage 2 catching up")
-        injected = event_times(config, source, count)
-        first = read_times(config, middle, count, 30)
-        second = read_times(config, sink, count, 30)
+        injected = read_times(config, source, count, 30, injection_time)
+        first = read_times(config, middle, count, 30, append_time)
+        second = read_times(config, sink, count, 30, append_time)
         stages = [latencies(first, injected), latencies(second, first)]
         started = time.monotonic()
         produce_events(config, source, args.backlog, None, first=count)

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Mapping, Sequence, Set
 from functools import partial
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from millstream.engine.config import MillstreamConfig
@@ -23,6 +24,7 @@ from millstream.engine.records import encode_record
 __all__ = [
     "KafkaProductionSink",
     "admin_client",
+    "consumer",
     "create_topics",
     "delete_topics",
     "producer",
@@ -48,6 +50,25 @@ def producer(config: MillstreamConfig, **settings: str | int | bool) -> Producer
             **settings,
         },
         logger=_log,
+    )
+
+
+def consumer(config: MillstreamConfig, purpose: str, **settings: str | int | bool) -> Consumer:
+    """A reader in a consumer group of its own that never commits offsets.
+
+    millstream's progress lives in Spark checkpoints, never in consumer groups; this is for
+    reading topics directly (offsets, tests, benchmarks). Without an explicit position it
+    starts at the earliest offset. ``purpose`` prefixes the throwaway group id.
+    """
+    return Consumer(
+        {
+            "bootstrap.servers": config.kafka_bootstrap,
+            "group.id": f"{purpose}-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "logger": _log,
+            **settings,
+        }
     )
 
 

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import socket
 import time
-import uuid
 from collections.abc import Callable, Sequence, Set
 from typing import TYPE_CHECKING
 
 import pytest
-from confluent_kafka import Consumer
 
+from millstream.connectors import kafka as kafka_connector
 from millstream.connectors.kafka import KafkaProductionSink, stream_topic
 from millstream.engine.clock import ManualClock
 from millstream.engine.computation import Computation
@@ -38,14 +37,7 @@ def consume(
     config: MillstreamConfig, topic: str, expected: int, timeout: float = 30
 ) -> list[Record]:
     """Every record on ``topic`` from the beginning, waiting until ``expected`` arrived."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": config.kafka_bootstrap,
-            "group.id": f"test-{uuid.uuid4().hex}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-        }
-    )
+    consumer = kafka_connector.consumer(config, "test")
     consumer.subscribe([topic])
     records: list[Record] = []
     deadline = time.monotonic() + timeout

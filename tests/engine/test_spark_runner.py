@@ -178,15 +178,9 @@ def assert_results(session: Session, pipeline: Pipeline, counted_events: list[Re
 
 def read_topic(config: MillstreamConfig, topic: str) -> list[tuple[int, int, bytes]]:
     """Every message of ``topic`` as (partition, offset, value)."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import TopicPartition
 
-    consumer = Consumer(
-        {
-            "bootstrap.servers": config.kafka_bootstrap,
-            "group.id": f"test-reader-{time.monotonic_ns()}",
-            "enable.auto.commit": False,
-        }
-    )
+    consumer = kafka_connector.consumer(config, "test-reader")
     try:
         partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
         total = sum(
