@@ -99,6 +99,7 @@ __all__ = [
     "AvailableNow",
     "BatchMetrics",
     "ComputationMetrics",
+    "MetricCounts",
     "ProcessingTime",
     "RunningTopology",
     "Trigger",
@@ -127,19 +128,17 @@ class ProcessingTime:
 Trigger = AvailableNow | ProcessingTime
 
 
-@dataclass(frozen=True, slots=True)
-class BatchMetrics:
-    """What one micro-batch of one computation did, summed over its intervals.
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MetricCounts:
+    """The counters of batch and computation metrics, summed over intervals and batches.
 
     ``inputs`` counts Kafka messages (``rejected`` of them undecodable or unkeyable);
     ``processed`` records that ran user code (duplicates apart); ``dead_letters`` includes the
-    rejected ones; ``rescans`` intervals whose soft state had to be reloaded, ``cache_hits``
-    those whose cached worker was still valid. ``failed_attempts`` describes the attempts that
-    failed before the one these counts come from.
+    rejected ones; ``intervals`` interval tasks, of which ``rescans`` had to reload their soft
+    state and ``cache_hits`` found their cached worker still valid; ``pending`` productions
+    not yet acknowledged.
     """
 
-    computation: str
-    batch_id: int
     inputs: int = 0
     rejected: int = 0
     processed: int = 0
@@ -153,47 +152,32 @@ class BatchMetrics:
     intervals: int = 0
     rescans: int = 0
     cache_hits: int = 0
+
+
+_SUMMED = tuple(f.name for f in fields(MetricCounts))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BatchMetrics(MetricCounts):
+    """What one micro-batch of one computation did, summed over its intervals.
+
+    ``failed_attempts`` describes the attempts that failed before the one these counts come
+    from.
+    """
+
+    computation: str
+    batch_id: int
     seconds: float = 0.0
     failed_attempts: tuple[str, ...] = ()
 
 
-_SUMMED = (
-    "inputs",
-    "rejected",
-    "processed",
-    "duplicates",
-    "late",
-    "dead_letters",
-    "committed_keys",
-    "fired_timers",
-    "acknowledged",
-    "pending",
-    "intervals",
-    "rescans",
-    "cache_hits",
-)
-
-
-@dataclass(frozen=True, slots=True)
-class ComputationMetrics:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ComputationMetrics(MetricCounts):
     """Totals of a computation's batches in this run (``pending``: after the latest batch)."""
 
     computation: str
     batches: int = 0
     failed_attempts: int = 0
-    inputs: int = 0
-    rejected: int = 0
-    processed: int = 0
-    duplicates: int = 0
-    late: int = 0
-    dead_letters: int = 0
-    committed_keys: int = 0
-    fired_timers: int = 0
-    acknowledged: int = 0
-    pending: int = 0
-    intervals: int = 0
-    rescans: int = 0
-    cache_hits: int = 0
 
     @property
     def cache_hit_rate(self) -> float:
@@ -699,15 +683,7 @@ def _short(exc: BaseException) -> str:
 
 
 def _offsets_consumer(config: MillstreamConfig) -> Any:
-    from confluent_kafka import Consumer
-
-    return Consumer(
-        {
-            "bootstrap.servers": config.kafka_bootstrap,
-            "group.id": f"millstream-offsets-{uuid.uuid4().hex}",
-            "enable.auto.commit": False,
-        }
-    )
+    return kafka_connector.consumer(config, "millstream-offsets")
 
 
 def _high_watermarks(consumer: Any, topic: str) -> dict[str, int]:
