@@ -4,6 +4,11 @@ Streams are Kafka topics of the same name: stream ``searches`` is topic ``search
 computation's dead letters go to ``<computation>.dead-letters``. Stream names are restricted
 to Kafka's topic alphabet (see :mod:`millstream.engine.topology`) so the mapping is the
 identity; :func:`stream_topic` is the one place that says so.
+
+Low-watermark reports (:mod:`millstream.engine.watermarks`) travel on one compacted topic,
+``config.kafka_watermark_topic`` (default ``millstream.watermarks``), keyed by source name,
+so Kafka keeps each source's latest report: :func:`create_watermark_topic`,
+:class:`WatermarkPublisher`, :class:`WatermarkReader`.
 """
 
 from __future__ import annotations
@@ -14,19 +19,33 @@ import uuid
 from collections.abc import Mapping, Sequence, Set
 from functools import partial
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
+from confluent_kafka import (
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from millstream.engine.config import MillstreamConfig
+from millstream.engine.errors import WatermarkReportError
 from millstream.engine.productions import Production
 from millstream.engine.records import encode_record
+from millstream.engine.watermarks import Offsets, WatermarkReport
 
 __all__ = [
+    "WATERMARK_TOPIC_CONFIG",
     "KafkaProductionSink",
+    "WatermarkPublisher",
+    "WatermarkReader",
     "admin_client",
     "consumer",
     "create_topics",
+    "create_watermark_topic",
     "delete_topics",
+    "end_offsets",
     "producer",
     "stream_topic",
 ]
@@ -113,6 +132,164 @@ def delete_topics(config: MillstreamConfig, names: Sequence[str], timeout: float
 def stream_topic(stream: str) -> str:
     """The Kafka topic that carries ``stream``: the same name."""
     return stream
+
+
+def end_offsets(reader: Consumer, topics: Sequence[str], timeout: float = 10.0) -> Offsets:
+    """The offset the next message of each partition of ``topics`` will get."""
+    ends: dict[str, dict[int, int]] = {}
+    for topic in topics:
+        metadata = reader.list_topics(topic, timeout=timeout).topics[topic]
+        if metadata.error is not None:
+            raise KafkaException(metadata.error)
+        ends[topic] = {
+            partition: reader.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=timeout
+            )[1]
+            for partition in metadata.partitions
+        }
+    return ends
+
+
+WATERMARK_TOPIC_CONFIG: Mapping[str, str] = {
+    # Only each source's latest report matters; compaction keeps it forever.
+    "cleanup.policy": "compact",
+    # Reports are small and frequent: roll and compact hourly, not weekly.
+    "segment.ms": "3600000",
+    "min.cleanable.dirty.ratio": "0.1",
+    # A retired source (tombstone) disappears after a day.
+    "delete.retention.ms": "86400000",
+}
+
+
+def create_watermark_topic(config: MillstreamConfig) -> None:
+    """Create the compacted watermark topic (one partition: reports stay in order)."""
+    create_topics(
+        config, [config.kafka_watermark_topic], partitions=1, topic_config=WATERMARK_TOPIC_CONFIG
+    )
+
+
+class WatermarkPublisher:
+    """Publishes :class:`~millstream.engine.watermarks.WatermarkReport` s, keyed by source.
+
+    For an injector or any producer of a stream: after writing records, call
+    :meth:`report_streams` with the watermark those writes reached; it covers them with the
+    streams' current end offsets, so no consumer applies it before reading them.
+    """
+
+    def __init__(self, config: MillstreamConfig) -> None:
+        self.topic = config.kafka_watermark_topic
+        self._producer = producer(config)
+
+    def publish(self, report: WatermarkReport, timeout: float = 30.0) -> None:
+        """Write one report and wait for Kafka to acknowledge it."""
+        self._write(report.source, report.encode(), timeout)
+
+    def report_streams(
+        self,
+        reader: Consumer,
+        source: str,
+        streams: Sequence[str],
+        watermark: int,
+        sequence: int,
+        timeout: float = 30.0,
+    ) -> WatermarkReport:
+        """Report that ``source`` writes nothing older than ``watermark`` to ``streams`` any
+        more; ``sequence`` must grow with every report of the source (e.g. wall-clock µs)."""
+        offsets = end_offsets(reader, [stream_topic(s) for s in streams], timeout)
+        report = WatermarkReport(source, tuple(streams), watermark, sequence, offsets)
+        self.publish(report, timeout)
+        return report
+
+    def retire(self, source: str, timeout: float = 30.0) -> None:
+        """Forget a source for good (a tombstone): it no longer holds any watermark."""
+        self._write(source, None, timeout)
+
+    def close(self, timeout: float = 30.0) -> None:
+        self._producer.flush(timeout)
+
+    def _write(self, source: str, value: bytes | None, timeout: float) -> None:
+        errors: list[KafkaError] = []
+
+        def delivered(error: KafkaError | None, _message: Message) -> None:
+            if error is not None:
+                errors.append(error)
+
+        self._producer.produce(self.topic, key=source.encode(), value=value, on_delivery=delivered)
+        if self._producer.flush(timeout) or errors:
+            raise KafkaException(
+                errors[0] if errors else KafkaError(KafkaError._MSG_TIMED_OUT),
+                f"watermark report of {source!r} was not acknowledged by {self.topic!r} "
+                f"within {timeout} s; is Kafka up?",
+            )
+
+
+class WatermarkReader:
+    """Reads the watermark topic from its beginning, a call at a time up to its current end.
+
+    :meth:`read` returns ``(source, report)`` pairs in topic order; ``report`` is ``None`` for
+    a retired source. Messages that are not reports are logged and counted in ``skipped``
+    (one bad producer must not stop every consumer's watermark).
+    """
+
+    def __init__(self, config: MillstreamConfig) -> None:
+        self.topic = config.kafka_watermark_topic
+        self._consumer = consumer(config, "millstream-watermarks")
+        self._next: dict[int, int] = {}
+        self.skipped = 0
+
+    def read(self, timeout: float = 30.0) -> list[tuple[str, WatermarkReport | None]]:
+        ends = end_offsets(self._consumer, [self.topic], timeout)[self.topic]
+        for partition in ends:
+            self._next.setdefault(partition, 0)
+        wanted = {p: end for p, end in ends.items() if self._next[p] < end}
+        if not wanted:
+            return []
+        self._consumer.assign(
+            [TopicPartition(self.topic, p, self._next[p]) for p in sorted(wanted)]
+        )
+        found: list[tuple[str, WatermarkReport | None]] = []
+        deadline = time.monotonic() + timeout
+        while any(self._next[p] < end for p, end in wanted.items()):
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"could not read {self.topic!r} up to its end within {timeout} s"
+                )
+            message = self._consumer.poll(0.5)
+            if message is None:
+                # Compaction leaves gaps in the offsets; the fetch position skips them.
+                for position in self._consumer.position(
+                    [TopicPartition(self.topic, p) for p in wanted]
+                ):
+                    if position.offset >= 0:
+                        self._next[position.partition] = max(
+                            self._next[position.partition], position.offset
+                        )
+                continue
+            if message.error() is not None:
+                raise KafkaException(message.error())
+            at, offset = message.partition(), message.offset()
+            # Both are set on a consumed message.
+            assert at is not None
+            assert offset is not None
+            self._next[at] = offset + 1
+            found.extend(self._parse(message))
+        return found
+
+    def _parse(self, message: Message) -> list[tuple[str, WatermarkReport | None]]:
+        source = (message.key() or b"").decode(errors="replace")
+        value = message.value()
+        if value is None:
+            return [(source, None)]
+        try:
+            report = WatermarkReport.decode(value)
+        except WatermarkReportError as exc:
+            self.skipped += 1
+            _log.warning("skipping %s@%d: %s", self.topic, message.offset(), exc)
+            return []
+        return [(report.source, report)]
+
+    def close(self) -> None:
+        self._consumer.close()
 
 
 class KafkaProductionSink:

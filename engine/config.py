@@ -12,6 +12,7 @@ The TOML file and the variables name the same settings::
     [kafka]
     bootstrap = "broker1:9092,broker2:9092" # MILLSTREAM_KAFKA_BOOTSTRAP
     controller_port = 9093                  # MILLSTREAM_KAFKA_CONTROLLER_PORT (local stack only)
+    watermark_topic = "millstream.watermarks"  # MILLSTREAM_KAFKA_WATERMARK_TOPIC
     [cassandra]
     hosts = ["cass1", "cass2"]              # MILLSTREAM_CASSANDRA_HOSTS (comma separated)
     port = 9042                             # MILLSTREAM_CASSANDRA_PORT
@@ -49,6 +50,8 @@ class MillstreamConfig:
     home: Path = field(default_factory=lambda: Path("~/.millstream").expanduser())
     kafka_bootstrap: str = f"{_LOOPBACK}:9092"
     kafka_controller_port: int = 9093
+    # The compacted topic of low-watermark reports (see millstream.engine.watermarks).
+    kafka_watermark_topic: str = "millstream.watermarks"
     cassandra_hosts: tuple[str, ...] = (_LOOPBACK,)
     cassandra_port: int = 9042
     cassandra_storage_port: int = 7000
@@ -126,6 +129,7 @@ def _from_toml(file: Path) -> dict[str, Any]:
         values["home"] = Path(str(doc["home"])).expanduser()
     _take(values, "kafka_bootstrap", kafka, "bootstrap", str)
     _take(values, "kafka_controller_port", kafka, "controller_port", int)
+    _take(values, "kafka_watermark_topic", kafka, "watermark_topic", str)
     if "hosts" in cassandra:
         hosts = cassandra["hosts"]
         values["cassandra_hosts"] = tuple(hosts) if isinstance(hosts, list) else _split(str(hosts))
@@ -162,6 +166,7 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
         "MILLSTREAM_HOME": ("home", lambda v: Path(v).expanduser()),
         "MILLSTREAM_KAFKA_BOOTSTRAP": ("kafka_bootstrap", str),
         "MILLSTREAM_KAFKA_CONTROLLER_PORT": ("kafka_controller_port", int),
+        "MILLSTREAM_KAFKA_WATERMARK_TOPIC": ("kafka_watermark_topic", str),
         "MILLSTREAM_CASSANDRA_HOSTS": ("cassandra_hosts", _split),
         "MILLSTREAM_CASSANDRA_PORT": ("cassandra_port", int),
         "MILLSTREAM_CASSANDRA_STORAGE_PORT": ("cassandra_storage_port", int),

@@ -17,6 +17,7 @@
     │   └── AbsurdTimestampError    an event time outside the plausible range (unit mistake?)
     ├── TopologyError               a topology or computation declaration is invalid
     ├── UndeclaredStreamError       user code produced to a stream it did not declare
+    ├── WatermarkReportError        a message on the watermark topic is not a valid report
     └── StoreError                  the interval store refused or lost track of a write
         ├── FencedError             another worker took the interval: stop, drop soft state
         └── UnknownOutcomeError     a conditional write timed out: it may or may not have applied
@@ -45,6 +46,7 @@ __all__ = [
     "UndeclaredStreamError",
     "UnknownOutcomeError",
     "UnknownSchemaError",
+    "WatermarkReportError",
 ]
 
 
@@ -146,3 +148,7 @@ class UnknownOutcomeError(StoreError):
         self.marker = marker
         self.uncertain_keys = uncertain_keys
         self.unattempted_keys = unattempted_keys
+
+
+class WatermarkReportError(MillstreamError):
+    """A message on the watermark topic is not a valid report (it is skipped and counted)."""

@@ -59,6 +59,7 @@ from millstream.engine.state import UNCHANGED, KeyChanges, effective_timers
 from millstream.engine.store import IntervalStore
 from millstream.engine.timers import TimeDomain, Timer, due_timers
 from millstream.engine.topology import ComputationSpec
+from millstream.engine.watermarks import IntervalProgress
 
 __all__ = ["BatchResult", "Delivery", "IntervalWorker", "Rejected"]
 
@@ -93,7 +94,8 @@ class Rejected:
 class BatchResult:
     """What a committed batch did: records ``processed`` (duplicates and late ones counted
     apart), timers fired, dead letters, keys committed, productions the sink acknowledged
-    (resends included) and those still ``pending`` after it."""
+    (resends included) and those still ``pending`` after it, and what the interval has left to
+    do (``progress``, for watermarks and for running it without input)."""
 
     lease: Lease
     rescanned: bool
@@ -105,6 +107,7 @@ class BatchResult:
     committed_keys: int = 0
     acknowledged: int = 0
     pending: int = 0
+    progress: IntervalProgress = field(default_factory=IntervalProgress)
 
 
 @dataclass
@@ -145,18 +148,33 @@ class IntervalWorker:
         self._soft: _SoftState | None = None
 
     def process(
-        self, inputs: Iterable[Delivery | Rejected], input_low_watermark: int
+        self,
+        inputs: Iterable[Delivery | Rejected],
+        input_low_watermark: int,
+        *,
+        timer_watermark: int | None = None,
     ) -> BatchResult:
-        """Process one batch; returns only once everything in it is committed."""
+        """Process one batch; returns only once everything in it is committed.
+
+        Records see ``input_low_watermark``, the watermark before this batch's input was
+        consumed (a record older than it is late). Event-time timers fire against
+        ``timer_watermark`` when given: the watermark once this batch's input is consumed,
+        which may be higher, since a key's timers fire only after its records of the batch.
+        """
+        timers = input_low_watermark if timer_watermark is None else timer_watermark
         try:
-            return self._process(list(inputs), input_low_watermark)
+            return self._process(
+                list(inputs), input_low_watermark, max(timers, input_low_watermark)
+            )
         except BaseException:
             # The store may now differ from the soft state (a fenced or uncertain write, a
             # crash between steps); only a rescan can tell what it holds.
             self._soft = None
             raise
 
-    def _process(self, inputs: list[Delivery | Rejected], watermark: int) -> BatchResult:
+    def _process(
+        self, inputs: list[Delivery | Rejected], watermark: int, timer_watermark: int
+    ) -> BatchResult:
         now = self._clock.now()
         previous = self._soft.lease if self._soft is not None else None
         lease = self._store.acquire(self.spec.name, self.interval, previous)
@@ -186,13 +204,13 @@ class IntervalWorker:
         timer_keys = {
             key
             for key, timers in soft.timers.items()
-            if any(t.is_due(watermark, now) for t in timers.values())
+            if any(t.is_due(timer_watermark, now) for t in timers.values())
         }
         for key in sorted(by_key.keys() | timer_keys):
             key_changes = changes.setdefault(key, KeyChanges(key))
-            _KeyRun(self, soft, key_changes, watermark, now, result, weak_outbox).run(
-                by_key.get(key, [])
-            )
+            _KeyRun(
+                self, soft, key_changes, (watermark, timer_watermark), now, result, weak_outbox
+            ).run(by_key.get(key, []))
 
         if weak_outbox:
             acked = self._sink.send(
@@ -209,6 +227,7 @@ class IntervalWorker:
         self._remember(soft, to_commit)
         self._send(soft, [p for c in to_commit for p in c.productions], result)
         result.pending = len(soft.pending)
+        result.progress = _progress(soft)
         return result
 
     def _load(self, lease: Lease) -> _SoftState:
@@ -308,7 +327,7 @@ class _KeyRun:
         worker: IntervalWorker,
         soft: _SoftState,
         changes: KeyChanges,
-        watermark: int,
+        watermarks: tuple[int, int],
         now: int,
         result: BatchResult,
         weak_outbox: list[tuple[KeyChanges, Production]],
@@ -318,7 +337,8 @@ class _KeyRun:
         self.soft = soft
         self.key = changes.key
         self.changes = changes
-        self.watermark = watermark
+        # Records run under the watermark before the batch, timers under the one after it.
+        self.watermark, self.timer_watermark = watermarks
         self.now = now
         self.result = result
         self.weak_outbox = weak_outbox
@@ -363,13 +383,14 @@ class _KeyRun:
             origin,
             lambda: encode_record(record),
             record.timestamp,
+            self.watermark,
         )
 
     def _fire_timers(self) -> None:
         computation = self.spec.computation
         for _ in range(self.spec.options.max_timer_firings_per_key):
             timers = effective_timers(self.committed_timers, self.changes).values()
-            due = due_timers(timers, self.watermark, self.now)
+            due = due_timers(timers, self.timer_watermark, self.now)
             if not due:
                 return
             timer = due[0]
@@ -382,6 +403,7 @@ class _KeyRun:
                 origin,
                 lambda: b"",
                 timer.timestamp,
+                self.timer_watermark,
             )
             self.result.fired_timers.append(timer)
 
@@ -392,8 +414,9 @@ class _KeyRun:
         origin: Origin,
         raw: Callable[[], bytes],
         timestamp: int,
+        watermark: int,
     ) -> None:
-        context = _CallContext(self, cause_id)
+        context = _CallContext(self, cause_id, watermark)
         try:
             hook(context)
         except Exception as exc:
@@ -419,9 +442,10 @@ class _KeyRun:
 class _CallContext(Context):
     """The context of one call: reads see committed state under the key's pending changes."""
 
-    def __init__(self, run: _KeyRun, cause_id: bytes) -> None:
+    def __init__(self, run: _KeyRun, cause_id: bytes, watermark: int) -> None:
         self._run = run
         self._cause_id = cause_id
+        self._watermark = watermark
         self._next_index = 0
         self.changes = KeyChanges(run.key)
 
@@ -431,7 +455,7 @@ class _CallContext(Context):
 
     @property
     def input_low_watermark(self) -> int:
-        return self._run.watermark
+        return self._watermark
 
     @property
     def clock(self) -> Clock:
@@ -494,3 +518,26 @@ def _plausible(timestamp: int) -> int:
 
 def _timer_hook(computation: Computation, timer: Timer) -> Callable[[Context], None]:
     return lambda ctx: computation.process_timer(ctx, timer)
+
+
+def _progress(soft: _SoftState) -> IntervalProgress:
+    next_event: int | None = None
+    next_wall: int | None = None
+    for timers in soft.timers.values():
+        for timer in timers.values():
+            if timer.domain is TimeDomain.EVENT_TIME:
+                next_event = (
+                    timer.timestamp if next_event is None else min(next_event, timer.timestamp)
+                )
+            else:
+                next_wall = (
+                    timer.timestamp if next_wall is None else min(next_wall, timer.timestamp)
+                )
+    oldest_production = min((p.record.timestamp for p in soft.pending.values()), default=None)
+    oldest = [t for t in (next_event, oldest_production) if t is not None]
+    return IntervalProgress(
+        oldest_work=min(oldest) if oldest else None,
+        next_event_timer=next_event,
+        next_wall_timer=next_wall,
+        pending=len(soft.pending),
+    )

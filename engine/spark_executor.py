@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -51,7 +51,7 @@ from millstream.engine.config import MillstreamConfig
 from millstream.engine.deadletters import Origin
 from millstream.engine.keys import key_interval
 from millstream.engine.protocol import Delivery, IntervalWorker, Rejected
-from millstream.engine.records import MIN_EVENT_TIME, Record, check_record_size, decode_record
+from millstream.engine.records import Record, check_record_size, decode_record
 from millstream.engine.topology import ComputationSpec
 
 if TYPE_CHECKING:
@@ -59,7 +59,6 @@ if TYPE_CHECKING:
     from millstream.engine.stores.cassandra import CassandraIntervalStore
 
 __all__ = [
-    "INPUT_LOW_WATERMARK",
     "RESULT_SCHEMA",
     "ROUTED_SCHEMA",
     "TaskSettings",
@@ -67,15 +66,8 @@ __all__ = [
     "decode_delivery",
     "interval_task",
     "router",
+    "tick_rows",
 ]
-
-INPUT_LOW_WATERMARK: Final = MIN_EVENT_TIME
-"""The input low watermark every batch runs with until the watermark system exists.
-
-Conservative: no record is ever late and no event-time timer fires (a timer fires once the
-watermark passes its timestamp, and no valid timestamp is below ``MIN_EVENT_TIME``).
-Wall-time timers do fire, but only in a batch that has input for their interval.
-"""
 
 ROUTED_SCHEMA: Final = (
     "interval int, stream string, partition int, offset long, kafka_ts long, "
@@ -89,10 +81,17 @@ RESULT_SCHEMA: Final = (
     "computation string, interval int, inputs long, rejected long, processed long, "
     "duplicates long, late long, dead_letters long, committed_keys long, fired_timers long, "
     "acknowledged long, pending long, rescanned boolean, cache_hit boolean, pid int, "
-    "seconds double"
+    "seconds double, oldest_work long, next_event_timer long, next_wall_timer long"
 )
 """One row per interval and batch attempt, from :func:`interval_task`; ``cache_hit`` means
-this process had a worker for the interval and its soft state was still valid."""
+this process had a worker for the interval and its soft state was still valid; the last three
+are the interval's :class:`~millstream.engine.watermarks.IntervalProgress` (null: none)."""
+
+_PROGRESS_COLUMNS: Final = {
+    "oldest_work": "Int64",
+    "next_event_timer": "Int64",
+    "next_wall_timer": "Int64",
+}
 
 _RESULT_COLUMNS: Final = [part.split()[0] for part in RESULT_SCHEMA.split(", ")]
 _ROUTED_COLUMNS: Final = [part.split()[0] for part in ROUTED_SCHEMA.split(", ")]
@@ -256,12 +255,20 @@ def decode_delivery(
     return record, key, None
 
 
+def tick_rows(intervals: Iterable[int]) -> list[tuple[Any, ...]]:
+    """:data:`ROUTED_SCHEMA` rows that make an interval run without input (a *tick*): for its
+    due timers and unacknowledged productions."""
+    return [(interval, *(None,) * (len(_ROUTED_COLUMNS) - 1)) for interval in intervals]
+
+
 def interval_task(
-    spec: ComputationSpec, settings: TaskSettings
+    spec: ComputationSpec, settings: TaskSettings, watermark: int, timer_watermark: int
 ) -> Callable[[pd.DataFrame], pd.DataFrame]:
     """The ``applyInPandas`` function that runs one interval's share of a batch.
 
-    Raises whatever the interval's worker raises, failing the task; see the module docstring.
+    Records run under the input low watermark before the batch (``watermark``), event-time
+    timers under the one after it (see :meth:`IntervalWorker.process`). Raises whatever the
+    interval's worker raises, failing the task; see the module docstring.
     """
 
     def run(frame: pd.DataFrame) -> pd.DataFrame:
@@ -278,8 +285,9 @@ def interval_task(
                 spec, interval, store=resources.store, sink=resources.sink, clock=SystemClock()
             )
             resources.workers[worker_key] = worker
-        result = worker.process(inputs, INPUT_LOW_WATERMARK)
-        rejected = sum(isinstance(item, Rejected) for item in inputs)
+        result = worker.process(inputs, watermark, timer_watermark=timer_watermark)
+        progress = result.progress
+        rejected = sum(isinstance(item, Rejected) for item in inputs)  # ticks are no input
         row = (
             spec.name,
             interval,
@@ -297,8 +305,12 @@ def interval_task(
             cached and not result.rescanned,
             os.getpid(),
             time.monotonic() - started,
+            progress.oldest_work,
+            progress.next_event_timer,
+            progress.next_wall_timer,
         )
-        return pd.DataFrame.from_records([row], columns=_RESULT_COLUMNS)
+        # Nullable integers: Arrow sends None as null, not as a float NaN.
+        return pd.DataFrame.from_records([row], columns=_RESULT_COLUMNS).astype(_PROGRESS_COLUMNS)
 
     return run
 
@@ -318,6 +330,8 @@ def _inputs(spec: ComputationSpec, frame: pd.DataFrame) -> list[Delivery | Rejec
         frame["raw"].tolist(),
         strict=True,
     ):
+        if stream is None:
+            continue  # a tick: the interval runs for its timers and resends only
         origin = Origin(stream=stream, partition=int(partition), offset=int(offset))
         if raw is None:
             record = Record(str(r_key), bytes(r_value), int(r_ts), bytes(r_id))

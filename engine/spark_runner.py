@@ -37,11 +37,18 @@ driver crash: Structured Streaming replays the uncommitted batch, and every reco
 is dropped as a duplicate by its dedup ID (computations with ``exactly_once=False`` run such
 records again, as they accept).
 
-**Input low watermark: placeholder.** The watermark system is a later issue. Until then every
-batch runs with :data:`~millstream.engine.spark_executor.INPUT_LOW_WATERMARK`
-(``MIN_EVENT_TIME``): no record counts as late and **no event-time timer fires**. Wall-time
-timers fire, but only in batches that bring input to their interval; likewise productions
-left unacknowledged are resent at the interval's next batch.
+**Low watermarks** (:mod:`millstream.engine.watermarks`). Every query also reads the
+compacted watermark topic (``config.kafka_watermark_topic``), so a report there starts a
+batch even when no data arrives. Per batch the driver reads the new reports and the batch's
+end offsets from the query's offset log (``<checkpoint>/offsets/<batch id>``), applies the
+reports that those offsets have caught up with, and runs the batch: records under the input
+low watermark before it, event-time timers under the one after it. Intervals with work but no
+input (a due timer, an unacknowledged production; all of them in the first batch of a run) get
+a *tick* row so they run too. After the batch the driver publishes the computation's report,
+``min(input watermark, oldest pending work of its intervals)``, covering its output topics'
+end offsets, if it changed. When a wall-time timer is due later, the driver sets an alarm that
+writes a wake-up message to the watermark topic at that time, which starts the batch that
+fires it.
 
 Use it from Python::
 
@@ -65,13 +72,14 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from millstream.connectors import cassandra as cassandra_connector
 from millstream.connectors import kafka as kafka_connector
+from millstream.engine.clock import Clock, SystemClock
 from millstream.engine.computation import Computation
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.errors import TopologyError
@@ -81,6 +89,7 @@ from millstream.engine.spark_executor import (
     TaskSettings,
     interval_task,
     router,
+    tick_rows,
 )
 from millstream.engine.stores.cassandra import DEFAULT_TABLE, create_schema
 from millstream.engine.topology import (
@@ -88,6 +97,13 @@ from millstream.engine.topology import (
     ComputationSpec,
     KeyExtractor,
     Topology,
+)
+from millstream.engine.watermarks import (
+    ComputationWatermarks,
+    Hold,
+    IntervalProgress,
+    WatermarkReport,
+    computation_source,
 )
 
 if TYPE_CHECKING:
@@ -103,6 +119,7 @@ __all__ = [
     "ProcessingTime",
     "RunningTopology",
     "Trigger",
+    "batch_offsets",
     "load_topology",
     "run_topology",
 ]
@@ -110,6 +127,7 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 DEFAULT_KEYSPACE = "millstream"
+_ALARM_RETRY_SECONDS = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,13 +180,16 @@ class BatchMetrics(MetricCounts):
     """What one micro-batch of one computation did, summed over its intervals.
 
     ``failed_attempts`` describes the attempts that failed before the one these counts come
-    from.
+    from. ``input_watermark`` is the input low watermark once the batch was consumed (its
+    timers ran under it) and ``watermark`` the computation's own after the batch (µs).
     """
 
     computation: str
     batch_id: int
     seconds: float = 0.0
     failed_attempts: tuple[str, ...] = ()
+    input_watermark: int = 0
+    watermark: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -235,6 +256,7 @@ def run_topology(
     max_offsets_per_trigger: int | None = None,
     batch_attempts: int = 3,
     on_batch: Callable[[BatchMetrics], None] | None = None,
+    clock: Clock | None = None,
 ) -> RunningTopology:
     """Prepare the topology's topics and store and start it; see :class:`RunningTopology`.
 
@@ -255,6 +277,7 @@ def run_topology(
         max_offsets_per_trigger=max_offsets_per_trigger,
         batch_attempts=batch_attempts,
         on_batch=on_batch,
+        clock=clock,
     )
     running.start()
     return running
@@ -268,7 +291,8 @@ class RunningTopology:
     ``create_keyspace`` (development: SimpleStrategy, one replica), its keyspace.
     ``max_offsets_per_trigger`` caps a micro-batch (Spark's Kafka option). Metrics of every
     batch are kept (:meth:`batches`, :meth:`metrics`) and passed to ``on_batch``, which runs on
-    the driver thread of the computation's query.
+    the driver thread of the computation's query. ``clock`` (default: the system clock)
+    decides when wall-time timers are due on the driver.
     """
 
     def __init__(
@@ -287,6 +311,7 @@ class RunningTopology:
         max_offsets_per_trigger: int | None = None,
         batch_attempts: int = 3,
         on_batch: Callable[[BatchMetrics], None] | None = None,
+        clock: Clock | None = None,
     ) -> None:
         if batch_attempts < 1:
             raise ValueError(f"batch_attempts must be at least 1, got {batch_attempts}")
@@ -317,12 +342,18 @@ class RunningTopology:
         self._run_tokens: dict[str, str] = {}
         self._create_keyspace = create_keyspace
         self._prepared = False
+        # The driver's clock: wall-time timers due, alarms. Executors use their own.
+        self.clock = clock or SystemClock()
+        # Per computation, kept across its query's restarts like the run tokens.
+        self._watermarks: dict[str, _DriverWatermarks] = {}
+        self._publisher: kafka_connector.WatermarkPublisher | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> None:
         """Create topics and the store table; start every query unless triggered AvailableNow."""
         self._prepare_store()
+        kafka_connector.create_watermark_topic(self.config)
         self._create_topics(self.topology.computations.values())
         self._prepared = True
         if isinstance(self.trigger, ProcessingTime):
@@ -333,8 +364,14 @@ class RunningTopology:
         """Stop every query (a batch in progress is interrupted and replayed on restart)."""
         with self._lock:
             queries, self._queries = dict(self._queries), {}
+            watermarks, self._watermarks = dict(self._watermarks), {}
+            publisher, self._publisher = self._publisher, None
         for query in queries.values():
             query.stop()
+        for tracker in watermarks.values():
+            tracker.close()
+        if publisher is not None:
+            publisher.close()
 
     def process_available(self, timeout: float = 600.0, max_rounds: int = 100) -> int:
         """With :class:`AvailableNow`: run every computation over the input its topics hold,
@@ -443,8 +480,11 @@ class RunningTopology:
         with self._lock:
             query = self._queries.pop(name, None)
             self._run_tokens.pop(name, None)
+            tracker = self._watermarks.pop(name, None)
         if query is not None:
             query.stop()
+        if tracker is not None:
+            tracker.close()
         return spec
 
     @property
@@ -457,6 +497,40 @@ class RunningTopology:
     def active_computations(self) -> list[str]:
         with self._lock:
             return sorted(name for name, query in self._queries.items() if query.isActive)
+
+    # -- watermarks ------------------------------------------------------------------------
+
+    def input_watermark(self, computation: str) -> int:
+        """The input low watermark of a running computation (µs), as of its latest batch."""
+        return self._tracker(computation).state.input.current
+
+    def explain(self, computation: str) -> list[str]:
+        """What holds a computation's watermarks: per input stream the lowest source (or why
+        it has none), then what holds its own watermark (its input or an interval)."""
+        state = self._tracker(computation).state
+        lines = [str(hold) for hold in state.input.explain()]
+        lines.append(f"{computation}: {state.watermark} held by {state.held_by}")
+        return lines
+
+    def holds(self, computation: str) -> list[Hold]:
+        return self._tracker(computation).state.input.explain()
+
+    def _tracker(self, computation: str) -> _DriverWatermarks:
+        with self._lock:
+            tracker = self._watermarks.get(computation)
+        if tracker is None:
+            raise TopologyError(f"computation {computation!r} has not run under this handle")
+        return tracker
+
+    def _watermarks_of(self, spec: ComputationSpec) -> _DriverWatermarks:
+        with self._lock:
+            if self._publisher is None:
+                self._publisher = kafka_connector.WatermarkPublisher(self.config)
+            tracker = self._watermarks.get(spec.name)
+            if tracker is None:
+                tracker = _DriverWatermarks(self, spec, self._publisher)
+                self._watermarks[spec.name] = tracker
+            return tracker
 
     # -- metrics ---------------------------------------------------------------------------
 
@@ -543,12 +617,18 @@ class RunningTopology:
         topics = sorted({kafka_connector.stream_topic(i.stream) for i in spec.inputs})
         from millstream.engine.spark_session import kafka_stream
 
-        source = kafka_stream(self.spark, self.config, topics, options=options).select(
+        source = kafka_stream(
+            self.spark,
+            self.config,
+            [*topics, self.config.kafka_watermark_topic],
+            starting_offsets=self._starting_offsets(topics),
+            options=options,
+        ).select(
             "value", "topic", "partition", "offset", F.unix_micros("timestamp").alias("kafka_ts")
         )
         writer = (
             source.writeStream.queryName(f"{self.topology.name}.{spec.name}.{uuid.uuid4().hex}")
-            .foreachBatch(_BatchHandler(self, spec, settings))
+            .foreachBatch(_BatchHandler(self, spec, settings, self._watermarks_of(spec)))
             .option("checkpointLocation", str(self.checkpoint(spec.name)))
         )
         if isinstance(self.trigger, AvailableNow):
@@ -559,6 +639,22 @@ class RunningTopology:
         with self._lock:
             self._queries[spec.name] = query
         return query
+
+    def _starting_offsets(self, topics: list[str]) -> str:
+        # Input from the beginning. The watermark topic only wakes the query (the driver reads
+        # the reports itself), so from its end: its history is no batch's business.
+        reader = _offsets_consumer(self.config)
+        try:
+            ends = kafka_connector.end_offsets(reader, [*topics, self.config.kafka_watermark_topic])
+        finally:
+            reader.close()
+        earliest, latest = -2, -1  # the Kafka source's codes
+        return json.dumps(
+            {
+                topic: {str(p): latest if topic not in topics else earliest for p in partitions}
+                for topic, partitions in ends.items()
+            }
+        )
 
     def _record(self, metrics: BatchMetrics) -> None:
         with self._lock:
@@ -587,8 +683,9 @@ class RunningTopology:
                     continue
                 for stream in spec.inputs:
                     topic = kafka_connector.stream_topic(stream.stream)
-                    high = _high_watermarks(consumer, topic)
-                    if any(processed.get(topic, {}).get(p, 0) < end for p, end in high.items()):
+                    high = kafka_connector.end_offsets(consumer, [topic])[topic]
+                    done = processed.get(topic, {})
+                    if any(done.get(str(p), 0) < end for p, end in high.items()):
                         return None
                 ends[name] = processed
         finally:
@@ -596,26 +693,130 @@ class RunningTopology:
         return ends
 
 
+class _DriverWatermarks:
+    """One computation's watermark bookkeeping on the driver, with its Kafka reader and the
+    alarm that wakes it for wall-time timers."""
+
+    def __init__(
+        self,
+        running: RunningTopology,
+        spec: ComputationSpec,
+        publisher: kafka_connector.WatermarkPublisher,
+    ) -> None:
+        topology = running.topology
+        self.running = running
+        self.spec = spec
+        self.publisher = publisher
+        inputs = {i.stream: kafka_connector.stream_topic(i.stream) for i in spec.inputs}
+        expected = {
+            stream: [computation_source(topology.name, p.name) for p in topology.producers(stream)]
+            for stream in inputs
+        }
+        outputs = (*spec.outputs, spec.dead_letter_stream)
+        self.output_topics = sorted({kafka_connector.stream_topic(s) for s in outputs})
+        self.state = ComputationWatermarks(
+            computation_source(topology.name, spec.name),
+            inputs=inputs,
+            outputs=outputs,
+            expected=expected,
+            key_intervals=spec.options.key_intervals,
+        )
+        self.reader = kafka_connector.WatermarkReader(running.config)
+        self._offsets = kafka_connector.consumer(running.config, "millstream-offsets")
+        self._alarm: threading.Timer | None = None
+        self._alarm_at: int | None = None
+
+    def after_batch(self, batch_id: int) -> None:
+        """Publish the computation's report if it changed; set the wall-time alarm."""
+        report = self.state.report(
+            batch_id, kafka_connector.end_offsets(self._offsets, self.output_topics)
+        )
+        if report is not None:
+            self.publisher.publish(report)
+        due = [
+            p.next_wall_timer
+            for p in self.state.intervals.values()
+            if p.next_wall_timer is not None
+        ]
+        self._set_alarm(min(due) if due else None)
+
+    def _set_alarm(self, at: int | None) -> None:
+        pending = self._alarm is not None and self._alarm.is_alive()
+        if at == self._alarm_at and pending:
+            return
+        if self._alarm is not None:
+            self._alarm.cancel()
+            self._alarm = None
+        if at is None:
+            self._alarm_at = None
+            return
+        delay = max(0.0, (at - self.running.clock.now()) / 1e6)
+        if at == self._alarm_at:
+            # Woken for it already, yet it did not fire (an executor's clock lagging ours):
+            # try again shortly rather than never.
+            delay = max(delay, _ALARM_RETRY_SECONDS)
+        self._alarm_at = at
+        self._alarm = threading.Timer(delay, self._wake, args=(at,))
+        self._alarm.daemon = True
+        self._alarm.start()
+
+    def _wake(self, at: int) -> None:
+        # Any message on the watermark topic starts a batch of every query; this one concerns
+        # no stream, so it moves no watermark.
+        source = f"alarm/{self.running.topology.name}/{self.spec.name}"
+        try:
+            self.publisher.publish(WatermarkReport(source, (), 0, at))
+        except Exception:
+            _log.exception("could not wake %r for its wall-time timers", self.spec.name)
+
+    def close(self) -> None:
+        if self._alarm is not None:
+            self._alarm.cancel()
+        self.reader.close()
+        self._offsets.close()
+
+
 class _BatchHandler:
     """The ``foreachBatch`` function of one computation's query (runs on the driver)."""
 
-    def __init__(self, running: RunningTopology, spec: ComputationSpec, settings: TaskSettings):
+    def __init__(
+        self,
+        running: RunningTopology,
+        spec: ComputationSpec,
+        settings: TaskSettings,
+        watermarks: _DriverWatermarks,
+    ):
         self.running = running
         self.spec = spec
         self.settings = settings
+        self.watermarks = watermarks
+        self.data_topics = sorted({kafka_connector.stream_topic(i.stream) for i in spec.inputs})
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
+        checkpoint = self.running.checkpoint(self.spec.name)
+        consumed = batch_offsets(checkpoint, batch_id)
+        if consumed is None:
+            raise TopologyError(
+                f"the offset log of batch {batch_id} is missing from {checkpoint / 'offsets'}; "
+                "was the checkpoint directory removed while the query ran?"
+            )
+        previous = batch_offsets(checkpoint, batch_id - 1) if batch_id > 0 else None
+        has_data = previous is None or any(
+            consumed.get(topic) != previous.get(topic) for topic in self.data_topics
+        )
+        state = self.watermarks.state
+        state.read(self.watermarks.reader)
+        watermark, timer_watermark = state.advance(consumed)
+        ticks = state.intervals_to_run(timer_watermark, self.running.clock.now())
         failures: list[str] = []
+        rows: list[Any] = []
         attempts = self.running.batch_attempts
         for attempt in range(1, attempts + 1):
+            if not has_data and not ticks:
+                break
             try:
-                rows = (
-                    batch.mapInPandas(router(self.spec), ROUTED_SCHEMA)
-                    .groupBy("interval")
-                    .applyInPandas(interval_task(self.spec, self.settings), RESULT_SCHEMA)
-                    .collect()
-                )
+                rows = self._run(batch, ticks, watermark, timer_watermark)
             except Exception as exc:
                 # A failed task (fenced, store or Kafka trouble) left nothing half-applied for
                 # any key; running the whole batch again is safe, its committed part being
@@ -633,8 +834,76 @@ class _BatchHandler:
                 )
                 time.sleep(min(5.0, 0.5 * attempt))
                 continue
-            self.running._record(_summarize(self.spec.name, batch_id, rows, started, failures))
+            break
+        if not rows and not failures:
+            # Nothing ran (only watermark reports came): no metrics, but a report may be due.
+            self.watermarks.after_batch(batch_id)
             return
+        for row in rows:
+            state.record(
+                int(row["interval"]),
+                IntervalProgress(
+                    oldest_work=row["oldest_work"],
+                    next_event_timer=row["next_event_timer"],
+                    next_wall_timer=row["next_wall_timer"],
+                    pending=int(row["pending"]),
+                ),
+            )
+        self.watermarks.after_batch(batch_id)
+        metrics = _summarize(self.spec.name, batch_id, rows, started, failures)
+        self.running._record(
+            replace(metrics, input_watermark=timer_watermark, watermark=state.watermark)
+        )
+
+    def _run(
+        self, batch: DataFrame, ticks: list[int], watermark: int, timer_watermark: int
+    ) -> list[Any]:
+        from pyspark.sql import functions as F  # noqa: N812  (pyspark's convention)
+
+        routed = batch.where(F.col("topic") != self.running.config.kafka_watermark_topic)
+        routed = routed.mapInPandas(router(self.spec), ROUTED_SCHEMA)
+        if ticks:
+            routed = routed.unionByName(
+                self.running.spark.createDataFrame(tick_rows(ticks), ROUTED_SCHEMA)
+            )
+        return (
+            routed.groupBy("interval")
+            .applyInPandas(
+                interval_task(self.spec, self.settings, watermark, timer_watermark),
+                RESULT_SCHEMA,
+            )
+            .collect()
+        )
+
+
+def batch_offsets(checkpoint: Path, batch_id: int) -> dict[str, dict[int, int]] | None:
+    """The Kafka end offsets of a batch, from the query's offset log (``None``: no entry).
+
+    The log is Spark's write-ahead record of each batch's range: a version line, a metadata
+    line, then one JSON line per source (``{"topic": {"partition": offset}}``).
+    """
+    file = checkpoint / "offsets" / str(batch_id)
+    try:
+        lines = file.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return None
+    if len(lines) < 3 or not lines[0].startswith("v"):
+        raise TopologyError(
+            f"cannot read Spark's offset log entry {file}: unexpected layout {lines[:1]!r}; "
+            "this Spark version is not supported by millstream"
+        )
+    offsets: dict[str, dict[int, int]] = {}
+    for line in lines[2:]:
+        if line.strip() in ("", "-"):
+            continue
+        try:
+            for topic, partitions in json.loads(line).items():
+                offsets.setdefault(topic, {}).update(
+                    {int(p): int(o) for p, o in partitions.items()}
+                )
+        except (ValueError, AttributeError) as exc:
+            raise TopologyError(f"cannot read Spark's offset log entry {file}: {exc}") from exc
+    return offsets
 
 
 def _summarize(
@@ -684,17 +953,6 @@ def _short(exc: BaseException) -> str:
 
 def _offsets_consumer(config: MillstreamConfig) -> Any:
     return kafka_connector.consumer(config, "millstream-offsets")
-
-
-def _high_watermarks(consumer: Any, topic: str) -> dict[str, int]:
-    from confluent_kafka import TopicPartition
-
-    metadata = consumer.list_topics(topic, timeout=10)
-    partitions = metadata.topics[topic].partitions
-    return {
-        str(p): consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-        for p in partitions
-    }
 
 
 def _end_offsets(query: StreamingQuery) -> dict[str, dict[str, int]]:

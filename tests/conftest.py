@@ -43,25 +43,33 @@ def unique() -> Callable[[str], str]:
 
 @pytest.fixture(scope="session")
 def services(pytestconfig: pytest.Config) -> Iterator[MillstreamConfig]:
-    """The endpoints of running Kafka and Cassandra services, started if need be."""
-    config = load_config()
-    if os.environ.get("MILLSTREAM_EXTERNAL_SERVICES") == "1":
-        yield config
-        return
-    from millstream.connectors.local.stack import LocalStack
+    """The endpoints of running Kafka and Cassandra services, started if need be.
 
-    stack = LocalStack(config, _progress)
-    already_running = {status.name for status in stack.status() if status.pid is not None}
-    # Show download and start-up progress live: a first run fetches ~200 MB.
-    capture = pytestconfig.pluginmanager.getplugin("capturemanager")
-    with capture.global_and_fixture_disabled():
-        stack.up()
-    try:
-        yield config
-    finally:
-        for service in stack.services:
-            if service.name not in already_running:
-                service.down()
+    The session gets a watermark topic of its own (also for the processes its tests start,
+    through ``MILLSTREAM_KAFKA_WATERMARK_TOPIC``), removed at its end.
+    """
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MILLSTREAM_KAFKA_WATERMARK_TOPIC", unique_name("watermarks"))
+        config = load_config()
+        if os.environ.get("MILLSTREAM_EXTERNAL_SERVICES") == "1":
+            yield config
+            kafka_connector.delete_topics(config, [config.kafka_watermark_topic])
+            return
+        from millstream.connectors.local.stack import LocalStack
+
+        stack = LocalStack(config, _progress)
+        already_running = {status.name for status in stack.status() if status.pid is not None}
+        # Show download and start-up progress live: a first run fetches ~200 MB.
+        capture = pytestconfig.pluginmanager.getplugin("capturemanager")
+        with capture.global_and_fixture_disabled():
+            stack.up()
+        try:
+            yield config
+            kafka_connector.delete_topics(config, [config.kafka_watermark_topic])
+        finally:
+            for service in stack.services:
+                if service.name not in already_running:
+                    service.down()
 
 
 @pytest.fixture

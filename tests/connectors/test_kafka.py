@@ -1,31 +1,49 @@
-"""The Kafka production sink on the real broker, and strong productions end to end.
+"""The Kafka production sink on the real broker, strong productions end to end, and the
+watermark topic.
 
-The last tests run the per-key protocol on the real Cassandra store with the real Kafka sink,
-crash a worker between its commit and the acknowledgement of its productions, and check that
-the new owner resends them and a downstream consumer that deduplicates by record ID sees each
-effect exactly once.
+The strong-production tests run the per-key protocol on the real Cassandra store with the real
+Kafka sink, crash a worker between its commit and the acknowledgement of its productions, and
+check that the new owner resends them and a downstream consumer that deduplicates by record ID
+sees each effect exactly once.
+
+The watermark tests publish and read reports on a compacted topic of their own.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import socket
 import time
-from collections.abc import Callable, Sequence, Set
+from collections.abc import Callable, Iterator, Sequence, Set
 from typing import TYPE_CHECKING
 
 import pytest
+from confluent_kafka.admin import ConfigResource, ResourceType
 
 from millstream.connectors import kafka as kafka_connector
-from millstream.connectors.kafka import KafkaProductionSink, stream_topic
+from millstream.connectors.kafka import (
+    WATERMARK_TOPIC_CONFIG,
+    KafkaProductionSink,
+    WatermarkPublisher,
+    WatermarkReader,
+    stream_topic,
+)
 from millstream.engine.clock import ManualClock
 from millstream.engine.computation import Computation
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.context import Context
 from millstream.engine.productions import Production
 from millstream.engine.protocol import Delivery, IntervalWorker
-from millstream.engine.records import Record, decode_record, injector_record_id
+from millstream.engine.records import MIN_EVENT_TIME, Record, decode_record, injector_record_id
 from millstream.engine.stores.cassandra import CassandraIntervalStore, create_schema
 from millstream.engine.topology import ComputationOptions, ComputationSpec, InputStream
+from millstream.engine.watermarks import (
+    InputWatermark,
+    WatermarkReport,
+    computation_source,
+    injector_source,
+)
 
 if TYPE_CHECKING:
     from cassandra.cluster import Session
@@ -169,3 +187,157 @@ def test_strong_productions_survive_a_crash_and_are_deduplicated_downstream(
     assert len(delivered) == len(keys) * (2 if deliver_first else 1)
     distinct = {record.record_id: record.value for record in delivered}
     assert sorted(distinct.values()) == sorted([b"a=1", b"a=2", b"a=3", b"b=1", b"b=2", b"c=1"])
+
+
+# -- the watermark topic ------------------------------------------------------------------
+
+
+@pytest.fixture
+def watermarks(
+    services: MillstreamConfig, unique: Callable[[str], str]
+) -> Iterator[MillstreamConfig]:
+    """The services' configuration with a watermark topic of this test's own, created."""
+    config = dataclasses.replace(services, kafka_watermark_topic=unique("watermarks"))
+    kafka_connector.create_watermark_topic(config)
+    yield config
+    kafka_connector.delete_topics(services, [config.kafka_watermark_topic])
+
+
+@pytest.fixture
+def publisher(watermarks: MillstreamConfig) -> Iterator[WatermarkPublisher]:
+    publisher = WatermarkPublisher(watermarks)
+    yield publisher
+    publisher.close()
+
+
+@pytest.fixture
+def make_reader(watermarks: MillstreamConfig) -> Iterator[Callable[[], WatermarkReader]]:
+    readers: list[WatermarkReader] = []
+
+    def make() -> WatermarkReader:
+        readers.append(WatermarkReader(watermarks))
+        return readers[-1]
+
+    yield make
+    for reader in readers:
+        reader.close()
+
+
+def _report(source: str, watermark: int, sequence: int = 1) -> WatermarkReport:
+    return WatermarkReport(
+        source,
+        ("sessions", "sessions.dead-letters"),
+        watermark,
+        sequence,
+        {"sessions": {0: 4, 1: 2}},
+        input_watermark=watermark + 1,
+        held_by="interval 3",
+    )
+
+
+def test_the_watermark_topic_is_compacted_and_has_one_partition(
+    watermarks: MillstreamConfig,
+) -> None:
+    topic = watermarks.kafka_watermark_topic
+    kafka_connector.create_watermark_topic(watermarks)  # again: left as it is
+    admin = kafka_connector.admin_client(watermarks)
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    entries = admin.describe_configs([resource])[resource].result(timeout=30)
+    assert entries["cleanup.policy"].value == "compact"
+    assert {name: entries[name].value for name in WATERMARK_TOPIC_CONFIG} == dict(
+        WATERMARK_TOPIC_CONFIG
+    )
+    assert list(admin.list_topics(topic, timeout=30).topics[topic].partitions) == [0]
+
+
+def test_published_reports_are_read_in_order_each_once(
+    publisher: WatermarkPublisher, make_reader: Callable[[], WatermarkReader]
+) -> None:
+    first = _report(computation_source("topo", "sessionize"), 100)
+    second = _report(injector_source("clicks"), 200)
+    reader = make_reader()
+    assert reader.read() == []
+
+    publisher.publish(first)
+    publisher.publish(second)
+    assert reader.read() == [(first.source, first), (second.source, second)]
+    assert reader.read() == []
+
+    third = _report(first.source, 300, sequence=2)
+    publisher.publish(third)
+    assert reader.read() == [(third.source, third)]
+    # A new reader starts from the beginning.
+    assert [r for _, r in make_reader().read()] == [first, second, third]
+
+
+def test_a_report_on_streams_covers_their_current_end_offsets(
+    services: MillstreamConfig,
+    publisher: WatermarkPublisher,
+    make_reader: Callable[[], WatermarkReader],
+    kafka_topic: Callable[..., str],
+) -> None:
+    stream = kafka_topic(partitions=2)
+    writer = kafka_connector.producer(services)
+    for n, partition in enumerate([0, 0, 1, 0, 1]):
+        writer.produce(stream, value=f"v{n}".encode(), key=b"k", partition=partition)
+    assert writer.flush(30) == 0
+    offsets = kafka_connector.consumer(services, "test")
+    try:
+        assert kafka_connector.end_offsets(offsets, [stream]) == {stream: {0: 3, 1: 2}}
+        source = injector_source("clicks")
+        sent = publisher.report_streams(offsets, source, [stream], 500, 7)
+    finally:
+        offsets.close()
+    assert sent == WatermarkReport(source, (stream,), 500, 7, {stream: {0: 3, 1: 2}})
+    assert make_reader().read() == [(source, sent)]
+
+    # A consumer of the stream applies it only once it read every record it covers.
+    watermark = InputWatermark({stream: stream_topic(stream)})
+    watermark.offer(sent)
+    reader = kafka_connector.consumer(services, "test")
+    reader.subscribe([stream])
+    consumed: dict[int, int] = {}
+    seen: list[int] = []
+    deadline = time.monotonic() + 30
+    try:
+        while len(seen) < 5 and time.monotonic() < deadline:
+            message = reader.poll(0.5)
+            if message is None:
+                continue
+            assert message.error() is None, message.error()
+            at, offset = message.partition(), message.offset()
+            assert at is not None
+            assert offset is not None
+            consumed[at] = offset + 1
+            seen.append(watermark.advance({stream: consumed}))
+    finally:
+        reader.close()
+    assert seen == [MIN_EVENT_TIME] * 4 + [500]
+
+
+def test_a_malformed_message_is_skipped_and_counted(
+    watermarks: MillstreamConfig,
+    publisher: WatermarkPublisher,
+    make_reader: Callable[[], WatermarkReader],
+) -> None:
+    topic = watermarks.kafka_watermark_topic
+    good = _report(injector_source("clicks"), 100)
+    future = json.loads(good.encode()) | {"version": 99}
+    raw = kafka_connector.producer(watermarks)
+    raw.produce(topic, key=b"garbage", value=b"\x00 not a report")
+    raw.produce(topic, key=b"future", value=json.dumps(future).encode())
+    assert raw.flush(30) == 0
+    publisher.publish(good)
+
+    reader = make_reader()
+    assert reader.read() == [(good.source, good)]
+    assert reader.skipped == 2
+
+
+def test_a_retired_source_reads_as_none(
+    publisher: WatermarkPublisher, make_reader: Callable[[], WatermarkReader]
+) -> None:
+    report = _report(injector_source("clicks", "3"), 100)
+    publisher.publish(report)
+    publisher.retire(report.source)
+    assert make_reader().read() == [(report.source, report), (report.source, None)]

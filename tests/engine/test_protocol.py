@@ -32,6 +32,7 @@ from millstream.engine.stores.memory.store import (
 from millstream.engine.testing import SendOutcome, TestingSink
 from millstream.engine.timers import TimeDomain, Timer
 from millstream.engine.topology import ComputationOptions
+from millstream.engine.watermarks import IntervalProgress
 
 if TYPE_CHECKING:
     from tests.engine.conftest import RecordFactory, Workers, WorkersFactory
@@ -725,3 +726,145 @@ def test_worker_interval_must_exist(workers: Workers) -> None:
         IntervalWorker(
             workers.spec(Appender()), 1, store=workers.store, sink=workers.sink, clock=workers.clock
         )
+
+
+# -- watermarks: records under the input watermark, timers under the one after the batch --
+
+
+class WatermarkProbe(Computation):
+    """Logs what each call sees; a record's value ``tag:timestamp`` sets an event timer."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, int]] = []
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        self.calls.append(("record", record.value.decode(), ctx.input_low_watermark))
+        if b":" in record.value:
+            tag, at = record.value.decode().split(":")
+            ctx.set_timer(tag, int(at))
+        items = ctx.state(JSON)
+        items.set([*items.get([]), record.value.decode()])
+
+    def process_timer(self, ctx: Context, timer: Timer) -> None:
+        self.calls.append(("timer", timer.tag, ctx.input_low_watermark))
+        items = ctx.state(JSON)
+        items.set([*items.get([]), f"timer:{timer.tag}"])
+
+
+def test_records_see_the_input_watermark_and_timers_the_timer_watermark(
+    workers: Workers, make_record: RecordFactory
+) -> None:
+    computation = WatermarkProbe()
+    spec = workers.spec(computation)
+    result = workers.worker(spec).process(
+        deliver(make_record("k", b"t:15", timestamp=12)), 10, timer_watermark=20
+    )
+
+    assert computation.calls == [("record", "t:15", 10), ("timer", "t", 20)]
+    assert [t.tag for t in result.fired_timers] == ["t"]
+    assert workers.state(spec) == {"k": ["t:15", "timer:t"]}
+
+
+def test_an_event_timer_fires_on_the_timer_watermark_after_its_keys_records(
+    workers: Workers, make_record: RecordFactory
+) -> None:
+    computation = WatermarkProbe()
+    spec = workers.spec(computation)
+    worker = workers.worker(spec)
+    worker.process(deliver(make_record("k", b"t:15")), 0)
+    assert worker.process([], 15).fired_timers == []  # 15 is not below 15
+
+    records = [make_record("k", b"a", timestamp=15), make_record("k", b"b", timestamp=16)]
+    result = worker.process(deliver(*records), 15, timer_watermark=16)
+    assert [t.tag for t in result.fired_timers] == ["t"]
+    assert computation.calls[-3:] == [("record", "a", 15), ("record", "b", 15), ("timer", "t", 16)]
+    assert workers.state(spec) == {"k": ["t:15", "a", "b", "timer:t"]}
+    assert workers.store.timers("comp") == []
+
+
+def test_without_a_timer_watermark_timers_fire_on_the_input_watermark(
+    workers: Workers, make_record: RecordFactory
+) -> None:
+    computation = WatermarkProbe()
+    worker = workers.worker(workers.spec(computation))
+    worker.process(deliver(make_record("k", b"t:15")), 0)
+    assert worker.process([], 15).fired_timers == []
+    assert [t.tag for t in worker.process([], 16).fired_timers] == ["t"]
+    assert computation.calls[-1] == ("timer", "t", 16)
+
+
+def test_a_timer_watermark_below_the_input_watermark_does_not_hold_timers(
+    workers: Workers, make_record: RecordFactory
+) -> None:
+    computation = WatermarkProbe()
+    worker = workers.worker(workers.spec(computation))
+    worker.process(deliver(make_record("k", b"t:15")), 0)
+    result = worker.process([], 20, timer_watermark=5)
+    assert [t.tag for t in result.fired_timers] == ["t"]
+    assert computation.calls[-1] == ("timer", "t", 20)
+
+
+def test_only_records_below_the_input_watermark_are_late(
+    workers: Workers, make_record: RecordFactory
+) -> None:
+    spec = workers.spec(Appender())
+    records = [make_record("k", b"a", timestamp=t) for t in (9, 10, 15, 19, 25)]
+    result = workers.worker(spec).process(deliver(*records), 10, timer_watermark=20)
+    assert (result.late, result.processed) == (1, 5)
+
+
+class Scheduler(Computation):
+    """Per record: an event timer at the value, a wall timer ``wall`` µs after now, and a
+    production at the record's timestamp."""
+
+    def __init__(self, wall: int) -> None:
+        self.wall = wall
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.set_timer("event", int(record.value))
+        ctx.set_timer("wall", ctx.clock.now() + self.wall, TimeDomain.WALL_TIME)
+        ctx.produce("out", record.value, record.timestamp)
+
+
+def test_progress_reports_timers_and_unacknowledged_productions(
+    make_workers: WorkersFactory,
+    store: MemoryIntervalStore,
+    clock: ManualClock,
+    make_record: RecordFactory,
+) -> None:
+    outcome = SendOutcome.UNACKNOWLEDGED
+    sink = TestingSink(lambda _: outcome)
+    workers = make_workers(store, sink)
+    spec = workers.spec(Scheduler(wall=500))
+    worker = workers.worker(spec)
+    wall = clock.now() + 500
+    records = [make_record("a", b"50", timestamp=30), make_record("b", b"40", timestamp=45)]
+
+    held = worker.process(deliver(*records), 0).progress
+    # The unacknowledged production at 30 is older than any timer.
+    assert held == IntervalProgress(
+        oldest_work=30, next_event_timer=40, next_wall_timer=wall, pending=2
+    )
+    assert held.needs_run(0, 0)
+    # A new owner finds the same in the store.
+    assert workers.worker(spec).process([], 0).progress == held
+
+    outcome = SendOutcome.ACKNOWLEDGED
+    sent = workers.worker(spec).process([], 0).progress
+    assert sent == IntervalProgress(oldest_work=40, next_event_timer=40, next_wall_timer=wall)
+    assert not sent.needs_run(40, wall - 1)
+
+    fired = workers.worker(spec).process([], 100).progress
+    assert fired == IntervalProgress(next_wall_timer=wall)
+
+    clock.advance(500)
+    assert workers.worker(spec).process([], 100).progress == IntervalProgress()
+
+
+def test_dead_letters_pending_delivery_hold_the_oldest_work(
+    make_workers: WorkersFactory, store: MemoryIntervalStore, make_record: RecordFactory
+) -> None:
+    workers = make_workers(store, TestingSink(lambda _: SendOutcome.LOST))
+    worker = workers.worker(workers.spec(Appender()))
+    result = worker.process(deliver(make_record("k", b"boom", timestamp=7)), 0)
+    assert result.progress == IntervalProgress(oldest_work=7, pending=1)

@@ -49,7 +49,9 @@ from millstream.engine.spark_runner import (
     run_topology,
 )
 from millstream.engine.stores.cassandra import CassandraIntervalStore
+from millstream.engine.timers import TimeDomain, Timer
 from millstream.engine.topology import ComputationOptions, Topology
+from millstream.engine.watermarks import computation_source, injector_source
 
 if TYPE_CHECKING:
     from cassandra.cluster import Session
@@ -515,3 +517,218 @@ def assert_counts_equal(session: Session, keyspace: str, left: str, right: str) 
     ]
     assert counts[0] == counts[1]
     assert counts[0]
+
+
+# -- low watermarks and timers ---------------------------------------------------------------
+
+WINDOW = 1_000_000  # one second of event time
+WINDOW_BASE = (BASE_TIME // WINDOW) * WINDOW
+
+
+def window_start(window: int) -> int:
+    return WINDOW_BASE + window * WINDOW
+
+
+class WindowCounts(Computation):
+    """Stage 1: counts a query's searches per event-time window; once the input low
+    watermark passes a window's end, produces its count and forgets it."""
+
+    def __init__(self, output: str) -> None:
+        self.output = output
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        window = (record.timestamp - WINDOW_BASE) // WINDOW
+        counts = ctx.state(JSON)
+        current: dict[str, int] = counts.get({})
+        current[str(window)] = current.get(str(window), 0) + 1
+        counts.set(current)
+        ctx.set_timer(f"w{window}", window_start(window + 1) - 1)
+
+    def process_timer(self, ctx: Context, timer: Timer) -> None:
+        window = int(timer.tag.removeprefix("w"))
+        counts = ctx.state(JSON)
+        current: dict[str, int] = counts.get({})
+        count = current.pop(str(window), 0)
+        counts.set(current)
+        value = {"query": ctx.key, "window": window, "count": count}
+        ctx.produce(self.output, json.dumps(value).encode(), timer.timestamp, key=str(window))
+
+
+def window_of(record: Record) -> str:
+    return str(json.loads(record.value)["window"])
+
+
+class WindowTotals(Computation):
+    """Stage 2, keyed by window: sums the per-query counts and produces the window's total
+    once its own input low watermark (stage 1's) passes the window's end."""
+
+    def __init__(self, output: str) -> None:
+        self.output = output
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        total = ctx.state(JSON)
+        total.set(total.get(0) + json.loads(record.value)["count"])
+        ctx.set_timer("end", window_start(int(ctx.key) + 1) - 1)
+
+    def process_timer(self, ctx: Context, timer: Timer) -> None:
+        total = ctx.state(JSON)
+        value = {"window": int(ctx.key), "total": total.get(0), "seen": ctx.input_low_watermark}
+        total.clear()
+        ctx.produce(self.output, json.dumps(value).encode(), timer.timestamp)
+
+
+def windowed_topology(pipeline: Pipeline) -> Topology:
+    topology = Topology(f"windows_{pipeline.suffix}", streams=[pipeline.searches])
+    options = ComputationOptions(key_intervals=INTERVALS)
+    topology.add_computation(
+        pipeline.per_query,
+        WindowCounts(pipeline.hits),
+        inputs={pipeline.searches: lambda record: json.loads(record.value)["query"]},
+        outputs=[pipeline.hits],
+        options=options,
+    )
+    topology.add_computation(
+        pipeline.per_user,
+        WindowTotals(f"totals_{pipeline.suffix}"),
+        inputs={pipeline.hits: window_of},
+        outputs=[f"totals_{pipeline.suffix}"],
+        options=options,
+    )
+    return topology
+
+
+def search(n: int, window: int) -> Record:
+    """A search in ``window``; ``n`` picks its query and makes its ID."""
+    value = json.dumps({"user": USERS[n % 7], "query": QUERIES[n % 5]}).encode()
+    return Record(f"s{n}", value, window_start(window) + n, injector_record_id("w", 0, n))
+
+
+def window_counts(events: list[Record]) -> dict[tuple[str, int], int]:
+    counts: Counter[tuple[str, int]] = Counter()
+    for event in {e.record_id: e for e in events}.values():
+        counts[(json.loads(event.value)["query"], (event.timestamp - WINDOW_BASE) // WINDOW)] += 1
+    return dict(counts)
+
+
+def emitted(config: MillstreamConfig, topic: str) -> list[Any]:
+    """The values produced to ``topic``, once per record ID (consumers deduplicate)."""
+    by_id: dict[bytes, Any] = {}
+    for _, _, value in read_topic(config, topic):
+        record = decode_record(value)
+        by_id[record.record_id] = json.loads(record.value)
+    return list(by_id.values())
+
+
+def test_event_time_timers_fire_as_the_low_watermark_passes_them(
+    services: MillstreamConfig, spark: SparkSession, pipeline: Pipeline
+) -> None:
+    totals = f"totals_{pipeline.suffix}"
+    injector = injector_source(f"test-{pipeline.suffix}")
+    kafka_connector.create_topics(services, [pipeline.searches], partitions=2)
+    publisher = kafka_connector.WatermarkPublisher(services)
+    offsets = kafka_connector.consumer(services, "test-offsets")
+    try:
+        # Windows 0-2, every fourth search delivered twice; the injector then promises
+        # nothing older than window 2's start: windows 0 and 1 are complete.
+        first = [search(n, n % 3) for n in range(60)]
+        produce(services, pipeline.searches, [encode_record(r) for r in first + first[::4]])
+        publisher.report_streams(offsets, injector, [pipeline.searches], window_start(2), 1)
+
+        running = start(pipeline, services, spark, topology=windowed_topology(pipeline))
+        running.process_available(timeout=300)
+
+        expected = window_counts(first)
+        counted = {(v["query"], v["window"]): v["count"] for v in emitted(services, pipeline.hits)}
+        assert counted == {k: n for k, n in expected.items() if k[1] < 2}
+        window_totals = {v["window"]: v for v in emitted(services, totals)}
+        assert {w: v["total"] for w, v in window_totals.items()} == {0: 20, 1: 20}
+        # Stage 2 fired on stage 1's watermark, which its pending window-2 timers held.
+        assert all(v["seen"] == window_start(2) for v in window_totals.values())
+        assert running.input_watermark(pipeline.per_query) == window_start(2)
+        assert running.input_watermark(pipeline.per_user) == window_start(2)
+        (hold,) = running.holds(pipeline.per_user)
+        assert hold.source == computation_source(f"windows_{pipeline.suffix}", pipeline.per_query)
+        assert running.metrics()[pipeline.per_query].late == 0
+
+        # Window 3 arrives with a straggler for window 0, which is now late; the injector
+        # then moves past everything.
+        second = [search(n, 3) for n in range(60, 75)]
+        straggler = search(75, 0)
+        produce(services, pipeline.searches, [encode_record(r) for r in [*second, straggler]])
+        publisher.report_streams(offsets, injector, [pipeline.searches], window_start(4), 2)
+        running.process_available(timeout=300)
+
+        counted_again = [
+            (v["query"], v["window"], v["count"]) for v in emitted(services, pipeline.hits)
+        ]
+        expected = window_counts(first + second)
+        on_time = sorted((q, w, n) for (q, w), n in expected.items())
+        late = (json.loads(straggler.value)["query"], 0, 1)
+        assert sorted(counted_again) == sorted([*on_time, late])
+        assert running.metrics()[pipeline.per_query].late == 1
+        assert running.input_watermark(pipeline.per_user) == window_start(4)
+        running.stop()
+
+        # Restart after the injector retired: nobody reports `searches` now, yet the input
+        # low watermark does not go back (the computation's own last report restores it).
+        publisher.retire(injector)
+        produce(services, pipeline.searches, [encode_record(search(76, 4))])
+        restarted = start(pipeline, services, spark, topology=windowed_topology(pipeline))
+        restarted.process_available(timeout=300)
+        assert restarted.input_watermark(pipeline.per_query) == window_start(4)
+        (hold,) = restarted.holds(pipeline.per_query)
+        assert hold.reason == "no source reports this stream"
+        assert restarted.metrics()[pipeline.per_query].late == 0
+        restarted.stop()
+    finally:
+        offsets.close()
+        publisher.close()
+        kafka_connector.delete_topics(services, [totals])
+
+
+class WallClockReminder(Computation):
+    """Sets a wall-time timer a moment ahead; produces when it fires."""
+
+    def __init__(self, output: str) -> None:
+        self.output = output
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        # Far enough ahead that the batches this record starts are over by then.
+        ctx.set_timer("remind", ctx.clock.now() + 6_000_000, TimeDomain.WALL_TIME)
+
+    def process_timer(self, ctx: Context, timer: Timer) -> None:
+        ctx.produce(self.output, b'"reminded"', BASE_TIME)
+
+
+def test_a_wall_time_timer_fires_without_further_input(
+    services: MillstreamConfig, spark: SparkSession, pipeline: Pipeline
+) -> None:
+    topology = Topology(f"alarm_{pipeline.suffix}", streams=[pipeline.searches])
+    topology.add_computation(
+        pipeline.per_user,
+        WallClockReminder(pipeline.hits),
+        inputs=[pipeline.searches],
+        outputs=[pipeline.hits],
+        options=ComputationOptions(key_intervals=2),
+    )
+    kafka_connector.create_topics(services, [pipeline.searches], partitions=1)
+    running = run_topology(
+        topology,
+        services,
+        trigger=ProcessingTime(0.5),
+        spark=spark,
+        keyspace=pipeline.keyspace,
+        checkpoint_root=pipeline.checkpoints,
+        create_keyspace=False,
+    )
+    try:
+        produce(services, pipeline.searches, [encode_record(events(1)[0])])
+        deadline = time.monotonic() + 60
+        while not sum(b.fired_timers for b in running.batches()):
+            running.raise_failure()
+            assert time.monotonic() < deadline, "the wall-time timer never fired"
+            time.sleep(0.5)
+        assert emitted(services, pipeline.hits) == ["reminded"]
+        assert sum(b.fired_timers for b in running.batches()) == 1
+    finally:
+        running.stop()

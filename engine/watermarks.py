@@ -1,0 +1,409 @@
+"""Low watermarks (paper 4.5, 7.2): what bounds the timestamps of a stream's future records.
+
+A *source* is anything that writes to streams and promises something about the timestamps of
+what it will still write: a computation (one per topology) or an injector process. It
+publishes :class:`WatermarkReport` messages to the compacted watermark topic, keyed by its
+name, so the topic keeps each source's latest report. A report says: *after the Kafka offsets
+in* ``offsets`` *I will write no record to* ``streams`` *older than* ``watermark`` (whatever
+I write older is late).
+
+A consumer (:class:`InputWatermark`) applies a report only once it has consumed its input
+topics up to the report's offsets, so a report never overtakes the records it speaks for:
+everything the source wrote before the report has been delivered by then. Its input low
+watermark is then::
+
+    input(C) = max(previous input(C),
+                   min over C's input streams S of min over the sources of S of applied(source, S))
+
+where ``applied(source, S)`` is the highest watermark of the source's applied reports, for the
+streams its latest applied report names. A stream that no source reported holds its consumers
+at ``MIN_EVENT_TIME``, as does a source the topology expects (a producing computation) that
+has not reported it yet. Watermarks never move backwards: per source and stream the applied
+value only grows, and a consumer's input watermark is floored by the value it reported before
+a restart.
+
+A computation's own low watermark, which it reports for its output streams, is::
+
+    watermark(C) = min(input(C), oldest pending work of any of C's key intervals)
+
+where pending work is an event-time timer or a production not yet acknowledged by Kafka
+(:class:`IntervalProgress`). Intervals that did not run in a batch hold their last value.
+
+Cycles: a computation ignores its own reports on its input (a self-loop would otherwise pin
+its watermark where it started); a longer cycle holds the watermark of its members.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from millstream.engine.errors import WatermarkReportError
+from millstream.engine.records import MAX_EVENT_TIME, MIN_EVENT_TIME
+
+__all__ = [
+    "REPORT_VERSION",
+    "ComputationWatermarks",
+    "Hold",
+    "InputWatermark",
+    "IntervalProgress",
+    "Offsets",
+    "ReportReader",
+    "WatermarkReport",
+    "computation_source",
+    "computation_watermark",
+    "injector_source",
+    "offsets_reached",
+]
+
+REPORT_VERSION = 1
+
+Offsets = Mapping[str, Mapping[int, int]]
+"""Kafka offsets by topic and partition; an offset is exclusive (the next one to write/read)."""
+
+
+def computation_source(topology: str, computation: str) -> str:
+    """The source name under which a computation of a topology reports."""
+    return f"computation/{topology}/{computation}"
+
+
+def injector_source(injector: str, process: str = "0") -> str:
+    """The source name under which one process of an injector reports."""
+    return f"injector/{injector}/{process}"
+
+
+@dataclass(frozen=True, slots=True)
+class WatermarkReport:
+    """One source's promise about its future records on ``streams``; see the module docstring.
+
+    ``sequence`` orders the reports of one source (a computation uses its batch id); older
+    ones are ignored. ``input_watermark`` is a computation's own input low watermark, which
+    restores it after a restart. ``held_by`` says what holds ``watermark`` back.
+    """
+
+    source: str
+    streams: tuple[str, ...]
+    watermark: int
+    sequence: int
+    offsets: Offsets = field(default_factory=dict)
+    input_watermark: int | None = None
+    held_by: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.source:
+            raise WatermarkReportError("a watermark report needs a source name")
+        if not MIN_EVENT_TIME <= self.watermark <= MAX_EVENT_TIME:
+            raise WatermarkReportError(
+                f"watermark {self.watermark} of {self.source!r} is outside "
+                f"[{MIN_EVENT_TIME}, {MAX_EVENT_TIME}] µs"
+            )
+
+    def encode(self) -> bytes:
+        """The message value (JSON, so the topic can be read with any Kafka tool)."""
+        document: dict[str, Any] = {
+            "version": REPORT_VERSION,
+            "source": self.source,
+            "streams": list(self.streams),
+            "watermark": self.watermark,
+            "sequence": self.sequence,
+            "offsets": {
+                topic: {str(p): o for p, o in sorted(parts.items())}
+                for topic, parts in sorted(self.offsets.items())
+            },
+            "held_by": self.held_by,
+        }
+        if self.input_watermark is not None:
+            document["input_watermark"] = self.input_watermark
+        return json.dumps(document, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, value: bytes) -> WatermarkReport:
+        """Parse a message value; raises :class:`WatermarkReportError` saying what is wrong."""
+        try:
+            document = json.loads(value)
+            if document.get("version") != REPORT_VERSION:
+                raise WatermarkReportError(
+                    f"watermark report version {document.get('version')!r} is not "
+                    f"{REPORT_VERSION}; upgrade millstream or fix the producer"
+                )
+            input_watermark = document.get("input_watermark")
+            return cls(
+                source=str(document["source"]),
+                streams=_streams(document["streams"]),
+                watermark=_int(document["watermark"]),
+                sequence=_int(document["sequence"]),
+                offsets={
+                    str(topic): {int(p): _int(o) for p, o in parts.items()}
+                    for topic, parts in document.get("offsets", {}).items()
+                },
+                input_watermark=None if input_watermark is None else _int(input_watermark),
+                held_by=str(document.get("held_by", "")),
+            )
+        except WatermarkReportError:
+            raise
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise WatermarkReportError(
+                f"not a watermark report ({type(exc).__name__}: {exc}): {value[:200]!r}"
+            ) from exc
+
+
+def _streams(value: Any) -> tuple[str, ...]:
+    # A bare string would otherwise pass as the streams named by its letters.
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise TypeError(f"expected a list of stream names, got {value!r}")
+    return tuple(value)
+
+
+def _int(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"expected an integer, got {value!r}")
+    return value
+
+
+def offsets_reached(consumed: Offsets, required: Offsets, topics: Iterable[str]) -> bool:
+    """Whether ``consumed`` is at or past ``required`` on every partition of ``topics``."""
+    for topic in topics:
+        have = consumed.get(topic, {})
+        for partition, offset in required.get(topic, {}).items():
+            if have.get(partition, 0) < offset:
+                return False
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """What holds one input stream's watermark: the lowest source, or why there is none."""
+
+    stream: str
+    watermark: int
+    source: str | None
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.stream}: {self.watermark} held by {self.source or '-'} ({self.reason})"
+
+
+@dataclass
+class _SourceState:
+    # Per stream of the latest applied report (a report speaks for all the source's streams).
+    applied: dict[str, int] = field(default_factory=dict)
+    sequence: int = -1
+    pending: list[WatermarkReport] = field(default_factory=list)
+    held_by: str = ""
+
+
+class InputWatermark:
+    """One computation's input low watermark, from the reports of its inputs' sources.
+
+    ``streams`` maps each input stream to its topic; ``expected`` maps a stream to the sources
+    that must have reported before it can move (its producing computations); ``own`` is the
+    computation's own source, ignored on its input. ``floor`` is the last input watermark it
+    reported (a restart never goes below it).
+    """
+
+    def __init__(
+        self,
+        streams: Mapping[str, str],
+        *,
+        expected: Mapping[str, Iterable[str]] | None = None,
+        own: str | None = None,
+        floor: int = MIN_EVENT_TIME,
+    ) -> None:
+        self.streams = dict(streams)
+        self.expected = {s: frozenset(sources) for s, sources in (expected or {}).items()}
+        self.own = own
+        self._sources: dict[str, _SourceState] = {}
+        self._current = floor
+        self.ignored = 0
+
+    @property
+    def current(self) -> int:
+        return self._current
+
+    def raise_floor(self, floor: int) -> None:
+        self._current = max(self._current, floor)
+
+    def forget(self, source: str) -> None:
+        """A source was retired: it holds nothing any more (unless the topology expects it)."""
+        self._sources.pop(source, None)
+
+    def offer(self, report: WatermarkReport) -> bool:
+        """Take a report read from the topic; returns whether it concerns these inputs."""
+        if report.source == self.own or not set(report.streams) & self.streams.keys():
+            return False
+        state = self._sources.setdefault(report.source, _SourceState())
+        if report.sequence < state.sequence:
+            self.ignored += 1
+            return True
+        state.sequence = report.sequence
+        state.pending.append(report)
+        return True
+
+    def advance(self, consumed: Offsets) -> int:
+        """Apply every report ``consumed`` has caught up with; returns the input watermark."""
+        topics = list(self.streams.values())
+        for state in self._sources.values():
+            for index in range(len(state.pending) - 1, -1, -1):
+                report = state.pending[index]
+                if offsets_reached(consumed, report.offsets, topics):
+                    if report.watermark >= max(state.applied.values(), default=MIN_EVENT_TIME):
+                        state.held_by = report.held_by
+                    # A stream counts only once a reached report names it: a pending report
+                    # must not speak for a stream it adds, nor an old one for a new stream.
+                    state.applied = {
+                        stream: max(state.applied.get(stream, report.watermark), report.watermark)
+                        for stream in report.streams
+                    }
+                    del state.pending[: index + 1]
+                    break
+        holds = self.explain()
+        lowest = min((hold.watermark for hold in holds), default=MIN_EVENT_TIME)
+        self._current = max(self._current, lowest)
+        return self._current
+
+    def explain(self) -> list[Hold]:
+        """Per input stream, its watermark and what holds it (lowest first)."""
+        holds: list[Hold] = []
+        for stream in sorted(self.streams):
+            candidates: list[tuple[int, str, str]] = []
+            for name in self.expected.get(stream, frozenset()) - {self.own}:
+                state = self._sources.get(name)
+                if state is None or stream not in state.applied:
+                    waiting = state is not None and any(stream in r.streams for r in state.pending)
+                    reason = "report not yet reached by the input" if waiting else "no report yet"
+                    candidates.append((MIN_EVENT_TIME, name, reason))
+            for name, state in self._sources.items():
+                if stream in state.applied:
+                    candidates.append((state.applied[stream], name, state.held_by or "reported"))
+            if not candidates:
+                holds.append(Hold(stream, MIN_EVENT_TIME, None, "no source reports this stream"))
+                continue
+            watermark, source, reason = min(candidates)
+            holds.append(Hold(stream, watermark, source, reason))
+        return sorted(holds, key=lambda hold: (hold.watermark, hold.stream))
+
+
+@dataclass(frozen=True, slots=True)
+class IntervalProgress:
+    """What a key interval still has to do after a batch (its soft state, summarised).
+
+    ``oldest_work``: the earliest event-time timer or unacknowledged production timestamp;
+    ``next_event_timer`` / ``next_wall_timer``: the earliest timer of each domain; ``pending``:
+    unacknowledged productions. ``None``: there is none.
+    """
+
+    oldest_work: int | None = None
+    next_event_timer: int | None = None
+    next_wall_timer: int | None = None
+    pending: int = 0
+
+    def needs_run(self, watermark: int, now: int) -> bool:
+        """Whether the interval has work without input: a due timer or a resend."""
+        return (
+            self.pending > 0
+            or (self.next_event_timer is not None and self.next_event_timer < watermark)
+            or (self.next_wall_timer is not None and self.next_wall_timer <= now)
+        )
+
+
+def computation_watermark(
+    input_watermark: int, intervals: Mapping[int, IntervalProgress]
+) -> tuple[int, str]:
+    """A computation's low watermark and what holds it: see the module docstring."""
+    watermark, held_by = input_watermark, "input"
+    for interval, progress in sorted(intervals.items()):
+        if progress.oldest_work is not None and progress.oldest_work < watermark:
+            watermark, held_by = progress.oldest_work, f"interval {interval}"
+    return watermark, held_by
+
+
+class ReportReader(Protocol):
+    """Where a driver reads reports from (``connectors.kafka.WatermarkReader``)."""
+
+    def read(self, timeout: float = ...) -> list[tuple[str, WatermarkReport | None]]: ...
+
+
+class ComputationWatermarks:
+    """The driver's watermark bookkeeping for one computation, batch by batch.
+
+    Per batch: :meth:`read` new reports, :meth:`advance` to the offsets the batch consumes
+    (records run under the watermark before, timers under the one after), run the batch's
+    intervals plus :meth:`intervals_to_run`, :meth:`record` what each interval has left, and
+    publish :meth:`report` if it says something new.
+
+    Until every interval ran once under this driver, their pending work is unknown: the first
+    batch runs them all, and no report is made before it.
+    """
+
+    def __init__(
+        self,
+        source: str,
+        *,
+        inputs: Mapping[str, str],
+        outputs: Sequence[str],
+        expected: Mapping[str, Iterable[str]],
+        key_intervals: int,
+    ) -> None:
+        self.source = source
+        self.outputs = tuple(outputs)
+        self.key_intervals = key_intervals
+        self.input = InputWatermark(inputs, expected=expected, own=source)
+        self.intervals: dict[int, IntervalProgress] = {}
+        self.watermark = MIN_EVENT_TIME
+        self.held_by = "not reported yet"
+        self._published: tuple[int, int] | None = None
+
+    def read(self, reader: ReportReader) -> None:
+        for source, report in reader.read():
+            if report is None:
+                self.input.forget(source)
+            elif source == self.source:
+                # Our own last report: where the watermarks were before a restart.
+                if report.input_watermark is not None:
+                    self.input.raise_floor(report.input_watermark)
+                self.watermark = max(self.watermark, report.watermark)
+            else:
+                self.input.offer(report)
+
+    def advance(self, consumed: Offsets) -> tuple[int, int]:
+        """The input watermark before and after consuming up to ``consumed``."""
+        before = self.input.current
+        return before, self.input.advance(consumed)
+
+    @property
+    def all_known(self) -> bool:
+        return len(self.intervals) == self.key_intervals
+
+    def intervals_to_run(self, watermark: int, now: int) -> list[int]:
+        """Intervals with work but maybe no input: due timers, resends, or unknown ones."""
+        return [
+            interval
+            for interval in range(self.key_intervals)
+            if interval not in self.intervals or self.intervals[interval].needs_run(watermark, now)
+        ]
+
+    def record(self, interval: int, progress: IntervalProgress) -> None:
+        self.intervals[interval] = progress
+
+    def report(self, sequence: int, offsets: Offsets) -> WatermarkReport | None:
+        """The report to publish after a batch, or ``None`` if nothing changed (or unknown)."""
+        if not self.all_known:
+            return None
+        watermark, held_by = computation_watermark(self.input.current, self.intervals)
+        # Never backwards, also when a late production is pending below what we reported.
+        self.watermark, self.held_by = max(self.watermark, watermark), held_by
+        said = (self.watermark, self.input.current)
+        if said == self._published:
+            return None
+        self._published = said
+        return WatermarkReport(
+            source=self.source,
+            streams=self.outputs,
+            watermark=self.watermark,
+            sequence=sequence,
+            offsets=offsets,
+            input_watermark=self.input.current,
+            held_by=held_by,
+        )

@@ -1,0 +1,680 @@
+"""Low watermarks: reports, the input watermark of a consumer, and a driver's bookkeeping.
+
+The central rule (paper 7.2, DESIGN "Low watermarks"): a report is applied only once the
+consumer has read its input up to the report's offsets, so it never overtakes the records it
+speaks for; and watermarks never move backwards.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from millstream.engine.errors import MillstreamError, WatermarkReportError
+from millstream.engine.records import MAX_EVENT_TIME, MIN_EVENT_TIME
+from millstream.engine.watermarks import (
+    REPORT_VERSION,
+    ComputationWatermarks,
+    Hold,
+    InputWatermark,
+    IntervalProgress,
+    Offsets,
+    WatermarkReport,
+    computation_source,
+    computation_watermark,
+    injector_source,
+    offsets_reached,
+)
+
+pytestmark = pytest.mark.unit
+
+CLICKS = injector_source("clicks")
+CLICKS_1 = injector_source("clicks", "1")
+VIEWS = injector_source("views")
+UPSTREAM = computation_source("topo", "sessionize")
+ME = computation_source("topo", "count")
+
+
+def report(
+    source: str = CLICKS,
+    watermark: int = 100,
+    sequence: int = 1,
+    streams: tuple[str, ...] = ("clicks",),
+    offsets: Offsets | None = None,
+    **extra: Any,
+) -> WatermarkReport:
+    return WatermarkReport(source, streams, watermark, sequence, offsets or {}, **extra)
+
+
+def document(**changes: Any) -> bytes:
+    """A valid encoded report with top-level fields replaced (``None``: removed)."""
+    doc = json.loads(report(offsets={"clicks": {0: 3}}).encode())
+    for name, value in changes.items():
+        if value is None:
+            doc.pop(name)
+        else:
+            doc[name] = value
+    return json.dumps(doc).encode()
+
+
+# -- reports ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "original",
+    [
+        report(),
+        WatermarkReport(
+            UPSTREAM,
+            ("sessions", "sessions.dead-letters"),
+            MAX_EVENT_TIME,
+            2**40,
+            {"clicks": {0: 7, 3: 12}, "views": {1: 0}},
+            input_watermark=1_234,
+            held_by="interval 3",
+        ),
+        report(watermark=MIN_EVENT_TIME, sequence=0, streams=()),
+    ],
+    ids=["minimal", "full", "empty"],
+)
+def test_a_report_survives_encoding(original: WatermarkReport) -> None:
+    assert WatermarkReport.decode(original.encode()) == original
+
+
+def test_the_encoding_is_versioned_json_readable_by_any_kafka_tool() -> None:
+    encoded = report(offsets={"clicks": {1: 5, 0: 9}}, input_watermark=4).encode()
+    assert json.loads(encoded) == {
+        "version": REPORT_VERSION,
+        "source": CLICKS,
+        "streams": ["clicks"],
+        "watermark": 100,
+        "sequence": 1,
+        "offsets": {"clicks": {"0": 9, "1": 5}},
+        "held_by": "",
+        "input_watermark": 4,
+    }
+    assert "input_watermark" not in json.loads(report().encode())
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        (b"{not json", "JSONDecodeError"),
+        (b"\xff\xfe", "not a watermark report"),
+        (b"[1, 2]", "not a watermark report"),
+        (b"null", "not a watermark report"),
+        (document(version=REPORT_VERSION + 1), f"version {REPORT_VERSION + 1} is not"),
+        (document(version=None), "version None is not"),
+        (document(source=None), "KeyError: 'source'"),
+        (document(source=""), "needs a source name"),
+        (document(streams=None), "KeyError: 'streams'"),
+        (document(streams="clicks"), "expected a list of stream names, got 'clicks'"),
+        (document(streams=["clicks", 7]), "expected a list of stream names"),
+        (document(watermark=None), "KeyError: 'watermark'"),
+        (document(watermark="100"), "expected an integer, got '100'"),
+        (document(watermark=True), "expected an integer, got True"),
+        (document(watermark=1.5), "expected an integer"),
+        (document(watermark=-1), "watermark -1 of 'injector/clicks/0' is outside"),
+        (document(watermark=MAX_EVENT_TIME + 1), "is outside"),
+        (document(sequence=None), "KeyError: 'sequence'"),
+        (document(offsets=[1, 2]), "not a watermark report"),
+        (document(offsets={"clicks": {"zero": 3}}), "not a watermark report"),
+        (document(offsets={"clicks": {"0": "3"}}), "expected an integer"),
+        (document(input_watermark="x"), "expected an integer"),
+    ],
+)
+def test_a_malformed_report_is_refused_saying_why(value: bytes, says: str) -> None:
+    with pytest.raises(WatermarkReportError, match=says) as raised:
+        WatermarkReport.decode(value)
+    assert isinstance(raised.value, MillstreamError)
+
+
+def test_optional_fields_may_be_missing() -> None:
+    decoded = WatermarkReport.decode(document(offsets=None, held_by=None))
+    assert (decoded.offsets, decoded.held_by, decoded.input_watermark) == ({}, "", None)
+
+
+@pytest.mark.parametrize("watermark", [MIN_EVENT_TIME - 1, MAX_EVENT_TIME + 1])
+def test_a_report_outside_event_time_cannot_be_made(watermark: int) -> None:
+    with pytest.raises(WatermarkReportError, match="outside"):
+        report(watermark=watermark)
+
+
+def test_a_report_needs_a_source() -> None:
+    with pytest.raises(WatermarkReportError, match="source"):
+        report(source="")
+
+
+def test_source_names_say_what_reports() -> None:
+    assert computation_source("topo", "count") == "computation/topo/count"
+    assert injector_source("clicks") == "injector/clicks/0"
+    assert injector_source("clicks", "7") == "injector/clicks/7"
+
+
+# -- offsets ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("consumed", "required", "reached"),
+    [
+        ({"t": {0: 5}}, {"t": {0: 5}}, True),
+        ({"t": {0: 6}}, {"t": {0: 5}}, True),
+        ({"t": {0: 4}}, {"t": {0: 5}}, False),
+        ({"t": {0: 5, 1: 1}}, {"t": {0: 5, 1: 2}}, False),
+        ({"t": {0: 5}}, {"t": {0: 5, 1: 1}}, False),  # an unread partition is at 0
+        ({"t": {0: 5}}, {"t": {0: 5, 1: 0}}, True),
+        ({}, {"t": {0: 1}}, False),
+        ({}, {}, True),
+        ({"t": {0: 5}}, {"t": {0: 5}, "elsewhere": {0: 99}}, True),  # not an input topic
+    ],
+)
+def test_offsets_are_reached_partition_by_partition_on_the_given_topics(
+    consumed: Offsets, required: Offsets, reached: bool
+) -> None:
+    assert offsets_reached(consumed, required, ["t"]) is reached
+
+
+# -- the input watermark ------------------------------------------------------------------
+
+
+def test_a_report_is_applied_only_once_the_input_reached_its_offsets() -> None:
+    watermark = InputWatermark({"clicks": "clicks"})
+    watermark.offer(report(watermark=100, offsets={"clicks": {0: 10, 1: 5}}))
+
+    assert watermark.advance({"clicks": {0: 9, 1: 5}}) == MIN_EVENT_TIME
+    assert watermark.advance({"clicks": {0: 10, 1: 4}}) == MIN_EVENT_TIME
+    assert watermark.advance({"clicks": {0: 10, 1: 5}}) == 100
+    assert watermark.current == 100
+
+
+def test_offsets_are_those_of_the_streams_topics() -> None:
+    watermark = InputWatermark({"clicks": "clicks-v2"})
+    watermark.offer(report(offsets={"clicks-v2": {0: 3}}))
+    assert watermark.advance({"clicks": {0: 3}, "clicks-v2": {0: 2}}) == MIN_EVENT_TIME
+    assert watermark.advance({"clicks-v2": {0: 3}}) == 100
+
+
+def test_offsets_of_topics_the_consumer_does_not_read_are_ignored() -> None:
+    watermark = InputWatermark({"clicks": "clicks"})
+    watermark.offer(
+        report(streams=("clicks", "views"), offsets={"clicks": {0: 1}, "views": {0: 1_000}})
+    )
+    assert watermark.advance({"clicks": {0: 1}}) == 100
+
+
+def test_the_latest_reached_report_of_a_source_is_applied() -> None:
+    watermark = InputWatermark({"clicks": "clicks"})
+    watermark.offer(report(watermark=100, sequence=1, offsets={"clicks": {0: 5}}))
+    watermark.offer(report(watermark=200, sequence=2, offsets={"clicks": {0: 10}}))
+    watermark.offer(report(watermark=300, sequence=3, offsets={"clicks": {0: 15}}))
+
+    assert watermark.advance({"clicks": {0: 12}}) == 200
+    assert watermark.advance({"clicks": {0: 14}}) == 200
+    assert watermark.advance({"clicks": {0: 15}}) == 300
+
+
+def test_the_input_watermark_is_the_minimum_over_a_streams_sources() -> None:
+    watermark = InputWatermark({"clicks": "clicks"})
+    watermark.offer(report(CLICKS, 100))
+    watermark.offer(report(CLICKS_1, 50))
+    assert watermark.advance({}) == 50
+    assert watermark.explain() == [Hold("clicks", 50, CLICKS_1, "reported")]
+
+    watermark.offer(report(CLICKS_1, 200, sequence=2))
+    assert watermark.advance({}) == 100
+
+
+def test_the_input_watermark_is_the_minimum_over_the_input_streams() -> None:
+    watermark = InputWatermark({"clicks": "clicks", "views": "views"})
+    watermark.offer(report(CLICKS, 100))
+    watermark.offer(report(VIEWS, 70, streams=("views",), held_by="interval 2"))
+    assert watermark.advance({}) == 70
+    assert watermark.explain() == [
+        Hold("views", 70, VIEWS, "interval 2"),
+        Hold("clicks", 100, CLICKS, "reported"),
+    ]
+
+
+def test_a_stream_no_source_reports_holds_the_input() -> None:
+    watermark = InputWatermark({"clicks": "clicks", "views": "views"})
+    watermark.offer(report(CLICKS, 100))
+    assert watermark.advance({}) == MIN_EVENT_TIME
+    (hold, _) = watermark.explain()
+    assert hold == Hold("views", MIN_EVENT_TIME, None, "no source reports this stream")
+    assert str(hold) == f"views: {MIN_EVENT_TIME} held by - (no source reports this stream)"
+
+
+def test_an_expected_source_that_never_reported_holds_the_stream_and_is_named() -> None:
+    watermark = InputWatermark({"clicks": "clicks"}, expected={"clicks": [UPSTREAM]})
+    watermark.offer(report(CLICKS, 100))
+    assert watermark.advance({}) == MIN_EVENT_TIME
+    assert watermark.explain() == [Hold("clicks", MIN_EVENT_TIME, UPSTREAM, "no report yet")]
+
+    watermark.offer(report(UPSTREAM, 80, offsets={"clicks": {0: 4}}))
+    assert watermark.advance({"clicks": {0: 3}}) == MIN_EVENT_TIME
+    (hold,) = watermark.explain()
+    assert (hold.source, hold.reason) == (UPSTREAM, "report not yet reached by the input")
+    assert UPSTREAM in str(hold)
+
+    assert watermark.advance({"clicks": {0: 4}}) == 80
+
+
+def test_a_retired_source_holds_nothing_unless_it_is_expected() -> None:
+    watermark = InputWatermark({"clicks": "clicks"}, expected={"clicks": [UPSTREAM]})
+    watermark.offer(report(CLICKS, 300))
+    watermark.offer(report(CLICKS_1, 100))
+    watermark.offer(report(UPSTREAM, 200))
+    assert watermark.advance({}) == 100
+
+    watermark.forget(CLICKS_1)
+    assert watermark.advance({}) == 200
+    watermark.forget(UPSTREAM)
+    assert watermark.explain() == [Hold("clicks", MIN_EVENT_TIME, UPSTREAM, "no report yet")]
+    assert watermark.advance({}) == 200  # never backwards
+    watermark.forget("never/heard/of")
+
+
+def test_a_computation_ignores_its_own_reports_on_its_input() -> None:
+    loop = InputWatermark({"clicks": "clicks"}, expected={"clicks": [ME, CLICKS]}, own=ME)
+    assert not loop.offer(report(ME, 5))
+    loop.offer(report(CLICKS, 100))
+    assert loop.advance({}) == 100
+    assert [hold.source for hold in loop.explain()] == [CLICKS]
+
+
+def test_a_report_on_other_streams_is_not_taken() -> None:
+    watermark = InputWatermark({"clicks": "clicks"})
+    assert not watermark.offer(report(VIEWS, 5, streams=("views",)))
+    assert watermark.offer(report(CLICKS, 100))
+    assert watermark.advance({}) == 100
+
+
+def test_an_older_report_of_a_source_is_ignored() -> None:
+    watermark = InputWatermark({"clicks": "clicks"})
+    watermark.offer(report(watermark=100, sequence=5))
+    watermark.offer(report(CLICKS_1, 1_000))
+    assert watermark.advance({}) == 100
+
+    # Still pending, but older than what the source said since: never applied.
+    watermark.offer(report(watermark=200, sequence=6, offsets={"clicks": {0: 9}}))
+    assert watermark.offer(report(watermark=300, sequence=4))
+    assert watermark.ignored == 1
+    assert watermark.advance({}) == 100
+    assert watermark.advance({"clicks": {0: 9}}) == 200
+
+
+def test_a_lower_later_report_does_not_move_a_source_back() -> None:
+    watermark = InputWatermark({"clicks": "clicks", "views": "views"})
+    watermark.offer(report(VIEWS, 10, streams=("views",)))
+    watermark.offer(report(CLICKS, 100, sequence=1))
+    assert watermark.advance({}) == 10
+
+    watermark.offer(report(CLICKS, 50, sequence=2))
+    assert watermark.advance({}) == 10
+    watermark.offer(report(VIEWS, 300, sequence=2, streams=("views",)))
+    # CLICKS still counts as 100, not 50.
+    assert watermark.advance({}) == 100
+    assert watermark.explain()[0] == Hold("clicks", 100, CLICKS, "reported")
+
+
+def test_a_pending_report_does_not_speak_for_a_stream_it_adds() -> None:
+    watermark = InputWatermark({"clicks": "clicks", "views": "views"})
+    watermark.offer(report(CLICKS, 100, sequence=1))
+    assert watermark.advance({}) == MIN_EVENT_TIME
+    watermark.offer(
+        report(CLICKS, 200, sequence=2, streams=("clicks", "views"), offsets={"views": {0: 5}})
+    )
+    # The source's views records before offset 5 are not read yet: views stays unreported.
+    assert watermark.advance({"views": {0: 4}}) == MIN_EVENT_TIME
+    assert watermark.explain()[0] == Hold(
+        "views", MIN_EVENT_TIME, None, "no source reports this stream"
+    )
+    assert watermark.advance({"views": {0: 5}}) == 200
+
+
+def test_a_source_promises_for_a_new_stream_only_what_its_report_says() -> None:
+    watermark = InputWatermark({"clicks": "clicks", "views": "views"})
+    watermark.offer(report(CLICKS, 100, sequence=1))
+    watermark.advance({})
+    watermark.offer(report(CLICKS, 50, sequence=2, streams=("clicks", "views")))
+    assert watermark.advance({}) == 50
+    assert watermark.explain() == [
+        Hold("views", 50, CLICKS, "reported"),
+        Hold("clicks", 100, CLICKS, "reported"),
+    ]
+
+
+def test_a_stream_a_source_no_longer_reports_is_no_longer_held_by_it() -> None:
+    watermark = InputWatermark({"clicks": "clicks", "views": "views"})
+    watermark.offer(report(CLICKS, 100, sequence=1, streams=("clicks", "views")))
+    watermark.offer(report(VIEWS, 150, streams=("views",)))
+    assert watermark.advance({}) == 100
+    watermark.offer(report(CLICKS, 200, sequence=2, streams=("clicks",)))
+    assert watermark.advance({}) == 150
+    assert [hold.source for hold in watermark.explain()] == [VIEWS, CLICKS]
+
+
+def test_an_expected_source_holds_each_stream_it_has_not_reported() -> None:
+    watermark = InputWatermark(
+        {"clicks": "clicks", "views": "views"},
+        expected={"clicks": [UPSTREAM], "views": [UPSTREAM]},
+    )
+    watermark.offer(report(UPSTREAM, 100, streams=("clicks",)))
+    watermark.offer(report(VIEWS, 150, streams=("views",)))
+    assert watermark.advance({}) == MIN_EVENT_TIME
+    assert watermark.explain()[0] == Hold("views", MIN_EVENT_TIME, UPSTREAM, "no report yet")
+
+
+def test_the_input_watermark_never_moves_back_and_starts_at_its_floor() -> None:
+    watermark = InputWatermark({"clicks": "clicks"}, floor=500)
+    assert watermark.current == 500
+    watermark.offer(report(CLICKS, 100))
+    assert watermark.advance({}) == 500
+    watermark.raise_floor(600)
+    watermark.raise_floor(100)
+    assert watermark.current == 600
+    watermark.offer(report(CLICKS, 700, sequence=2))
+    assert watermark.advance({}) == 700
+
+
+# -- key intervals and a computation's own watermark --------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("progress", "watermark", "now", "needs_run"),
+    [
+        (IntervalProgress(), MAX_EVENT_TIME, 10**18, False),
+        (IntervalProgress(oldest_work=5), MAX_EVENT_TIME, 10**18, False),
+        (IntervalProgress(next_event_timer=50), 50, 0, False),  # due when t < watermark
+        (IntervalProgress(next_event_timer=50), 51, 0, True),
+        (IntervalProgress(next_wall_timer=1_000), 0, 999, False),
+        (IntervalProgress(next_wall_timer=1_000), 0, 1_000, True),  # due when t <= now
+        (IntervalProgress(pending=1), MIN_EVENT_TIME, 0, True),  # a resend
+    ],
+)
+def test_an_interval_needs_a_run_for_due_timers_and_resends(
+    progress: IntervalProgress, watermark: int, now: int, needs_run: bool
+) -> None:
+    assert progress.needs_run(watermark, now) is needs_run
+
+
+def test_a_computations_watermark_is_held_by_its_oldest_work() -> None:
+    assert computation_watermark(100, {}) == (100, "input")
+    intervals = {
+        0: IntervalProgress(),
+        1: IntervalProgress(oldest_work=70),
+        2: IntervalProgress(oldest_work=40, next_event_timer=40),
+        3: IntervalProgress(oldest_work=40),
+        4: IntervalProgress(oldest_work=150),
+    }
+    assert computation_watermark(100, intervals) == (40, "interval 2")
+    assert computation_watermark(30, intervals) == (30, "input")
+    assert computation_watermark(40, intervals) == (40, "input")
+
+
+@dataclass
+class FakeReader:
+    """What a ``WatermarkReader`` would return, one list per ``read()``."""
+
+    batches: list[list[tuple[str, WatermarkReport | None]]] = field(default_factory=list)
+
+    def read(self, timeout: float = 30.0) -> list[tuple[str, WatermarkReport | None]]:
+        return self.batches.pop(0) if self.batches else []
+
+
+def driver(key_intervals: int = 3) -> ComputationWatermarks:
+    return ComputationWatermarks(
+        ME,
+        inputs={"clicks": "clicks"},
+        outputs=["counts"],
+        expected={"clicks": [CLICKS]},
+        key_intervals=key_intervals,
+    )
+
+
+def idle(bookkeeping: ComputationWatermarks, **progress: IntervalProgress) -> None:
+    for interval in range(bookkeeping.key_intervals):
+        bookkeeping.record(interval, progress.get(f"i{interval}", IntervalProgress()))
+
+
+def test_the_first_report_waits_until_every_interval_ran() -> None:
+    bookkeeping = driver()
+    bookkeeping.read(FakeReader([[(CLICKS, report(CLICKS, 100))]]))
+    assert bookkeeping.advance({}) == (MIN_EVENT_TIME, 100)
+
+    bookkeeping.record(0, IntervalProgress())
+    bookkeeping.record(2, IntervalProgress())
+    assert bookkeeping.report(1, {"counts": {0: 1}}) is None
+    bookkeeping.record(1, IntervalProgress(oldest_work=60))
+    assert bookkeeping.report(2, {"counts": {0: 2}}) == WatermarkReport(
+        ME,
+        ("counts",),
+        60,
+        2,
+        {"counts": {0: 2}},
+        input_watermark=100,
+        held_by="interval 1",
+    )
+    assert (bookkeeping.watermark, bookkeeping.held_by) == (60, "interval 1")
+
+
+def test_a_report_is_made_only_when_something_changed() -> None:
+    bookkeeping = driver(key_intervals=1)
+    bookkeeping.read(FakeReader([[(CLICKS, report(CLICKS, 100))]]))
+    bookkeeping.advance({})
+    idle(bookkeeping, i0=IntervalProgress(oldest_work=60))
+    assert bookkeeping.report(1, {}) is not None
+    assert bookkeeping.report(2, {}) is None
+
+    # The input moved but the interval still holds the output: the input watermark is news.
+    bookkeeping.read(FakeReader([[(CLICKS, report(CLICKS, 200, sequence=2))]]))
+    bookkeeping.advance({})
+    moved = bookkeeping.report(3, {})
+    assert moved is not None
+    assert (moved.watermark, moved.input_watermark) == (60, 200)
+
+    idle(bookkeeping)
+    done = bookkeeping.report(4, {})
+    assert done is not None
+    assert (done.watermark, done.held_by, done.sequence) == (200, "input", 4)
+    assert bookkeeping.report(5, {}) is None
+
+
+def test_a_late_production_does_not_move_the_reported_watermark_back() -> None:
+    bookkeeping = driver(key_intervals=1)
+    bookkeeping.read(FakeReader([[(CLICKS, report(CLICKS, 100))]]))
+    bookkeeping.advance({})
+    idle(bookkeeping)
+    assert bookkeeping.watermark == MIN_EVENT_TIME
+    assert bookkeeping.report(1, {}) is not None
+    idle(bookkeeping, i0=IntervalProgress(oldest_work=20, pending=1))
+    assert bookkeeping.report(2, {}) is None
+    assert bookkeeping.watermark == 100
+
+
+def test_its_own_last_report_restores_a_restarted_computation() -> None:
+    before = report(ME, 400, sequence=9, streams=("counts",), input_watermark=500)
+    bookkeeping = driver(key_intervals=2)
+    bookkeeping.read(FakeReader([[(ME, before), (CLICKS, report(CLICKS, 100))]]))
+    assert bookkeeping.advance({}) == (500, 500)
+    assert bookkeeping.watermark == 400
+
+    idle(bookkeeping, i1=IntervalProgress(oldest_work=100))
+    restored = bookkeeping.report(10, {})
+    assert restored is not None
+    assert (restored.watermark, restored.input_watermark) == (400, 500)
+
+
+def test_a_tombstone_forgets_a_source() -> None:
+    bookkeeping = ComputationWatermarks(
+        ME, inputs={"clicks": "clicks"}, outputs=["counts"], expected={}, key_intervals=1
+    )
+    reader = FakeReader(
+        [
+            [(CLICKS, report(CLICKS, 300)), (CLICKS_1, report(CLICKS_1, 100))],
+            [(CLICKS_1, None)],
+        ]
+    )
+    bookkeeping.read(reader)
+    assert bookkeeping.advance({}) == (MIN_EVENT_TIME, 100)
+    bookkeeping.read(reader)
+    assert bookkeeping.advance({}) == (100, 300)
+
+
+def test_reports_wait_for_the_offsets_the_batch_consumes() -> None:
+    bookkeeping = driver(key_intervals=1)
+    bookkeeping.read(FakeReader([[(CLICKS, report(CLICKS, 100, offsets={"clicks": {0: 8}}))]]))
+    assert bookkeeping.advance({"clicks": {0: 5}}) == (MIN_EVENT_TIME, MIN_EVENT_TIME)
+    assert bookkeeping.advance({"clicks": {0: 8}}) == (MIN_EVENT_TIME, 100)
+
+
+def test_intervals_run_without_input_when_unknown_or_with_due_work() -> None:
+    bookkeeping = driver(key_intervals=4)
+    assert bookkeeping.intervals_to_run(MIN_EVENT_TIME, 0) == [0, 1, 2, 3]
+    bookkeeping.record(3, IntervalProgress())
+    assert bookkeeping.intervals_to_run(MIN_EVENT_TIME, 0) == [0, 1, 2]
+
+    bookkeeping.record(0, IntervalProgress(oldest_work=50, next_event_timer=50))
+    bookkeeping.record(1, IntervalProgress(next_wall_timer=1_000))
+    bookkeeping.record(2, IntervalProgress(oldest_work=5, pending=2))
+    assert bookkeeping.intervals_to_run(50, 999) == [2]
+    assert bookkeeping.intervals_to_run(51, 999) == [0, 2]
+    assert bookkeeping.intervals_to_run(51, 1_000) == [0, 1, 2]
+
+
+# -- properties ---------------------------------------------------------------------------
+
+SOURCES = ("a", "b", "own")
+STREAMS = ("s1", "s2")  # read by the consumer
+ALL_STREAMS = (*STREAMS, "s3")  # s3 is not
+
+
+@st.composite
+def offsets_strategy(draw: st.DrawFn) -> dict[str, dict[int, int]]:
+    return {
+        topic: draw(st.dictionaries(st.integers(0, 1), st.integers(0, 3), max_size=2))
+        for topic in draw(st.lists(st.sampled_from(ALL_STREAMS), unique=True, max_size=3))
+    }
+
+
+consumed_strategy = st.fixed_dictionaries(
+    {
+        topic: st.fixed_dictionaries({0: st.integers(0, 3), 1: st.integers(0, 3)})
+        for topic in STREAMS
+    }
+)
+reports_strategy = st.builds(
+    WatermarkReport,
+    source=st.sampled_from(SOURCES),
+    streams=st.lists(st.sampled_from(ALL_STREAMS), min_size=1, unique=True).map(tuple),
+    watermark=st.integers(0, 30),
+    sequence=st.integers(0, 3),
+    offsets=offsets_strategy(),
+)
+steps_strategy = st.lists(
+    st.one_of(
+        st.tuples(st.just("offer"), reports_strategy),
+        st.tuples(st.just("advance"), offsets_strategy() | consumed_strategy),
+    ),
+    max_size=20,
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(steps=steps_strategy, floor=st.integers(0, 10))
+def test_the_input_watermark_is_monotone_and_bounded_by_applicable_reports(
+    steps: list[tuple[str, Any]], floor: int
+) -> None:
+    """Whatever the order of reports and consumption, the input watermark never decreases
+    and never exceeds the minimum over input streams of the highest report on it that is
+    applicable: from another source, not older than that source's latest, and reached by
+    what was consumed after it was offered."""
+    watermark = InputWatermark({s: s for s in STREAMS}, own="own", floor=floor)
+    latest_sequence: dict[str, int] = {}
+    waiting: list[WatermarkReport] = []
+    applicable: list[WatermarkReport] = []
+    previous = watermark.current
+    for kind, value in steps:
+        if kind == "offer":
+            watermark.offer(value)
+            relevant = value.source != "own" and set(value.streams) & set(STREAMS)
+            if relevant and value.sequence >= latest_sequence.get(value.source, -1):
+                latest_sequence[value.source] = value.sequence
+                waiting.append(value)
+            continue
+        current = watermark.advance(value)
+        applicable += [r for r in waiting if offsets_reached(value, r.offsets, STREAMS)]
+        bound = min(
+            max(
+                (r.watermark for r in applicable if stream in r.streams),
+                default=MIN_EVENT_TIME,
+            )
+            for stream in STREAMS
+        )
+        assert previous <= current <= max(floor, bound)
+        assert current == watermark.current
+        previous = current
+
+
+@st.composite
+def orderly_history(draw: st.DrawFn) -> list[tuple[str, Any]]:
+    """Sources that behave: sequences, offsets and watermarks only grow; consumption too.
+    Each report names some of its source's streams (a source may start or stop writing one)."""
+    streams_of = {"a": ("s1",), "b": ("s1", "s2"), "c": ("s2", "s3")}
+    position = {source: {"s1": 0, "s2": 0, "s3": 0} for source in streams_of}
+    level = dict.fromkeys(streams_of, 0)
+    written = {"s1": 0, "s2": 0, "s3": 0}
+    consumed = {"s1": 0, "s2": 0}
+    steps: list[tuple[str, Any]] = []
+    for sequence in range(draw(st.integers(0, 25))):
+        if draw(st.booleans()):
+            source = draw(st.sampled_from(sorted(streams_of)))
+            streams = tuple(sorted(draw(st.sets(st.sampled_from(streams_of[source]), min_size=1))))
+            for stream in streams:
+                written[stream] += draw(st.integers(0, 3))
+                position[source][stream] = written[stream]
+            level[source] += draw(st.integers(0, 20))
+            offsets = {s: {0: position[source][s]} for s in streams}
+            steps.append(("offer", report(source, level[source], sequence, streams, offsets)))
+        else:
+            for stream in consumed:
+                consumed[stream] = draw(st.integers(consumed[stream], written[stream]))
+            steps.append(("advance", {s: {0: o} for s, o in consumed.items()}))
+    return steps
+
+
+@settings(max_examples=100, deadline=None)
+@given(steps=orderly_history())
+def test_with_orderly_sources_the_input_watermark_is_the_min_of_what_was_reached(
+    steps: list[tuple[str, Any]],
+) -> None:
+    """A model: per source its latest reached report on the inputs, for the streams it
+    names; per stream the lowest source, with the expected source ``a`` holding ``s1`` until
+    reached; over streams the lowest; and never below what it was."""
+    watermark = InputWatermark({"s1": "s1", "s2": "s2"}, expected={"s1": ["a"]})
+    offered: list[WatermarkReport] = []
+    reached: dict[str, WatermarkReport] = {}
+    expected = MIN_EVENT_TIME
+    for kind, value in steps:
+        if kind == "offer":
+            if watermark.offer(value):
+                offered.append(value)
+            continue
+        for candidate in offered:
+            if offsets_reached(value, candidate.offsets, STREAMS):
+                reached[candidate.source] = candidate
+        per_stream: Mapping[str, list[int]] = {
+            stream: [r.watermark for r in reached.values() if stream in r.streams]
+            + ([MIN_EVENT_TIME] if stream == "s1" and "a" not in reached else [])
+            for stream in STREAMS
+        }
+        lowest = min(min(values, default=MIN_EVENT_TIME) for values in per_stream.values())
+        # A source that joins behind the others does not move the input back.
+        expected = max(expected, lowest)
+        assert watermark.advance(value) == expected
