@@ -5,6 +5,7 @@
     millstream up        start local Kafka + Cassandra (reuses running ones)
     millstream status    pid, address, health and memory of each
     millstream down      stop them by pid
+    millstream jars      the Spark Kafka connector jars, comma separated, for spark-submit --jars
     millstream run MODULE:TOPOLOGY [options]
                          run a topology on Spark (see millstream.engine.spark_runner);
                          MODULE is imported from the working directory or PYTHONPATH,
@@ -34,6 +35,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands.add_parser("up", help="start the local Kafka and Cassandra")
     commands.add_parser("status", help="report the local services")
     commands.add_parser("down", help="stop the local services")
+    commands.add_parser(
+        "jars", help="print the Spark Kafka connector jars (resolved by Maven) for --jars"
+    )
     run = commands.add_parser("run", help="run a topology on Spark Structured Streaming")
     run.add_argument("target", metavar="MODULE:TOPOLOGY")
     run.add_argument("--keyspace", default="millstream", help="Cassandra keyspace of the state")
@@ -68,6 +72,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from millstream.connectors.local.stack import LocalStack
 
         config = load_config()
+        if args.command == "jars":
+            from millstream.engine.spark_session import local_connector_jars
+
+            print(",".join(str(jar) for jar in local_connector_jars(config, progress)))
+            return 0
         stack = LocalStack(config, progress)
         if args.command == "up":
             statuses = stack.up()

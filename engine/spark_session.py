@@ -3,14 +3,16 @@
 Locally (``spark.master`` ``local[...]``, the default) the Kafka connector jars
 come from the pinned POM through Maven and go on the classpath directly. On a
 cluster, either list Maven coordinates in ``spark.packages`` (Spark resolves and
-ships them) or launch with ``spark-submit --packages ...``, in which case the
-session already exists and its classpath is left alone.
+ships them) or launch with ``spark-submit --packages ...`` (or ``--jars``): a
+driver started by spark-submit keeps its master, classpath and ``--conf``
+settings, which win over millstream's own.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,9 +29,18 @@ __all__ = ["kafka_stream", "local_connector_jars", "spark_conf", "spark_session"
 
 
 def spark_conf(
-    config: MillstreamConfig, app_name: str, jars: list[Path] | None = None
+    config: MillstreamConfig,
+    app_name: str,
+    jars: list[Path] | None = None,
+    submitted: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """The Spark settings millstream uses; later entries of ``config.spark_conf`` override."""
+    """The Spark settings millstream uses; later entries of ``config.spark_conf`` override.
+
+    ``submitted`` are the settings spark-submit started the driver with. They override
+    everything else, and their ``spark.master`` decides whether the driver is local.
+    """
+    if submitted and "spark.master" in submitted:
+        config = replace(config, spark_master=submitted["spark.master"])
     conf = {
         "spark.app.name": app_name,
         "spark.master": config.spark_master,
@@ -55,6 +66,7 @@ def spark_conf(
     elif jars:
         conf["spark.jars"] = ",".join(str(jar) for jar in jars)
     conf.update(config.spark_conf)
+    conf.update(submitted or {})
     return conf
 
 
@@ -74,11 +86,12 @@ def spark_session(
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
+    submitted = _submitted_conf()
     jars = None
-    if not config.spark_packages and config.spark_is_local:
+    if submitted is None and not config.spark_packages and config.spark_is_local:
         jars = local_connector_jars(config, progress or _stderr)
     builder = SparkSession.builder
-    for key, value in spark_conf(config, app_name, jars).items():
+    for key, value in spark_conf(config, app_name, jars, submitted).items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
@@ -122,6 +135,19 @@ def local_connector_jars(config: MillstreamConfig, progress: Progress) -> list[P
     resolved = MavenArtifacts(config.home / "artifacts", progress).classpath("spark-kafka")
     provided = sorted((Path(pyspark.__file__).parent / "jars").glob("*.jar"))
     return connector_jars(resolved, provided)
+
+
+def _submitted_conf() -> dict[str, str] | None:
+    """The settings of the JVM spark-submit started this driver in; None outside spark-submit.
+
+    Spark's builder would override them (``--master`` included) with millstream's settings.
+    """
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:  # set by spark-submit for its Python driver
+        return None
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()  # connects to spark-submit's JVM; starts nothing
+    return dict(SparkConf().getAll())
 
 
 def _stderr(message: str) -> None:

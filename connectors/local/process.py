@@ -110,8 +110,14 @@ class ServiceProcess:
         timeout: float,
         progress: Progress,
         interval: float = 1.0,
+        *,
+        retry: str = "run `millstream up` again",
+        stop: str = "`millstream down` stops it",
     ) -> None:
-        """Poll ``healthy`` until it holds; fail with the log tail on exit or timeout."""
+        """Poll ``healthy`` until it holds; fail with the log tail on exit or timeout.
+
+        ``retry`` and ``stop`` tell the user, in the error, how to start and stop it again.
+        """
         deadline = time.monotonic() + timeout
         next_note = time.monotonic() + 10
         while True:
@@ -119,7 +125,7 @@ class ServiceProcess:
                 raise ServiceStartError(
                     f"{self.name} exited with code {proc.returncode} while starting. "
                     f"Last lines of {self.log_file}:\n{log_tail(self.log_file)}\n"
-                    f"Fix the cause above, then run `millstream up` again."
+                    f"Fix the cause above, then {retry}."
                 )
             if healthy():
                 return
@@ -128,8 +134,8 @@ class ServiceProcess:
                 raise ServiceStartError(
                     f"{self.name} did not accept clients within {timeout:.0f}s. "
                     f"Last lines of {self.log_file}:\n{log_tail(self.log_file)}\n"
-                    f"If the machine is just slow, run `millstream up` again; "
-                    f"otherwise fix the cause above (`millstream down` stops it)."
+                    f"If the machine is just slow, {retry}; "
+                    f"otherwise fix the cause above ({stop})."
                 )
             if now >= next_note:
                 progress(f"{self.name}: still starting ({now - deadline + timeout:.0f}s)")

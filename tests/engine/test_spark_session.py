@@ -36,3 +36,23 @@ def test_cluster_settings_use_packages_and_user_overrides() -> None:
     assert "spark.driver.bindAddress" not in conf
     assert conf["spark.ui.enabled"] == "true"
     assert conf["spark.sql.shuffle.partitions"] == "64"
+
+
+def test_spark_submit_settings_win_and_its_master_decides_locality() -> None:
+    config = MillstreamConfig(spark_conf={"spark.executor.memory": "4g"})  # master local[*]
+    submitted = {
+        "spark.master": "spark://m:7077",
+        "spark.app.name": "search-pipeline",
+        "spark.jars": "/j/connector.jar",
+        "spark.executor.memory": "1g",
+    }
+    conf = spark_conf(config, "app", submitted=submitted)
+    assert {key: conf[key] for key in submitted} == submitted
+    assert "spark.driver.bindAddress" not in conf
+    assert "spark.driver.memory" not in conf
+    assert conf["spark.sql.shuffle.partitions"] == "2"
+    assert conf["spark.pyspark.python"] == sys.executable
+
+    local = spark_conf(config, "app", submitted={"spark.master": "local[2]"})
+    assert local["spark.master"] == "local[2]"
+    assert local["spark.driver.bindAddress"] == "127.0.0.1"
