@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 from millstream.engine.clock import Clock
 from millstream.engine.computation import Computation
@@ -195,12 +196,15 @@ class IntervalWorker:
         changes: dict[str, KeyChanges] = {}
         weak_outbox: list[tuple[KeyChanges, Production]] = []
         by_key: dict[str, list[Delivery]] = {}
+        rejected: list[Rejected] = []
         for item in inputs:
             if isinstance(item, Rejected):
-                self._reject(item, changes, result)
+                rejected.append(item)
             else:
                 self._check_interval(item.key)
                 by_key.setdefault(item.key, []).append(item)
+        for item in self._fresh_rejected(soft, rejected, result):
+            self._reject(item, changes, result)
         timer_keys = {
             key
             for key, timers in soft.timers.items()
@@ -260,6 +264,24 @@ class IntervalWorker:
                 f"{self.interval}; route deliveries with millstream.engine.keys.key_interval"
             )
 
+    def _fresh_rejected(
+        self, soft: _SoftState, rejected: list[Rejected], result: BatchResult
+    ) -> list[Rejected]:
+        """Rejected input not dead-lettered before: a replayed batch repeats it, and its
+        origin (or record ID) is its identity, deduplicated like a record's."""
+        if not self.spec.options.exactly_once or not rejected:
+            return rejected
+        assert soft.bloom is not None  # exactly-once workers always keep one
+        by_key: dict[str, dict[bytes, Rejected]] = {}
+        for item in rejected:
+            by_key.setdefault(item.origin.key or "", {}).setdefault(item.origin.cause_id(), item)
+        fresh: list[Rejected] = []
+        for key, items in by_key.items():
+            seen = seen_before(items, soft.bloom, partial(self._store.has_seen, soft.lease, key))
+            fresh.extend(item for cause, item in items.items() if cause not in seen)
+        result.duplicates += len(rejected) - len(fresh)
+        return fresh
+
     def _reject(
         self, rejected: Rejected, changes: dict[str, KeyChanges], result: BatchResult
     ) -> None:
@@ -268,9 +290,10 @@ class IntervalWorker:
         )
         key = rejected.origin.key or ""
         record = dead_letter.to_record(rejected.origin.cause_id(), _plausible(rejected.timestamp))
-        changes.setdefault(key, KeyChanges(key)).productions.append(
-            Production(self.spec.dead_letter_stream, record)
-        )
+        key_changes = changes.setdefault(key, KeyChanges(key))
+        key_changes.productions.append(Production(self.spec.dead_letter_stream, record))
+        if self.spec.options.exactly_once:
+            key_changes.dedup_ids.append(rejected.origin.cause_id())
         result.dead_letters.append(dead_letter)
 
     def _commit(self, lease: Lease, changes: list[KeyChanges]) -> None:

@@ -520,9 +520,12 @@ def test_undecodable_input_becomes_a_dead_letter_identified_by_its_position(
     spec = workers.spec(Appender())
     origin = Origin(stream="in", partition=1, offset=5)
     rejected = Rejected(origin, b"\x00garbage", MalformedRecordError("bad marker"), 77)
-    workers.worker(spec).process([rejected], WM)
-    workers.worker(spec).process([rejected], WM)  # a replayed batch
+    first = workers.worker(spec).process([rejected, rejected], WM)  # delivered twice
+    replayed = workers.worker(spec).process([rejected], WM)  # a replayed batch, new owner
 
+    # Its position is its identity: dead-lettered and counted once, then a duplicate.
+    assert (len(first.dead_letters), first.duplicates) == (1, 1)
+    assert (len(replayed.dead_letters), replayed.duplicates) == (0, 1)
     (letter,) = workers.sink.delivered("comp.dead-letters")
     cause = injector_record_id("in", 1, 5)
     assert letter.record.record_id == dead_letter_record_id("comp", cause)
