@@ -25,7 +25,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,6 +40,7 @@ from millstream.engine.records import Record, decode_record, encode_record, inje
 from millstream.engine.spark_runner import ProcessingTime, RunningTopology, run_topology
 from millstream.engine.spark_session import kafka_stream, spark_session
 from millstream.engine.topology import ComputationOptions, Topology
+from millstream.engine.watermarks import injector_source
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -89,12 +90,25 @@ def percentiles(values: list[float]) -> str:
 
 
 def produce_events(
-    config: MillstreamConfig, topic: str, count: int, rate: float | None, first: int = 0
+    config: MillstreamConfig,
+    topic: str,
+    count: int,
+    rate: float | None,
+    first: int = 0,
+    report: Callable[[int], None] | None = None,
 ) -> None:
     """``count`` events numbered from ``first``, each valued by its own 16-byte ID,
-    timestamped at production (µs)."""
+    timestamped at production (µs). With ``report``, the producer acts as an injector: once a
+    second (and at the end) it flushes and reports the timestamp it reached as its watermark."""
     producer = kafka_connector.producer(config, **{"linger.ms": 5})
     started = time.monotonic()
+    next_report = started + 1.0
+    reached = 0
+
+    def flush() -> None:
+        if producer.flush(60):
+            raise RuntimeError("events were not acknowledged by Kafka within 60 s")
+
     for n in range(first, first + count):
         if rate is not None:
             delay = started + (n - first) / rate - time.monotonic()
@@ -104,8 +118,14 @@ def produce_events(
         record = Record(f"e{n}", record_id, time.time_ns() // 1_000, record_id)
         producer.produce(topic, key=record.key.encode(), value=encode_record(record))
         producer.poll(0)
-    if producer.flush(60):
-        raise RuntimeError("events were not acknowledged by Kafka within 60 s")
+        reached = record.timestamp + 1
+        if report is not None and time.monotonic() >= next_report:
+            flush()
+            report(reached)
+            next_report += 1.0
+    flush()
+    if report is not None:
+        report(reached)
 
 
 def read_times(
@@ -234,19 +254,32 @@ def runner_run(
 
         return check
 
+    publisher = kafka_connector.WatermarkPublisher(config)
+    offsets = kafka_connector.consumer(config, "bench-offsets")
+    sequence = iter(range(1, 1_000_000))
+
+    def report(watermark: int) -> None:
+        source_name = injector_source(f"bench-{suffix}")
+        publisher.report_streams(offsets, source_name, [source], watermark, next(sequence))
+
     try:
         count = int(args.rate * args.seconds)
-        produce_events(config, source, count, args.rate)
+        produce_events(config, source, count, args.rate, report=report)
         wait_for(processed(count), 180, f"{mode}: stage 2 catching up")
         injected = read_times(config, source, count, 30, injection_time)
         first = read_times(config, middle, count, 30, append_time)
         second = read_times(config, sink, count, 30, append_time)
         stages = [latencies(first, injected), latencies(second, first)]
         started = time.monotonic()
-        produce_events(config, source, args.backlog, None, first=count)
+        produce_events(config, source, args.backlog, None, first=count, report=report)
         wait_for(processed(count + args.backlog), 300, f"{mode}: the backlog")
         throughput = args.backlog / (time.monotonic() - started)
+        print(f"  {mode}: watermarks at the end (behind the last event's time):")
+        for line in running.explain(stage2):
+            print(f"    {line}")
     finally:
+        offsets.close()
+        publisher.close()
         running.stop()
         kafka_connector.delete_topics(config, sorted(topology.streams()))
         cluster, session = cassandra_connector.connect(config)
@@ -263,7 +296,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="length of that phase")
     parser.add_argument("--backlog", type=int, default=2000, help="events of the throughput phase")
     args = parser.parse_args(argv)
-    config = load_config()
+    # A watermark topic of its own, removed at the end.
+    config = replace(
+        load_config(), kafka_watermark_topic=f"bench_watermarks_{uuid.uuid4().hex[:8]}"
+    )
     spark = spark_session(config, app_name="millstream-bench")
     root = Path(tempfile.mkdtemp(prefix="millstream-bench-"))
     results: list[Result] = []
@@ -281,13 +317,22 @@ def main(argv: list[str] | None = None) -> int:
             result, running = runner_run(mode, options, config, spark, args, root)
             results.append(result)
             for name, metrics in sorted(running.metrics().items()):
+                batches = running.batches(name)
+                seconds = sum(b.seconds for b in batches)
+                on_watermarks = sum(b.watermark_seconds for b in batches)
+                print(
+                    f"  {mode} {name}: {on_watermarks:.1f} s of {seconds:.1f} s in batches "
+                    "went to watermarks"
+                )
                 print(
                     f"  {mode} {name}: {metrics.batches} batches, cache hit rate "
-                    f"{metrics.cache_hit_rate:.0%} ({metrics.cache_hits}/{metrics.intervals})"
+                    f"{metrics.cache_hit_rate:.0%} ({metrics.cache_hits}/{metrics.intervals}), "
+                    f"{metrics.late} late"
                 )
     finally:
         spark.stop()
         shutil.rmtree(root, ignore_errors=True)
+        kafka_connector.delete_topics(config, [config.kafka_watermark_topic])
     floor = results[0]
     print(
         f"\nlatency at {args.rate:g} events/s, trigger {TRIGGER_SECONDS} s; throughput of a "

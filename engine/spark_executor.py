@@ -14,7 +14,10 @@ Spark's Python workers:
    :class:`~millstream.engine.protocol.IntervalWorker` on them, against a
    :class:`~millstream.engine.stores.cassandra.CassandraIntervalStore` and a
    :class:`~millstream.connectors.kafka.KafkaProductionSink`. It returns one row of counts
-   per interval, which the driver collects as the batch's metrics.
+   per interval, which the driver collects as the batch's metrics, with what the interval has
+   left to do (its :class:`~millstream.engine.watermarks.IntervalProgress`), which the driver
+   needs for watermarks. A *tick* (:func:`tick_rows`: a row with no stream) makes an interval
+   run without input, for its due timers and unacknowledged productions.
 
 **Per-process cache.** Spark reuses Python worker processes across tasks
 (``spark.python.worker.reuse``, on by default), so each process keeps, at module level, one

@@ -181,7 +181,8 @@ class BatchMetrics(MetricCounts):
 
     ``failed_attempts`` describes the attempts that failed before the one these counts come
     from. ``input_watermark`` is the input low watermark once the batch was consumed (its
-    timers ran under it) and ``watermark`` the computation's own after the batch (µs).
+    timers ran under it) and ``watermark`` the computation's own after the batch (µs);
+    ``watermark_seconds`` of ``seconds`` went to reading, applying and publishing reports.
     """
 
     computation: str
@@ -190,6 +191,7 @@ class BatchMetrics(MetricCounts):
     failed_attempts: tuple[str, ...] = ()
     input_watermark: int = 0
     watermark: int = 0
+    watermark_seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -809,6 +811,7 @@ class _BatchHandler:
         state.read(self.watermarks.reader)
         watermark, timer_watermark = state.advance(consumed)
         ticks = state.intervals_to_run(timer_watermark, self.running.clock.now())
+        bookkeeping = time.monotonic() - started
         failures: list[str] = []
         rows: list[Any] = []
         attempts = self.running.batch_attempts
@@ -849,10 +852,17 @@ class _BatchHandler:
                     pending=int(row["pending"]),
                 ),
             )
+        reporting = time.monotonic()
         self.watermarks.after_batch(batch_id)
+        bookkeeping += time.monotonic() - reporting
         metrics = _summarize(self.spec.name, batch_id, rows, started, failures)
         self.running._record(
-            replace(metrics, input_watermark=timer_watermark, watermark=state.watermark)
+            replace(
+                metrics,
+                input_watermark=timer_watermark,
+                watermark=state.watermark,
+                watermark_seconds=bookkeeping,
+            )
         )
 
     def _run(
