@@ -1,4 +1,4 @@
-"""A Spark standalone cluster on 127.0.0.1: one Master and one Worker, from pyspark's own jars.
+"""A Spark standalone cluster on 127.0.0.1: a Master and a Worker (or more), from pyspark's jars.
 
 It runs the cluster path (``spark-submit --master spark://...``) on one machine with nothing
 beyond the pyspark package, whose ``bin/spark-class`` starts the daemons as a real deployment
@@ -10,13 +10,19 @@ that are free when it starts, until :meth:`StandaloneSparkCluster.stop`::
         subprocess.run([cluster.spark_submit, "--master", cluster.master_url, "app.py"])
         cluster.master_state()["completedapps"]
 
-Both daemons are found and stopped by pid file, like the local services (see
+Every daemon is found and stopped by pid file, like the local services (see
 :mod:`millstream.connectors.local.process`), never by name.
+
+Spark's scheduler tells hosts apart by name only, so Workers started under several names of
+this machine (``worker_hosts=("127.0.0.1", "localhost")``) are several hosts to it: enough for
+what needs a second host, such as a speculative task, which Spark never launches on a host
+where an attempt of the same task already ran.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -24,7 +30,7 @@ import signal
 import socket
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -41,12 +47,14 @@ _WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 
 
 class StandaloneSparkCluster:
-    """A Master and one Worker with ``cores`` and ``memory`` for executors, under ``root``.
+    """A Master and a Worker per name in ``worker_hosts``, under ``root``.
 
-    :meth:`start` returns once the Worker has registered with the Master, and stops whatever
-    it started if it fails. :meth:`stop` stops the Worker (which stops its executors) and the
-    Master, then kills whatever still works under ``root`` (see :meth:`processes`), and
-    deletes the executors' work directory; the daemons' logs stay under ``root/logs``.
+    Each Worker offers ``cores`` and ``memory`` to executors and registers under its host name
+    (by default one Worker, on 127.0.0.1). :meth:`start` returns once every Worker has
+    registered with the Master, and stops whatever it started if it fails. :meth:`stop` stops
+    the Workers (which stop their executors) and the Master, then kills whatever still works
+    under ``root`` (see :meth:`processes`), and deletes the executors' work directory; the
+    daemons' logs stay under ``root/logs``.
     """
 
     def __init__(
@@ -58,22 +66,31 @@ class StandaloneSparkCluster:
         memory: str = "2g",
         daemon_memory: str = "512m",
         start_timeout: float = 120.0,
+        worker_hosts: Sequence[str] = (LOOPBACK,),
     ) -> None:
         import pyspark  # deferred: importing pyspark costs a second
 
+        if not worker_hosts or len(set(worker_hosts)) != len(worker_hosts):
+            raise ValueError(f"worker_hosts must be distinct names, got {list(worker_hosts)}")
         self.root = root
         self.progress = progress
         self.cores = cores
         self.memory = memory
         self.daemon_memory = daemon_memory
         self.start_timeout = start_timeout
+        self.worker_hosts = tuple(worker_hosts)
         self.spark_home = Path(pyspark.__file__).parent
         self.work_dir = root / "work"
         self.master = self._process("master")
-        self.worker = self._process("worker")
+        # The first Worker keeps the name (and pid file) it had when there was only one.
+        self.workers = [
+            self._process("worker" if number == 0 else f"worker-{number}")
+            for number in range(len(self.worker_hosts))
+        ]
+        self.worker = self.workers[0]
         self.master_port = 0
         self.master_web_port = 0
-        self.worker_web_port = 0
+        self.worker_web_ports = [0] * len(self.workers)
 
     def _process(self, role: str) -> ServiceProcess:
         return ServiceProcess(
@@ -98,19 +115,27 @@ class StandaloneSparkCluster:
         return self.spark_home / "bin" / "spark-submit"
 
     @property
+    def worker_web_port(self) -> int:
+        """The first Worker's web UI port."""
+        return self.worker_web_ports[0]
+
+    @property
     def worker_pid(self) -> int | None:
-        """The Worker's pid; its executors are its descendants."""
+        """The (first) Worker's pid; its executors are its descendants."""
         return self.worker.running_pid()
 
     def start(self) -> None:
-        """Start the Master, then the Worker; return once the Worker registered."""
-        if self.master.running_pid() is not None or self.worker.running_pid() is not None:
+        """Start the Master, then the Workers; return once every Worker registered."""
+        daemons = [self.master, *self.workers]
+        if any(daemon.running_pid() is not None for daemon in daemons):
             raise ServiceStartError(
                 f"a Spark cluster already runs under {self.root}; stop it (or use another "
                 "directory) first"
             )
         java = find_java()
-        self.master_port, self.master_web_port, self.worker_web_port = _free_ports(3)
+        ports = _free_ports(2 + len(self.workers))
+        self.master_port, self.master_web_port = ports[:2]
+        self.worker_web_ports = ports[2:]
         env = {
             **os.environ,
             "SPARK_HOME": str(self.spark_home),
@@ -127,15 +152,20 @@ class StandaloneSparkCluster:
                 {**env, "SPARK_MASTER_OPTS": self.master.marker},
                 healthy=lambda: self._master_json().get("status") == "ALIVE",
             )
-            self.progress(f"spark worker: starting ({self.cores} cores, {self.memory})")
-            worker = ["--cores", str(self.cores), "--memory", self.memory]
-            worker += ["--webui-port", str(self.worker_web_port), "--work-dir", str(self.work_dir)]
-            self._start_daemon(
-                self.worker,
-                [_WORKER_CLASS, self.master_url, "--host", LOOPBACK, *worker],
-                {**env, "SPARK_WORKER_OPTS": self.worker.marker},
-                healthy=lambda: self._master_json().get("aliveworkers", 0) >= 1,
-            )
+            for number, (process, host, web_port) in enumerate(
+                zip(self.workers, self.worker_hosts, self.worker_web_ports, strict=True), 1
+            ):
+                self.progress(
+                    f"{process.name}: starting on {host} ({self.cores} cores, {self.memory})"
+                )
+                worker = ["--cores", str(self.cores), "--memory", self.memory]
+                worker += ["--webui-port", str(web_port), "--work-dir", str(self.work_dir)]
+                self._start_daemon(
+                    process,
+                    [_WORKER_CLASS, self.master_url, "--host", host, *worker],
+                    {**env, "SPARK_WORKER_OPTS": process.marker},
+                    healthy=functools.partial(self._workers_alive, number),
+                )
         except BaseException:
             self.stop()
             raise
@@ -168,8 +198,9 @@ class StandaloneSparkCluster:
         return state
 
     def stop(self) -> None:
-        """Stop Worker, executors and Master by pid; delete the work directory."""
-        self.worker.stop(timeout=30)  # it stops its executors as it goes
+        """Stop Workers, executors and Master by pid; delete the work directory."""
+        for worker in reversed(self.workers):
+            worker.stop(timeout=30)  # it stops its executors as it goes
         self.master.stop(timeout=30)
         _kill(self.processes())  # whatever they left behind
         if self.work_dir.exists():
@@ -205,6 +236,11 @@ class StandaloneSparkCluster:
         traceback: TracebackType | None,
     ) -> None:
         self.stop()
+
+    def _workers_alive(self, count: int) -> bool:
+        """Whether ``count`` Workers have registered with the Master (a health probe)."""
+        alive: int = self._master_json().get("aliveworkers", 0)
+        return alive >= count
 
     def _master_json(self) -> dict[str, Any]:
         """The Master's state, or nothing while it does not answer (a health probe)."""
