@@ -134,8 +134,40 @@ def stream_topic(stream: str) -> str:
     return stream
 
 
+# What a topic reports between its creation and its partitions getting a leader.
+_NOT_READY = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._UNKNOWN_PARTITION,
+        KafkaError._UNKNOWN_TOPIC,
+    }
+)
+
+
 def end_offsets(reader: Consumer, topics: Sequence[str], timeout: float = 10.0) -> Offsets:
-    """The offset the next message of each partition of ``topics`` will get."""
+    """The offset the next message of each partition of ``topics`` will get.
+
+    Retriable broker errors (a topic just created has no leader yet) are retried until
+    ``timeout``.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return _end_offsets(reader, topics, timeout)
+        except KafkaException as exc:
+            error = exc.args[0]
+            if not isinstance(error, KafkaError) or not (
+                error.retriable() or error.code() in _NOT_READY
+            ):
+                raise
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.1)
+
+
+def _end_offsets(reader: Consumer, topics: Sequence[str], timeout: float) -> Offsets:
     ends: dict[str, dict[int, int]] = {}
     for topic in topics:
         metadata = reader.list_topics(topic, timeout=timeout).topics[topic]

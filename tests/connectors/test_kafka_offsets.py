@@ -1,0 +1,50 @@
+"""Unit tests of the Kafka plumbing that need no broker (fakes stand in for the client)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from millstream.connectors import kafka as kafka_connector
+
+pytestmark = pytest.mark.unit
+
+
+class _LeaderlessReader:
+    """A reader whose topic has no partition leader for its first ``failures`` calls."""
+
+    def __init__(self, failures: int, code: int = KafkaError.NOT_LEADER_FOR_PARTITION) -> None:
+        self.failures = failures
+        self.code = code
+        self.calls = 0
+
+    def list_topics(self, topic: str, timeout: float) -> Any:
+        partition = SimpleNamespace(id=0)
+        return SimpleNamespace(
+            topics={topic: SimpleNamespace(error=None, partitions={0: partition})}
+        )
+
+    def get_watermark_offsets(self, partition: Any, timeout: float) -> tuple[int, int]:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise KafkaException(KafkaError(self.code))
+        return 0, 7
+
+
+def test_end_offsets_wait_for_a_new_topic_to_get_its_leader() -> None:
+    reader = _LeaderlessReader(failures=3)
+    assert kafka_connector.end_offsets(cast(Any, reader), ["t"], timeout=5) == {"t": {0: 7}}
+    assert reader.calls == 4
+
+
+def test_end_offsets_raise_other_errors_and_give_up_in_time() -> None:
+    denied = _LeaderlessReader(failures=1, code=KafkaError.TOPIC_AUTHORIZATION_FAILED)
+    with pytest.raises(KafkaException):
+        kafka_connector.end_offsets(cast(Any, denied), ["t"], timeout=5)
+    assert denied.calls == 1
+    leaderless = _LeaderlessReader(failures=1_000_000)
+    with pytest.raises(KafkaException):
+        kafka_connector.end_offsets(cast(Any, leaderless), ["t"], timeout=0.3)
