@@ -265,20 +265,22 @@ class WatermarkReader:
 
     def __init__(self, config: MillstreamConfig) -> None:
         self.topic = config.kafka_watermark_topic
-        self._consumer = consumer(config, "millstream-watermarks")
+        # Fetches return at once: a driver reads before every batch and must not wait.
+        self._consumer = consumer(config, "millstream-watermarks", **{"fetch.wait.max.ms": 10})
         self._next: dict[int, int] = {}
         self.skipped = 0
 
     def read(self, timeout: float = 30.0) -> list[tuple[str, WatermarkReport | None]]:
         ends = end_offsets(self._consumer, [self.topic], timeout)[self.topic]
-        for partition in ends:
-            self._next.setdefault(partition, 0)
+        if ends.keys() - self._next.keys():
+            # Assigned once (again only if partitions are added): re-assigning resets the
+            # fetcher, which then takes a second or more to deliver.
+            for partition in ends:
+                self._next.setdefault(partition, 0)
+            self._consumer.assign(
+                [TopicPartition(self.topic, p, self._next[p]) for p in sorted(ends)]
+            )
         wanted = {p: end for p, end in ends.items() if self._next[p] < end}
-        if not wanted:
-            return []
-        self._consumer.assign(
-            [TopicPartition(self.topic, p, self._next[p]) for p in sorted(wanted)]
-        )
         found: list[tuple[str, WatermarkReport | None]] = []
         deadline = time.monotonic() + timeout
         while any(self._next[p] < end for p, end in wanted.items()):
@@ -286,7 +288,7 @@ class WatermarkReader:
                 raise TimeoutError(
                     f"could not read {self.topic!r} up to its end within {timeout} s"
                 )
-            message = self._consumer.poll(0.5)
+            message = self._consumer.poll(0.1)
             if message is None:
                 # Compaction leaves gaps in the offsets; the fetch position skips them.
                 for position in self._consumer.position(
