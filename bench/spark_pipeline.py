@@ -295,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=50.0, help="events/s in the latency phase")
     parser.add_argument("--seconds", type=float, default=10.0, help="length of that phase")
     parser.add_argument("--backlog", type=int, default=2000, help="events of the throughput phase")
+    parser.add_argument("--batches", action="store_true", help="print every batch's metrics")
     args = parser.parse_args(argv)
     # A watermark topic of its own, removed at the end.
     config = replace(
@@ -318,6 +319,13 @@ def main(argv: list[str] | None = None) -> int:
             results.append(result)
             for name, metrics in sorted(running.metrics().items()):
                 batches = running.batches(name)
+                if args.batches:
+                    for b in batches:
+                        print(
+                            f"    batch {b.batch_id}: {b.seconds:.2f} s, {b.inputs} inputs, "
+                            f"{b.intervals} intervals ({b.rescans} rescans), "
+                            f"watermarks {b.watermark_seconds:.2f} s"
+                        )
                 seconds = sum(b.seconds for b in batches)
                 on_watermarks = sum(b.watermark_seconds for b in batches)
                 print(
