@@ -27,10 +27,10 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
 from millstream.engine.config import MillstreamConfig
-from millstream.engine.errors import WatermarkReportError
+from millstream.engine.errors import ConfigError, WatermarkReportError
 from millstream.engine.productions import Production
 from millstream.engine.records import encode_record
 from millstream.engine.watermarks import Offsets, WatermarkReport
@@ -193,11 +193,26 @@ WATERMARK_TOPIC_CONFIG: Mapping[str, str] = {
 }
 
 
-def create_watermark_topic(config: MillstreamConfig) -> None:
-    """Create the compacted watermark topic (one partition: reports stay in order)."""
-    create_topics(
-        config, [config.kafka_watermark_topic], partitions=1, topic_config=WATERMARK_TOPIC_CONFIG
-    )
+def create_watermark_topic(config: MillstreamConfig, timeout: float = 30.0) -> None:
+    """Create the compacted watermark topic (one partition: reports stay in order), or check
+    that the existing one is compacted.
+
+    A topic that deletes old messages would lose a quiet source's last report, and with it
+    the floor that keeps a restarted computation's watermark from going backwards.
+    """
+    topic = config.kafka_watermark_topic
+    create_topics(config, [topic], partitions=1, topic_config=WATERMARK_TOPIC_CONFIG)
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    admin = admin_client(config)  # kept alive: its futures fail once it is collected
+    entries = admin.describe_configs([resource])[resource].result(timeout=timeout)
+    policy = entries["cleanup.policy"].value
+    if "compact" not in (policy or "").split(","):
+        raise ConfigError(
+            f"the watermark topic {topic!r} exists with cleanup.policy={policy!r}, not "
+            f"compact (was it auto-created?); run `kafka-configs.sh --alter --entity-type topics "
+            f"--entity-name {topic} --add-config cleanup.policy=compact` or name another topic "
+            "in [kafka] watermark_topic"
+        )
 
 
 class WatermarkPublisher:
@@ -210,6 +225,8 @@ class WatermarkPublisher:
 
     def __init__(self, config: MillstreamConfig) -> None:
         self.topic = config.kafka_watermark_topic
+        # Before the first write, which would otherwise auto-create it uncompacted.
+        create_watermark_topic(config)
         self._producer = producer(config)
 
     def publish(self, report: WatermarkReport, timeout: float = 30.0) -> None:

@@ -33,6 +33,7 @@ from millstream.engine.clock import ManualClock
 from millstream.engine.computation import Computation
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.context import Context
+from millstream.engine.errors import ConfigError
 from millstream.engine.productions import Production
 from millstream.engine.protocol import Delivery, IntervalWorker
 from millstream.engine.records import MIN_EVENT_TIME, Record, decode_record, injector_record_id
@@ -248,6 +249,18 @@ def test_the_watermark_topic_is_compacted_and_has_one_partition(
         WATERMARK_TOPIC_CONFIG
     )
     assert list(admin.list_topics(topic, timeout=30).topics[topic].partitions) == [0]
+
+
+def test_a_watermark_topic_that_deletes_old_reports_is_refused(
+    services: MillstreamConfig, kafka_topic: Callable[..., str]
+) -> None:
+    deleting = dataclasses.replace(
+        services, kafka_watermark_topic=kafka_topic(1, {"cleanup.policy": "delete"})
+    )
+    with pytest.raises(ConfigError, match=r"cleanup\.policy='delete', not compact"):
+        kafka_connector.create_watermark_topic(deleting)
+    with pytest.raises(ConfigError, match=r"cleanup\.policy=compact"):
+        WatermarkPublisher(deleting)
 
 
 def test_published_reports_are_read_in_order_each_once(
