@@ -355,7 +355,7 @@ class RunningTopology:
     def start(self) -> None:
         """Create topics and the store table; start every query unless triggered AvailableNow."""
         self._prepare_store()
-        kafka_connector.create_watermark_topic(self.config)
+        self._watermark_publisher()  # creates (or checks) the watermark topic
         self._create_topics(self.topology.computations.values())
         self._prepared = True
         if isinstance(self.trigger, ProcessingTime):
@@ -524,13 +524,18 @@ class RunningTopology:
             raise TopologyError(f"computation {computation!r} has not run under this handle")
         return tracker
 
-    def _watermarks_of(self, spec: ComputationSpec) -> _DriverWatermarks:
+    def _watermark_publisher(self) -> kafka_connector.WatermarkPublisher:
         with self._lock:
             if self._publisher is None:
                 self._publisher = kafka_connector.WatermarkPublisher(self.config)
+            return self._publisher
+
+    def _watermarks_of(self, spec: ComputationSpec) -> _DriverWatermarks:
+        publisher = self._watermark_publisher()
+        with self._lock:
             tracker = self._watermarks.get(spec.name)
             if tracker is None:
-                tracker = _DriverWatermarks(self, spec, self._publisher)
+                tracker = _DriverWatermarks(self, spec, publisher)
                 self._watermarks[spec.name] = tracker
             return tracker
 
@@ -724,7 +729,7 @@ class _DriverWatermarks:
             key_intervals=spec.options.key_intervals,
         )
         self.reader = kafka_connector.WatermarkReader(running.config)
-        self._offsets = kafka_connector.consumer(running.config, "millstream-offsets")
+        self._offsets = _offsets_consumer(running.config)
         self._alarm: threading.Timer | None = None
         self._alarm_at: int | None = None
 
@@ -838,10 +843,6 @@ class _BatchHandler:
                 time.sleep(min(5.0, 0.5 * attempt))
                 continue
             break
-        if not rows and not failures:
-            # Nothing ran (only watermark reports came): no metrics, but a report may be due.
-            self.watermarks.after_batch(batch_id)
-            return
         for row in rows:
             state.record(
                 int(row["interval"]),
@@ -855,6 +856,8 @@ class _BatchHandler:
         reporting = time.monotonic()
         self.watermarks.after_batch(batch_id)
         bookkeeping += time.monotonic() - reporting
+        if not rows and not failures:
+            return  # nothing ran (only watermark reports came): no metrics
         metrics = _summarize(self.spec.name, batch_id, rows, started, failures)
         self.running._record(
             replace(

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -116,6 +116,36 @@ def spark_submit(
     cluster: StandaloneSparkCluster, app: str, pipeline: Pipeline, env: dict[str, str]
 ) -> tuple[int, str]:
     """Run the pipeline through spark-submit, as the README shows; its pid and stdout."""
+    driver, output, _ = submit_run(
+        cluster,
+        app,
+        "search_pipeline:topology",
+        cwd=EXAMPLES,
+        env=env,
+        options=[
+            "--max-offsets-per-trigger=120",
+            f"--keyspace={pipeline.keyspace}",
+            f"--checkpoint-root={pipeline.checkpoints}",
+            "--no-create-keyspace",
+        ],
+    )
+    return driver, output
+
+
+def submit_run(
+    cluster: StandaloneSparkCluster,
+    app: str,
+    target: str,
+    *,
+    cwd: Path,
+    env: dict[str, str],
+    options: Sequence[str] = (),
+    settings: Mapping[str, str] | None = None,
+    timeout: float = SUBMIT_TIMEOUT,
+) -> tuple[int, str, str]:
+    """``millstream run TARGET --available-now OPTIONS`` through spark-submit to the end, with
+    the connector jars Maven resolved and ``settings`` as ``--conf``; the driver's pid, its
+    stdout and its stderr."""
     jars = subprocess.run(
         [sys.executable, "-m", "millstream.engine.cli", "jars"],
         capture_output=True,
@@ -131,18 +161,16 @@ def spark_submit(
         "--driver-memory=1g",
         "--executor-memory=1g",
         "--total-executor-cores=2",
+        *(f"--conf={key}={value}" for key, value in (settings or {}).items()),
         cli.__file__,
         "run",
-        "search_pipeline:topology",
+        target,
         "--available-now",
-        "--max-offsets-per-trigger=120",
-        f"--keyspace={pipeline.keyspace}",
-        f"--checkpoint-root={pipeline.checkpoints}",
-        "--no-create-keyspace",
+        *options,
     ]
     submitted = subprocess.Popen(
         command,
-        cwd=EXAMPLES,
+        cwd=cwd,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -150,18 +178,18 @@ def spark_submit(
         start_new_session=True,  # its own process group: the driver JVM and its Python
     )
     try:
-        output, log = submitted.communicate(timeout=SUBMIT_TIMEOUT)
+        output, log = submitted.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(submitted.pid, signal.SIGKILL)
         output, log = submitted.communicate()
-        pytest.fail(f"spark-submit did not finish within {SUBMIT_TIMEOUT:.0f}s:\n{log[-4000:]}")
+        pytest.fail(f"spark-submit did not finish within {timeout:.0f}s:\n{log[-4000:]}")
     finally:
         if submitted.poll() is None:
             os.killpg(submitted.pid, signal.SIGKILL)
             submitted.wait()
     assert submitted.returncode == 0, log[-4000:]
     # spark-submit and spark-class exec the JVM: the pid is the driver's.
-    return submitted.pid, output
+    return submitted.pid, output, log
 
 
 def wait_for_completed_app(cluster: StandaloneSparkCluster, name: str) -> dict[str, Any]:

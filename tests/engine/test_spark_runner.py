@@ -46,6 +46,7 @@ from millstream.engine.spark_runner import (
     AvailableNow,
     ProcessingTime,
     RunningTopology,
+    Trigger,
     run_topology,
 )
 from millstream.engine.stores.cassandra import CassandraIntervalStore
@@ -184,12 +185,9 @@ def read_topic(config: MillstreamConfig, topic: str) -> list[tuple[int, int, byt
 
     consumer = kafka_connector.consumer(config, "test-reader")
     try:
-        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        total = sum(
-            consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-            for p in partitions
-        )
-        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        ends = kafka_connector.end_offsets(consumer, [topic])[topic]
+        total = sum(ends.values())
+        consumer.assign([TopicPartition(topic, p, 0) for p in ends])
         messages: list[tuple[int, int, bytes]] = []
         deadline = time.monotonic() + 30
         while len(messages) < total and time.monotonic() < deadline:
@@ -211,12 +209,13 @@ def start(
     config: MillstreamConfig,
     spark: SparkSession,
     topology: Topology | None = None,
+    trigger: Trigger | None = None,
     **options: Any,
 ) -> RunningTopology:
     return run_topology(
         topology or pipeline.topology(),
         config,
-        trigger=AvailableNow(),
+        trigger=trigger or AvailableNow(),
         spark=spark,
         keyspace=pipeline.keyspace,
         checkpoint_root=pipeline.checkpoints,
@@ -466,15 +465,7 @@ def test_computations_are_added_and_removed_while_the_others_keep_running(
     first, second = events(80), events(60, seed=1)
     kafka_connector.create_topics(services, [pipeline.searches], partitions=2)
     produce(services, pipeline.searches, [encode_record(r) for r in first])
-    running = run_topology(
-        pipeline.topology(),
-        services,
-        trigger=ProcessingTime(0.5),
-        spark=spark,
-        keyspace=pipeline.keyspace,
-        checkpoint_root=pipeline.checkpoints,
-        create_keyspace=False,
-    )
+    running = start(pipeline, services, spark, trigger=ProcessingTime(0.5))
     try:
         running.await_idle(timeout=180)
         assert running.active_computations == sorted([pipeline.per_user, pipeline.per_query])
@@ -712,15 +703,7 @@ def test_a_wall_time_timer_fires_without_further_input(
         options=ComputationOptions(key_intervals=2),
     )
     kafka_connector.create_topics(services, [pipeline.searches], partitions=1)
-    running = run_topology(
-        topology,
-        services,
-        trigger=ProcessingTime(0.5),
-        spark=spark,
-        keyspace=pipeline.keyspace,
-        checkpoint_root=pipeline.checkpoints,
-        create_keyspace=False,
-    )
+    running = start(pipeline, services, spark, topology, trigger=ProcessingTime(0.5))
     try:
         produce(services, pipeline.searches, [encode_record(events(1)[0])])
         deadline = time.monotonic() + 60

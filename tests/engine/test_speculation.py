@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -27,12 +25,12 @@ import pytest
 
 from millstream.connectors import kafka as kafka_connector
 from millstream.connectors.local.spark_standalone import StandaloneSparkCluster
-from millstream.engine import cli
 from millstream.engine.clock import SystemClock
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.records import decode_record, encode_record
 from millstream.engine.stores.cassandra import CassandraIntervalStore
 from tests.engine import speculation_app
+from tests.engine.test_cli import submit_run
 from tests.engine.test_spark_runner import JSON, events, produce, read_topic
 
 if TYPE_CHECKING:
@@ -168,50 +166,20 @@ def spark_submit(
     settings: dict[str, str],
 ) -> tuple[str, str]:
     """Run ``speculation_app`` through spark-submit to the end; its stdout and stderr."""
-    jars = subprocess.run(
-        [sys.executable, "-m", "millstream.engine.cli", "jars"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=300,
-    ).stdout.strip()
-    command = [
-        str(cluster.spark_submit),
-        f"--master={cluster.master_url}",
-        f"--name={app}",
-        f"--jars={jars}",
-        "--driver-memory=1g",
-        "--executor-memory=1g",
-        "--total-executor-cores=2",
-        *(f"--conf={key}={value}" for key, value in settings.items()),
-        cli.__file__,
-        "run",
+    _, output, log = submit_run(
+        cluster,
+        app,
         "speculation_app:topology",
-        "--available-now",
-        f"--keyspace={keyspace}",
-        f"--checkpoint-root={checkpoints}",
-        "--no-create-keyspace",
-    ]
-    submitted = subprocess.Popen(
-        command,
         cwd=APP_DIRECTORY,
         env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its own process group: the driver JVM and its Python
+        options=[
+            f"--keyspace={keyspace}",
+            f"--checkpoint-root={checkpoints}",
+            "--no-create-keyspace",
+        ],
+        settings=settings,
+        timeout=SUBMIT_TIMEOUT,
     )
-    try:
-        output, log = submitted.communicate(timeout=SUBMIT_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(submitted.pid, signal.SIGKILL)
-        output, log = submitted.communicate()
-        pytest.fail(f"spark-submit did not finish within {SUBMIT_TIMEOUT:.0f}s:\n{log[-4000:]}")
-    finally:
-        if submitted.poll() is None:
-            os.killpg(submitted.pid, signal.SIGKILL)
-            submitted.wait()
-    assert submitted.returncode == 0, log[-4000:]
     return output, log
 
 
