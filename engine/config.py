@@ -24,6 +24,8 @@ The TOML file and the variables name the same settings::
     packages = ["org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0"]  # MILLSTREAM_SPARK_PACKAGES
     [spark.conf]
     "spark.executor.memory" = "4g"
+    [executor]
+    cache_bytes = 134217728                 # MILLSTREAM_EXECUTOR_CACHE_BYTES: per Python worker
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from millstream.engine.cache import DEFAULT_CACHE_BYTES
 from millstream.engine.errors import ConfigError
 
 __all__ = ["CONFIG_FILE_NAME", "MillstreamConfig", "load_config"]
@@ -60,6 +63,14 @@ class MillstreamConfig:
     spark_ui: bool = False
     spark_packages: tuple[str, ...] = ()
     spark_conf: Mapping[str, str] = field(default_factory=dict)
+    # Bytes of soft state (key state and timers) each executor Python process keeps cached.
+    executor_cache_bytes: int = DEFAULT_CACHE_BYTES
+
+    def __post_init__(self) -> None:
+        if self.executor_cache_bytes < 0:
+            raise ValueError(
+                f"executor cache_bytes must be non-negative, got {self.executor_cache_bytes}"
+            )
 
     @property
     def kafka_port(self) -> int:
@@ -117,13 +128,15 @@ def _from_toml(file: Path) -> dict[str, Any]:
         doc = tomllib.loads(file.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"cannot read config file {file}: {exc}; fix the TOML") from exc
-    known = {"home", "kafka", "cassandra", "spark"}
+    known = {"home", "kafka", "cassandra", "spark", "executor"}
     unknown = set(doc) - known
     if unknown:
         raise ConfigError(
             f"unknown setting(s) {sorted(unknown)} in {file}; allowed: {sorted(known)}"
         )
-    kafka, cassandra, spark = (_table(doc, name, file) for name in ("kafka", "cassandra", "spark"))
+    kafka, cassandra, spark, executor = (
+        _table(doc, name, file) for name in ("kafka", "cassandra", "spark", "executor")
+    )
     values: dict[str, Any] = {}
     if "home" in doc:
         values["home"] = Path(str(doc["home"])).expanduser()
@@ -142,6 +155,7 @@ def _from_toml(file: Path) -> dict[str, Any]:
         values["spark_packages"] = tuple(str(p) for p in spark["packages"])
     if "conf" in spark:
         values["spark_conf"] = {str(k): str(v) for k, v in dict(spark["conf"]).items()}
+    _take(values, "executor_cache_bytes", executor, "cache_bytes", int)
     return values
 
 
@@ -174,6 +188,7 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
         "MILLSTREAM_SPARK_SHUFFLE_PARTITIONS": ("spark_shuffle_partitions", int),
         "MILLSTREAM_SPARK_UI": ("spark_ui", _boolean),
         "MILLSTREAM_SPARK_PACKAGES": ("spark_packages", _split),
+        "MILLSTREAM_EXECUTOR_CACHE_BYTES": ("executor_cache_bytes", int),
     }
     values: dict[str, Any] = {}
     for variable, (key, convert) in converters.items():

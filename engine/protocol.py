@@ -4,24 +4,27 @@ An :class:`IntervalWorker` owns the work of one computation on one key interval 
 one batch of input at a time (a Spark micro-batch's share of the interval):
 
 1. **Acquire** the interval's sequencer. If nobody else acquired it since this worker's last
-   batch, its soft state (per-key state cache, timer set, pending productions, Bloom filter)
-   is still exact; otherwise it **rescans** the interval.
+   batch, its soft state (the cached state and timers of keys, the pending productions) is
+   still exact; otherwise it drops the cache and reads the pending productions back.
 2. **Resend** committed productions not yet acknowledged (its own, or a previous owner's).
-3. For each key, in key order, with its records in delivery order:
+3. **Read what the batch touches, in bulk** (the cost grows with the batch, not with the
+   interval): the due timers (a range of the store's time-ordered index), the state and
+   timers of the batch's keys missing from the cache, and (exactly-once computations) which
+   of the batch's record IDs the store holds as dedup IDs.
+4. For each key, in key order, with its records in delivery order:
 
-   * drop duplicates: repeats within the batch, then IDs the Bloom filter may contain and the
-     store confirms (exactly-once computations only);
+   * drop duplicates: repeats within the batch, and IDs the store holds for the key;
    * run ``process_record``, collecting its state, timer and production changes; a call that
      raises contributes nothing but a dead letter;
    * fire the key's due timers in timestamp order (event time against the input low
      watermark, wall time against the injected clock), each a call like a record's.
 
-4. **Weak productions** only: send them and wait ``weak_production_delay``; checkpoint the
+5. **Weak productions** only: send them and wait ``weak_production_delay``; checkpoint the
    stragglers.
-5. **Commit** every key's changes with the dedup IDs of its records, conditionally on the
+6. **Commit** every key's changes with the dedup IDs of its records, conditionally on the
    sequencer; one key's changes never split. An unknown outcome is resolved by reading the
    commit marker back before committing again what did not apply.
-6. **Send** the checkpointed productions and delete those the sink acknowledged.
+7. **Send** the checkpointed productions and delete those the sink acknowledged.
 
 If anything fails (a fenced write, a crash, an unresolved outcome) the exception propagates
 and the worker forgets its soft state; the batch's inputs must not be acknowledged, so they
@@ -32,13 +35,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from functools import partial
+from typing import TypeVar
 
+from millstream.engine.cache import StateCache
 from millstream.engine.clock import Clock
 from millstream.engine.computation import Computation
 from millstream.engine.context import Context
 from millstream.engine.deadletters import DeadLetter, Origin
-from millstream.engine.dedup import BloomFilter, seen_before
+from millstream.engine.dedup import first_occurrences, unseen
 from millstream.engine.errors import (
     AbsurdTimestampError,
     UndeclaredStreamError,
@@ -57,7 +61,7 @@ from millstream.engine.records import (
 )
 from millstream.engine.sequencer import Lease
 from millstream.engine.state import UNCHANGED, KeyChanges, effective_timers
-from millstream.engine.store import IntervalStore
+from millstream.engine.store import IntervalStore, KeySnapshot, NextTimers
 from millstream.engine.timers import TimeDomain, Timer, due_timers
 from millstream.engine.topology import ComputationSpec
 from millstream.engine.watermarks import IntervalProgress
@@ -91,6 +95,9 @@ class Rejected:
     timestamp: int
 
 
+_Input = TypeVar("_Input", Delivery, Rejected)
+
+
 @dataclass
 class BatchResult:
     """What a committed batch did: records ``processed`` (duplicates and late ones counted
@@ -114,17 +121,18 @@ class BatchResult:
 @dataclass
 class _SoftState:
     lease: Lease
-    states: dict[str, bytes | None]
-    timers: dict[str, dict[str, Timer]]
+    scope: int  # of the worker's entries in the state cache
     pending: dict[bytes, Production]
-    bloom: BloomFilter | None
+    next_timers: NextTimers | None = None  # None: read it after the next commit
 
 
 class IntervalWorker:
     """Runs one computation's per-key protocol on one key interval, batch by batch.
 
     A worker is single-threaded. Several workers may be pointed at one interval (retries,
-    speculation, failover); the sequencer makes sure only the latest one commits.
+    speculation, failover); the sequencer makes sure only the latest one commits. ``cache``
+    keeps the committed state and timers of keys between batches (soft state) within its
+    byte budget; the workers of one process share one (default: one of its own).
     """
 
     def __init__(
@@ -135,6 +143,7 @@ class IntervalWorker:
         store: IntervalStore,
         sink: ProductionSink,
         clock: Clock,
+        cache: StateCache | None = None,
     ) -> None:
         if not 0 <= interval < spec.options.key_intervals:
             raise ValueError(
@@ -146,6 +155,7 @@ class IntervalWorker:
         self._store = store
         self._sink = sink
         self._clock = clock
+        self._cache = cache if cache is not None else StateCache()
         self._soft: _SoftState | None = None
 
     def process(
@@ -177,44 +187,53 @@ class IntervalWorker:
         self, inputs: list[Delivery | Rejected], watermark: int, timer_watermark: int
     ) -> BatchResult:
         now = self._clock.now()
+        store = self._store
         previous = self._soft.lease if self._soft is not None else None
-        lease = self._store.acquire(self.spec.name, self.interval, previous)
+        lease = store.acquire(self.spec.name, self.interval, previous)
         soft = self._soft
-        rescan = (
-            soft is None
-            or not lease.cache_valid
-            or (soft.bloom is not None and soft.bloom.saturated)
-        )
+        rescan = soft is None or not lease.cache_valid
         if soft is None or rescan:
-            soft = self._load(lease)
+            pending = store.pending_productions(lease)
+            soft = _SoftState(lease, self._cache.new_scope(), {p.record_id: p for p in pending})
         else:
             soft.lease = lease
         self._soft = soft
         result = BatchResult(lease=lease, rescanned=rescan)
         self._send(soft, list(soft.pending.values()), result)
 
-        changes: dict[str, KeyChanges] = {}
-        weak_outbox: list[tuple[KeyChanges, Production]] = []
-        by_key: dict[str, list[Delivery]] = {}
+        records: dict[str, list[Delivery]] = {}
         rejected: list[Rejected] = []
         for item in inputs:
             if isinstance(item, Rejected):
                 rejected.append(item)
             else:
                 self._check_interval(item.key)
-                by_key.setdefault(item.key, []).append(item)
-        for item in self._fresh_rejected(soft, rejected, result):
+                records.setdefault(item.key, []).append(item)
+        due = store.due_timers(lease, timer_watermark, now)
+        keys = sorted(records.keys() | {timer.key for timer in due})
+        committed = self._committed(soft, keys)
+        if self.spec.options.exactly_once:
+            records, rejected = self._fresh(soft, records, rejected)
+        result.duplicates += len(inputs) - len(rejected)
+        result.duplicates -= sum(len(deliveries) for deliveries in records.values())
+
+        changes: dict[str, KeyChanges] = {}
+        weak_outbox: list[tuple[KeyChanges, Production]] = []
+        for item in rejected:
             self._reject(item, changes, result)
-        timer_keys = {
-            key
-            for key, timers in soft.timers.items()
-            if any(t.is_due(timer_watermark, now) for t in timers.values())
-        }
-        for key in sorted(by_key.keys() | timer_keys):
+        stale = _stale_index_entries(due, committed)
+        for key in keys:
             key_changes = changes.setdefault(key, KeyChanges(key))
+            key_changes.previous_timers.extend(stale.get(key, ()))
             _KeyRun(
-                self, soft, key_changes, (watermark, timer_watermark), now, result, weak_outbox
-            ).run(by_key.get(key, []))
+                self,
+                committed[key],
+                key_changes,
+                (watermark, timer_watermark),
+                now,
+                result,
+                weak_outbox,
+            ).run(records.get(key, []))
 
         if weak_outbox:
             acked = self._sink.send(
@@ -228,33 +247,49 @@ class IntervalWorker:
         to_commit = [c for c in changes.values() if not c.is_empty()]
         self._commit(lease, to_commit)
         result.committed_keys = len(to_commit)
-        self._remember(soft, to_commit)
+        self._remember(soft, committed, to_commit)
         self._send(soft, [p for c in to_commit for p in c.productions], result)
+        if soft.next_timers is None:
+            soft.next_timers = store.next_timers(lease)
         result.pending = len(soft.pending)
-        result.progress = _progress(soft)
+        result.progress = _progress(soft, soft.next_timers)
         return result
 
-    def _load(self, lease: Lease) -> _SoftState:
-        snapshot = self._store.scan(lease)
-        options = self.spec.options
-        bloom = None
-        if options.exactly_once:
-            bloom = BloomFilter(
-                max(options.bloom_expected_ids, 2 * len(snapshot.dedup_ids)),
-                options.bloom_false_positive_rate,
-            )
-            for record_id in snapshot.dedup_ids:
-                bloom.add(record_id)
-        timers: dict[str, dict[str, Timer]] = {}
-        for timer in snapshot.timers:
-            timers.setdefault(timer.key, {})[timer.tag] = timer
-        return _SoftState(
-            lease=lease,
-            states={},
-            timers=timers,
-            pending={p.record_id: p for p in snapshot.productions},
-            bloom=bloom,
+    def _committed(self, soft: _SoftState, keys: list[str]) -> dict[str, KeySnapshot]:
+        """The committed state and timers of ``keys``: from the cache, the rest in bulk."""
+        cache = self._cache
+        committed: dict[str, KeySnapshot] = {}
+        missing: list[str] = []
+        for key in keys:
+            snapshot = cache.get(soft.scope, key)
+            if snapshot is None:
+                missing.append(key)
+            else:
+                committed[key] = snapshot
+        if missing:
+            committed.update(self._store.read_keys(soft.lease, missing))
+        return committed
+
+    def _fresh(
+        self, soft: _SoftState, records: dict[str, list[Delivery]], rejected: list[Rejected]
+    ) -> tuple[dict[str, list[Delivery]], list[Rejected]]:
+        """The records and rejected input not processed before (exactly-once).
+
+        A repeat within the batch counts at its first delivery; the rest are looked up in the
+        store, all keys in one bulk read. Rejected input counts by its origin (or record ID),
+        since a replayed batch repeats it too.
+        """
+        firsts = first_occurrences(records, lambda d: d.record.record_id)
+        rejects = first_occurrences(
+            _by_key(rejected, lambda r: r.origin.key or ""), lambda r: r.origin.cause_id()
         )
+        candidates: dict[str, set[bytes]] = {}
+        for by_key in (firsts, rejects):
+            for key, items in by_key.items():
+                candidates.setdefault(key, set()).update(items)
+        seen = self._store.seen(soft.lease, candidates) if candidates else frozenset()
+        fresh_rejected = [r for items in unseen(rejects, seen).values() for r in items]
+        return unseen(firsts, seen), fresh_rejected
 
     def _check_interval(self, key: str) -> None:
         actual = key_interval(key, self.spec.options.key_intervals)
@@ -263,24 +298,6 @@ class IntervalWorker:
                 f"key {key!r} belongs to interval {actual} of {self.spec.name!r}, not "
                 f"{self.interval}; route deliveries with millstream.engine.keys.key_interval"
             )
-
-    def _fresh_rejected(
-        self, soft: _SoftState, rejected: list[Rejected], result: BatchResult
-    ) -> list[Rejected]:
-        """Rejected input not dead-lettered before: a replayed batch repeats it, and its
-        origin (or record ID) is its identity, deduplicated like a record's."""
-        if not self.spec.options.exactly_once or not rejected:
-            return rejected
-        assert soft.bloom is not None  # exactly-once workers always keep one
-        by_key: dict[str, dict[bytes, Rejected]] = {}
-        for item in rejected:
-            by_key.setdefault(item.origin.key or "", {}).setdefault(item.origin.cause_id(), item)
-        fresh: list[Rejected] = []
-        for key, items in by_key.items():
-            seen = seen_before(items, soft.bloom, partial(self._store.has_seen, soft.lease, key))
-            fresh.extend(item for cause, item in items.items() if cause not in seen)
-        result.duplicates += len(rejected) - len(fresh)
-        return fresh
 
     def _reject(
         self, rejected: Rejected, changes: dict[str, KeyChanges], result: BatchResult
@@ -314,21 +331,23 @@ class IntervalWorker:
             else:
                 return
 
-    def _remember(self, soft: _SoftState, committed: list[KeyChanges]) -> None:
+    def _remember(
+        self, soft: _SoftState, before: dict[str, KeySnapshot], committed: list[KeyChanges]
+    ) -> None:
+        """Bring the soft state up to the commit: the keys' cache entries, the pending
+        productions, and whether the interval's next timers must be read again."""
+        after = dict(before)
         for change in committed:
-            if change.state is not UNCHANGED:
-                soft.states[change.key] = change.state
-            if change.timers:
-                timers = effective_timers(soft.timers.get(change.key, {}), change)
-                if timers:
-                    soft.timers[change.key] = timers
-                else:
-                    soft.timers.pop(change.key, None)
-            if soft.bloom is not None:
-                for record_id in change.dedup_ids:
-                    soft.bloom.add(record_id)
+            if change.timers or change.previous_timers:
+                soft.next_timers = None
+            known = before.get(change.key)
+            if known is not None and (change.state is not UNCHANGED or change.timers):
+                state = known.state if change.state is UNCHANGED else change.state
+                after[change.key] = KeySnapshot(state, effective_timers(known.timers, change))
             for production in change.productions:
                 soft.pending[production.record_id] = production
+        for key, snapshot in after.items():
+            self._cache.put(soft.scope, key, snapshot)
 
     def _send(self, soft: _SoftState, productions: list[Production], result: BatchResult) -> None:
         if not productions:
@@ -348,7 +367,7 @@ class _KeyRun:
     def __init__(
         self,
         worker: IntervalWorker,
-        soft: _SoftState,
+        committed: KeySnapshot,
         changes: KeyChanges,
         watermarks: tuple[int, int],
         now: int,
@@ -357,7 +376,6 @@ class _KeyRun:
     ) -> None:
         self.worker = worker
         self.spec = worker.spec
-        self.soft = soft
         self.key = changes.key
         self.changes = changes
         # Records run under the watermark before the batch, timers under the one after it.
@@ -365,26 +383,18 @@ class _KeyRun:
         self.now = now
         self.result = result
         self.weak_outbox = weak_outbox
-        if self.key not in soft.states:
-            soft.states[self.key] = worker._store.read_state(soft.lease, self.key)
-        self.committed_state = soft.states[self.key]
-        self.committed_timers = soft.timers.get(self.key, {})
+        self.committed_state = committed.state
+        self.committed_timers = committed.timers
 
-    def run(self, deliveries: list[Delivery]) -> None:
-        fresh = self._fresh(deliveries) if self.spec.options.exactly_once else deliveries
-        self.result.duplicates += len(deliveries) - len(fresh)
+    def run(self, fresh: list[Delivery]) -> None:
+        """Run the key's fresh (deduplicated) records, then its due timers."""
         for delivery in fresh:
             self._record(delivery)
         self._fire_timers()
-
-    def _fresh(self, deliveries: list[Delivery]) -> list[Delivery]:
-        first: dict[bytes, Delivery] = {}
-        for delivery in deliveries:
-            first.setdefault(delivery.record.record_id, delivery)
-        assert self.soft.bloom is not None  # exactly-once workers always keep one
-        store, lease = self.worker._store, self.soft.lease
-        seen = seen_before(first, self.soft.bloom, lambda ids: store.has_seen(lease, self.key, ids))
-        return [d for record_id, d in first.items() if record_id not in seen]
+        # The committed timers these changes replace or delete leave the store's index.
+        self.changes.previous_timers.extend(
+            timer for tag, timer in self.committed_timers.items() if tag in self.changes.timers
+        )
 
     def _record(self, delivery: Delivery) -> None:
         record = delivery.record
@@ -543,24 +553,35 @@ def _timer_hook(computation: Computation, timer: Timer) -> Callable[[Context], N
     return lambda ctx: computation.process_timer(ctx, timer)
 
 
-def _progress(soft: _SoftState) -> IntervalProgress:
-    next_event: int | None = None
-    next_wall: int | None = None
-    for timers in soft.timers.values():
-        for timer in timers.values():
-            if timer.domain is TimeDomain.EVENT_TIME:
-                next_event = (
-                    timer.timestamp if next_event is None else min(next_event, timer.timestamp)
-                )
-            else:
-                next_wall = (
-                    timer.timestamp if next_wall is None else min(next_wall, timer.timestamp)
-                )
+def _by_key(items: Iterable[_Input], key: Callable[[_Input], str]) -> dict[str, list[_Input]]:
+    grouped: dict[str, list[_Input]] = {}
+    for item in items:
+        grouped.setdefault(key(item), []).append(item)
+    return grouped
+
+
+def _stale_index_entries(
+    due: list[Timer], committed: dict[str, KeySnapshot]
+) -> dict[str, list[Timer]]:
+    """Due index entries whose timer the key no longer holds as indexed (a commit replaced or
+    deleted it without naming it): dropped from the index in the key's next commit."""
+    stale: dict[str, list[Timer]] = {}
+    for timer in due:
+        current = committed[timer.key].timers.get(timer.tag)
+        if current is None or (current.timestamp, current.domain) != (
+            timer.timestamp,
+            timer.domain,
+        ):
+            stale.setdefault(timer.key, []).append(timer)
+    return stale
+
+
+def _progress(soft: _SoftState, timers: NextTimers) -> IntervalProgress:
     oldest_production = min((p.record.timestamp for p in soft.pending.values()), default=None)
-    oldest = [t for t in (next_event, oldest_production) if t is not None]
+    oldest = [t for t in (timers.event_time, oldest_production) if t is not None]
     return IntervalProgress(
         oldest_work=min(oldest) if oldest else None,
-        next_event_timer=next_event,
-        next_wall_timer=next_wall,
+        next_event_timer=timers.event_time,
+        next_wall_timer=timers.wall_time,
         pending=len(soft.pending),
     )

@@ -22,13 +22,15 @@ Spark's Python workers:
 **Per-process cache.** Spark reuses Python worker processes across tasks
 (``spark.python.worker.reuse``, on by default), so each process keeps, at module level, one
 Cassandra session, one store, one Kafka producer per set of endpoints, and the
-``IntervalWorker`` of every (computation run, interval) it has worked on. A worker's soft state
-(state cache, timers, pending productions, Bloom filter) is reused exactly when the sequencer
-says nobody else acquired the interval since this process's last batch on it
+``IntervalWorker`` of every (computation run, interval) it has worked on, sharing one
+:class:`~millstream.engine.cache.StateCache` bounded by ``config.executor_cache_bytes``. A
+worker's soft state (cached key state and timers, pending productions) is reused exactly when
+the sequencer says nobody else acquired the interval since this process's last batch on it
 (``BatchResult.rescanned`` is false); a batch of the interval that ran in another process, or
-a retried task, makes the next batch here rescan. Workers are keyed by the computation's
-*run token* (fresh whenever a runner adds the computation, kept across restarts of its query),
-so a computation removed and declared again never reuses workers of the earlier declaration.
+a retried task, makes the next batch here start over, reading only what it touches. Workers
+are keyed by the computation's *run token* (fresh whenever a runner adds the computation, kept
+across restarts of its query), so a computation removed and declared again never reuses
+workers of the earlier declaration.
 
 **Failures.** Whatever the worker raises (``FencedError``, an unresolved unknown outcome, a
 store or Kafka outage) fails the task: the interval's commit either applied completely for a
@@ -49,6 +51,7 @@ from typing import TYPE_CHECKING, Any, Final
 import pandas as pd
 
 from millstream.connectors.kafka import stream_topic
+from millstream.engine.cache import StateCache
 from millstream.engine.clock import SystemClock
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.deadletters import Origin
@@ -128,6 +131,7 @@ class _Resources:
     cluster: Any
     store: CassandraIntervalStore
     sink: KafkaProductionSink
+    cache: StateCache
     workers: dict[tuple[str, str, int], IntervalWorker] = field(default_factory=dict)
 
 
@@ -159,7 +163,9 @@ def _resources(settings: TaskSettings) -> _Resources:
         except BaseException:
             cluster.shutdown()
             raise
-        resources = _Resources(cluster, store, sink)
+        resources = _Resources(
+            cluster, store, sink, StateCache(settings.config.executor_cache_bytes)
+        )
         _CACHE[settings.endpoints] = resources
     return resources
 
@@ -285,7 +291,12 @@ def interval_task(
         cached = worker is not None
         if worker is None:
             worker = IntervalWorker(
-                spec, interval, store=resources.store, sink=resources.sink, clock=SystemClock()
+                spec,
+                interval,
+                store=resources.store,
+                sink=resources.sink,
+                clock=SystemClock(),
+                cache=resources.cache,
             )
             resources.workers[worker_key] = worker
         result = worker.process(inputs, watermark, timer_watermark=timer_watermark)

@@ -798,6 +798,9 @@ class _BatchHandler:
         self.settings = settings
         self.watermarks = watermarks
         self.data_topics = sorted({kafka_connector.stream_topic(i.stream) for i in spec.inputs})
+        # Interval tasks per batch: twice the cores, so uneven intervals still fill them all.
+        cores = running.spark.sparkContext.defaultParallelism
+        self.tasks = max(1, min(spec.options.key_intervals, 2 * cores))
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
@@ -879,8 +882,11 @@ class _BatchHandler:
             routed = routed.unionByName(
                 self.running.spark.createDataFrame(tick_rows(ticks), ROUTED_SCHEMA)
             )
+        # An explicit partition count: adaptive execution would otherwise coalesce the few
+        # small shuffle partitions of a micro-batch into one task and leave cores idle.
         return (
-            routed.groupBy("interval")
+            routed.repartition(self.tasks, "interval")
+            .groupBy("interval")
             .applyInPandas(
                 interval_task(self.spec, self.settings, watermark, timer_watermark),
                 RESULT_SCHEMA,

@@ -41,6 +41,9 @@ class KeyChanges:
 
     ``timers`` maps a tag to its new timer or to ``None`` (delete). ``productions`` are to be
     checkpointed as pending productions; ``dedup_ids`` are the IDs of the records consumed.
+    ``previous_timers`` are committed timers these changes replace or delete (or stale index
+    entries of them), named so a backend can drop them from its time-ordered index; the engine
+    fills it at commit time.
     """
 
     key: str
@@ -48,6 +51,7 @@ class KeyChanges:
     timers: dict[str, Timer | None] = field(default_factory=dict)
     productions: list[Production] = field(default_factory=list)
     dedup_ids: list[bytes] = field(default_factory=list)
+    previous_timers: list[Timer] = field(default_factory=list)
 
     def is_empty(self) -> bool:
         return (
@@ -55,6 +59,7 @@ class KeyChanges:
             and not self.timers
             and not self.productions
             and not self.dedup_ids
+            and not self.previous_timers
         )
 
     def merge(self, later: KeyChanges) -> None:
@@ -66,18 +71,21 @@ class KeyChanges:
         self.timers.update(later.timers)
         self.productions.extend(later.productions)
         self.dedup_ids.extend(later.dedup_ids)
+        self.previous_timers.extend(later.previous_timers)
 
     def approximate_size(self) -> int:
         """Bytes this change set adds to a store batch, for splitting commits."""
         size = _ROW_OVERHEAD + len(self.key.encode("utf-8"))
         if isinstance(self.state, bytes):
             size += len(self.state)
-        size += sum(_ROW_OVERHEAD + len(tag) for tag in self.timers)
+        # A timer is two rows: by key and tag, and in the time-ordered index.
+        size += sum(2 * (_ROW_OVERHEAD + len(tag)) for tag in self.timers)
         size += sum(
             _ROW_OVERHEAD + len(p.stream) + len(p.record.key) + len(p.record.value)
             for p in self.productions
         )
         size += (_ROW_OVERHEAD + 16) * len(self.dedup_ids)
+        size += sum(_ROW_OVERHEAD + len(t.tag) for t in self.previous_timers)
         return size
 
 

@@ -9,8 +9,9 @@ it on Cassandra. On Cassandra the mapping is one to one:
 * one table, partition key ``(computation, interval)``; a static ``sequencer`` column and a
   static ``last_commit`` marker column;
 * clustering rows ``(kind, key, item)``: ``state`` (``item`` empty), ``timer`` (``item`` the
-  tag), ``dedup`` (``item`` the record ID, written ``USING TTL``), ``production`` (``key`` empty,
-  ``item`` the record ID, so acknowledged productions are deleted by ID);
+  tag) and a time-ordered index of the timers (``key`` the timestamp, so due timers are a
+  range), ``dedup`` (``item`` the record ID, written ``USING TTL``), ``production`` (``key``
+  empty, one row per commit batch holding its productions);
 * :meth:`~IntervalStore.acquire` is an LWT ``UPDATE ... SET sequencer = s + 1 IF sequencer = s``
   (read ``s`` at SERIAL, retry on contention); every other write is an LWT conditional batch
   on that one partition ``IF sequencer = token AND last_commit = <the marker before>``,
@@ -18,10 +19,17 @@ it on Cassandra. On Cassandra the mapping is one to one:
   out and is proposed late (still queued at a coordinator) fails once anything was written
   after it;
 * reads run after the acquiring LWT, whose Paxos round completes or supersedes any write still
-  in flight from an earlier owner, so a scan cannot miss one (paper figure 12);
+  in flight from an earlier owner, so a read cannot miss one (paper figure 12);
 * an LWT timeout raises :class:`~millstream.engine.errors.UnknownOutcomeError`, resolved by
   :meth:`~IntervalStore.was_applied`, which either finds the write's marker or moves the chain
   past it (a SERIAL read alone would not stop a late proposal).
+
+**Cost grows with the batch, not with the interval.** A batch reads only what it touches, in
+bulk: the state and timers of its keys (:meth:`~IntervalStore.read_keys`), its dedup candidates
+(:meth:`~IntervalStore.seen`), its due timers (:meth:`~IntervalStore.due_timers`, a range of
+the time-ordered index), and, when a worker takes the interval over, the pending productions
+(:meth:`~IntervalStore.pending_productions`, bounded by what was not acknowledged yet). Only
+:meth:`~IntervalStore.scan`, for tests and tools, reads the whole interval.
 
 Times are integer microseconds from the store's injected clock.
 """
@@ -29,28 +37,41 @@ Times are integer microseconds from the store's injected clock.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Sequence, Set
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence, Set
+from dataclasses import dataclass, field
 
 from millstream.engine.productions import Production
 from millstream.engine.sequencer import Lease
 from millstream.engine.state import KeyChanges
 from millstream.engine.timers import Timer
 
-__all__ = ["IntervalSnapshot", "IntervalStore", "split_batches"]
+__all__ = ["IntervalSnapshot", "IntervalStore", "KeySnapshot", "NextTimers", "split_batches"]
 
 
 @dataclass(frozen=True, slots=True)
 class IntervalSnapshot:
-    """What a worker needs in memory to own an interval, read by :meth:`IntervalStore.scan`.
-
-    ``dedup_ids`` are the unexpired IDs (to fill the Bloom filter); ``productions`` are the
-    pending ones (to resend); ``timers`` all timers of all keys. State is read per key, lazily.
-    """
+    """Everything but the states of an interval, read by :meth:`IntervalStore.scan` (tests,
+    tools): all timers, the pending productions and the unexpired dedup IDs."""
 
     timers: tuple[Timer, ...]
     productions: tuple[Production, ...]
     dedup_ids: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class KeySnapshot:
+    """The committed state (``None``: none) and timers (by tag) of one key."""
+
+    state: bytes | None = None
+    timers: Mapping[str, Timer] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class NextTimers:
+    """The earliest timer of each domain in an interval (``None``: none); for watermarks."""
+
+    event_time: int | None = None
+    wall_time: int | None = None
 
 
 class IntervalStore(ABC):
@@ -75,16 +96,55 @@ class IntervalStore(ABC):
         """
 
     @abstractmethod
-    def scan(self, lease: Lease) -> IntervalSnapshot:
-        """All timers, pending productions and unexpired dedup IDs of the interval."""
+    def read_keys(self, lease: Lease, keys: Collection[str]) -> dict[str, KeySnapshot]:
+        """The committed state and timers of each of ``keys`` (a key with neither maps to an
+        empty :class:`KeySnapshot`), read in bulk: a few concurrent round trips per call,
+        never one per key."""
 
     @abstractmethod
+    def seen(
+        self, lease: Lease, record_ids: Mapping[str, Collection[bytes]]
+    ) -> Set[tuple[str, bytes]]:
+        """The ``(key, record ID)`` pairs among ``record_ids`` (IDs by key) committed as dedup
+        IDs of that key and not expired; one bulk read for all keys."""
+
+    @abstractmethod
+    def due_timers(self, lease: Lease, input_low_watermark: int, now: int) -> list[Timer]:
+        """The timers due under ``input_low_watermark`` and ``now`` (see
+        :meth:`~millstream.engine.timers.Timer.is_due`), in timestamp order, read as a range of
+        the time-ordered index: the cost grows with the due timers only.
+
+        An entry may be stale (its timer since replaced or deleted by a commit that did not
+        name it in :attr:`~millstream.engine.state.KeyChanges.previous_timers`): callers
+        compare it with the key's timers from :meth:`read_keys` and drop it by naming it in
+        ``previous_timers`` of the key's next commit.
+        """
+
+    @abstractmethod
+    def next_timers(self, lease: Lease) -> NextTimers:
+        """The earliest timer of each domain (possibly a stale index entry, which only makes
+        it earlier: safe for a low watermark)."""
+
+    @abstractmethod
+    def pending_productions(self, lease: Lease) -> tuple[Production, ...]:
+        """The committed productions not yet deleted as acknowledged, for a worker that takes
+        the interval over to resend (it may include acknowledged ones that share a stored row
+        with unacknowledged ones; resending them is harmless)."""
+
+    @abstractmethod
+    def scan(self, lease: Lease) -> IntervalSnapshot:
+        """All timers, pending productions and unexpired dedup IDs of the interval.
+
+        Reads the whole interval: for tests and tools, never on a batch's path.
+        """
+
     def read_state(self, lease: Lease, key: str) -> bytes | None:
         """The committed state of ``key``, or ``None`` if it has none."""
+        return self.read_keys(lease, [key])[key].state
 
-    @abstractmethod
     def has_seen(self, lease: Lease, key: str, record_ids: Collection[bytes]) -> Set[bytes]:
         """The IDs among ``record_ids`` committed as dedup IDs of ``key`` and not expired."""
+        return {record_id for _, record_id in self.seen(lease, {key: record_ids})}
 
     @abstractmethod
     def commit(self, lease: Lease, changes: Sequence[KeyChanges], *, dedup_ttl: int) -> None:

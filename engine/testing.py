@@ -337,7 +337,7 @@ class TopologyHarness:
                 for t in self.store.timers(computation)
                 if t.domain is TimeDomain.EVENT_TIME
             ),
-            *(p.record.timestamp for p in self.store.pending_productions(computation)),
+            *(p.record.timestamp for p in self.store.productions(computation)),
         ]
         return min(pending, default=END_OF_TIME)
 

@@ -1,10 +1,11 @@
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence, Set
+from collections.abc import Collection, Mapping, Sequence, Set
 from typing import TYPE_CHECKING
 
 import pytest
 
+from millstream.engine.cache import StateCache
 from millstream.engine.clock import ManualClock
 from millstream.engine.codecs import JsonCodec
 from millstream.engine.computation import Computation
@@ -23,6 +24,7 @@ from millstream.engine.records import (
     production_record_id,
 )
 from millstream.engine.sequencer import Lease
+from millstream.engine.store import KeySnapshot
 from millstream.engine.stores.memory.store import (
     FaultPoint,
     InjectedCrash,
@@ -75,15 +77,22 @@ class Appender(Computation):
 
 
 class CountingStore(MemoryIntervalStore):
-    """Counts the dedup lookups that reach the store."""
+    """Records the bulk reads that reach the store."""
 
     def __init__(self, clock: ManualClock) -> None:
         super().__init__(clock)
-        self.lookups: list[frozenset[bytes]] = []
+        self.lookups: list[dict[str, frozenset[bytes]]] = []
+        self.key_reads: list[frozenset[str]] = []
 
-    def has_seen(self, lease: Lease, key: str, record_ids: Collection[bytes]) -> Set[bytes]:
-        self.lookups.append(frozenset(record_ids))
-        return super().has_seen(lease, key, record_ids)
+    def seen(
+        self, lease: Lease, record_ids: Mapping[str, Collection[bytes]]
+    ) -> Set[tuple[str, bytes]]:
+        self.lookups.append({key: frozenset(ids) for key, ids in record_ids.items()})
+        return super().seen(lease, record_ids)
+
+    def read_keys(self, lease: Lease, keys: Collection[str]) -> dict[str, KeySnapshot]:
+        self.key_reads.append(frozenset(keys))
+        return super().read_keys(lease, keys)
 
 
 # -- records, state, productions ----------------------------------------------------------
@@ -101,7 +110,7 @@ def test_a_record_commits_state_and_its_production_is_sent_then_deleted(
     assert [p.record for p in sent] == [
         Record("k", b"a", 1, production_record_id("comp", record.record_id, 0))
     ]
-    assert workers.store.pending_productions("comp") == []
+    assert workers.store.productions("comp") == []
     assert (result.processed, result.acknowledged, result.pending) == (1, 1, 0)
 
 
@@ -149,19 +158,44 @@ def test_duplicates_in_a_batch_and_across_batches_are_dropped(
     assert (second.processed, second.duplicates) == (0, 1)
 
 
-def test_bloom_filter_spares_the_store_lookup_for_new_records(
+def test_a_batch_reads_its_keys_and_dedup_ids_in_one_bulk_read_each(
     make_workers: WorkersFactory, clock: ManualClock, sink: TestingSink, make_record: RecordFactory
 ) -> None:
     store = CountingStore(clock)
     workers = make_workers(store, sink)
-    spec = workers.spec(Appender())
+    spec = workers.spec(Appender(), options=ComputationOptions(key_intervals=1))
     worker = workers.worker(spec)
     seen = make_record("k", b"a")
     worker.process(deliver(seen), WM)
-    worker.process(deliver(make_record("k", b"b"), seen), WM)
+    fresh = [make_record(key, b"b") for key in ("k", "j", "i")]
+    result = worker.process(deliver(*fresh, seen, seen), WM)
 
-    # Only the ID the filter may contain went to the store; new ones did not.
-    assert store.lookups == [frozenset({seen.record_id})]
+    assert (result.processed, result.duplicates) == (3, 2)
+    assert store.lookups[-1] == {
+        "k": frozenset({seen.record_id, fresh[0].record_id}),
+        "j": frozenset({fresh[1].record_id}),
+        "i": frozenset({fresh[2].record_id}),
+    }
+    # The second batch read only the keys the cache did not hold, all at once.
+    assert store.key_reads == [frozenset({"k"}), frozenset({"i", "j"})]
+
+
+def test_a_small_cache_evicts_keys_and_reads_them_again(
+    make_workers: WorkersFactory, clock: ManualClock, sink: TestingSink, make_record: RecordFactory
+) -> None:
+    store = CountingStore(clock)
+    workers = make_workers(store, sink)
+    spec = workers.spec(Appender(), options=ComputationOptions(key_intervals=1))
+    cache = StateCache(max_bytes=1_000)  # room for about two keys
+    worker = IntervalWorker(spec, 0, store=store, sink=sink, clock=clock, cache=cache)
+    for key in "abc":
+        worker.process(deliver(make_record(key, b"x")), WM)
+    assert cache.bytes <= 1_000
+    assert cache.stats.evictions >= 1
+    worker.process(deliver(make_record("a", b"y")), WM)
+
+    assert store.key_reads[-1] == frozenset({"a"})
+    assert workers.state(spec)["a"] == ["x", "y"]
 
 
 def test_a_new_owner_rebuilds_dedup_from_the_store(
@@ -336,7 +370,7 @@ class InspectingSink(TestingSink):
         self.commits_at_send: list[int] = []
 
     def send(self, productions: Sequence[Production], timeout: float) -> Set[bytes]:
-        self.pending_at_send.append({p.record_id for p in self.store.pending_productions("comp")})
+        self.pending_at_send.append({p.record_id for p in self.store.productions("comp")})
         self.commits_at_send.append(len(self.store.commit_log))
         return super().send(productions, timeout)
 
@@ -350,7 +384,7 @@ def test_strong_productions_are_checkpointed_before_they_are_sent(
 
     (sent,) = sink.sent
     assert sink.pending_at_send == [{sent.record_id}]
-    assert store.pending_productions("comp") == []
+    assert store.productions("comp") == []
 
 
 def test_unacknowledged_productions_stay_pending_and_are_resent(
@@ -362,12 +396,12 @@ def test_unacknowledged_productions_stay_pending_and_are_resent(
     worker = workers.worker(workers.spec(Appender()))
     first = worker.process(deliver(make_record("k", b"a")), WM)
     assert (first.acknowledged, first.pending) == (0, 1)
-    assert len(store.pending_productions("comp")) == 1
+    assert len(store.productions("comp")) == 1
 
     outcome = SendOutcome.ACKNOWLEDGED
     second = worker.process([], WM)
     assert (second.acknowledged, second.pending) == (1, 0)
-    assert store.pending_productions("comp") == []
+    assert store.productions("comp") == []
     assert len(sink.sent) == 2
     assert len(sink.delivered()) == 1
 
@@ -383,7 +417,7 @@ def test_a_new_owner_resends_what_the_crashed_one_committed(
 
     workers.worker(spec).process([], WM)
     assert [p.record.value for p in workers.sink.sent] == [b"a"]
-    assert workers.store.pending_productions("comp") == []
+    assert workers.store.productions("comp") == []
 
 
 def test_weak_productions_are_sent_before_the_commit_and_not_checkpointed(
@@ -399,7 +433,7 @@ def test_weak_productions_are_sent_before_the_commit_and_not_checkpointed(
     assert sink.commits_at_send == [0]
     assert sink.pending_at_send == [set()]
     assert result.acknowledged == 1
-    assert store.pending_productions("comp") == []
+    assert store.productions("comp") == []
     assert workers.state(spec) == {"k": ["a"]}
 
 
@@ -414,11 +448,11 @@ def test_weak_stragglers_are_checkpointed_and_resent(
     )
     worker = workers.worker(spec)
     worker.process(deliver(make_record("k", b"a")), WM)
-    assert [p.record.value for p in store.pending_productions("comp")] == [b"a"]
+    assert [p.record.value for p in store.productions("comp")] == [b"a"]
 
     outcome = SendOutcome.ACKNOWLEDGED
     worker.process([], WM)
-    assert store.pending_productions("comp") == []
+    assert store.productions("comp") == []
     assert len(sink.delivered()) == 1
 
 

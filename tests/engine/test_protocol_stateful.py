@@ -316,7 +316,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         assert self.downstream_values == {
             effect.encode() for counts in expected.values() for effect in counts
         } | {b"dead:" + r.record_id for r in distinct if r.value == b"boom"}
-        assert self.store.pending_productions("tally") == []
+        assert self.store.productions("tally") == []
         assert self.store.timers("tally") == []
 
 

@@ -5,9 +5,13 @@ The mapping is the one :mod:`millstream.engine.store` describes, on one table::
     CREATE TABLE <keyspace>.<table> (
         computation     text,
         interval        int,
-        kind            text,    -- 'state' | 'timer' | 'dedup' | 'production'
-        key             text,    -- '' for productions (deleted by ID, whoever made them)
-        item            blob,    -- '' for state, the tag (UTF-8) for timers, else record ID
+        kind            text,    -- 'state' | 'timer' | 'timer_event' | 'timer_wall'
+                                 -- | 'dedup' | 'production'
+        key             text,    -- the key; the timestamp in the timer index; '' for
+                                 -- productions
+        item            blob,    -- '' for state, the tag (UTF-8) for timers, the key and
+                                 -- tag in the timer index, the record ID for dedup, the
+                                 -- commit batch's marker for productions
         sequencer       bigint static,
         last_commit     blob static,
         value           blob,    -- state
@@ -15,9 +19,24 @@ The mapping is the one :mod:`millstream.engine.store` describes, on one table::
         timer_domain    text,
         timer_set_by    blob,
         expires         bigint,  -- dedup: injected-clock µs; the row also has a TTL
-        stream          text,    -- production
-        record          blob,    --   its envelope, Avro single-object encoded
+        stream          text,    -- unused (rows of earlier versions)
+        record          blob,    -- production: the batch's productions, packed
         PRIMARY KEY ((computation, interval), kind, key, item))
+
+Rows a batch touches, and how it reads them (paper 6.1.1: the checkpoint is coalesced):
+
+* **State and timers of the batch's keys**: one ``kind IN ('state', 'timer') AND key IN ?``
+  query per :data:`_KEYS_PER_READ` keys, all in flight at once.
+* **Dedup candidates**: one ``kind = 'dedup' AND (key, item) IN ?`` query per
+  :data:`_KEYS_PER_READ` record IDs, all in flight at once.
+* **Due timers**: every timer is also a row of the time-ordered index ``timer_event`` or
+  ``timer_wall`` whose ``key`` is its timestamp as a fixed-width decimal (so text order is
+  time order); the due ones are the range ``key < <watermark>``, the next one the first row.
+  An index row is written and deleted in the same conditional batch as its timer's row.
+* **Pending productions**: one row per commit batch holds all its productions (``record``:
+  per production a 2-byte stream length, the stream, a 4-byte record length, the record
+  envelope), deleted once all of them were acknowledged; only a worker taking the interval
+  over reads them.
 
 Rules that make the contract hold:
 
@@ -81,9 +100,10 @@ from __future__ import annotations
 
 import random
 import re
+import struct
 import time
 import uuid
-from collections.abc import Collection, Iterator, Sequence, Set
+from collections.abc import Collection, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
@@ -99,8 +119,14 @@ from millstream.engine.productions import Production
 from millstream.engine.records import decode_record, encode_record
 from millstream.engine.sequencer import INITIAL_SEQUENCER, Lease
 from millstream.engine.state import UNCHANGED, KeyChanges
-from millstream.engine.store import IntervalSnapshot, IntervalStore, split_batches
-from millstream.engine.timers import TimeDomain, Timer
+from millstream.engine.store import (
+    IntervalSnapshot,
+    IntervalStore,
+    KeySnapshot,
+    NextTimers,
+    split_batches,
+)
+from millstream.engine.timers import TimeDomain, Timer, firing_order
 
 __all__ = [
     "DEFAULT_ACQUIRE_ATTEMPTS",
@@ -129,8 +155,14 @@ _MICROS_PER_SECOND = 1_000_000
 # Protocol v5 error code of CasWriteUnknownResultException; the Python driver surfaces it
 # as a bare ErrorMessage.
 _CAS_WRITE_UNKNOWN = 0x1700
-# Rows of IDs per SELECT ... IN: keeps each read small; IN lists are cheap per partition.
-_IDS_PER_READ = 256
+# Keys (or record IDs) per SELECT ... IN: large enough that a batch needs few round trips,
+# small enough that one read stays cheap for the coordinator (about 68k keys/s at 200 here).
+_KEYS_PER_READ = 200
+_TIMER_INDEX: Final = {TimeDomain.EVENT_TIME: "timer_event", TimeDomain.WALL_TIME: "timer_wall"}
+# Timestamps in the index as fixed-width decimals of (timestamp + 2^63): text order = time order.
+_TIMESTAMP_OFFSET = 2**63
+_PACKED_STREAM = struct.Struct(">H")
+_PACKED_RECORD = struct.Struct(">I")
 # Approximate bytes one production delete adds to a batch (row overhead plus a 16-byte ID),
 # so delete batches obey the same byte limit as commits.
 _DELETE_BYTES = 64
@@ -262,6 +294,8 @@ class CassandraIntervalStore(IntervalStore):
         # and its latest write with an unknown outcome.
         self._heads: dict[tuple[str, int], tuple[int, bytes | None]] = {}
         self._uncertain: dict[tuple[str, int], _Uncertain] = {}
+        # Per interval: the production rows (by item) and the IDs in them not yet acknowledged.
+        self._production_rows: dict[tuple[str, int], dict[bytes, set[bytes]]] = {}
         if datacenter_local:
             self._serial, self._quorum = (
                 ConsistencyLevel.LOCAL_SERIAL,
@@ -350,36 +384,102 @@ class CassandraIntervalStore(IntervalStore):
         return IntervalSnapshot(
             timers=tuple(_timer(row) for row in _rows(timers.result())),
             productions=tuple(
-                Production(row["stream"], decode_record(row["record"]))
+                production
                 for row in _rows(productions.result())
+                for production in _unpack_productions(row["record"])
             ),
             dedup_ids=tuple(row["item"] for row in _rows(dedup.result()) if row["expires"] > now),
         )
 
-    def read_state(self, lease: Lease, key: str) -> bytes | None:
-        result = self._execute(
-            self._statements.read_state, (lease.computation, lease.interval, key)
-        )
-        rows = list(_rows(result))
-        return rows[0]["value"] if rows else None
+    def read_keys(self, lease: Lease, keys: Collection[str]) -> dict[str, KeySnapshot]:
+        distinct = list(dict.fromkeys(keys))
+        partition = (lease.computation, lease.interval)
+        futures = [
+            self._session.execute_async(
+                self._statements.read_keys,
+                (*partition, distinct[start : start + _KEYS_PER_READ]),
+                timeout=self.request_timeout,
+            )
+            for start in range(0, len(distinct), _KEYS_PER_READ)
+        ]
+        states: dict[str, bytes] = {}
+        timers: dict[str, dict[str, Timer]] = {}
+        for future in futures:
+            for row in _rows(future.result()):
+                if row["kind"] == "state":
+                    states[row["key"]] = row["value"]
+                else:
+                    timer = _timer(row)
+                    timers.setdefault(timer.key, {})[timer.tag] = timer
+        return {key: KeySnapshot(states.get(key), timers.get(key, {})) for key in distinct}
 
-    def has_seen(self, lease: Lease, key: str, record_ids: Collection[bytes]) -> Set[bytes]:
-        ids = list(dict.fromkeys(record_ids))
+    def seen(
+        self, lease: Lease, record_ids: Mapping[str, Collection[bytes]]
+    ) -> Set[tuple[str, bytes]]:
+        pairs = list(
+            dict.fromkeys((key, record_id) for key, ids in record_ids.items() for record_id in ids)
+        )
         futures = [
             self._session.execute_async(
                 self._statements.read_dedup,
-                (lease.computation, lease.interval, key, ids[start : start + _IDS_PER_READ]),
+                (lease.computation, lease.interval, pairs[start : start + _KEYS_PER_READ]),
                 timeout=self.request_timeout,
             )
-            for start in range(0, len(ids), _IDS_PER_READ)
+            for start in range(0, len(pairs), _KEYS_PER_READ)
         ]
         now = self.clock.now()
         return {
-            row["item"]
+            (row["key"], row["item"])
             for future in futures
             for row in _rows(future.result())
             if row["expires"] > now
         }
+
+    def due_timers(self, lease: Lease, input_low_watermark: int, now: int) -> list[Timer]:
+        # Event time is due below the watermark, wall time at or below now.
+        bounds = {
+            TimeDomain.EVENT_TIME: input_low_watermark,
+            TimeDomain.WALL_TIME: now + 1,
+        }
+        futures = [
+            self._session.execute_async(
+                self._statements.read_due,
+                (lease.computation, lease.interval, _TIMER_INDEX[domain], _index_time(bound)),
+                timeout=self.request_timeout,
+            )
+            for domain, bound in bounds.items()
+        ]
+        timers = [_indexed_timer(row) for future in futures for row in _rows(future.result())]
+        return sorted(timers, key=firing_order)
+
+    def next_timers(self, lease: Lease) -> NextTimers:
+        futures = {
+            domain: self._session.execute_async(
+                self._statements.read_first_timer,
+                (lease.computation, lease.interval, kind),
+                timeout=self.request_timeout,
+            )
+            for domain, kind in _TIMER_INDEX.items()
+        }
+        first = {
+            domain: next((int(row["key"]) - _TIMESTAMP_OFFSET for row in _rows(f.result())), None)
+            for domain, f in futures.items()
+        }
+        return NextTimers(first[TimeDomain.EVENT_TIME], first[TimeDomain.WALL_TIME])
+
+    def pending_productions(self, lease: Lease) -> tuple[Production, ...]:
+        result = self._execute(
+            self._statements.scan_productions, (lease.computation, lease.interval)
+        )
+        rows: dict[bytes, set[bytes]] = {}
+        productions: list[Production] = []
+        for row in _rows(result):
+            unpacked = _unpack_productions(row["record"])
+            rows[row["item"]] = {p.record_id for p in unpacked}
+            productions.extend(unpacked)
+        # What this instance knows of the interval's production rows starts over from here.
+        self._production_rows[(lease.computation, lease.interval)] = rows
+        return tuple(productions)
 
     def commit(self, lease: Lease, changes: Sequence[KeyChanges], *, dedup_ttl: int) -> None:
         keys = [change.key for change in changes]
@@ -387,23 +487,40 @@ class CassandraIntervalStore(IntervalStore):
             raise ValueError("each key may appear once per commit: merge its changes first")
         ttl_seconds = _ttl_seconds(dedup_ttl)
         for change in changes:
-            rows = _row_count(change)
-            if rows + 1 > MAX_BATCH_STATEMENTS:
+            count = _row_count(change)
+            if count + 1 > MAX_BATCH_STATEMENTS:
                 raise ValueError(
-                    f"key {change.key!r} carries {rows} row changes, more than one Cassandra "
+                    f"key {change.key!r} carries {count} row changes, more than one Cassandra "
                     f"batch can hold ({MAX_BATCH_STATEMENTS - 1} besides its guard) and one "
                     "key's changes are never split; give this key fewer records per batch"
                 )
         batches = _cap_statements(split_batches(changes, self.max_batch_bytes))
+        partition = (lease.computation, lease.interval)
         for number, batch in enumerate(batches):
             expires = self.clock.now() + dedup_ttl
+            rows = [
+                row
+                for change in batch
+                for row in self._rows_of(lease, change, expires, ttl_seconds)
+            ]
+            productions = [p for change in batch for p in change.productions]
+            if productions:
+                # One row for all of the batch's productions (paper 6.1.1's coalesced
+                # checkpoint). Known before the write, so that deleting it later is possible
+                # whatever the outcome: deleting a row that never landed is harmless.
+                item = _new_marker()
+                rows.append(
+                    (
+                        self._statements.put_productions,
+                        (*partition, item, _pack_productions(productions)),
+                    )
+                )
+                self._production_rows.setdefault(partition, {})[item] = {
+                    p.record_id for p in productions
+                }
             self._write(
                 lease,
-                [
-                    row
-                    for change in batch
-                    for row in self._rows_of(lease, change, expires, ttl_seconds)
-                ],
+                rows,
                 sum(change.approximate_size() for change in batch),
                 what=f"commit of {len(batch)} key(s)",
                 uncertain_keys=tuple(change.key for change in batch),
@@ -464,25 +581,34 @@ class CassandraIntervalStore(IntervalStore):
         return entry.outcome
 
     def delete_productions(self, lease: Lease, record_ids: Collection[bytes]) -> None:
-        """Delete acknowledged productions in conditional batches under the byte limit.
+        """Delete the production rows all of whose productions are now acknowledged.
 
-        With no IDs it still runs the guard, so a stale lease is reported as for any write.
-        Like a commit it moves ``last_commit``; an unknown outcome carries that marker and no
-        keys (deletes are idempotent: repeating them is the whole recovery).
+        A row holds one commit batch's productions; it stays while any of them is not
+        acknowledged (a worker taking over resends the whole row, harmlessly). This instance
+        knows the rows it wrote and the ones :meth:`pending_productions` read; IDs of other
+        rows are ignored. Conditional batches under the byte limit, like a commit; with
+        nothing to delete it still runs the guard, so a stale lease is reported as for any
+        write. An unknown outcome carries the marker and no keys (deletes are idempotent:
+        repeating them is the whole recovery).
         """
-        ids = list(dict.fromkeys(record_ids))
+        partition = (lease.computation, lease.interval)
+        rows = self._production_rows.get(partition, {})
+        acknowledged = set(record_ids)
+        done: list[bytes] = []
+        for item, ids in list(rows.items()):
+            ids -= acknowledged
+            if not ids:
+                done.append(item)
+                del rows[item]
         per_batch = max(1, min(self.max_batch_bytes // _DELETE_BYTES, MAX_BATCH_STATEMENTS - 1))
-        chunks = [ids[start : start + per_batch] for start in range(0, len(ids), per_batch)]
+        chunks = [done[start : start + per_batch] for start in range(0, len(done), per_batch)]
         delete = self._statements.delete_row
         for chunk in chunks or [[]]:
             self._write(
                 lease,
-                [
-                    (delete, (lease.computation, lease.interval, "production", "", record_id))
-                    for record_id in chunk
-                ],
+                [(delete, (*partition, "production", "", item)) for item in chunk],
                 _DELETE_BYTES * len(chunk),
-                what=f"deletion of {len(chunk)} acknowledged production(s)",
+                what=f"deletion of {len(chunk)} acknowledged production row(s)",
                 uncertain_keys=(),
                 unattempted_keys=(),
             )
@@ -506,27 +632,25 @@ class CassandraIntervalStore(IntervalStore):
             rows.append((statements.delete_row, (*partition, "state", key, b"")))
         elif change.state is not UNCHANGED:
             rows.append((statements.put_state, (*partition, key, change.state)))
+        indexed: set[tuple[str, str, bytes]] = set()
         for tag, timer in change.timers.items():
             item = tag.encode("utf-8")
             if timer is None:
                 rows.append((statements.delete_row, (*partition, "timer", key, item)))
-            else:
-                rows.append(
-                    (
-                        statements.put_timer,
-                        (*partition, key, item, timer.timestamp, timer.domain.value, timer.set_by),
-                    )
-                )
+                continue
+            timer_columns = (timer.timestamp, timer.domain.value, timer.set_by)
+            rows.append((statements.put_timer, (*partition, key, item, *timer_columns)))
+            index = _index_row(timer)
+            indexed.add(index)
+            rows.append((statements.put_index, (*partition, *index, *timer_columns)))
+        for previous in change.previous_timers:
+            # A delete and a put of one row in one batch share a timestamp, and the delete
+            # would win: a timer set again at the same time keeps its index row.
+            index = _index_row(previous)
+            if index not in indexed:
+                rows.append((statements.delete_row, (*partition, *index)))
         for record_id in dict.fromkeys(change.dedup_ids):
             rows.append((statements.put_dedup, (*partition, key, record_id, expires, ttl_seconds)))
-        for production in change.productions:
-            record = encode_record(production.record)
-            rows.append(
-                (
-                    statements.put_production,
-                    (*partition, production.record_id, production.stream, record),
-                )
-            )
         return rows
 
     def _write(
@@ -674,18 +798,29 @@ class _Statements:
         self.put_dedup = self._prepare(
             f"INSERT INTO {name} ({columns}, expires) VALUES (?, ?, 'dedup', ?, ?, ?) USING TTL ?"
         )
-        self.put_production = self._prepare(
-            f"INSERT INTO {name} ({columns}, stream, record) "
-            "VALUES (?, ?, 'production', '', ?, ?, ?)"
+        self.put_index = self._prepare(
+            f"INSERT INTO {name} ({columns}, timer_timestamp, timer_domain, timer_set_by) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+        )
+        self.put_productions = self._prepare(
+            f"INSERT INTO {name} ({columns}, record) VALUES (?, ?, 'production', '', ?, ?)"
         )
         self.delete_row = self._prepare(
             f"DELETE FROM {name} {where} AND kind = ? AND key = ? AND item = ?"
         )
-        self.read_state = self._prepare(
-            f"SELECT value FROM {name} {where} AND kind = 'state' AND key = ? AND item = 0x"
+        timer_columns = "timer_timestamp, timer_domain, timer_set_by"
+        self.read_keys = self._prepare(
+            f"SELECT kind, key, item, value, {timer_columns} FROM {name} {where} "
+            "AND kind IN ('state', 'timer') AND key IN ?"
         )
         self.read_dedup = self._prepare(
-            f"SELECT item, expires FROM {name} {where} AND kind = 'dedup' AND key = ? AND item IN ?"
+            f"SELECT key, item, expires FROM {name} {where} AND kind = 'dedup' AND (key, item) IN ?"
+        )
+        self.read_due = self._prepare(
+            f"SELECT item, {timer_columns} FROM {name} {where} AND kind = ? AND key < ?"
+        )
+        self.read_first_timer = self._prepare(
+            f"SELECT key FROM {name} {where} AND kind = ? LIMIT 1"
         )
         self.scan_timers = self._prepare(
             f"SELECT key, item, timer_timestamp, timer_domain, timer_set_by FROM {name} "
@@ -695,7 +830,7 @@ class _Statements:
             f"SELECT item, expires FROM {name} {where} AND kind = 'dedup'"
         )
         self.scan_productions = self._prepare(
-            f"SELECT stream, record FROM {name} {where} AND kind = 'production'"
+            f"SELECT item, record FROM {name} {where} AND kind = 'production'"
         )
 
     def _prepare(self, cql: str, *, lwt: bool = False, serial_read: bool = False) -> Any:
@@ -752,6 +887,55 @@ def _timer(row: dict[str, Any]) -> Timer:
     )
 
 
+def _index_time(timestamp: int) -> str:
+    return f"{timestamp + _TIMESTAMP_OFFSET:020d}"
+
+
+def _index_row(timer: Timer) -> tuple[str, str, bytes]:
+    """The (kind, key, item) of a timer's row in the time-ordered index."""
+    key = timer.key.encode("utf-8")
+    item = _PACKED_RECORD.pack(len(key)) + key + timer.tag.encode("utf-8")
+    return _TIMER_INDEX[timer.domain], _index_time(timer.timestamp), item
+
+
+def _indexed_timer(row: dict[str, Any]) -> Timer:
+    item: bytes = row["item"]
+    (length,) = _PACKED_RECORD.unpack_from(item)
+    start = _PACKED_RECORD.size
+    return Timer(
+        key=item[start : start + length].decode("utf-8"),
+        tag=item[start + length :].decode("utf-8"),
+        timestamp=row["timer_timestamp"],
+        domain=TimeDomain(row["timer_domain"]),
+        set_by=row["timer_set_by"] or b"",
+    )
+
+
+def _pack_productions(productions: Sequence[Production]) -> bytes:
+    parts: list[bytes] = []
+    for production in productions:
+        stream = production.stream.encode("utf-8")
+        record = encode_record(production.record)
+        parts += (_PACKED_STREAM.pack(len(stream)), stream, _PACKED_RECORD.pack(len(record)))
+        parts.append(record)
+    return b"".join(parts)
+
+
+def _unpack_productions(packed: bytes) -> list[Production]:
+    productions: list[Production] = []
+    offset = 0
+    while offset < len(packed):
+        (length,) = _PACKED_STREAM.unpack_from(packed, offset)
+        offset += _PACKED_STREAM.size
+        stream = packed[offset : offset + length].decode("utf-8")
+        offset += length
+        (length,) = _PACKED_RECORD.unpack_from(packed, offset)
+        offset += _PACKED_RECORD.size
+        productions.append(Production(stream, decode_record(packed[offset : offset + length])))
+        offset += length
+    return productions
+
+
 def _ttl_seconds(dedup_ttl: int) -> int:
     if dedup_ttl <= 0:
         raise ValueError(
@@ -770,7 +954,9 @@ def _ttl_seconds(dedup_ttl: int) -> int:
 
 def _row_count(change: KeyChanges) -> int:
     state = 0 if change.state is UNCHANGED else 1
-    return state + len(change.timers) + len(set(change.dedup_ids)) + len(change.productions)
+    timers = 2 * len(change.timers) + len(change.previous_timers)
+    # Productions share one row per batch; counting each keeps the cap conservative.
+    return state + timers + len(set(change.dedup_ids)) + len(change.productions)
 
 
 def _cap_statements(batches: list[list[KeyChanges]]) -> list[list[KeyChanges]]:

@@ -26,7 +26,7 @@ import enum
 import itertools
 import struct
 from collections import deque
-from collections.abc import Callable, Collection, Sequence, Set
+from collections.abc import Callable, Collection, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 
 from millstream.engine.clock import Clock
@@ -34,8 +34,14 @@ from millstream.engine.errors import FencedError, UnknownOutcomeError
 from millstream.engine.productions import Production
 from millstream.engine.sequencer import INITIAL_SEQUENCER, Lease
 from millstream.engine.state import UNCHANGED, KeyChanges
-from millstream.engine.store import IntervalSnapshot, IntervalStore, split_batches
-from millstream.engine.timers import Timer
+from millstream.engine.store import (
+    IntervalSnapshot,
+    IntervalStore,
+    KeySnapshot,
+    NextTimers,
+    split_batches,
+)
+from millstream.engine.timers import TimeDomain, Timer, due_timers
 
 __all__ = [
     "DEFAULT_MAX_BATCH_BYTES",
@@ -178,15 +184,48 @@ class MemoryIntervalStore(IntervalStore):
             ),
         )
 
-    def read_state(self, lease: Lease, key: str) -> bytes | None:
+    def read_keys(self, lease: Lease, keys: Collection[str]) -> dict[str, KeySnapshot]:
         self._fault(FaultPoint.BEFORE_READ)
-        return self._partition(lease.computation, lease.interval).states.get(key)
+        partition = self._partition(lease.computation, lease.interval)
+        return {
+            key: KeySnapshot(partition.states.get(key), dict(partition.timers.get(key, {})))
+            for key in keys
+        }
 
-    def has_seen(self, lease: Lease, key: str, record_ids: Collection[bytes]) -> Set[bytes]:
+    def seen(
+        self, lease: Lease, record_ids: Mapping[str, Collection[bytes]]
+    ) -> Set[tuple[str, bytes]]:
         self._fault(FaultPoint.BEFORE_READ)
-        ids = self._partition(lease.computation, lease.interval).dedup.get(key, {})
+        partition = self._partition(lease.computation, lease.interval)
         now = self.clock.now()
-        return {r for r in record_ids if ids.get(r, now) > now}
+        return {
+            (key, record_id)
+            for key, candidates in record_ids.items()
+            for record_id in candidates
+            if partition.dedup.get(key, {}).get(record_id, now) > now
+        }
+
+    def due_timers(self, lease: Lease, input_low_watermark: int, now: int) -> list[Timer]:
+        self._fault(FaultPoint.BEFORE_READ)
+        partition = self._partition(lease.computation, lease.interval)
+        timers = (t for timers in partition.timers.values() for t in timers.values())
+        return due_timers(timers, input_low_watermark, now)
+
+    def next_timers(self, lease: Lease) -> NextTimers:
+        partition = self._partition(lease.computation, lease.interval)
+        timers = [t for timers in partition.timers.values() for t in timers.values()]
+        return NextTimers(
+            event_time=min(
+                (t.timestamp for t in timers if t.domain is TimeDomain.EVENT_TIME), default=None
+            ),
+            wall_time=min(
+                (t.timestamp for t in timers if t.domain is TimeDomain.WALL_TIME), default=None
+            ),
+        )
+
+    def pending_productions(self, lease: Lease) -> tuple[Production, ...]:
+        self._fault(FaultPoint.BEFORE_SCAN)
+        return tuple(self._partition(lease.computation, lease.interval).productions.values())
 
     def commit(self, lease: Lease, changes: Sequence[KeyChanges], *, dedup_ttl: int) -> None:
         keys = [change.key for change in changes]
@@ -256,7 +295,8 @@ class MemoryIntervalStore(IntervalStore):
             for timer in timers.values()
         ]
 
-    def pending_productions(self, computation: str) -> list[Production]:
+    def productions(self, computation: str) -> list[Production]:
+        """The pending productions of every interval of ``computation``."""
         return [
             production
             for (name, _), partition in sorted(self._partitions.items())

@@ -18,8 +18,8 @@ from millstream.engine.errors import FencedError
 from millstream.engine.productions import Production
 from millstream.engine.records import Record, injector_record_id
 from millstream.engine.sequencer import Lease
-from millstream.engine.state import KeyChanges
-from millstream.engine.store import IntervalSnapshot, IntervalStore
+from millstream.engine.state import UNCHANGED, KeyChanges
+from millstream.engine.store import IntervalSnapshot, IntervalStore, KeySnapshot, NextTimers
 from millstream.engine.stores.cassandra import CassandraIntervalStore, create_schema
 from millstream.engine.stores.memory import MemoryIntervalStore
 from millstream.engine.timers import TimeDomain, Timer
@@ -296,3 +296,87 @@ def test_deleting_productions_that_are_not_pending_is_harmless(backend: Backend)
     store.delete_productions(lease, [rid(99), rid(99)])
     store.delete_productions(lease, [])
     assert store.scan(lease).productions == (production(1),)
+
+
+# -- what a batch reads: in bulk, only what it touches -------------------------------------
+
+
+def test_read_keys_returns_state_and_timers_of_many_keys_at_once(backend: Backend) -> None:
+    store = backend.store()
+    lease = store.acquire("c", 0)
+    keys = [f"key-{n:04}" for n in range(450)]  # more than one read's worth
+    store.commit(
+        lease,
+        [
+            KeyChanges(
+                key,
+                state=key.encode() if n % 3 else UNCHANGED,
+                timers={"t": Timer(key, "t", n)} if n % 2 else {},
+            )
+            for n, key in enumerate(keys)
+        ],
+        dedup_ttl=TTL,
+    )
+    read = store.read_keys(lease, [*keys, "absent", keys[0]])
+
+    assert set(read) == {*keys, "absent"}
+    assert read["absent"] == KeySnapshot()
+    for n, key in enumerate(keys):
+        assert read[key].state == (key.encode() if n % 3 else None)
+        assert dict(read[key].timers) == ({"t": Timer(key, "t", n)} if n % 2 else {})
+    assert store.read_keys(lease, []) == {}
+
+
+def test_seen_answers_by_key_and_id_across_many_keys(backend: Backend) -> None:
+    store = backend.store()
+    lease = store.acquire("c", 0)
+    store.commit(lease, [change(f"k{n}", ids=(n,)) for n in range(300)], dedup_ttl=TTL)
+    asked = {f"k{n}": [rid(n), rid(n + 1_000)] for n in range(300)}
+    asked["k0"].append(rid(1))  # committed, but under k1
+
+    assert store.seen(lease, asked) == {(f"k{n}", rid(n)) for n in range(300)}
+    assert store.seen(lease, {}) == set()
+    backend.clock.advance(TTL)
+    assert store.seen(lease, asked) == set()
+
+
+def test_due_and_next_timers_follow_the_firing_rule(backend: Backend) -> None:
+    store = backend.store()
+    lease = store.acquire("c", 0)
+    assert store.due_timers(lease, 10**15, 10**15) == []
+    assert store.next_timers(lease) == NextTimers()
+    timers = [
+        Timer("a", "x", 5),
+        Timer("b", "y", 7),
+        Timer("a", "z", 20),
+        Timer("c", "w", 6, TimeDomain.WALL_TIME, set_by=rid(1)),
+        Timer("c", "v", 30, TimeDomain.WALL_TIME),
+    ]
+    by_key: dict[str, dict[str, Timer | None]] = {}
+    for timer in timers:
+        by_key.setdefault(timer.key, {})[timer.tag] = timer
+    store.commit(lease, [KeyChanges(k, timers=t) for k, t in sorted(by_key.items())], dedup_ttl=TTL)
+
+    # Event time is due strictly below the watermark, wall time at or below now; in
+    # timestamp order.
+    assert store.due_timers(lease, 7, 6) == [timers[0], timers[3]]
+    assert store.due_timers(lease, 21, 5) == [timers[0], timers[1], timers[2]]
+    assert store.next_timers(lease) == NextTimers(event_time=5, wall_time=6)
+    store.commit(
+        lease,
+        [KeyChanges("a", timers={"x": None}, previous_timers=[timers[0]])],
+        dedup_ttl=TTL,
+    )
+    assert store.due_timers(lease, 21, 0) == [timers[1], timers[2]]
+    assert store.next_timers(lease) == NextTimers(event_time=7, wall_time=6)
+
+
+def test_pending_productions_are_those_not_deleted(backend: Backend) -> None:
+    store = backend.store()
+    lease = store.acquire("c", 0)
+    store.commit(lease, [KeyChanges("k", productions=[production(1)])], dedup_ttl=TTL)
+    store.commit(lease, [KeyChanges("j", productions=[production(2, "j")])], dedup_ttl=TTL)
+    store.delete_productions(lease, [rid(1)])
+
+    # What a worker taking the interval over reads back.
+    assert store.pending_productions(store.acquire("c", 0)) == (production(2, "j"),)

@@ -31,7 +31,7 @@ from millstream.engine.protocol import Delivery, IntervalWorker
 from millstream.engine.records import Record, injector_record_id
 from millstream.engine.sequencer import Lease
 from millstream.engine.state import KeyChanges
-from millstream.engine.store import split_batches
+from millstream.engine.store import NextTimers, split_batches
 from millstream.engine.stores.cassandra import (
     DEFAULT_MAX_BATCH_BYTES,
     CassandraIntervalStore,
@@ -282,8 +282,8 @@ def test_a_zombie_worker_is_fenced(make_store: StoreFactory) -> None:
         worker_a.was_applied(lease_a, b"m")
     assert worker_b.read_state(lease_b, "k") == b"a"
     assert worker_b.has_seen(lease_b, "k", [rid(2)]) == set()
-    assert worker_b.scan(lease_b).productions == (production(1),)
-    # The new owner resends and deletes what the zombie left pending.
+    # The new owner reads back, resends and deletes what the zombie left pending.
+    assert worker_b.pending_productions(lease_b) == (production(1),)
     worker_b.delete_productions(lease_b, [rid(1)])
     worker_b.commit(lease_b, [KeyChanges("k", b"b")], dedup_ttl=TTL)
     assert worker_b.read_state(lease_b, "k") == b"b"
@@ -333,8 +333,8 @@ def test_a_large_commit_is_split_between_keys_and_applies_every_key(
     elapsed = time.monotonic() - started
 
     # Whole keys per batch: each sent batch holds exactly the rows of its predicted keys
-    # (state, dedup ID, production: 3 per key) plus the guard.
-    assert [len(batch) for batch in scripted.batches] == [1 + 3 * len(b) for b in predicted]
+    # (state and dedup ID: 2 per key), one row of all its productions, and the guard.
+    assert [len(batch) for batch in scripted.batches] == [2 + 2 * len(b) for b in predicted]
     assert store.stats.batches == len(predicted) > 1
     assert store.stats.largest_batch_bytes <= DEFAULT_MAX_BATCH_BYTES
     assert max(payload_bytes(batch) for batch in scripted.batches) < FAIL_THRESHOLD
@@ -442,13 +442,73 @@ def test_scan_returns_timers_pending_productions_and_unexpired_dedup_ids(
         [KeyChanges("c", timers={"gone": None}), KeyChanges("d", dedup_ids=[rid(9)])],
         dedup_ttl=TTL,
     )
-    store.delete_productions(lease, [rid(1)])
+    store.commit(lease, [KeyChanges("e", productions=[production(5, "e")])], dedup_ttl=TTL)
+    store.delete_productions(lease, [rid(0), rid(1), rid(2)])
     clock.advance(TTL // 2)  # the first three IDs are now exactly TTL old: expired
 
     snapshot = store.scan(lease)
     assert set(snapshot.timers) == {timers["a"], timers["b"]}
-    assert set(snapshot.productions) == {production(0, "a"), production(2, "c")}
+    assert snapshot.productions == (production(5, "e"),)
     assert snapshot.dedup_ids == (rid(9),)
+
+
+def test_productions_share_a_row_per_commit_batch_deleted_once_all_are_acknowledged(
+    make_store: StoreFactory, cassandra: Any, keyspace: str
+) -> None:
+    store = make_store()
+    lease = store.acquire("c", 0)
+    store.commit(
+        lease,
+        [KeyChanges(k, productions=[production(n, k)]) for n, k in enumerate("abc")],
+        dedup_ttl=TTL,
+    )
+    assert len(rows_of(cassandra, keyspace, "production")) == 1
+    store.delete_productions(lease, [rid(0), rid(2)])
+    # The row stays while one of its productions is unacknowledged; a new owner resends all.
+    successor = make_store()
+    new_lease = successor.acquire("c", 0)
+    assert set(successor.pending_productions(new_lease)) == {
+        production(n, k) for n, k in enumerate("abc")
+    }
+    successor.delete_productions(new_lease, [rid(0), rid(1), rid(2)])
+    assert rows_of(cassandra, keyspace, "production") == []
+    assert successor.pending_productions(new_lease) == ()
+
+
+def test_timers_are_indexed_by_time_and_the_index_follows_replacements(
+    make_store: StoreFactory, cassandra: Any, keyspace: str
+) -> None:
+    store = make_store()
+    lease = store.acquire("c", 0)
+    early, wall = Timer("a", "t", 10), Timer("b", "w", 15, TimeDomain.WALL_TIME, rid(1))
+    store.commit(
+        lease,
+        [KeyChanges("a", timers={"t": early}), KeyChanges("b", timers={"w": wall})],
+        dedup_ttl=TTL,
+    )
+    assert store.due_timers(lease, 11, 15) == [early, wall]
+    assert store.next_timers(lease) == NextTimers(10, 15)
+
+    later = Timer("a", "t", 40)
+    store.commit(
+        lease, [KeyChanges("a", timers={"t": later}, previous_timers=[early])], dedup_ttl=TTL
+    )
+    assert store.due_timers(lease, 39, 0) == []
+    assert store.due_timers(lease, 41, 0) == [later]
+    assert len(rows_of(cassandra, keyspace, "timer_event")) == 1
+    # Replaced at the same time: the index row stays (a delete would win over the put).
+    store.commit(
+        lease, [KeyChanges("a", timers={"t": later}, previous_timers=[later])], dedup_ttl=TTL
+    )
+    assert store.due_timers(lease, 41, 0) == [later]
+    # A commit that does not name the timer it replaces leaves a stale entry behind, which
+    # the reader recognises against the key's timers and deletes later.
+    store.commit(lease, [KeyChanges("a", timers={"t": None})], dedup_ttl=TTL)
+    assert store.due_timers(lease, 41, 0) == [later]
+    assert store.read_keys(lease, ["a"])["a"].timers == {}
+    store.commit(lease, [KeyChanges("a", previous_timers=[later])], dedup_ttl=TTL)
+    assert store.due_timers(lease, 41, 0) == []
+    assert store.next_timers(lease) == NextTimers(None, 15)
 
 
 def test_dedup_ids_expire_by_cassandra_ttl(
