@@ -19,6 +19,7 @@ result (every input known) and the runner calls it after each change.
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -67,7 +68,9 @@ class ComputationOptions:
     * ``send_timeout`` (s): how long a worker waits for the sink before leaving productions
       pending for a later resend.
     * ``dead_letter_stream``: defaults to ``<computation>.dead-letters``.
-    * ``bloom_expected_ids``, ``bloom_false_positive_rate``: sizing of the dedup Bloom filter.
+    * ``bloom_expected_ids``, ``bloom_false_positive_rate``: deprecated and ignored since
+      duplicates are found by bulk point lookups (:mod:`millstream.engine.dedup`); setting
+      them warns, and they will be removed.
     * ``max_timer_firings_per_key``: per key and batch; the rest fire in the next batch, so a
       timer that keeps re-arming itself cannot stall an interval.
     """
@@ -99,6 +102,14 @@ class ComputationOptions:
             raise TopologyError("max_timer_firings_per_key must be at least 1")
         if self.dead_letter_stream is not None:
             _check_name("dead-letter stream", self.dead_letter_stream)
+        if (self.bloom_expected_ids, self.bloom_false_positive_rate) != (100_000, 0.01):
+            warnings.warn(
+                "ComputationOptions.bloom_expected_ids and bloom_false_positive_rate are "
+                "ignored (duplicates are found by bulk point lookups, with no Bloom filter); "
+                "remove them",
+                DeprecationWarning,
+                stacklevel=3,
+            )
 
     @property
     def dedup_ttl(self) -> int:

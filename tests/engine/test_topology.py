@@ -122,3 +122,8 @@ def test_a_named_dead_letter_stream_is_used() -> None:
         "a", NOOP, inputs=["in"], options=ComputationOptions(dead_letter_stream="errors")
     )
     assert spec.dead_letter_stream == "errors"
+
+
+def test_the_bloom_options_are_deprecated() -> None:
+    with pytest.warns(DeprecationWarning, match="ignored"):
+        ComputationOptions(bloom_expected_ids=10)

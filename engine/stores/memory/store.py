@@ -114,6 +114,13 @@ class _Write:
 
 
 @dataclass
+class _ProductionRow:
+    productions: dict[bytes, Production]
+    # What the owner's store instance learned was acknowledged (on Cassandra, instance memory).
+    acknowledged: set[bytes] = field(default_factory=set)
+
+
+@dataclass
 class _Partition:
     sequencer: int = INITIAL_SEQUENCER
     last_commit: bytes = b""
@@ -121,7 +128,13 @@ class _Partition:
     states: dict[str, bytes] = field(default_factory=dict)
     timers: dict[str, dict[str, Timer]] = field(default_factory=dict)
     dedup: dict[str, dict[bytes, int]] = field(default_factory=dict)
-    productions: dict[bytes, Production] = field(default_factory=dict)
+    # Like the Cassandra rows: one per commit batch, by its marker; and the time index.
+    productions: dict[bytes, _ProductionRow] = field(default_factory=dict)
+    index: dict[tuple[TimeDomain, int, str, str], Timer] = field(default_factory=dict)
+
+    def pending(self) -> list[Production]:
+        return [p for row in self.productions.values() for p in row.productions.values()]
+
     delayed: list[tuple[int, _Write]] = field(default_factory=list)
 
 
@@ -175,7 +188,7 @@ class MemoryIntervalStore(IntervalStore):
         now = self.clock.now()
         return IntervalSnapshot(
             timers=tuple(t for timers in partition.timers.values() for t in timers.values()),
-            productions=tuple(partition.productions.values()),
+            productions=tuple(partition.pending()),
             dedup_ids=tuple(
                 record_id
                 for ids in partition.dedup.values()
@@ -208,12 +221,10 @@ class MemoryIntervalStore(IntervalStore):
     def due_timers(self, lease: Lease, input_low_watermark: int, now: int) -> list[Timer]:
         self._fault(FaultPoint.BEFORE_READ)
         partition = self._partition(lease.computation, lease.interval)
-        timers = (t for timers in partition.timers.values() for t in timers.values())
-        return due_timers(timers, input_low_watermark, now)
+        return due_timers(partition.index.values(), input_low_watermark, now)
 
     def next_timers(self, lease: Lease) -> NextTimers:
-        partition = self._partition(lease.computation, lease.interval)
-        timers = [t for timers in partition.timers.values() for t in timers.values()]
+        timers = self._partition(lease.computation, lease.interval).index.values()
         return NextTimers(
             event_time=min(
                 (t.timestamp for t in timers if t.domain is TimeDomain.EVENT_TIME), default=None
@@ -225,7 +236,10 @@ class MemoryIntervalStore(IntervalStore):
 
     def pending_productions(self, lease: Lease) -> tuple[Production, ...]:
         self._fault(FaultPoint.BEFORE_SCAN)
-        return tuple(self._partition(lease.computation, lease.interval).productions.values())
+        partition = self._partition(lease.computation, lease.interval)
+        for row in partition.productions.values():
+            row.acknowledged.clear()  # a new owner's instance knows of no acknowledgement
+        return tuple(partition.pending())
 
     def commit(self, lease: Lease, changes: Sequence[KeyChanges], *, dedup_ttl: int) -> None:
         keys = [change.key for change in changes]
@@ -263,8 +277,11 @@ class MemoryIntervalStore(IntervalStore):
     def delete_productions(self, lease: Lease, record_ids: Collection[bytes]) -> None:
         self._fault(FaultPoint.BEFORE_DELETE)
         partition = self._fenced(lease)
-        for record_id in record_ids:
-            partition.productions.pop(record_id, None)
+        acknowledged = set(record_ids)
+        for marker, row in list(partition.productions.items()):
+            row.acknowledged |= acknowledged & row.productions.keys()
+            if row.acknowledged >= row.productions.keys():
+                del partition.productions[marker]
         partition.last_commit = self._marker()
         self._fault(FaultPoint.AFTER_DELETE)
 
@@ -301,7 +318,7 @@ class MemoryIntervalStore(IntervalStore):
             production
             for (name, _), partition in sorted(self._partitions.items())
             if name == computation
-            for production in partition.productions.values()
+            for production in partition.pending()
         ]
 
     # -- internals -------------------------------------------------------------------------
@@ -336,6 +353,9 @@ class MemoryIntervalStore(IntervalStore):
         expires = self.clock.now() + write.dedup_ttl
         for change in write.changes:
             _apply(partition, change, expires)
+        productions = {p.record_id: p for c in write.changes for p in c.productions}
+        if productions:
+            partition.productions[write.marker] = _ProductionRow(productions)
         partition.last_commit = write.marker
         self.commit_log.append(
             AppliedCommit(
@@ -363,6 +383,7 @@ def _apply(partition: _Partition, change: KeyChanges, dedup_expires: int) -> Non
         partition.states.pop(key, None)
     elif change.state is not UNCHANGED:
         partition.states[key] = change.state
+    indexed: set[tuple[TimeDomain, int, str, str]] = set()
     if change.timers:
         timers = partition.timers.setdefault(key, {})
         for tag, timer in change.timers.items():
@@ -370,13 +391,20 @@ def _apply(partition: _Partition, change: KeyChanges, dedup_expires: int) -> Non
                 timers.pop(tag, None)
             else:
                 timers[tag] = timer
+                entry = (timer.domain, timer.timestamp, key, tag)
+                partition.index[entry] = timer
+                indexed.add(entry)
         if not timers:
             del partition.timers[key]
+    # As on Cassandra: the index loses only the entries named, so an unnamed replaced timer
+    # leaves a stale entry behind for the protocol to recognise.
+    for previous in change.previous_timers:
+        entry = (previous.domain, previous.timestamp, previous.key, previous.tag)
+        if entry not in indexed:
+            partition.index.pop(entry, None)
     if change.dedup_ids:
         ids = partition.dedup.setdefault(key, {})
         ids.update(dict.fromkeys(change.dedup_ids, dedup_expires))
-    for production in change.productions:
-        partition.productions[production.record_id] = production
 
 
 def _crash(point: FaultPoint) -> Callable[[], None]:
