@@ -29,21 +29,33 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from confluent_kafka import Message
+if __package__ in (None, ""):  # run as a script: make `bench.harness` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.harness import (
+    InjectorReports,
+    append_time,
+    caught_up,
+    floor_query,
+    injection_time,
+    latencies,
+    percentiles,
+    produce_events,
+    read_times,
+    wait_for,
+)
 from millstream.connectors import cassandra as cassandra_connector
 from millstream.connectors import kafka as kafka_connector
 from millstream.engine.computation import Computation
 from millstream.engine.config import MillstreamConfig, load_config
 from millstream.engine.context import Context
-from millstream.engine.records import Record, decode_record, encode_record, injector_record_id
+from millstream.engine.records import Record
 from millstream.engine.spark_runner import ProcessingTime, RunningTopology, run_topology
-from millstream.engine.spark_session import kafka_stream, spark_session
+from millstream.engine.spark_session import spark_session
 from millstream.engine.topology import ComputationOptions, Topology
-from millstream.engine.watermarks import injector_source
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import SparkSession
 
 INTERVALS = 8
 TRIGGER_SECONDS = 0.2
@@ -82,137 +94,27 @@ class Result:
     throughput: float
 
 
-def percentiles(values: list[float]) -> str:
-    if not values:
-        return "no samples"
-    cuts = statistics.quantiles(values, n=100, method="inclusive")
-    return f"p50 {cuts[49]:7.1f}  p95 {cuts[94]:7.1f}  p99 {cuts[98]:7.1f} ms (n={len(values)})"
-
-
-def produce_events(
-    config: MillstreamConfig,
-    topic: str,
-    count: int,
-    rate: float | None,
-    first: int = 0,
-    report: Callable[[int], None] | None = None,
-) -> None:
-    """``count`` events numbered from ``first``, each valued by its own 16-byte ID,
-    timestamped at production (µs). With ``report``, the producer acts as an injector: once a
-    second (and at the end) it flushes and reports the timestamp it reached as its watermark."""
-    producer = kafka_connector.producer(config, **{"linger.ms": 5})
-    started = time.monotonic()
-    next_report = started + 1.0
-    reached = 0
-
-    def flush() -> None:
-        if producer.flush(60):
-            raise RuntimeError("events were not acknowledged by Kafka within 60 s")
-
-    for n in range(first, first + count):
-        if rate is not None:
-            delay = started + (n - first) / rate - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-        record_id = injector_record_id(topic, 0, n)
-        record = Record(f"e{n}", record_id, time.time_ns() // 1_000, record_id)
-        producer.produce(topic, key=record.key.encode(), value=encode_record(record))
-        producer.poll(0)
-        reached = record.timestamp + 1
-        if report is not None and time.monotonic() >= next_report:
-            flush()
-            report(reached)
-            next_report += 1.0
-    flush()
-    if report is not None:
-        report(reached)
-
-
-def read_times(
-    config: MillstreamConfig,
-    topic: str,
-    expect: int,
-    timeout: float,
-    time_of: Callable[[Message, Record], int],
-) -> dict[bytes, int]:
-    """For each distinct event named in ``topic``'s records: ``time_of`` its first record (ms).
-
-    Every stage's value starts with the event's ID (the floor copies the envelope).
-    """
-    consumer = kafka_connector.consumer(config, "bench")
-    consumer.subscribe([topic])
-    times: dict[bytes, int] = {}
-    deadline = time.monotonic() + timeout
-    try:
-        while len(times) < expect and time.monotonic() < deadline:
-            message = consumer.poll(0.5)
-            if message is None or message.error() is not None:
-                continue
-            value = message.value()
-            assert value is not None
-            record = decode_record(value)
-            times.setdefault(record.value[:16], time_of(message, record))
-    finally:
-        consumer.close()
-    return times
-
-
-def append_time(message: Message, record: Record) -> int:
-    """When Kafka appended the record (ms): a stage's output time."""
-    return int(message.timestamp()[1])
-
-
-def injection_time(message: Message, record: Record) -> int:
-    """The event time the injector stamped (ms): when the event entered the pipeline."""
-    return record.timestamp // 1_000
-
-
-def latencies(later: dict[bytes, int], earlier: dict[bytes, int]) -> list[float]:
-    return [float(t - earlier[k]) for k, t in later.items() if k in earlier]
-
-
-def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} did not happen within {timeout} s")
-        time.sleep(0.2)
-
-
 def floor_run(
     config: MillstreamConfig, spark: SparkSession, args: argparse.Namespace, root: Path
 ) -> Result:
     suffix = uuid.uuid4().hex[:8]
     source, sink = f"bench_in_{suffix}", f"bench_out_{suffix}"
     kafka_connector.create_topics(config, [source, sink], partitions=2)
-    bootstrap = config.kafka_bootstrap
-    seen = {"rows": 0}
-
-    def forward(batch: DataFrame, batch_id: int) -> None:
-        batch.select("key", "value").write.format("kafka").option(
-            "kafka.bootstrap.servers", bootstrap
-        ).option("topic", sink).save()
-        seen["rows"] += batch.count()
-
-    query = (
-        kafka_stream(spark, config, [source])
-        .writeStream.foreachBatch(forward)
-        .option("checkpointLocation", str(root / f"floor-{suffix}"))
-        .trigger(processingTime=f"{TRIGGER_SECONDS} seconds")
-        .start()
-    )
+    query = floor_query(spark, config, source, sink, str(root / f"floor-{suffix}"), TRIGGER_SECONDS)
+    reader = kafka_connector.consumer(config, "bench-offsets")
     try:
         count = int(args.rate * args.seconds)
         produce_events(config, source, count, args.rate)
-        wait_for(lambda: seen["rows"] >= count, 120, "the floor query catching up")
+        wait_for(lambda: caught_up(query, reader, [source]), 120, "the floor query catching up")
         injected = read_times(config, source, count, 30, injection_time)
         out = read_times(config, sink, count, 30, append_time)
         stage = latencies(out, injected)
         started = time.monotonic()
         produce_events(config, source, args.backlog, None, first=count)
-        wait_for(lambda: seen["rows"] >= count + args.backlog, 300, "the floor backlog")
+        wait_for(lambda: caught_up(query, reader, [source]), 300, "the floor backlog")
         throughput = args.backlog / (time.monotonic() - started)
     finally:
+        reader.close()
         query.stop()
         kafka_connector.delete_topics(config, [source, sink])
     return Result("floor", [stage], throughput)
@@ -254,13 +156,7 @@ def runner_run(
 
         return check
 
-    publisher = kafka_connector.WatermarkPublisher(config)
-    offsets = kafka_connector.consumer(config, "bench-offsets")
-    sequence = iter(range(1, 1_000_000))
-
-    def report(watermark: int) -> None:
-        source_name = injector_source(f"bench-{suffix}")
-        publisher.report_streams(offsets, source_name, [source], watermark, next(sequence))
+    report = InjectorReports(config, f"bench-{suffix}", [source])
 
     try:
         count = int(args.rate * args.seconds)
@@ -278,8 +174,7 @@ def runner_run(
         for line in running.explain(stage2):
             print(f"    {line}")
     finally:
-        offsets.close()
-        publisher.close()
+        report.close()
         running.stop()
         kafka_connector.delete_topics(config, sorted(topology.streams()))
         cluster, session = cassandra_connector.connect(config)

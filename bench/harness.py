@@ -1,0 +1,346 @@
+"""What the benchmarks share: producing events, watching outputs, timing Spark queries.
+
+Not a benchmark itself. The scripts in ``bench/`` run as ``python bench/<script>.py`` and import
+this module as ``bench.harness`` (each puts the repository root on ``sys.path`` first).
+Nothing in here runs on Spark executors: code that does lives in the scripts themselves, which
+Spark ships by value, while this module would have to be importable on every executor.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
+
+from millstream.connectors import kafka as kafka_connector
+from millstream.engine.config import MillstreamConfig
+from millstream.engine.records import Record, decode_record, encode_record, injector_record_id
+from millstream.engine.spark_session import kafka_stream
+from millstream.engine.watermarks import injector_source
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+
+# Output topics timestamped by the broker, so a message's timestamp is its append time.
+APPEND_TIME_TOPIC = {"message.timestamp.type": "LogAppendTime"}
+
+
+def percentile(values: list[float], q: int) -> float:
+    """The ``q``-th percentile (1..99) of ``values``, inclusive method."""
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+def percentiles(values: list[float]) -> str:
+    if not values:
+        return "no samples"
+    cuts = statistics.quantiles(values, n=100, method="inclusive")
+    return f"p50 {cuts[49]:7.1f}  p95 {cuts[94]:7.1f}  p99 {cuts[98]:7.1f} ms (n={len(values)})"
+
+
+def event_key(n: int) -> str:
+    return f"e{n}"
+
+
+def event_id_value(record_id: bytes) -> bytes:
+    return record_id
+
+
+def produce_events(
+    config: MillstreamConfig,
+    topic: str,
+    count: int,
+    rate: float | None,
+    first: int = 0,
+    report: Callable[[int], None] | None = None,
+    key_of: Callable[[int], str] = event_key,
+    value_of: Callable[[bytes], bytes] = event_id_value,
+) -> None:
+    """``count`` events numbered from ``first``, timestamped at production (µs), keyed
+    ``key_of(n)`` and valued ``value_of(record ID)`` (by default: each its own key and its
+    16-byte ID). With ``rate`` (events/s) they are paced, else sent at once. With ``report``,
+    the producer acts as an injector: once a second (and at the end) it flushes and reports
+    the timestamp it reached as its watermark."""
+    producer = kafka_connector.producer(config, **{"linger.ms": 5})
+    started = time.monotonic()
+    next_report = started + 1.0
+    reached = 0
+
+    def flush() -> None:
+        if producer.flush(60):
+            raise RuntimeError("events were not acknowledged by Kafka within 60 s")
+
+    for n in range(first, first + count):
+        if rate is not None:
+            delay = started + (n - first) / rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+        record_id = injector_record_id(topic, 0, n)
+        record = Record(key_of(n), value_of(record_id), time.time_ns() // 1_000, record_id)
+        producer.produce(topic, key=record.key.encode(), value=encode_record(record))
+        producer.poll(0)
+        reached = record.timestamp + 1
+        if report is not None and time.monotonic() >= next_report:
+            flush()
+            report(reached)
+            next_report += 1.0
+    flush()
+    if report is not None:
+        report(reached)
+
+
+class InjectorReports:
+    """Watermark reports of a producer of ``streams``, as an injector makes them (a callable
+    for :func:`produce_events`' ``report``). Close it when done."""
+
+    def __init__(self, config: MillstreamConfig, name: str, streams: list[str]) -> None:
+        self.publisher = kafka_connector.WatermarkPublisher(config)
+        self.offsets = kafka_connector.consumer(config, "bench-offsets")
+        self.source = injector_source(name)
+        self.streams = streams
+        self.sequence = 0
+
+    def __call__(self, watermark: int) -> None:
+        self.sequence += 1
+        self.publisher.report_streams(
+            self.offsets, self.source, self.streams, watermark, self.sequence
+        )
+
+    def close(self) -> None:
+        self.offsets.close()
+        self.publisher.close()
+
+
+def read_times(
+    config: MillstreamConfig,
+    topic: str,
+    expect: int,
+    timeout: float,
+    time_of: Callable[[Message, Record], int],
+) -> dict[bytes, int]:
+    """For each distinct event named in ``topic``'s records: ``time_of`` its first record (ms).
+
+    Every stage's value starts with the event's ID (the floor copies the envelope).
+    """
+    consumer = kafka_connector.consumer(config, "bench")
+    consumer.subscribe([topic])
+    times: dict[bytes, int] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(times) < expect and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None or message.error() is not None:
+                continue
+            value = message.value()
+            assert value is not None
+            record = decode_record(value)
+            times.setdefault(record.value[:16], time_of(message, record))
+    finally:
+        consumer.close()
+    return times
+
+
+def append_time(message: Message, record: Record) -> int:
+    """The message's Kafka timestamp (ms): a stage's output time. It is the broker's append
+    time on topics created with :data:`APPEND_TIME_TOPIC`, else the producer's send time."""
+    return int(message.timestamp()[1])
+
+
+def injection_time(message: Message, record: Record) -> int:
+    """The event time the injector stamped (ms): when the event entered the pipeline."""
+    return record.timestamp // 1_000
+
+
+def latencies(later: dict[bytes, int], earlier: dict[bytes, int]) -> list[float]:
+    return [float(t - earlier[k]) for k, t in later.items() if k in earlier]
+
+
+def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} did not happen within {timeout} s")
+        time.sleep(0.2)
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    """One message seen on an output topic."""
+
+    key: bytes | None
+    value: bytes
+    timestamp: int  # ms: the append time on topics created with APPEND_TIME_TOPIC
+
+
+class OutputWatcher:
+    """Reads an output topic from its beginning on a thread of its own, as a downstream
+    consumer would (``read_committed``: a transactional writer's records count once its
+    transaction commits), and notes when each count of messages was reached."""
+
+    def __init__(self, config: MillstreamConfig, topic: str, partitions: int) -> None:
+        self.messages: list[Output] = []
+        self._seen: list[tuple[int, float]] = []  # (messages so far, wall time), growing
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._failure: BaseException | None = None
+        settings: dict[str, str | int | bool] = {
+            "isolation.level": "read_committed",
+            "fetch.wait.max.ms": 10,
+        }
+        self._consumer = kafka_connector.consumer(config, "bench-watch", **settings)
+        self._consumer.assign(
+            [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)]
+        )
+        self._thread = threading.Thread(target=self._run, name=f"watch-{topic}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                batch = self._consumer.consume(num_messages=10_000, timeout=0.05)
+                now = time.time()
+                fresh = [
+                    Output(m.key(), m.value() or b"", int(m.timestamp()[1]))
+                    for m in batch
+                    if m.error() is None
+                ]
+                if fresh:
+                    with self._lock:
+                        self.messages.extend(fresh)
+                        self._seen.append((len(self.messages), now))
+        except BaseException as exc:
+            self._failure = exc
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self.messages)
+
+    def reached(self, count: int) -> float | None:
+        """When (wall clock) the watcher had seen ``count`` messages; ``None``: not yet."""
+        with self._lock:
+            for seen, at in self._seen:
+                if seen >= count:
+                    return at
+        return None
+
+    def wait(self, count: int, timeout: float, check: Callable[[], None] | None = None) -> float:
+        """Block until ``count`` messages were seen; returns when. ``check`` runs while
+        waiting, to raise a failure of whatever is supposed to produce them."""
+        deadline = time.monotonic() + timeout
+        while True:
+            at = self.reached(count)
+            if at is not None:
+                return at
+            if self._failure is not None:
+                raise RuntimeError("the output watcher failed") from self._failure
+            if check is not None:
+                check()
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"only {self.count()} of {count} output records arrived within {timeout} s"
+                )
+            time.sleep(0.02)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self._consumer.close()
+
+
+def create_topic_pair(
+    config: MillstreamConfig, source: str, sink: str, partitions: int = 2
+) -> None:
+    """An input topic, and an output topic whose timestamps are append times."""
+    kafka_connector.create_topics(config, [source], partitions=partitions)
+    kafka_connector.create_topics(
+        config, [sink], partitions=partitions, topic_config=APPEND_TIME_TOPIC
+    )
+
+
+def topics_containing(config: MillstreamConfig, fragment: str) -> list[str]:
+    """Every topic whose name contains ``fragment`` (for cleaning up after a run)."""
+    metadata = kafka_connector.admin_client(config).list_topics(timeout=30)
+    return sorted(name for name in metadata.topics if fragment in name)
+
+
+def delete_topics_containing(config: MillstreamConfig, fragment: str) -> None:
+    kafka_connector.delete_topics(config, topics_containing(config, fragment))
+
+
+def unique_suffix() -> str:
+    return uuid.uuid4().hex[:8]
+
+
+# -- Spark queries ---------------------------------------------------------------------------
+
+
+def floor_query(
+    spark: SparkSession,
+    config: MillstreamConfig,
+    source: str,
+    sink: str,
+    checkpoint: str,
+    trigger_seconds: float,
+) -> StreamingQuery:
+    """Spark alone: Kafka → ``foreachBatch`` → Kafka, copying each record's key and value and
+    doing nothing else (no state, at-least-once)."""
+    bootstrap = config.kafka_bootstrap
+
+    def forward(batch: DataFrame, batch_id: int) -> None:
+        batch.select("key", "value").write.format("kafka").option(
+            "kafka.bootstrap.servers", bootstrap
+        ).option("topic", sink).save()
+
+    return (
+        kafka_stream(spark, config, [source])
+        .writeStream.foreachBatch(forward)
+        .option("checkpointLocation", checkpoint)
+        .trigger(processingTime=f"{trigger_seconds} seconds")
+        .start()
+    )
+
+
+def query_end_offsets(query: StreamingQuery) -> dict[str, dict[int, int]]:
+    """The Kafka offsets up to which ``query`` has finished batches (its latest progress)."""
+    progress = query.lastProgress
+    ends: dict[str, dict[int, int]] = {}
+    for source in progress.sources if progress is not None else []:
+        end: Any = source.endOffset
+        if isinstance(end, str):
+            end = json.loads(end)
+        for topic, partitions in (end or {}).items():
+            ends.setdefault(topic, {}).update({int(p): int(o) for p, o in partitions.items()})
+    return ends
+
+
+def caught_up(query: StreamingQuery, reader: Consumer, topics: Iterable[str]) -> bool:
+    """Whether ``query`` has processed everything ``topics`` hold (raises its failure)."""
+    failure = query.exception() if not query.isActive else None
+    if failure is not None:
+        raise failure
+    done = query_end_offsets(query)
+    ends = kafka_connector.end_offsets(reader, list(topics))
+    return all(
+        done.get(topic, {}).get(p, 0) >= end
+        for topic, partitions in ends.items()
+        for p, end in partitions.items()
+    )
+
+
+def first_data_batch_start(query: StreamingQuery) -> float | None:
+    """When (wall clock, s) the query's first micro-batch that read any rows started: the
+    trigger time of its progress report. ``None`` if no such batch is among the recent ones."""
+    for progress in query.recentProgress:
+        if progress.numInputRows > 0:
+            return datetime.fromisoformat(progress.timestamp).timestamp()
+    return None

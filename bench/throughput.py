@@ -1,0 +1,1170 @@
+"""Throughput of a keyed count on millstream and its peers, on one workload; latency; large state.
+
+**Workload.** A backlog of ``--records`` (20,000) millstream records (Avro single-object
+envelopes, about 41 bytes: key ``k<n mod --keys>`` over 10,000 keys, empty value, the
+production time as event time) is produced to a fresh 2-partition topic; then each system
+starts and drains it as fast as it can. For every input record it writes one output record,
+carrying the key's new count, to a fresh 2-partition output topic. Peers read the same bytes,
+take the key from the Kafka message key, and write plain values of the size of millstream's
+outputs (42 bytes: the count, zero-padded); the two stateless floors forward each input as it
+is (41 bytes).
+
+| row | what | guarantee |
+|---|---|---|
+| ``kafka-loop`` | confluent-kafka consume→produce loop, no state | none |
+| ``spark-floor`` | Spark Kafka → ``foreachBatch`` → Kafka, no state | at-least-once |
+| ``quix`` | Quix Streams 3, ``processing_guarantee="exactly-once"``, RocksDB | exactly-once |
+| ``spark-tws`` | ``transformWithStateInPandas``, RocksDB state store, Kafka sink | at-least-once |
+| ``millstream-strong`` | strong productions, exactly-once, 16 key intervals | exactly-once |
+| ``millstream-weak`` | weak productions, ``exactly_once=False`` | none |
+
+**records/s** = records / (end - start). *Start* is when the system began reading the
+backlog: for the Spark rows (millstream included) the trigger time of the first micro-batch that
+read rows (Spark's progress report), for the two consumer processes the moment their first
+poll returned input. What comes before (JVM query start, consumer-group join, topic and
+keyspace creation) is shown as *startup s*, not counted. *End* is when the last output record
+was in the output topic: the wall-clock time at which a separate ``read_committed`` consumer
+of the output topic had seen all of them (so Quix's records count once its transaction
+committed). Spark triggers every 0.2 s; Quix keeps its default 5 s commit interval but commits
+at once when it stops after the last record. The *check* column says whether the outputs are
+right: for the counting rows, each key's counts 1..n exactly once (duplicates and gaps are
+listed); for the floors, one output per input.
+
+**Latency** (``--rates``, ``--latency-seconds`` at each): after its backlog, the
+``spark-floor`` and ``millstream-strong`` instances get paced input at each rate (the producer
+reports watermarks once a second, like an injector); latency = the output's Kafka append time
+(output topics use ``LogAppendTime``) minus the event's injection time (its event time, which
+both copy to their output). Same trigger (0.2 s) for both.
+
+**Large state**: one millstream computation with ``key_intervals=1`` whose interval already
+holds the state of ``--large-keys`` keys (preloaded through ``CassandraIntervalStore.commit``),
+and one whose interval holds 1,000 keys. Per run, a fresh topology over the two computations
+gives each a 100-record warm-up batch on new keys (Python workers, connections, interval
+caches), then one batch of 1,000 records on 1,000 distinct preloaded keys (in the large
+interval, keys no earlier run read); the batch time is ``BatchMetrics.seconds``. Both run with
+the ``AvailableNow`` trigger, so each batch is exactly what was produced. Each measured batch's
+rescans and cache hits are printed: one that found its interval cache invalid (0 cache hits,
+1 rescan) paid for a rescan, which the ratio then includes.
+
+Spark rows share one session, warmed up by a throwaway floor query before the first of them, so
+none pays for the JVM's cold start.
+
+Install the peers' extras and run (Kafka and Cassandra up: ``millstream up``)::
+
+    .venv/bin/python -m pip install -e '.[test,bench]'
+    .venv/bin/python bench/throughput.py [--records 20000] [--runs 1] [--only quix,spark-tws]
+        [--rates 200,2000] [--latency-seconds 5] [--large-keys 1000000]
+        [--json out.json] [--plot out.png]
+
+Quix Streams runs in a virtualenv of its own (see ``bench/kafka_peers.py`` for why), created
+on first use under ``~/.millstream/bench/quix-venv`` with pip (or pass ``--quix-python``).
+Runtime with the defaults on 2 cores: about 3.5 minutes (half a minute of it preloading the
+large state), plus a minute the first time for Quix's virtualenv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import venv
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if __package__ in (None, ""):  # run as a script: make `bench.harness` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.harness import (
+    InjectorReports,
+    OutputWatcher,
+    create_topic_pair,
+    delete_topics_containing,
+    first_data_batch_start,
+    floor_query,
+    percentile,
+    produce_events,
+    unique_suffix,
+)
+from bench.kafka_peers import QUIX_REQUIREMENT
+from millstream.connectors import cassandra as cassandra_connector
+from millstream.engine.clock import SystemClock
+from millstream.engine.codecs import IntCodec
+from millstream.engine.computation import Computation
+from millstream.engine.config import MillstreamConfig, load_config
+from millstream.engine.context import Context
+from millstream.engine.records import (
+    Record,
+    decode_record,
+    encode_record,
+    injector_record_id,
+    production_record_id,
+)
+from millstream.engine.spark_runner import (
+    AvailableNow,
+    ProcessingTime,
+    RunningTopology,
+    run_topology,
+)
+from millstream.engine.spark_session import kafka_stream, spark_session
+from millstream.engine.state import KeyChanges
+from millstream.engine.stores.cassandra import CassandraIntervalStore, create_schema
+from millstream.engine.topology import ComputationOptions, Topology
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+
+TRIGGER_SECONDS = 0.2
+PARTITIONS = 2
+PEERS_SCRIPT = Path(__file__).resolve().parent / "kafka_peers.py"
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
+SMALL_KEYS = 1_000
+LARGE_BATCH = 1_000
+WARM_UP = 100
+PRELOAD_CHUNK = 50_000
+PRELOAD_BATCH_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class System:
+    name: str
+    short: str
+    what: str
+    guarantee: str
+    latency: bool = False  # measured in the latency phase too
+
+
+SYSTEMS = (
+    System("kafka-loop", "loop", "confluent-kafka consume→produce loop, no state", "none"),
+    System(
+        "spark-floor",
+        "floor",
+        "Spark Kafka → foreachBatch → Kafka, no state",
+        "at-least-once",
+        latency=True,
+    ),
+    System("quix", "quix", "Quix Streams 3, RocksDB count", "exactly-once"),
+    System(
+        "spark-tws",
+        "tws",
+        "Spark transformWithStateInPandas, RocksDB, Kafka sink",
+        "at-least-once",
+    ),
+    System(
+        "millstream-strong",
+        "ms-strong",
+        "millstream, strong productions + exactly-once, 16 intervals",
+        "exactly-once",
+        latency=True,
+    ),
+    System(
+        "millstream-weak",
+        "ms-weak",
+        "millstream, weak productions, exactly_once=False",
+        "none",
+    ),
+)
+LARGE_STATE = "large-state"
+BY_NAME = {system.name: system for system in SYSTEMS}
+
+
+# -- what runs on Spark executors (shipped by value: keep it self-contained) -----------------
+
+
+class Count(Computation):
+    """Counts records per key; for each, produces the key's new count."""
+
+    def __init__(self, output: str) -> None:
+        self.output = output
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        state = ctx.state(IntCodec())
+        count = state.get(0) + 1
+        state.set(count)
+        ctx.produce(self.output, str(count).encode(), record.timestamp)
+
+
+# -- running one system ----------------------------------------------------------------------
+
+
+class Handle(Protocol):
+    """A system draining the backlog."""
+
+    def check(self) -> None:
+        """Raise if the system failed."""
+
+    def first_data_at(self) -> float | None:
+        """When (wall clock, s) it began reading input."""
+
+    def stop(self) -> None: ...
+
+
+@dataclass
+class Bench:
+    config: MillstreamConfig
+    args: argparse.Namespace
+    root: Path
+    output_bytes: int
+    _spark: SparkSession | None = None
+
+    def spark(self) -> SparkSession:
+        """The one Spark session of the benchmark, warmed up by a throwaway floor query (JIT,
+        Kafka source and sink), so no row pays for the JVM's cold start."""
+        if self._spark is None:
+            self._spark = spark_session(self.config, app_name="millstream-bench-throughput")
+            print("  warming up Spark", flush=True)
+            warm_up(self)
+        return self._spark
+
+    def close(self) -> None:
+        if self._spark is not None:
+            self._spark.stop()
+            self._spark = None
+
+
+@dataclass
+class RunResult:
+    system: str
+    records_per_s: float | None = None
+    startup_s: float | None = None
+    check: str = ""
+    error: str | None = None
+    latency: dict[float, list[float]] = field(default_factory=dict)  # rate → ms samples
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Topics:
+    suffix: str
+    source: str
+    sink: str
+
+
+class ProcessHandle:
+    """A peer process of bench/kafka_peers.py; it exits once it handled the backlog."""
+
+    def __init__(self, peer: str, command: list[str], logs: Path) -> None:
+        self.peer = peer
+        self.stdout = (logs.with_suffix(".out")).open("w+")
+        self.stderr = (logs.with_suffix(".err")).open("w+")
+        self.process = subprocess.Popen(command, stdout=self.stdout, stderr=self.stderr)
+        self._result: dict[str, Any] | None = None
+
+    def check(self) -> None:
+        code = self.process.poll()
+        if code is not None and code != 0:
+            raise RuntimeError(f"{self._name()} exited with {code}: {self._tail(self.stderr)}")
+
+    def first_data_at(self) -> float | None:
+        if self._result is None:
+            try:
+                self.process.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                raise RuntimeError(f"{self._name()} did not exit after its backlog") from None
+            self.check()
+            self.stdout.seek(0)
+            lines = [line for line in self.stdout.read().splitlines() if line.startswith("{")]
+            if not lines:
+                raise RuntimeError(f"{self._name()} printed no result: {self._tail(self.stderr)}")
+            self._result = json.loads(lines[-1])
+        first = self._result.get("first_record_at")
+        return None if first is None else float(first)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()  # by its own PID
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=15)
+        self.stdout.close()
+        self.stderr.close()
+
+    def _name(self) -> str:
+        return f"the {self.peer} peer (process {self.process.pid})"
+
+    @staticmethod
+    def _tail(stream: Any) -> str:
+        stream.seek(0)
+        return " | ".join(stream.read().strip().splitlines()[-5:])
+
+
+class QueryHandle:
+    """A plain Spark streaming query."""
+
+    def __init__(self, query: StreamingQuery, on_stop: Callable[[], None] | None = None) -> None:
+        self.query = query
+        self.on_stop = on_stop
+
+    def check(self) -> None:
+        if not self.query.isActive:
+            failure = self.query.exception()
+            if failure is not None:
+                raise failure
+            raise RuntimeError("the Spark query stopped")
+
+    def first_data_at(self) -> float | None:
+        return await_first_batch(lambda: self.query, self.check)
+
+    def stop(self) -> None:
+        try:
+            stop_query(self.query)
+        finally:
+            if self.on_stop is not None:
+                self.on_stop()
+
+
+def stop_query(query: StreamingQuery, patience: float = 10.0) -> None:
+    """Stop a query between batches if it gets there within ``patience`` s: interrupting a
+    ``foreachBatch`` call in flight makes Spark log a StackOverflowError (harmless, but loud)."""
+    deadline = time.monotonic() + patience
+    while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    query.stop()
+
+
+class MillstreamHandle:
+    def __init__(self, running: RunningTopology, computation: str) -> None:
+        self.running = running
+        self.computation = computation
+
+    def check(self) -> None:
+        self.running.raise_failure()
+
+    def first_data_at(self) -> float | None:
+        return await_first_batch(lambda: self.running.queries.get(self.computation), self.check)
+
+    def stop(self) -> None:
+        self.running.stop()
+
+
+def await_first_batch(
+    query: Callable[[], StreamingQuery | None], check: Callable[[], None], timeout: float = 120
+) -> float | None:
+    """The start of the query's first batch that read rows, once its progress is reported
+    (after the batch: the outputs of a batch show before its progress does)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        current = query()
+        start = None if current is None else first_data_batch_start(current)
+        if start is not None:
+            return start
+        check()
+        time.sleep(0.1)
+    return None
+
+
+def quix_python(bench: Bench) -> Path:
+    """The interpreter of Quix Streams' own virtualenv, created on first use."""
+    if bench.args.quix_python:
+        return Path(bench.args.quix_python)
+    home = bench.config.home / "bench" / "quix-venv"
+    python = home / "bin" / "python"
+    stamp = home / ".requirement"
+    if python.exists() and stamp.exists() and stamp.read_text() == QUIX_REQUIREMENT:
+        return python
+    print(f"  creating {home} with {QUIX_REQUIREMENT} (once; takes about a minute)", flush=True)
+    venv.EnvBuilder(with_pip=True, clear=True).create(home)
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", QUIX_REQUIREMENT],
+        check=True,
+    )
+    stamp.write_text(QUIX_REQUIREMENT)
+    return python
+
+
+def start_peer(bench: Bench, topics: Topics, peer: str, python: Path) -> Handle:
+    command = [
+        str(python),
+        str(PEERS_SCRIPT),
+        peer,
+        "--bootstrap",
+        bench.config.kafka_bootstrap,
+        "--source",
+        topics.source,
+        "--sink",
+        topics.sink,
+        "--records",
+        str(bench.args.records),
+        "--group",
+        f"bench_{peer}_{topics.suffix}",
+        "--state-dir",
+        str(bench.root / f"quix-state-{topics.suffix}"),
+        "--pad",
+        str(bench.output_bytes),
+    ]
+    return ProcessHandle(peer, command, bench.root / f"{peer}-{topics.suffix}")
+
+
+def start_floor(bench: Bench, topics: Topics) -> Handle:
+    query = floor_query(
+        bench.spark(),
+        bench.config,
+        topics.source,
+        topics.sink,
+        str(bench.root / f"floor-{topics.suffix}"),
+        TRIGGER_SECONDS,
+    )
+    return QueryHandle(query)
+
+
+def start_tws(bench: Bench, topics: Topics) -> Handle:
+    from pyspark.sql import functions as F  # noqa: N812  (pyspark's convention)
+    from pyspark.sql.streaming.stateful_processor import (
+        StatefulProcessor,
+        StatefulProcessorHandle,
+        TimerValues,
+    )
+
+    pad = bench.output_bytes
+
+    class CountProcessor(StatefulProcessor):
+        """Per key a count in a ValueState; one output row per input row, with the key's new
+        count (zero-padded to millstream's output size)."""
+
+        def init(self, handle: StatefulProcessorHandle) -> None:
+            self.count = handle.getValueState("count", "n bigint")
+
+        def handleInputRows(  # noqa: N802  (pyspark's name)
+            self,
+            key: Any,
+            rows: Iterator[Any],
+            timerValues: TimerValues,  # noqa: N803
+        ) -> Iterator[Any]:
+            import pandas as pd
+
+            received = sum(len(frame) for frame in rows)
+            stored = self.count.get()  # None for a new key: one state round trip, not two
+            before = int(stored[0]) if stored is not None else 0
+            self.count.update((before + received,))
+            yield pd.DataFrame(
+                {
+                    "key": [key[0]] * received,
+                    "value": [
+                        str(n).encode().rjust(pad, b"0")
+                        for n in range(before + 1, before + received + 1)
+                    ],
+                }
+            )
+
+        def close(self) -> None:
+            pass
+
+    spark = bench.spark()
+    previous = spark.conf.get(PROVIDER_CONF, None)
+    spark.conf.set(PROVIDER_CONF, ROCKSDB_PROVIDER)
+
+    def restore() -> None:
+        if previous is None:
+            spark.conf.unset(PROVIDER_CONF)
+        else:
+            spark.conf.set(PROVIDER_CONF, previous)
+
+    try:
+        counted = (
+            kafka_stream(spark, bench.config, [topics.source])
+            .select(F.col("key").cast("string").alias("key"), "value")
+            .groupBy("key")
+            .transformWithStateInPandas(
+                statefulProcessor=CountProcessor(),
+                outputStructType="key string, value binary",
+                outputMode="Update",
+                timeMode="None",
+            )
+        )
+        query = (
+            counted.writeStream.format("kafka")
+            .option("kafka.bootstrap.servers", bench.config.kafka_bootstrap)
+            .option("topic", topics.sink)
+            .option("checkpointLocation", str(bench.root / f"tws-{topics.suffix}"))
+            .outputMode("update")
+            .trigger(processingTime=f"{TRIGGER_SECONDS} seconds")
+            .start()
+        )
+    except BaseException:
+        restore()
+        raise
+    return QueryHandle(query, on_stop=restore)
+
+
+def warm_up(bench: Bench) -> None:
+    suffix = unique_suffix()
+    source, sink = f"tp_in_warm_{suffix}", f"tp_out_warm_{suffix}"
+    query: StreamingQuery | None = None
+    watcher: OutputWatcher | None = None
+    try:
+        create_topic_pair(bench.config, source, sink, PARTITIONS)
+        produce_events(bench.config, source, 5_000, None, key_of=backlog_key(1_000))
+        watcher = OutputWatcher(bench.config, sink, PARTITIONS)
+        assert bench._spark is not None
+        query = floor_query(
+            bench._spark,
+            bench.config,
+            source,
+            sink,
+            str(bench.root / f"warm-{suffix}"),
+            TRIGGER_SECONDS,
+        )
+        watcher.wait(5_000, 300, QueryHandle(query).check)
+    finally:
+        steps: list[Callable[[], None]] = []
+        if query is not None:
+            steps.append(lambda: stop_query(query))
+        if watcher is not None:
+            steps.append(watcher.close)
+        steps.append(lambda: delete_topics_containing(bench.config, suffix))
+        run_all(steps)
+
+
+def millstream_options(strong: bool) -> ComputationOptions:
+    if strong:
+        return ComputationOptions()  # strong productions, exactly-once, 16 key intervals
+    return ComputationOptions(strong_productions=False, exactly_once=False)
+
+
+def start_millstream(
+    bench: Bench, topics: Topics, config: MillstreamConfig, strong: bool
+) -> Handle:
+    topology = Topology(f"tp_{topics.suffix}", streams=[topics.source])
+    name = f"count_{topics.suffix}"
+    topology.add_computation(
+        name,
+        Count(topics.sink),
+        inputs=[topics.source],
+        outputs=[topics.sink],
+        options=millstream_options(strong),
+    )
+    running = run_topology(
+        topology,
+        config,
+        trigger=ProcessingTime(TRIGGER_SECONDS),
+        spark=bench.spark(),
+        keyspace=f"tp_{topics.suffix}",
+        checkpoint_root=bench.root / f"millstream-{topics.suffix}",
+        partitions=PARTITIONS,
+    )
+    return MillstreamHandle(running, name)
+
+
+# -- measuring -------------------------------------------------------------------------------
+
+
+def backlog_key(keys: int) -> Callable[[int], str]:
+    def key_of(n: int) -> str:
+        return f"k{n % keys}"
+
+    return key_of
+
+
+def no_value(record_id: bytes) -> bytes:
+    return b""
+
+
+def measure(bench: Bench, system: System) -> RunResult:
+    """One run of ``system``: drain the backlog, check the outputs, then the latency phases."""
+    args = bench.args
+    suffix = unique_suffix()
+    topics = Topics(suffix, f"tp_in_{suffix}", f"tp_out_{suffix}")
+    millstream = system.name.startswith("millstream")
+    # A watermark topic of the run's own (only millstream reads it), removed with the others.
+    config = replace(bench.config, kafka_watermark_topic=f"tp_watermarks_{suffix}")
+    result = RunResult(system.name)
+    handle: Handle | None = None
+    watcher: OutputWatcher | None = None
+    report: InjectorReports | None = None
+    key_of = backlog_key(args.keys)
+    try:
+        create_topic_pair(config, topics.source, topics.sink, PARTITIONS)
+        if millstream:
+            report = InjectorReports(config, f"tp-{suffix}", [topics.source])
+        produce_events(
+            config,
+            topics.source,
+            args.records,
+            None,
+            report=report,
+            key_of=key_of,
+            value_of=no_value,
+        )
+        python = quix_python(bench) if system.name == "quix" else Path(sys.executable)
+        if system.name.startswith(("spark", "millstream")):
+            bench.spark()  # before the clock starts
+        watcher = OutputWatcher(config, topics.sink, PARTITIONS)
+        started = time.time()
+        if system.name == "kafka-loop":
+            handle = start_peer(bench, topics, "loop", python)
+        elif system.name == "quix":
+            handle = start_peer(bench, topics, "quix", python)
+        elif system.name == "spark-floor":
+            handle = start_floor(bench, topics)
+        elif system.name == "spark-tws":
+            handle = start_tws(bench, topics)
+        else:
+            handle = start_millstream(bench, topics, config, system.name == "millstream-strong")
+        timeout = max(300.0, args.records / 50)
+        done = watcher.wait(args.records, timeout, handle.check)
+        first = handle.first_data_at()
+        if first is None:
+            raise RuntimeError("could not tell when the system began reading its input")
+        result.records_per_s = args.records / (done - first)
+        result.startup_s = first - started
+        time.sleep(0.5)  # let stragglers (duplicates) show before checking
+        result.check = check_outputs(system, watcher.messages, args.records, args.keys)
+        if isinstance(handle, MillstreamHandle):
+            batches = handle.running.batches(handle.computation)
+            busy = sum(b.seconds for b in batches)
+            result.notes.append(f"{len(batches)} batches, {busy:.1f} s in batches")
+        if system.latency:
+            result.latency = latency_phases(bench, config, topics, watcher, handle, report)
+    except Exception as exc:
+        result.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
+        print(f"  {system.name} failed: {result.error}", flush=True)
+    finally:
+        cleanup: list[Callable[[], None]] = []
+        if handle is not None:
+            cleanup.append(handle.stop)
+        if watcher is not None:
+            cleanup.append(watcher.close)
+        if report is not None:
+            cleanup.append(report.close)
+        cleanup.append(lambda: delete_topics_containing(config, suffix))
+        if millstream:
+            cleanup.append(lambda: drop_keyspace(config, f"tp_{suffix}"))
+        run_all(cleanup)
+    return result
+
+
+def latency_phases(
+    bench: Bench,
+    config: MillstreamConfig,
+    topics: Topics,
+    watcher: OutputWatcher,
+    handle: Handle,
+    report: InjectorReports | None,
+) -> dict[float, list[float]]:
+    args = bench.args
+    samples: dict[float, list[float]] = {}
+    first = args.records
+    for rate in args.rates:
+        count = max(1, int(rate * args.latency_seconds))
+        before = watcher.count()
+        phase_start = time.time_ns() // 1_000
+        produce_events(
+            config,
+            topics.source,
+            count,
+            rate,
+            first=first,
+            report=report,
+            key_of=backlog_key(args.keys),
+            value_of=no_value,
+        )
+        watcher.wait(before + count, max(120.0, count / 20), handle.check)
+        time.sleep(0.3)
+        phase: list[float] = []
+        for message in watcher.messages[before:]:
+            # The floor forwards the input itself, millstream's output carries the input's
+            # event time: either way the record's timestamp is the injection time.
+            record = decode_record(message.value)
+            if record.timestamp >= phase_start:
+                phase.append(message.timestamp - record.timestamp / 1_000)
+        samples[rate] = phase
+        first += count
+    return samples
+
+
+def check_outputs(system: System, messages: list[Any], records: int, keys: int) -> str:
+    if system.name in ("kafka-loop", "spark-floor"):
+        values = {m.value for m in messages}
+        if len(messages) == records and len(values) == records:
+            return "ok"
+        return f"{len(messages)} outputs ({len(values)} distinct) for {records} inputs"
+    pairs: list[tuple[str, int]] = []
+    for message in messages:
+        if system.name.startswith("millstream"):
+            record = decode_record(message.value)
+            pairs.append((record.key, int(record.value)))
+        else:
+            pairs.append(((message.key or b"").decode(), int(message.value)))
+    expected = {
+        (f"k{key}", n)
+        for key in range(min(keys, records))
+        for n in range(1, records // keys + (1 if key < records % keys else 0) + 1)
+    }
+    distinct = set(pairs)
+    problems = []
+    if len(pairs) > len(distinct):
+        problems.append(f"{len(pairs) - len(distinct)} duplicates")
+    if expected - distinct:
+        problems.append(f"{len(expected - distinct)} missing")
+    if distinct - expected:
+        problems.append(f"{len(distinct - expected)} unexpected")
+    return ", ".join(problems) or "ok"
+
+
+# -- the large-state case --------------------------------------------------------------------
+
+
+@dataclass
+class LargeStateResult:
+    keys: dict[str, int] = field(default_factory=dict)  # case → keys in the interval
+    seconds: dict[str, list[float]] = field(default_factory=dict)  # case → per run
+    batches: dict[str, list[int]] = field(default_factory=dict)  # case → per run
+    preload_seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+def preload(session: Any, keyspace: str, computation: str, keys: int, dedup_ttl: int) -> None:
+    """State (a count of 1) for keys k0..k<keys-1> in interval 0 of ``computation``."""
+    store = CassandraIntervalStore(
+        session, keyspace, SystemClock(), max_batch_bytes=PRELOAD_BATCH_BYTES
+    )
+    lease = store.acquire(computation, 0)
+    one = IntCodec().encode(1)
+    for start in range(0, keys, PRELOAD_CHUNK):
+        changes = [
+            KeyChanges(f"k{n}", state=one) for n in range(start, min(keys, start + PRELOAD_CHUNK))
+        ]
+        store.commit(lease, changes, dedup_ttl=dedup_ttl)
+
+
+def large_state(bench: Bench) -> LargeStateResult:
+    """Preload both intervals once, then per run: a fresh topology over the same computations
+    (so their interval caches start cold, as in the first run), a warm-up batch, and the
+    measured batch."""
+    args = bench.args
+    suffix = unique_suffix()
+    config = replace(bench.config, kafka_watermark_topic=f"tp_watermarks_{suffix}")
+    keyspace = f"tp_{suffix}"
+    cases = {"small": SMALL_KEYS, "large": args.large_keys}
+    names = {case: f"{case}_{suffix}" for case in cases}
+    result = LargeStateResult(keys=dict(cases))
+    # Per run, keys nobody touched before in the large case; all of them in the small one.
+    sample = random.Random(7).sample(range(args.large_keys), LARGE_BATCH * args.runs)
+    cluster, session = cassandra_connector.connect(config)
+    try:
+        cassandra_connector.create_keyspace(session, keyspace)
+        create_schema(session, keyspace)
+        started = time.monotonic()
+        for case, keys in cases.items():
+            preload(session, keyspace, names[case], keys, ComputationOptions().dedup_ttl)
+        result.preload_seconds = time.monotonic() - started
+        print(
+            f"  preloaded {sum(cases.values()):,} keys in {result.preload_seconds:.0f} s",
+            flush=True,
+        )
+        bench.spark()
+        for run in range(args.runs):
+            chosen = {
+                "small": list(range(SMALL_KEYS)),
+                "large": sample[run * LARGE_BATCH : (run + 1) * LARGE_BATCH],
+            }
+            large_state_run(bench, config, keyspace, names, chosen, f"{suffix}_{run}", result)
+            print(
+                "  run " + ", ".join(f"{case}: {result.seconds[case][-1]:.2f} s" for case in cases),
+                flush=True,
+            )
+    except Exception as exc:
+        result.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
+        print(f"  large-state failed: {result.error}", flush=True)
+    finally:
+        run_all(
+            [
+                lambda: delete_topics_containing(config, suffix),
+                lambda: cassandra_connector.drop_keyspace(session, keyspace),
+                cluster.shutdown,
+            ]
+        )
+    return result
+
+
+def large_state_run(
+    bench: Bench,
+    config: MillstreamConfig,
+    keyspace: str,
+    names: dict[str, str],
+    chosen: dict[str, list[int]],
+    tag: str,
+    result: LargeStateResult,
+) -> None:
+    sources = {case: f"tp_in_{case}_{tag}" for case in names}
+    topology = Topology(f"tp_{tag}", streams=list(sources.values()))
+    for case, name in names.items():
+        topology.add_computation(
+            name,
+            Count(f"tp_out_{case}_{tag}"),
+            inputs=[sources[case]],
+            outputs=[f"tp_out_{case}_{tag}"],
+            options=ComputationOptions(key_intervals=1),
+        )
+    running = run_topology(
+        topology,
+        config,
+        trigger=AvailableNow(),
+        spark=bench.spark(),
+        keyspace=keyspace,
+        checkpoint_root=bench.root / f"large-{tag}",
+        partitions=PARTITIONS,
+    )
+    try:
+        for case in names:
+            produce_events(
+                config,
+                sources[case],
+                WARM_UP,
+                None,
+                key_of=lambda n: f"w{n}",
+                value_of=no_value,
+            )
+        running.process_available()
+        warmed = {case: len(running.batches(name)) for case, name in names.items()}
+        for case, keys in chosen.items():
+
+            def key_of(n: int, keys: list[int] = keys) -> str:
+                return f"k{keys[n - WARM_UP]}"
+
+            produce_events(
+                config,
+                sources[case],
+                len(keys),
+                None,
+                first=WARM_UP,  # record IDs after the warm-up's, or they would be duplicates
+                key_of=key_of,
+                value_of=no_value,
+            )
+        running.process_available()
+        for case, name in names.items():
+            measured = [b for b in running.batches(name)[warmed[case] :] if b.inputs]
+            result.seconds.setdefault(case, []).append(sum(b.seconds for b in measured))
+            result.batches.setdefault(case, []).append(len(measured))
+            result.notes.extend(
+                f"{case} ({tag}): batch {b.batch_id}: {b.inputs} inputs, {b.seconds:.2f} s, "
+                f"{b.rescans} rescans, cache hits {b.cache_hits}/{b.intervals}"
+                for b in measured
+            )
+    finally:
+        running.stop()
+
+
+# -- plumbing --------------------------------------------------------------------------------
+
+
+def drop_keyspace(config: MillstreamConfig, keyspace: str) -> None:
+    cluster, session = cassandra_connector.connect(config)
+    try:
+        cassandra_connector.drop_keyspace(session, keyspace)
+    finally:
+        cluster.shutdown()
+
+
+def run_all(steps: list[Callable[[], None]]) -> None:
+    """Run every clean-up step even if some fail; report failures without raising."""
+    for step in steps:
+        try:
+            step()
+        except Exception as exc:
+            print(f"  clean-up step failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+
+def output_size() -> int:
+    """Bytes of a typical millstream output record of the count (what peers write)."""
+    cause = injector_record_id("tp_in_00000000", 0, 12_345)
+    record = Record(
+        "k5000", b"2", time.time_ns() // 1_000, production_record_id("count_00000000", cause, 0)
+    )
+    return len(encode_record(record))
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    names = [s.name for s in SYSTEMS] + [LARGE_STATE]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--records", type=int, default=20_000, help="backlog size")
+    parser.add_argument("--keys", type=int, default=10_000, help="distinct keys of the backlog")
+    parser.add_argument("--runs", type=int, default=1, help="runs of each row (median shown)")
+    parser.add_argument("--only", default="", help=f"comma-separated subset of: {', '.join(names)}")
+    parser.add_argument(
+        "--rates", default="200,2000", help="events/s of the latency phases ('' for none)"
+    )
+    parser.add_argument("--latency-seconds", type=float, default=5.0, help="length of each")
+    parser.add_argument(
+        "--large-keys", type=int, default=1_000_000, help="keys in the large-state interval"
+    )
+    parser.add_argument("--json", type=Path, help="write the figures to this JSON file")
+    parser.add_argument("--plot", type=Path, help="write a PNG bar chart here")
+    parser.add_argument("--quix-python", help="Python of a virtualenv with quixstreams 3")
+    args = parser.parse_args(argv)
+    args.rates = [float(r) for r in args.rates.split(",") if r.strip()]
+    args.only = [n.strip() for n in args.only.split(",") if n.strip()] or names
+    unknown = sorted(set(args.only) - set(names))
+    if unknown:
+        parser.error(f"unknown --only names {unknown}; choose from {names}")
+    if args.records < 1 or args.keys < 1 or args.runs < 1 or args.large_keys < LARGE_BATCH:
+        parser.error(f"--records, --keys, --runs must be positive, --large-keys >= {LARGE_BATCH}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    began = time.monotonic()
+    config = load_config()
+    bench = Bench(
+        config, args, Path(tempfile.mkdtemp(prefix="millstream-throughput-")), output_size()
+    )
+    runs: dict[str, list[RunResult]] = {}
+    large: LargeStateResult | None = None
+    try:
+        for system in SYSTEMS:
+            if system.name not in args.only:
+                continue
+            for number in range(1, args.runs + 1):
+                print(f"{system.name} (run {number}/{args.runs})", flush=True)
+                result = measure(bench, system)
+                runs.setdefault(system.name, []).append(result)
+                if result.records_per_s is not None:
+                    print(
+                        f"  {result.records_per_s:,.0f} records/s, startup "
+                        f"{result.startup_s:.1f} s, check: {result.check}"
+                        + "".join(f"; {note}" for note in result.notes),
+                        flush=True,
+                    )
+        if LARGE_STATE in args.only:
+            print(
+                f"{LARGE_STATE}: preloading {args.large_keys:,} + {SMALL_KEYS:,} keys", flush=True
+            )
+            large = large_state(bench)
+    finally:
+        run_all([bench.close, lambda: shutil.rmtree(bench.root, ignore_errors=True)])
+    rows = report(args, runs, large)
+    print(f"\n(whole run: {time.monotonic() - began:.0f} s)")
+    if args.json is not None:
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    if args.plot is not None:
+        plot(rows, args.plot)
+        print(f"wrote {args.plot}")
+    failed = [name for name, results in runs.items() if any(r.error for r in results)]
+    return 1 if failed or (large is not None and large.error) else 0
+
+
+# -- reporting -------------------------------------------------------------------------------
+
+
+def median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def report(
+    args: argparse.Namespace, runs: dict[str, list[RunResult]], large: LargeStateResult | None
+) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    throughput: dict[str, float] = {}
+    for name, results in runs.items():
+        system = BY_NAME[name]
+        rates = [r.records_per_s for r in results if r.records_per_s is not None]
+        value = median(rates)
+        if value is not None:
+            throughput[name] = value
+        startups = [r.startup_s for r in results if r.startup_s is not None]
+        rows.append(
+            {
+                "system": name,
+                "what": system.what,
+                "guarantee": system.guarantee,
+                "records_per_s": value,
+                "p50_ms": None,
+                "p95_ms": None,
+                "runs_records_per_s": rates,
+                "startup_s": median(startups),
+                "check": "; ".join(sorted({r.check for r in results if r.check})) or None,
+                "error": "; ".join(r.error for r in results if r.error) or None,
+                "records": args.records,
+                "keys": args.keys,
+            }
+        )
+    if rows:
+        print(
+            f"\nthroughput: a backlog of {args.records:,} records over {args.keys:,} keys, "
+            f"{PARTITIONS} partitions; median of {args.runs} run(s); "
+            "x<peer> = records/s / the peer's"
+        )
+        peers = [s for s in SYSTEMS if s.name in throughput]
+        header = (
+            f"{'system':<18} {'guarantee':<14} {'records/s':>10} {'startup s':>9}  "
+            + " ".join(f"{'x' + p.short:>10}" for p in peers)
+            + "  check"
+        )
+        print(header)
+        print("-" * len(header))
+        for row in rows:
+            value = row["records_per_s"]
+            cells = " ".join(
+                f"{value / throughput[p.name]:>10.2f}" if value is not None else f"{'-':>10}"
+                for p in peers
+            )
+            startup = f"{row['startup_s']:>9.1f}" if row["startup_s"] is not None else f"{'-':>9}"
+            shown = f"{value:>10,.0f}" if value is not None else f"{'failed':>10}"
+            print(
+                f"{row['system']:<18} {row['guarantee']:<14} {shown} {startup}  {cells}  "
+                f"{row['error'] or row['check']}"
+            )
+    rows.extend(latency_report(args, runs))
+    if large is not None:
+        rows.extend(large_report(args, large))
+    return rows
+
+
+def latency_report(
+    args: argparse.Namespace, runs: dict[str, list[RunResult]]
+) -> list[dict[str, Any]]:
+    measured = [s for s in SYSTEMS if s.latency and s.name in runs]
+    if not measured or not args.rates:
+        return []
+    rows: list[dict[str, Any]] = []
+    print(
+        f"\nlatency: injection → output append (ms), trigger {TRIGGER_SECONDS} s, "
+        f"{args.latency_seconds:g} s at each rate"
+    )
+    print(f"{'events/s':>9} {'system':<18} {'p50':>8} {'p95':>8} {'n':>7}  p50 / floor p50")
+    for rate in args.rates:
+        floor_p50: float | None = None
+        for system in measured:
+            samples = [x for r in runs[system.name] for x in r.latency.get(rate, [])]
+            p50 = percentile(samples, 50) if samples else None
+            p95 = percentile(samples, 95) if samples else None
+            ratio = None
+            if system.name == "spark-floor":
+                floor_p50 = p50
+            elif floor_p50 and p50 is not None:
+                ratio = p50 / floor_p50
+            rows.append(
+                {
+                    "system": f"latency/{system.name}@{rate:g}",
+                    "guarantee": system.guarantee,
+                    "records_per_s": None,
+                    "p50_ms": p50,
+                    "p95_ms": p95,
+                    "rate": rate,
+                    "samples": len(samples),
+                    "p50_ratio_to_floor": ratio,
+                }
+            )
+            shown = (
+                f"{p50:>8.0f} {p95:>8.0f}"
+                if p50 is not None and p95 is not None
+                else "      -        -"
+            )
+            print(
+                f"{rate:>9g} {system.name:<18} {shown} {len(samples):>7}  "
+                + (f"x{ratio:.2f}" if ratio is not None else "")
+            )
+    return rows
+
+
+def large_report(args: argparse.Namespace, large: LargeStateResult) -> list[dict[str, Any]]:
+    print(
+        f"\nlarge state: a {LARGE_BATCH:,}-record batch on one key interval (strong productions, "
+        f"exactly-once); median of {args.runs} run(s)"
+    )
+    if large.error is not None:
+        print(f"  failed: {large.error}")
+    rows: list[dict[str, Any]] = []
+    small = median(large.seconds.get("small", []))
+    for case in ("small", "large"):
+        seconds = median(large.seconds.get(case, []))
+        keys = large.keys.get(case, 0)
+        ratio = seconds / small if case == "large" and seconds and small else None
+        rows.append(
+            {
+                "system": f"large-state/{keys}-keys",
+                "guarantee": "exactly-once",
+                "records_per_s": LARGE_BATCH / seconds if seconds else None,
+                "p50_ms": None,
+                "p95_ms": None,
+                "interval_keys": keys,
+                "batch_records": LARGE_BATCH,
+                "batch_seconds": seconds,
+                "runs_batch_seconds": large.seconds.get(case, []),
+                "batches_per_run": large.batches.get(case, []),
+                "ratio_to_1000_keys": ratio,
+                "preload_seconds": large.preload_seconds,
+                "error": large.error,
+            }
+        )
+        if seconds is not None:
+            print(f"  interval holding {keys:>9,} keys: {seconds:6.2f} s per batch")
+    large_seconds = median(large.seconds.get("large", []))
+    if large_seconds and small:
+        print(
+            f"  ratio {large.keys['large']:,} keys / {SMALL_KEYS:,} keys: "
+            f"x{large_seconds / small:.2f}"
+        )
+    print(f"  (preloading the state took {large.preload_seconds:.0f} s)")
+    for note in large.notes:
+        print(f"  {note}")
+    return rows
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Bar charts of whatever was measured: throughput, latency, large state."""
+    matplotlib: Any = importlib.import_module("matplotlib")
+    matplotlib.use("Agg")
+    pyplot: Any = importlib.import_module("matplotlib.pyplot")
+    throughput = [r for r in rows if r["system"] in BY_NAME and r["records_per_s"] is not None]
+    latency = [r for r in rows if r["system"].startswith("latency/") and r["p50_ms"] is not None]
+    large = [r for r in rows if r["system"].startswith("large-state/") and r["batch_seconds"]]
+    panels = [(3, "throughput", throughput), (2, "latency", latency), (1, "large", large)]
+    shown = [(width, kind, data) for width, kind, data in panels if data]
+    if not shown:
+        print("nothing to plot")
+        return
+    figure, axes = pyplot.subplots(
+        1,
+        len(shown),
+        figsize=(5.5 * sum(w for w, _, _ in shown) / 2, 5),
+        width_ratios=[w for w, _, _ in shown],
+        squeeze=False,
+    )
+    for axis, (_, kind, data) in zip(axes[0], shown, strict=True):
+        if kind == "throughput":
+            values = [r["records_per_s"] for r in data]
+            bars = axis.bar([f"{r['system']}\n({r['guarantee']})" for r in data], values)
+            axis.bar_label(bars, labels=[f"{v:,.0f}" for v in values], fontsize=8)
+            axis.set_ylabel("records/s")
+            axis.set_title("keyed count: backlog drained")
+            axis.tick_params(axis="x", labelrotation=30, labelsize=8)
+        elif kind == "latency":
+            positions = list(range(len(data)))
+            axis.bar([p - 0.2 for p in positions], [r["p50_ms"] for r in data], 0.4, label="p50")
+            axis.bar([p + 0.2 for p in positions], [r["p95_ms"] for r in data], 0.4, label="p95")
+            labels = [r["system"].removeprefix("latency/").replace("@", "\n@ ") for r in data]
+            axis.set_xticks(positions, labels, fontsize=8)
+            axis.set_ylabel("ms, injection → output append")
+            axis.set_title("latency (events/s offered)")
+            axis.legend()
+        else:
+            axis.bar(
+                [f"{r['interval_keys']:,} keys" for r in data], [r["batch_seconds"] for r in data]
+            )
+            axis.set_ylabel(f"s per {LARGE_BATCH:,}-record batch")
+            axis.set_title("one key interval's state")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    pyplot.close(figure)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
