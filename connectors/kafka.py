@@ -32,7 +32,6 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, Resourc
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.errors import ConfigError, WatermarkReportError
 from millstream.engine.productions import Production
-from millstream.engine.records import encode_record
 from millstream.engine.watermarks import Offsets, WatermarkReport
 
 __all__ = [
@@ -373,7 +372,7 @@ class KafkaProductionSink:
                     self._producer.produce(
                         stream_topic(production.stream),
                         key=record.key.encode(),
-                        value=encode_record(record),
+                        value=production.envelope,
                         on_delivery=partial(delivered, record_id=record.record_id),
                     )
                     break

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
-from millstream.engine.records import Record
+from millstream.engine.records import Record, encode_record
 
 __all__ = ["Production", "ProductionPolicy", "ProductionSink"]
 
@@ -39,14 +39,24 @@ class ProductionPolicy(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Production:
-    """A record bound for a named stream."""
+    """A record bound for a named stream.
+
+    ``encoded`` is the record's envelope if the producer already encoded it (the engine does,
+    to check its size), so the store and the sink do not encode it again.
+    """
 
     stream: str
     record: Record
+    encoded: bytes | None = field(default=None, compare=False, repr=False)
 
     @property
     def record_id(self) -> bytes:
         return self.record.record_id
+
+    @property
+    def envelope(self) -> bytes:
+        """The record, Avro single-object encoded."""
+        return self.encoded if self.encoded is not None else encode_record(self.record)
 
 
 class ProductionSink(Protocol):

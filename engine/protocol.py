@@ -539,9 +539,10 @@ class _CallContext(Context):
             timestamp=timestamp,
             record_id=production_record_id(spec.name, self._cause_id, self._next_index),
         )
-        check_record_size(encode_record(record))
+        encoded = encode_record(record)
+        check_record_size(encoded)
         self._next_index += 1
-        self.changes.productions.append(Production(stream, record))
+        self.changes.productions.append(Production(stream, record, encoded))
         return record
 
 

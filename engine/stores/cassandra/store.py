@@ -116,7 +116,7 @@ from cassandra.query import BatchStatement, BatchType
 from millstream.engine.clock import Clock
 from millstream.engine.errors import FencedError, StoreError, UnknownOutcomeError
 from millstream.engine.productions import Production
-from millstream.engine.records import decode_record, encode_record
+from millstream.engine.records import decode_record
 from millstream.engine.sequencer import INITIAL_SEQUENCER, Lease
 from millstream.engine.state import UNCHANGED, KeyChanges
 from millstream.engine.store import (
@@ -915,7 +915,7 @@ def _pack_productions(productions: Sequence[Production]) -> bytes:
     parts: list[bytes] = []
     for production in productions:
         stream = production.stream.encode("utf-8")
-        record = encode_record(production.record)
+        record = production.envelope
         parts += (_PACKED_STREAM.pack(len(stream)), stream, _PACKED_RECORD.pack(len(record)))
         parts.append(record)
     return b"".join(parts)
@@ -931,7 +931,8 @@ def _unpack_productions(packed: bytes) -> list[Production]:
         offset += length
         (length,) = _PACKED_RECORD.unpack_from(packed, offset)
         offset += _PACKED_RECORD.size
-        productions.append(Production(stream, decode_record(packed[offset : offset + length])))
+        envelope = packed[offset : offset + length]
+        productions.append(Production(stream, decode_record(envelope), envelope))
         offset += length
     return productions
 
