@@ -1,0 +1,33 @@
+"""millstream's engine: MillWheel's programming model and its runtime.
+
+The names a computation needs are importable from here (the front door); the rest lives in
+one module per concept (:mod:`~millstream.engine.records`, :mod:`~millstream.engine.state`,
+:mod:`~millstream.engine.timers`, :mod:`~millstream.engine.watermarks`, ...). Testing helpers
+are in :mod:`millstream.engine.testing`, the Spark runtime in
+:mod:`millstream.engine.spark_runner`.
+"""
+
+from millstream.engine.codecs import AvroCodec, BytesCodec, Codec, IntCodec, JsonCodec
+from millstream.engine.computation import Computation
+from millstream.engine.context import Context, TypedState
+from millstream.engine.records import Record
+from millstream.engine.timers import TimeDomain, Timer
+from millstream.engine.topology import ComputationOptions, InputStream, Topology, record_key
+
+__all__ = [
+    "AvroCodec",
+    "BytesCodec",
+    "Codec",
+    "Computation",
+    "ComputationOptions",
+    "Context",
+    "InputStream",
+    "IntCodec",
+    "JsonCodec",
+    "Record",
+    "TimeDomain",
+    "Timer",
+    "Topology",
+    "TypedState",
+    "record_key",
+]

@@ -43,3 +43,13 @@ def test_all_is_honest(name: str) -> None:
     assert not missing, f"{name}.__all__ names what it does not define: {missing}"
     unlisted = defined_here(module) - set(exported)
     assert not unlisted, f"{name} does not export {sorted(unlisted)}"
+
+
+def test_the_front_door_reexports_the_model_names_from_their_modules() -> None:
+    exported = millstream.engine.__all__
+    assert exported, "millstream.engine exports nothing"
+    for name in exported:
+        value = getattr(millstream.engine, name)
+        home = importlib.import_module(value.__module__)
+        assert getattr(home, name) is value
+        assert name in home.__all__, f"{name} is not public in {home.__name__}"
