@@ -47,6 +47,9 @@ record must reach the same key, or its dedup ID is not found."""
 # enough to leave room for suffixes such as ".dead-letters".
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,200}")
 _MINUTE = 60 * 1_000_000
+# Defaults of the deprecated Bloom options: only a value other than these warns.
+_BLOOM_EXPECTED_IDS = 100_000
+_BLOOM_FALSE_POSITIVE_RATE = 0.01
 
 
 def record_key(record: Record) -> str:
@@ -83,8 +86,8 @@ class ComputationOptions:
     weak_production_delay: float = 1.0
     send_timeout: float = 30.0
     dead_letter_stream: str | None = None
-    bloom_expected_ids: int = 100_000
-    bloom_false_positive_rate: float = 0.01
+    bloom_expected_ids: int = _BLOOM_EXPECTED_IDS
+    bloom_false_positive_rate: float = _BLOOM_FALSE_POSITIVE_RATE
     max_timer_firings_per_key: int = 1_000
 
     def __post_init__(self) -> None:
@@ -102,7 +105,10 @@ class ComputationOptions:
             raise TopologyError("max_timer_firings_per_key must be at least 1")
         if self.dead_letter_stream is not None:
             _check_name("dead-letter stream", self.dead_letter_stream)
-        if (self.bloom_expected_ids, self.bloom_false_positive_rate) != (100_000, 0.01):
+        if (self.bloom_expected_ids, self.bloom_false_positive_rate) != (
+            _BLOOM_EXPECTED_IDS,
+            _BLOOM_FALSE_POSITIVE_RATE,
+        ):
             warnings.warn(
                 "ComputationOptions.bloom_expected_ids and bloom_false_positive_rate are "
                 "ignored (duplicates are found by bulk point lookups, with no Bloom filter); "

@@ -161,8 +161,10 @@ _KEYS_PER_READ = 200
 _TIMER_INDEX: Final = {TimeDomain.EVENT_TIME: "timer_event", TimeDomain.WALL_TIME: "timer_wall"}
 # Timestamps in the index as fixed-width decimals of (timestamp + 2^63): text order = time order.
 _TIMESTAMP_OFFSET = 2**63
-_PACKED_STREAM = struct.Struct(">H")
-_PACKED_RECORD = struct.Struct(">I")
+# Length prefixes: of a stream name in a production row; of a record, and of a key in the
+# timer index's item.
+_LENGTH16 = struct.Struct(">H")
+_LENGTH32 = struct.Struct(">I")
 # Approximate bytes one production delete adds to a batch (row overhead plus a 16-byte ID),
 # so delete batches obey the same byte limit as commits.
 _DELETE_BYTES = 64
@@ -894,14 +896,14 @@ def _index_time(timestamp: int) -> str:
 def _index_row(timer: Timer) -> tuple[str, str, bytes]:
     """The (kind, key, item) of a timer's row in the time-ordered index."""
     key = timer.key.encode("utf-8")
-    item = _PACKED_RECORD.pack(len(key)) + key + timer.tag.encode("utf-8")
+    item = _LENGTH32.pack(len(key)) + key + timer.tag.encode("utf-8")
     return _TIMER_INDEX[timer.domain], _index_time(timer.timestamp), item
 
 
 def _indexed_timer(row: dict[str, Any]) -> Timer:
     item: bytes = row["item"]
-    (length,) = _PACKED_RECORD.unpack_from(item)
-    start = _PACKED_RECORD.size
+    (length,) = _LENGTH32.unpack_from(item)
+    start = _LENGTH32.size
     return Timer(
         key=item[start : start + length].decode("utf-8"),
         tag=item[start + length :].decode("utf-8"),
@@ -916,7 +918,7 @@ def _pack_productions(productions: Sequence[Production]) -> bytes:
     for production in productions:
         stream = production.stream.encode("utf-8")
         record = production.envelope
-        parts += (_PACKED_STREAM.pack(len(stream)), stream, _PACKED_RECORD.pack(len(record)))
+        parts += (_LENGTH16.pack(len(stream)), stream, _LENGTH32.pack(len(record)))
         parts.append(record)
     return b"".join(parts)
 
@@ -925,12 +927,12 @@ def _unpack_productions(packed: bytes) -> list[Production]:
     productions: list[Production] = []
     offset = 0
     while offset < len(packed):
-        (length,) = _PACKED_STREAM.unpack_from(packed, offset)
-        offset += _PACKED_STREAM.size
+        (length,) = _LENGTH16.unpack_from(packed, offset)
+        offset += _LENGTH16.size
         stream = packed[offset : offset + length].decode("utf-8")
         offset += length
-        (length,) = _PACKED_RECORD.unpack_from(packed, offset)
-        offset += _PACKED_RECORD.size
+        (length,) = _LENGTH32.unpack_from(packed, offset)
+        offset += _LENGTH32.size
         envelope = packed[offset : offset + length]
         productions.append(Production(stream, decode_record(envelope), envelope))
         offset += length
