@@ -23,7 +23,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 from millstream.connectors import kafka as kafka_connector
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.records import Record, decode_record, encode_record, injector_record_id
-from millstream.engine.spark_session import kafka_stream
+from millstream.engine.spark.session import kafka_stream
 from millstream.engine.watermarks import injector_source
 
 if TYPE_CHECKING:

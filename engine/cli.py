@@ -7,7 +7,7 @@
     millstream down      stop them by pid
     millstream jars      the Spark Kafka connector jars, comma separated, for spark-submit --jars
     millstream run MODULE:TOPOLOGY [options]
-                         run a topology on Spark (see millstream.engine.spark_runner);
+                         run a topology on Spark (see millstream.engine.spark.runner);
                          MODULE is imported from the working directory or PYTHONPATH,
                          TOPOLOGY is a Topology or a zero-argument callable returning one
 
@@ -73,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         config = load_config()
         if args.command == "jars":
-            from millstream.engine.spark_session import local_connector_jars
+            from millstream.engine.spark.session import local_connector_jars
 
             print(",".join(str(jar) for jar in local_connector_jars(config, progress)))
             return 0
@@ -109,7 +109,7 @@ def _run(args: argparse.Namespace) -> int:
     # The driver's py4j chatter is not what an operator needs to read.
     logging.getLogger("py4j").setLevel(logging.WARNING)
     try:
-        from millstream.engine.spark_runner import (
+        from millstream.engine.spark.runner import (
             AvailableNow,
             ProcessingTime,
             load_topology,

@@ -16,9 +16,12 @@ in-memory store, with a hand-advanced clock and input low watermark::
 Steps are records (or ``(stream, record)`` pairs for topologies), :class:`Watermark` to move
 the injectors' low watermark, and :class:`AdvanceClock` to move wall time. Consecutive records
 form one batch; a watermark or clock step first runs everything up to then to completion,
-timers included, then moves time. Productions flow to the consumers of their stream, and each
-computation's input low watermark is computed as in MillWheel: the minimum of its producers'
-watermarks and their oldest pending work (queued input, pending timers and productions).
+timers included, then moves time. Productions flow to the consumers of their stream (routed
+and keyed by :mod:`millstream.engine.routing`, as on Spark), and watermarks flow as on the real
+runtime: each computation keeps a :class:`~millstream.engine.watermarks.ComputationWatermarks`,
+reads the reports of its producers (and of the test's injector) from an in-memory watermark
+topic, applies one only once it has consumed the input the report covers, and reports its own,
+held by its oldest pending work (timers, unacknowledged productions), after every round.
 """
 
 from __future__ import annotations
@@ -32,19 +35,24 @@ from millstream.engine.clock import ManualClock
 from millstream.engine.computation import Computation
 from millstream.engine.deadletters import DeadLetter, Origin, decode_dead_letter
 from millstream.engine.errors import TopologyError
-from millstream.engine.keys import key_interval
 from millstream.engine.productions import Production
 from millstream.engine.protocol import Delivery, IntervalWorker, Rejected
 from millstream.engine.records import (
     MAX_EVENT_TIME,
     MIN_EVENT_TIME,
     Record,
-    encode_record,
     injector_record_id,
 )
+from millstream.engine.routing import deliver, split_by_interval
 from millstream.engine.stores.memory.store import InjectedCrash, MemoryIntervalStore
-from millstream.engine.timers import TimeDomain, Timer
-from millstream.engine.topology import ComputationOptions, ComputationSpec, KeyExtractor, Topology
+from millstream.engine.timers import Timer
+from millstream.engine.topology import ComputationOptions, KeyExtractor, Topology
+from millstream.engine.watermarks import (
+    ComputationWatermarks,
+    ReportReader,
+    WatermarkReport,
+    computation_source,
+)
 
 __all__ = [
     "END_OF_TIME",
@@ -60,7 +68,10 @@ __all__ = [
 ]
 
 END_OF_TIME = MAX_EVENT_TIME + 1
-"""A watermark past every valid event time: every event-time timer fires."""
+"""A watermark past every valid event time: every event-time timer fires (but one at exactly
+``MAX_EVENT_TIME``, which no watermark report can pass, here as on the real runtime)."""
+
+_INJECTOR_SOURCE = "injector/millstream.testing/0"
 
 _INPUT_STREAM = "input"
 _COMPUTATION = "computation"
@@ -187,7 +198,28 @@ class TopologyHarness:
         self._specs = dict(topology.computations)
         self._queues: dict[str, list[Delivery | Rejected]] = {name: [] for name in self._specs}
         self._workers: dict[tuple[str, int], IntervalWorker] = {}
-        self._watermarks = dict.fromkeys(self._specs, MIN_EVENT_TIME)
+        self._reports = _ReportTopic()
+        self._watermarks = {
+            name: ComputationWatermarks(
+                computation_source(topology.name, name),
+                inputs={i.stream: i.stream for i in spec.inputs},
+                outputs=(*spec.outputs, spec.dead_letter_stream),
+                expected={
+                    i.stream: [
+                        computation_source(topology.name, p.name)
+                        for p in topology.producers(i.stream)
+                    ]
+                    for i in spec.inputs
+                },
+                key_intervals=spec.options.key_intervals,
+            )
+            for name, spec in self._specs.items()
+        }
+        # Messages written per stream, and consumed per computation and stream: the offsets
+        # that reports cover and that decide when a consumer applies them.
+        self._written: dict[str, int] = {}
+        self._consumed: dict[str, dict[str, int]] = {name: {} for name in self._specs}
+        self._rounds = 0
         self._fired: dict[str, list[Timer]] = {name: [] for name in self._specs}
         self._produced: dict[str, set[bytes]] = {name: set() for name in self._specs}
         self._routed = 0
@@ -204,7 +236,7 @@ class TopologyHarness:
     def step(self, item: Step) -> None:
         if isinstance(item, Watermark):
             self.run_until_idle()
-            self.watermark = max(self.watermark, item.timestamp)
+            self._inject_watermark(item.timestamp)
             self.run_until_idle()
         elif isinstance(item, AdvanceClock):
             self.run_until_idle()
@@ -245,15 +277,21 @@ class TopologyHarness:
     def _round(self) -> bool:
         busy = False
         for name, spec in self._specs.items():
-            watermark = self._input_watermark(name)
+            watermarks = self._watermarks[name]
             inputs, self._queues[name] = self._queues[name], []
-            by_interval: dict[int, list[Delivery | Rejected]] = {}
+            consumed = {stream: {0: count} for stream, count in self._consumed[name].items()}
             for item in inputs:
-                key = item.key if isinstance(item, Delivery) else ""
-                by_interval.setdefault(key_interval(key, spec.options.key_intervals), []).append(
-                    item
-                )
-            for interval in sorted(by_interval.keys() | self._timer_intervals(spec, watermark)):
+                stream = item.origin.stream
+                assert stream is not None
+                consumed.setdefault(stream, {0: 0})[0] += 1
+            self._consumed[name] = {stream: parts[0] for stream, parts in consumed.items()}
+            # As the Spark runtime does per batch: new reports, applied once the input caught
+            # up with them; records under the watermark before, timers under the one after.
+            watermarks.read(self._reports.reader(name))
+            watermark, timer_watermark = watermarks.advance(consumed)
+            by_interval = split_by_interval(spec, inputs)
+            ticks = watermarks.intervals_to_run(timer_watermark, self.clock.now())
+            for interval in sorted(by_interval.keys() | set(ticks)):
                 worker = self._workers.get((name, interval))
                 if worker is None:
                     worker = IntervalWorker(
@@ -261,20 +299,23 @@ class TopologyHarness:
                     )
                     self._workers[name, interval] = worker
                 sent_before = len(self.sink.sent)
-                result = worker.process(by_interval.get(interval, []), watermark)
+                result = worker.process(
+                    by_interval.get(interval, []), watermark, timer_watermark=timer_watermark
+                )
+                watermarks.record(interval, result.progress)
                 self._fired[name].extend(result.fired_timers)
                 self._produced[name].update(p.record_id for p in self.sink.sent[sent_before:])
                 busy = busy or bool(by_interval.get(interval)) or bool(result.fired_timers)
             busy = self._route_sent() or busy
+            report = watermarks.report(self._rounds, self._written_offsets())
+            if report is not None:
+                self._reports.publish(report)
+                busy = True
+        self._rounds += 1
         return busy
 
-    def _timer_intervals(self, spec: ComputationSpec, watermark: int) -> set[int]:
-        now = self.clock.now()
-        return {
-            key_interval(t.key, spec.options.key_intervals)
-            for t in self.store.timers(spec.name)
-            if t.is_due(watermark, now)
-        }
+    def _written_offsets(self) -> dict[str, dict[int, int]]:
+        return {stream: {0: count} for stream, count in self._written.items()}
 
     def _route_sent(self) -> bool:
         new = self.sink.sent[self._routed :]
@@ -284,62 +325,49 @@ class TopologyHarness:
         return bool(new)
 
     def _route(self, production: Production) -> None:
+        # Every copy is written to the stream, resends included, as to a Kafka topic.
+        self._written[production.stream] = self._written.get(production.stream, 0) + 1
+        origin = Origin(stream=production.stream, record_id=production.record_id)
         for consumer in self.topology.consumers(production.stream):
-            extract = consumer.key_extractor(production.stream)
-            origin = Origin(stream=production.stream, record_id=production.record_id)
-            try:
-                key = extract(production.record)
-            except Exception as exc:
-                # A key extractor is user code: its failure dead-letters the record.
-                self._queues[consumer.name].append(
-                    Rejected(
-                        origin, encode_record(production.record), exc, production.record.timestamp
-                    )
-                )
-                continue
-            self._queues[consumer.name].append(Delivery(key, production.record, origin))
+            self._queues[consumer.name].append(
+                deliver(consumer, production.stream, production.record, origin)
+            )
 
-    def _input_watermark(self, computation: str) -> int:
-        # MillWheel's recursive definition, solved by iterating down from the injectors' value:
-        # low watermark(C) = min over C's inputs of (injector watermark, or for each producer P:
-        # min(low watermark(P), oldest pending work of P)). Held monotonic, as the authority does.
-        oldest = {name: self._oldest_work(name) for name in self._specs}
-        marks = dict.fromkeys(self._specs, self.watermark)
-        external = self.topology.external_streams
-        changed = True
-        while changed:
-            changed = False
-            for name, spec in self._specs.items():
-                candidates = (
-                    [self.watermark] if any(i.stream in external for i in spec.inputs) else []
-                )
-                for i in spec.inputs:
-                    candidates.extend(
-                        min(marks[p.name], oldest[p.name])
-                        for p in self.topology.producers(i.stream)
-                    )
-                mark = min(candidates, default=self.watermark)
-                if mark < marks[name]:
-                    marks[name] = mark
-                    changed = True
-        self._watermarks[computation] = max(self._watermarks[computation], marks[computation])
-        return self._watermarks[computation]
+    def _inject_watermark(self, watermark: int) -> None:
+        self.watermark = max(self.watermark, watermark)
+        # A report can say no more than MAX_EVENT_TIME: as on the real runtime, END_OF_TIME
+        # fires every timer before it.
+        self._reports.publish(
+            WatermarkReport(
+                source=_INJECTOR_SOURCE,
+                streams=tuple(sorted(self.topology.external_streams)),
+                watermark=min(self.watermark, MAX_EVENT_TIME),
+                sequence=self._rounds,
+                offsets=self._written_offsets(),
+            )
+        )
 
-    def _oldest_work(self, computation: str) -> int:
-        pending = [
-            *(
-                item.record.timestamp
-                for item in self._queues[computation]
-                if isinstance(item, Delivery)
-            ),
-            *(
-                t.timestamp
-                for t in self.store.timers(computation)
-                if t.domain is TimeDomain.EVENT_TIME
-            ),
-            *(p.record.timestamp for p in self.store.productions(computation)),
-        ]
-        return min(pending, default=END_OF_TIME)
+
+class _ReportTopic:
+    """The harness's watermark topic: every report, read by each computation in order."""
+
+    def __init__(self) -> None:
+        self.reports: list[WatermarkReport] = []
+        self._read: dict[str, int] = {}
+
+    def publish(self, report: WatermarkReport) -> None:
+        self.reports.append(report)
+
+    def reader(self, computation: str) -> ReportReader:
+        topic = self
+
+        class Reader:
+            def read(self, timeout: float = 0.0) -> list[tuple[str, WatermarkReport | None]]:
+                start = topic._read.get(computation, 0)
+                topic._read[computation] = len(topic.reports)
+                return [(r.source, r) for r in topic.reports[start:]]
+
+        return Reader()
 
 
 def run_topology(

@@ -23,7 +23,7 @@ from millstream.connectors import cassandra as cassandra_connector
 from millstream.connectors import kafka as kafka_connector
 from millstream.engine.config import MillstreamConfig, load_config
 from millstream.engine.records import Record, decode_record, encode_record, injector_record_id
-from millstream.engine.spark_session import kafka_stream, spark_session
+from millstream.engine.spark.session import kafka_stream, spark_session
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

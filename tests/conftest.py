@@ -114,7 +114,7 @@ def cassandra_keyspace(cassandra: Session) -> Iterator[Callable[[], str]]:
 
 @pytest.fixture(scope="session")
 def spark(services: MillstreamConfig) -> Iterator[SparkSession]:
-    from millstream.engine.spark_session import spark_session
+    from millstream.engine.spark.session import spark_session
 
     session = spark_session(services, app_name="millstream-tests", progress=_progress)
     try:

@@ -2,7 +2,7 @@
 
 The cluster is a Master and a Worker started from pyspark's own jars
 (:mod:`millstream.connectors.local.spark_standalone`); the pipeline is
-``examples/search_pipeline.py``, checked as in ``test_spark_runner.py``. Kafka and Cassandra
+``examples/search_pipeline.py``, checked as in ``spark/test_runner.py``. Kafka and Cassandra
 are reached through relays on ports of their own that only the ``MILLSTREAM_*`` variables
 name, and each relay records which process connected: so the test tells that the configured
 addresses reached both the driver and the executors, which the Worker runs as its children.
@@ -30,7 +30,7 @@ from millstream.connectors.local.spark_standalone import StandaloneSparkCluster
 from millstream.engine import cli
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.records import encode_record
-from tests.engine.test_spark_runner import (
+from tests.engine.spark.test_runner import (
     EXAMPLES,
     INTERVALS,
     Pipeline,

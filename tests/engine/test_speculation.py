@@ -30,8 +30,8 @@ from millstream.engine.config import MillstreamConfig
 from millstream.engine.records import decode_record, encode_record
 from millstream.engine.stores.cassandra import CassandraIntervalStore
 from tests.engine import speculation_app
+from tests.engine.spark.test_runner import JSON, events, produce, read_topic
 from tests.engine.test_cli import submit_run
-from tests.engine.test_spark_runner import JSON, events, produce, read_topic
 
 if TYPE_CHECKING:
     from cassandra.cluster import Session

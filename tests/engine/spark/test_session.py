@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from millstream.engine.config import MillstreamConfig
-from millstream.engine.spark_session import spark_conf
+from millstream.engine.spark.session import spark_conf
 
 pytestmark = pytest.mark.unit
 

@@ -42,7 +42,7 @@ from millstream.engine.records import (
     encode_record,
     injector_record_id,
 )
-from millstream.engine.spark_runner import (
+from millstream.engine.spark.runner import (
     AvailableNow,
     ProcessingTime,
     RunningTopology,
@@ -65,7 +65,7 @@ INTERVALS = 4
 BASE_TIME = 1_700_000_000_000_000
 USERS = [f"user-{n}" for n in range(7)]
 QUERIES = ["weather", "football", "eclipse", "flu", "tickets"]
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 
 def _load_example() -> ModuleType:

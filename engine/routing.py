@@ -1,0 +1,92 @@
+"""Routing: from a message of a stream to the key interval of a consumer that works it.
+
+A consumer reads each of its input streams with that stream's key extractor (user code); the
+key decides the key interval (:func:`~millstream.engine.keys.key_interval`) and so which
+:class:`~millstream.engine.protocol.IntervalWorker` runs the record. A message that cannot be
+delivered (oversized, undecodable, an unknown schema, a key extractor that raises or returns
+no ``str``) is rejected into the interval of the empty key, where it becomes a dead letter.
+
+The Spark runtime and :mod:`millstream.engine.testing` both route with these functions, so a
+user's test sees the same keys, intervals and rejections as the real run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from millstream.engine.deadletters import Origin
+from millstream.engine.keys import key_interval
+from millstream.engine.protocol import Delivery, Rejected
+from millstream.engine.records import Record, check_record_size, decode_record, encode_record
+from millstream.engine.topology import ComputationSpec
+
+__all__ = [
+    "decode_delivery",
+    "deliver",
+    "interval_of",
+    "key_of",
+    "split_by_interval",
+]
+
+
+def key_of(spec: ComputationSpec, stream: str, record: Record) -> str:
+    """The consumer's key of a record of ``stream``; raises what the extractor raised, or
+    ``TypeError`` if it returned no ``str``."""
+    key = spec.key_extractor(stream)(record)
+    if not isinstance(key, str):
+        raise TypeError(
+            f"the key extractor of {spec.name!r} for stream {stream!r} returned "
+            f"{type(key).__name__}, not str; return the key as a string"
+        )
+    return key
+
+
+def decode_delivery(
+    spec: ComputationSpec, stream: str, raw: bytes
+) -> tuple[Record | None, str | None, Exception | None]:
+    """The record and the consumer's key of one message of ``stream``, or why it cannot be
+    delivered.
+
+    The error is one of the record errors, or whatever the key extractor raised (user code
+    must not stop a partition). The record is returned whenever it decoded, to locate the
+    dead letter by its record ID.
+    """
+    try:
+        check_record_size(raw)
+        record = decode_record(raw)
+    except Exception as exc:
+        return None, None, exc
+    try:
+        key = key_of(spec, stream, record)
+    except Exception as exc:
+        return record, None, exc
+    return record, key, None
+
+
+def deliver(
+    spec: ComputationSpec, stream: str, record: Record, origin: Origin
+) -> Delivery | Rejected:
+    """A decoded record of ``stream`` as the consumer's input: a delivery under its key, or,
+    if its key extractor fails, a rejection carrying the encoded record."""
+    try:
+        key = key_of(spec, stream, record)
+    except Exception as exc:
+        # The extractor is user code: its failure dead-letters the record, never stops input.
+        return Rejected(origin, encode_record(record), exc, record.timestamp)
+    return Delivery(key, record, origin)
+
+
+def interval_of(spec: ComputationSpec, item: Delivery | Rejected) -> int:
+    """The key interval that works ``item``: its key's, or the empty key's if rejected."""
+    key = item.key if isinstance(item, Delivery) else ""
+    return key_interval(key, spec.options.key_intervals)
+
+
+def split_by_interval(
+    spec: ComputationSpec, items: Iterable[Delivery | Rejected]
+) -> dict[int, list[Delivery | Rejected]]:
+    """``items`` per key interval, each interval's in their given order."""
+    split: dict[int, list[Delivery | Rejected]] = {}
+    for item in items:
+        split.setdefault(interval_of(spec, item), []).append(item)
+    return split

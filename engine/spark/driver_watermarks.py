@@ -1,0 +1,120 @@
+"""One computation's low-watermark bookkeeping on the driver (paper 4.5, 5.2).
+
+Every batch, the driver reads the new reports of the watermark topic, applies those that the
+batch's consumed offsets have caught up with
+(:class:`~millstream.engine.watermarks.ComputationWatermarks`), and afterwards publishes the
+computation's own report, covering its output topics' end offsets, if it changed. When a
+wall-time timer is due later, an alarm writes a wake-up message to the watermark topic at that
+time, which starts the batch that fires it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from millstream.connectors import kafka as kafka_connector
+from millstream.engine.clock import Clock
+from millstream.engine.config import MillstreamConfig
+from millstream.engine.topology import ComputationSpec, Topology
+from millstream.engine.watermarks import (
+    ComputationWatermarks,
+    WatermarkReport,
+    computation_source,
+)
+
+__all__ = ["DriverWatermarks", "offsets_consumer"]
+
+_log = logging.getLogger(__name__)
+
+_ALARM_RETRY_SECONDS = 1.0
+
+
+def offsets_consumer(config: MillstreamConfig) -> Any:
+    """A Kafka consumer for reading end offsets (it never subscribes)."""
+    return kafka_connector.consumer(config, "millstream-offsets")
+
+
+class DriverWatermarks:
+    """One computation's watermark state on the driver, with its Kafka reader and the alarm
+    that wakes its query for wall-time timers."""
+
+    def __init__(
+        self,
+        config: MillstreamConfig,
+        topology: Topology,
+        spec: ComputationSpec,
+        publisher: kafka_connector.WatermarkPublisher,
+        clock: Clock,
+    ) -> None:
+        self.spec = spec
+        self.publisher = publisher
+        self.clock = clock
+        self._alarm_source = f"alarm/{topology.name}/{spec.name}"
+        inputs = {i.stream: kafka_connector.stream_topic(i.stream) for i in spec.inputs}
+        expected = {
+            stream: [computation_source(topology.name, p.name) for p in topology.producers(stream)]
+            for stream in inputs
+        }
+        outputs = (*spec.outputs, spec.dead_letter_stream)
+        self.output_topics = sorted({kafka_connector.stream_topic(s) for s in outputs})
+        self.state = ComputationWatermarks(
+            computation_source(topology.name, spec.name),
+            inputs=inputs,
+            outputs=outputs,
+            expected=expected,
+            key_intervals=spec.options.key_intervals,
+        )
+        self.reader = kafka_connector.WatermarkReader(config)
+        self._offsets = offsets_consumer(config)
+        self._alarm: threading.Timer | None = None
+        self._alarm_at: int | None = None
+
+    def after_batch(self, batch_id: int) -> None:
+        """Publish the computation's report if it changed; set the wall-time alarm."""
+        report = self.state.report(
+            batch_id, kafka_connector.end_offsets(self._offsets, self.output_topics)
+        )
+        if report is not None:
+            self.publisher.publish(report)
+        due = [
+            p.next_wall_timer
+            for p in self.state.intervals.values()
+            if p.next_wall_timer is not None
+        ]
+        self._set_alarm(min(due) if due else None)
+
+    def _set_alarm(self, at: int | None) -> None:
+        pending = self._alarm is not None and self._alarm.is_alive()
+        if at == self._alarm_at and pending:
+            return
+        if self._alarm is not None:
+            self._alarm.cancel()
+            self._alarm = None
+        if at is None:
+            self._alarm_at = None
+            return
+        delay = max(0.0, (at - self.clock.now()) / 1e6)
+        if at == self._alarm_at:
+            # Woken for it already, yet it did not fire (an executor's clock lagging ours):
+            # try again shortly rather than never.
+            delay = max(delay, _ALARM_RETRY_SECONDS)
+        self._alarm_at = at
+        self._alarm = threading.Timer(delay, self._wake, args=(at,))
+        self._alarm.daemon = True
+        self._alarm.start()
+
+    def _wake(self, at: int) -> None:
+        # Any message on the watermark topic starts a batch of every query; this one concerns
+        # no stream, so it moves no watermark.
+        try:
+            self.publisher.publish(WatermarkReport(self._alarm_source, (), 0, at))
+        except Exception:
+            _log.exception("could not wake %r for its wall-time timers", self.spec.name)
+
+    def close(self) -> None:
+        if self._alarm is not None:
+            self._alarm.cancel()
+        self.reader.close()
+        self._offsets.close()
