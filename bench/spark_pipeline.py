@@ -235,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         spark.stop()
         shutil.rmtree(root, ignore_errors=True)
+        kafka_connector.delete_wake_topics(config)
         kafka_connector.delete_topics(config, [config.kafka_watermark_topic])
     floor = results[0]
     print(

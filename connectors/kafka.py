@@ -13,6 +13,7 @@ so Kafka keeps each source's latest report: :func:`create_watermark_topic`,
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 import uuid
@@ -35,18 +36,23 @@ from millstream.engine.productions import Production
 from millstream.engine.watermarks import Offsets, WatermarkReport
 
 __all__ = [
+    "WAKE_TOPIC_CONFIG",
     "WATERMARK_TOPIC_CONFIG",
     "KafkaProductionSink",
     "WatermarkPublisher",
     "WatermarkReader",
     "admin_client",
+    "alarm_topic",
     "consumer",
     "create_topics",
+    "create_wake_topics",
     "create_watermark_topic",
     "delete_topics",
+    "delete_wake_topics",
     "end_offsets",
     "producer",
     "stream_topic",
+    "wake_topic",
 ]
 
 _log = logging.getLogger(__name__)
@@ -214,6 +220,52 @@ def create_watermark_topic(config: MillstreamConfig, timeout: float = 30.0) -> N
         )
 
 
+WAKE_TOPIC_CONFIG: Mapping[str, str] = {
+    # A wake-up message only starts a batch; nobody reads it after that.
+    "cleanup.policy": "delete",
+    "retention.ms": "3600000",
+    "segment.ms": "3600000",
+}
+
+_MAX_TOPIC_NAME = 249
+
+
+def _bounded_topic(prefix: str, name: str) -> str:
+    topic = f"{prefix}{name}"
+    if len(topic) <= _MAX_TOPIC_NAME:
+        return topic
+    return f"{prefix}{hashlib.sha256(name.encode()).hexdigest()[:32]}"
+
+
+def wake_topic(config: MillstreamConfig, stream: str) -> str:
+    """The topic whose messages start a batch of every consumer of ``stream``.
+
+    A query reads its data topics and the wake topics of its input streams, not the watermark
+    topic: a report wakes only the consumers of the streams it names, never its own
+    computation (whose report names its outputs). The driver reads the reports themselves.
+    """
+    return _bounded_topic(f"{config.kafka_watermark_topic}.wake.", stream)
+
+
+def alarm_topic(config: MillstreamConfig, topology: str, computation: str) -> str:
+    """The topic whose messages start a batch of one computation: its wall-time alarms, and
+    its start (so a restarted computation runs its pending timers and productions)."""
+    return _bounded_topic(f"{config.kafka_watermark_topic}.alarm.", f"{topology}.{computation}")
+
+
+def create_wake_topics(config: MillstreamConfig, topics: Sequence[str]) -> None:
+    """Create wake or alarm topics (one partition, short retention); existing ones stay."""
+    create_topics(config, topics, partitions=1, topic_config=WAKE_TOPIC_CONFIG)
+
+
+def delete_wake_topics(config: MillstreamConfig, timeout: float = 30.0) -> None:
+    """Delete every wake and alarm topic of ``config``'s watermark topic."""
+    prefixes = tuple(f"{config.kafka_watermark_topic}.{kind}." for kind in ("wake", "alarm"))
+    admin = admin_client(config)
+    names = admin.list_topics(timeout=timeout).topics
+    delete_topics(config, sorted(n for n in names if n.startswith(prefixes)), timeout)
+
+
 class WatermarkPublisher:
     """Publishes :class:`~millstream.engine.watermarks.WatermarkReport` s, keyed by source.
 
@@ -223,14 +275,30 @@ class WatermarkPublisher:
     """
 
     def __init__(self, config: MillstreamConfig) -> None:
+        self.config = config
         self.topic = config.kafka_watermark_topic
         # Before the first write, which would otherwise auto-create it uncompacted.
         create_watermark_topic(config)
         self._producer = producer(config)
+        self._wake_topics: set[str] = set()  # known to exist
+        self._errors: list[KafkaError] = []
 
     def publish(self, report: WatermarkReport, timeout: float = 30.0) -> None:
-        """Write one report and wait for Kafka to acknowledge it."""
-        self._write(report.source, report.encode(), timeout)
+        """Write one report, wait for Kafka to acknowledge it, then wake the consumers of the
+        streams it names (after: a woken batch must find the report)."""
+        self._write(self.topic, report.source, report.encode(), timeout)
+        if report.streams:
+            self.wake([wake_topic(self.config, s) for s in report.streams], report.source, timeout)
+
+    def wake(self, topics: Sequence[str], source: str, timeout: float = 30.0) -> None:
+        """Write an empty message to each wake or alarm topic (created if missing)."""
+        missing = [t for t in topics if t not in self._wake_topics]
+        if missing:
+            create_wake_topics(self.config, missing)
+            self._wake_topics.update(missing)
+        for topic in topics:
+            self._write(topic, source, b"", timeout, flush=False)
+        self._flush(source, timeout)
 
     def report_streams(
         self,
@@ -250,23 +318,29 @@ class WatermarkPublisher:
 
     def retire(self, source: str, timeout: float = 30.0) -> None:
         """Forget a source for good (a tombstone): it no longer holds any watermark."""
-        self._write(source, None, timeout)
+        self._write(self.topic, source, None, timeout)
 
     def close(self, timeout: float = 30.0) -> None:
         self._producer.flush(timeout)
 
-    def _write(self, source: str, value: bytes | None, timeout: float) -> None:
-        errors: list[KafkaError] = []
-
+    def _write(
+        self, topic: str, source: str, value: bytes | None, timeout: float, flush: bool = True
+    ) -> None:
         def delivered(error: KafkaError | None, _message: Message) -> None:
             if error is not None:
-                errors.append(error)
+                self._errors.append(error)
 
-        self._producer.produce(self.topic, key=source.encode(), value=value, on_delivery=delivered)
-        if self._producer.flush(timeout) or errors:
+        self._producer.produce(topic, key=source.encode(), value=value, on_delivery=delivered)
+        if flush:
+            self._flush(source, timeout)
+
+    def _flush(self, source: str, timeout: float) -> None:
+        unflushed = self._producer.flush(timeout)  # runs the delivery callbacks
+        errors, self._errors = self._errors, []
+        if unflushed or errors:
             raise KafkaException(
                 errors[0] if errors else KafkaError(KafkaError._MSG_TIMED_OUT),
-                f"watermark report of {source!r} was not acknowledged by {self.topic!r} "
+                f"watermark report or wake-up of {source!r} was not acknowledged by Kafka "
                 f"within {timeout} s; is Kafka up?",
             )
 

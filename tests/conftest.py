@@ -53,6 +53,7 @@ def services(pytestconfig: pytest.Config) -> Iterator[MillstreamConfig]:
         config = load_config()
         if os.environ.get("MILLSTREAM_EXTERNAL_SERVICES") == "1":
             yield config
+            kafka_connector.delete_wake_topics(config)
             kafka_connector.delete_topics(config, [config.kafka_watermark_topic])
             return
         from millstream.connectors.local.stack import LocalStack
@@ -65,6 +66,7 @@ def services(pytestconfig: pytest.Config) -> Iterator[MillstreamConfig]:
             stack.up()
         try:
             yield config
+            kafka_connector.delete_wake_topics(config)
             kafka_connector.delete_topics(config, [config.kafka_watermark_topic])
         finally:
             for service in stack.services:

@@ -3,9 +3,10 @@
 Every batch, the driver reads the new reports of the watermark topic, applies those that the
 batch's consumed offsets have caught up with
 (:class:`~millstream.engine.watermarks.ComputationWatermarks`), and afterwards publishes the
-computation's own report, covering its output topics' end offsets, if it changed. When a
-wall-time timer is due later, an alarm writes a wake-up message to the watermark topic at that
-time, which starts the batch that fires it.
+computation's own report, covering its output topics' end offsets, if it changed, which also
+wakes the consumers of its output streams (:func:`~millstream.connectors.kafka.wake_topic`). When
+a wall-time timer is due later, an alarm writes a wake-up message to the computation's alarm
+topic at that time, which starts the batch that fires it.
 """
 
 from __future__ import annotations
@@ -18,11 +19,7 @@ from millstream.connectors import kafka as kafka_connector
 from millstream.engine.clock import Clock
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.topology import ComputationSpec, Topology
-from millstream.engine.watermarks import (
-    ComputationWatermarks,
-    WatermarkReport,
-    computation_source,
-)
+from millstream.engine.watermarks import ComputationWatermarks, computation_source
 
 __all__ = ["DriverWatermarks", "offsets_consumer"]
 
@@ -52,6 +49,7 @@ class DriverWatermarks:
         self.publisher = publisher
         self.clock = clock
         self._alarm_source = f"alarm/{topology.name}/{spec.name}"
+        self.alarm_topic = kafka_connector.alarm_topic(config, topology.name, spec.name)
         inputs = {i.stream: kafka_connector.stream_topic(i.stream) for i in spec.inputs}
         expected = {
             stream: [computation_source(topology.name, p.name) for p in topology.producers(stream)]
@@ -106,10 +104,8 @@ class DriverWatermarks:
         self._alarm.start()
 
     def _wake(self, at: int) -> None:
-        # Any message on the watermark topic starts a batch of every query; this one concerns
-        # no stream, so it moves no watermark.
         try:
-            self.publisher.publish(WatermarkReport(self._alarm_source, (), 0, at))
+            self.publisher.wake([self.alarm_topic], self._alarm_source)
         except Exception:
             _log.exception("could not wake %r for its wall-time timers", self.spec.name)
 

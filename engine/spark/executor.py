@@ -1,15 +1,15 @@
 """The executor side of the Spark runner: routing a micro-batch and working its key intervals.
 
-:mod:`millstream.engine.spark.runner` ships two pandas functions per computation and batch to
-Spark's Python workers:
+:mod:`millstream.engine.spark.batch` ships two Arrow functions per computation and batch to
+Spark's Python workers (``mapInArrow``: whole record batches, column by column, no pandas):
 
-1. :func:`router` (``mapInPandas``): decodes each Kafka message, applies the consumer's key
+1. :func:`router`: decodes each Kafka message, applies the consumer's key
    extractor *of the stream (topic) the message came from*, and tags the row with its key
    interval. A message that cannot be made a delivery (oversized, undecodable, unknown schema,
    failing or non-``str`` key extractor) becomes a *rejected* row in the interval of the empty
    key, carrying its raw bytes.
-2. :func:`interval_task` (``groupBy("interval").applyInPandas``): turns one interval's rows
-   back into :class:`~millstream.engine.protocol.Delivery` / ``Rejected`` inputs, in
+2. :func:`interval_task`, after a shuffle that gives each task (one per core) every row of
+   its share of the intervals: turns each interval's rows back into :class:`~millstream.engine.protocol.Delivery` / ``Rejected`` inputs, in
    (stream, partition, offset) order, and runs the interval's
    :class:`~millstream.engine.protocol.IntervalWorker` on them, against a
    :class:`~millstream.engine.stores.cassandra.CassandraIntervalStore` and a
@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-import pandas as pd
+import pyarrow as pa
 
 from millstream.connectors.kafka import stream_topic
 from millstream.engine.cache import StateCache
@@ -85,14 +85,27 @@ ROUTED_SCHEMA: Final = (
 """The rows :func:`router` emits: a delivery has ``key`` and the ``record_*`` fields, a
 rejected message ``raw`` and ``error`` (a description; the exception is rebuilt later)."""
 
-_PROGRESS_COLUMNS: Final = {
-    "oldest_work": "Int64",
-    "next_event_timer": "Int64",
-    "next_wall_timer": "Int64",
+_ARROW_TYPES: Final = {
+    "int": pa.int32(),
+    "long": pa.int64(),
+    "double": pa.float64(),
+    "boolean": pa.bool_(),
+    "string": pa.string(),
+    "binary": pa.binary(),
 }
 
-_RESULT_COLUMNS: Final = [part.split()[0] for part in RESULT_SCHEMA.split(", ")]
-_ROUTED_COLUMNS: Final = [part.split()[0] for part in ROUTED_SCHEMA.split(", ")]
+
+def _arrow_schema(ddl: str) -> pa.Schema:
+    """The Arrow schema Spark expects for a DDL schema string of simple types."""
+    return pa.schema(
+        [pa.field(name, _ARROW_TYPES[kind]) for name, kind in (p.split() for p in ddl.split(", "))]
+    )
+
+
+_ROUTED_ARROW: Final = _arrow_schema(ROUTED_SCHEMA)
+_RESULT_ARROW: Final = _arrow_schema(RESULT_SCHEMA)
+_ROUTED_COLUMNS: Final = _ROUTED_ARROW.names
+_SOURCE_COLUMNS: Final = ("value", "topic", "partition", "offset", "kafka_ts")
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,63 +177,52 @@ def _resources(settings: TaskSettings) -> _Resources:
 
 def router(
     spec: ComputationSpec,
-) -> Callable[[Iterator[pd.DataFrame]], Iterator[pd.DataFrame]]:
-    """The ``mapInPandas`` function that decodes, keys and routes ``spec``'s input.
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The ``mapInArrow`` function that decodes, keys and routes ``spec``'s input.
 
     Input columns: ``value`` (bytes), ``topic``, ``partition``, ``offset``, ``kafka_ts``
-    (the Kafka message timestamp in µs). Output: :data:`ROUTED_SCHEMA`.
+    (the Kafka message timestamp in µs). Output: :data:`ROUTED_SCHEMA`, column by column (no
+    pandas, no per-row objects beyond the decoded record).
     """
     intervals = spec.options.key_intervals
     reject_interval = key_interval("", intervals)
     streams = _streams_by_topic(spec)
 
-    def route(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        for frame in frames:
-            rows: list[tuple[Any, ...]] = []
+    def route(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            columns: list[list[Any]] = [[] for _ in _ROUTED_COLUMNS]
+            (interval_c, stream_c, partition_c, offset_c, kafka_ts_c, key_c, r_key_c,
+             r_value_c, r_ts_c, r_id_c, raw_c, error_c) = columns  # fmt: skip
             for value, topic, partition, offset, kafka_ts in zip(
-                frame["value"].tolist(),
-                frame["topic"].tolist(),
-                frame["partition"].tolist(),
-                frame["offset"].tolist(),
-                frame["kafka_ts"].tolist(),
-                strict=True,
+                *(batch.column(name).to_pylist() for name in _SOURCE_COLUMNS), strict=True
             ):
-                raw = bytes(value)
                 stream = streams[topic]
-                record, key, error = decode_delivery(spec, stream, raw)
+                record, key, error = decode_delivery(spec, stream, value)
+                stream_c.append(stream)
+                partition_c.append(partition)
+                offset_c.append(offset)
+                kafka_ts_c.append(kafka_ts)
                 if error is None:
                     assert record is not None
                     assert key is not None
-                    rows.append(
-                        (
-                            key_interval(key, intervals),
-                            stream,
-                            partition,
-                            offset,
-                            kafka_ts,
-                            key,
-                            record.key,
-                            record.value,
-                            record.timestamp,
-                            record.record_id,
-                            None,
-                            None,
-                        )
-                    )
+                    interval_c.append(key_interval(key, intervals))
+                    key_c.append(key)
+                    r_key_c.append(record.key)
+                    r_value_c.append(record.value)
+                    r_ts_c.append(record.timestamp)
+                    r_id_c.append(record.record_id)
+                    raw_c.append(None)
+                    error_c.append(None)
                 else:
-                    rows.append(
-                        (
-                            reject_interval,
-                            stream,
-                            partition,
-                            offset,
-                            kafka_ts,
-                            *(None,) * 5,
-                            raw,
-                            f"{type(error).__qualname__}: {error}",
-                        )
-                    )
-            yield pd.DataFrame.from_records(rows, columns=_ROUTED_COLUMNS)
+                    interval_c.append(reject_interval)
+                    for column in (key_c, r_key_c, r_value_c, r_ts_c, r_id_c):
+                        column.append(None)
+                    raw_c.append(value)
+                    error_c.append(f"{type(error).__qualname__}: {error}")
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(c, type=f.type) for c, f in zip(columns, _ROUTED_ARROW, strict=True)],
+                schema=_ROUTED_ARROW,
+            )
 
     return route
 
@@ -237,76 +239,94 @@ def tick_rows(intervals: Iterable[int]) -> list[tuple[Any, ...]]:
 
 def interval_task(
     spec: ComputationSpec, settings: TaskSettings, watermark: int, timer_watermark: int
-) -> Callable[[pd.DataFrame], pd.DataFrame]:
-    """The ``applyInPandas`` function that runs one interval's share of a batch.
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The ``mapInArrow`` function that runs the key intervals of one partition of a batch
+    (the partitions are by interval, so each interval is in exactly one).
 
-    Records run under the input low watermark before the batch (``watermark``), event-time
-    timers under the one after it (see :meth:`IntervalWorker.process`). Raises whatever the
-    interval's worker raises, failing the task; see the module docstring.
+    Each interval's rows run, in (stream, partition, offset) order, through the interval's
+    worker; records under the input low watermark before the batch (``watermark``), event-time
+    timers under the one after it (see :meth:`IntervalWorker.process`). One
+    :data:`RESULT_SCHEMA` row per interval. Raises whatever a worker raises, failing the task;
+    see the module docstring.
     """
 
-    def run(frame: pd.DataFrame) -> pd.DataFrame:
-        started = time.monotonic()
-        interval = int(frame["interval"].iloc[0])
-        frame = frame.sort_values(["stream", "partition", "offset"], kind="stable")
-        inputs = _inputs(spec, frame)
-        resources = _resources(settings)
-        worker_key = (settings.run_token, spec.name, interval)
-        worker = resources.workers.get(worker_key)
-        cached = worker is not None
-        if worker is None:
-            worker = IntervalWorker(
-                spec,
-                interval,
-                store=resources.store,
-                sink=resources.sink,
-                clock=SystemClock(),
-                cache=resources.cache,
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        columns: list[list[Any]] = [[] for _ in _ROUTED_COLUMNS]
+        for batch in batches:
+            for column, name in zip(columns, _ROUTED_COLUMNS, strict=True):
+                column.extend(batch.column(name).to_pylist())
+        rows = list(zip(*columns, strict=True))
+        by_interval: dict[int, list[tuple[Any, ...]]] = {}
+        for row in rows:
+            by_interval.setdefault(row[0], []).append(row)
+        results: list[tuple[Any, ...]] = []
+        for interval, interval_rows in sorted(by_interval.items()):
+            results.append(_run_interval(spec, settings, interval, interval_rows, watermark,
+                                         timer_watermark))  # fmt: skip
+        if results:
+            yield pa.RecordBatch.from_arrays(
+                [
+                    pa.array(list(c), type=f.type)
+                    for c, f in zip(zip(*results, strict=True), _RESULT_ARROW, strict=True)
+                ],
+                schema=_RESULT_ARROW,
             )
-            resources.workers[worker_key] = worker
-        result = worker.process(inputs, watermark, timer_watermark=timer_watermark)
-        progress = result.progress
-        rejected = sum(isinstance(item, Rejected) for item in inputs)  # ticks are no input
-        counts = interval_counts(len(inputs), rejected, result, cached)
-        row = (
-            spec.name,
-            interval,
-            *counts.counts().values(),
-            os.getpid(),
-            time.monotonic() - started,
-            progress.oldest_work,
-            progress.next_event_timer,
-            progress.next_wall_timer,
-        )
-        # Nullable integers: Arrow sends None as null, not as a float NaN.
-        return pd.DataFrame.from_records([row], columns=_RESULT_COLUMNS).astype(_PROGRESS_COLUMNS)
 
     return run
 
 
-def _inputs(spec: ComputationSpec, frame: pd.DataFrame) -> list[Delivery | Rejected]:
+def _run_interval(
+    spec: ComputationSpec,
+    settings: TaskSettings,
+    interval: int,
+    rows: list[tuple[Any, ...]],
+    watermark: int,
+    timer_watermark: int,
+) -> tuple[Any, ...]:
+    started = time.monotonic()
+    # Ticks (no stream) first; they carry no input.
+    rows.sort(key=lambda row: (row[1] or "", row[2] or 0, row[3] or 0))
+    inputs = _inputs(spec, rows)
+    resources = _resources(settings)
+    worker_key = (settings.run_token, spec.name, interval)
+    worker = resources.workers.get(worker_key)
+    cached = worker is not None
+    if worker is None:
+        worker = IntervalWorker(
+            spec,
+            interval,
+            store=resources.store,
+            sink=resources.sink,
+            clock=SystemClock(),
+            cache=resources.cache,
+        )
+        resources.workers[worker_key] = worker
+    result = worker.process(inputs, watermark, timer_watermark=timer_watermark)
+    progress = result.progress
+    rejected = sum(isinstance(item, Rejected) for item in inputs)
+    counts = interval_counts(len(inputs), rejected, result, cached)
+    return (
+        spec.name,
+        interval,
+        *counts.counts().values(),
+        os.getpid(),
+        time.monotonic() - started,
+        progress.oldest_work,
+        progress.next_event_timer,
+        progress.next_wall_timer,
+    )
+
+
+def _inputs(spec: ComputationSpec, rows: list[tuple[Any, ...]]) -> list[Delivery | Rejected]:
     inputs: list[Delivery | Rejected] = []
-    for stream, partition, offset, kafka_ts, key, r_key, r_value, r_ts, r_id, raw in zip(
-        frame["stream"].tolist(),
-        frame["partition"].tolist(),
-        frame["offset"].tolist(),
-        frame["kafka_ts"].tolist(),
-        frame["key"].tolist(),
-        frame["record_key"].tolist(),
-        frame["record_value"].tolist(),
-        frame["record_ts"].tolist(),
-        frame["record_id"].tolist(),
-        frame["raw"].tolist(),
-        strict=True,
-    ):
+    for _, stream, partition, offset, kafka_ts, key, r_key, r_value, r_ts, r_id, raw, _ in rows:
         if stream is None:
             continue  # a tick: the interval runs for its timers and resends only
-        origin = Origin(stream=stream, partition=int(partition), offset=int(offset))
+        origin = Origin(stream=stream, partition=partition, offset=offset)
         if raw is None:
-            record = Record(str(r_key), bytes(r_value), int(r_ts), bytes(r_id))
-            inputs.append(Delivery(str(key), record, origin))
+            inputs.append(Delivery(key, Record(r_key, r_value, r_ts, r_id), origin))
         else:
-            inputs.append(_rejected(spec, origin, bytes(raw), int(kafka_ts)))
+            inputs.append(_rejected(spec, origin, raw, kafka_ts))
     return inputs
 
 

@@ -10,16 +10,16 @@ topics of the same name** (:func:`millstream.connectors.kafka.stream_topic`): st
 
 A micro-batch flows like this (``foreachBatch`` on the driver only plans and collects)::
 
-    Kafka ──► mapInPandas(router)            executors: decode, size-check, key extractor of
+    Kafka ──► mapInArrow(router)             executors: decode, size-check, key extractor of
                 │                                       the message's stream, key interval;
                 │                                       undecodable → rejected row
                 ▼
-              groupBy(interval)
-                .applyInPandas(interval_task) executors: the interval's IntervalWorker (cached
-                │                                       per Python worker process) acquires the
-                │                                       sequencer, dedups, runs user code,
-                │                                       commits by LWT to Cassandra, sends
-                │                                       productions to Kafka
+              repartition(cores, interval)      each task gets whole intervals, evenly
+                .mapInArrow(interval_task)      executors: each interval's IntervalWorker
+                │                                       (cached per Python worker process)
+                │                                       acquires the sequencer, dedups, runs
+                │                                       user code, commits by LWT to Cassandra,
+                │                                       sends productions to Kafka
                 ▼
               collect() ──► BatchMetrics        driver: one row per interval, summed
 
@@ -37,18 +37,22 @@ driver crash: Structured Streaming replays the uncommitted batch, and every reco
 is dropped as a duplicate by its dedup ID (computations with ``exactly_once=False`` run such
 records again, as they accept).
 
-**Low watermarks** (:mod:`millstream.engine.watermarks`). Every query also reads the
-compacted watermark topic (``config.kafka_watermark_topic``), so a report there starts a
-batch even when no data arrives. Per batch the driver reads the new reports and the batch's
-end offsets from the query's offset log (``<checkpoint>/offsets/<batch id>``), applies the
-reports that those offsets have caught up with, and runs the batch: records under the input
-low watermark before it, event-time timers under the one after it. Intervals with work but no
-input (a due timer, an unacknowledged production; all of them in the first batch of a run) get
-a *tick* row so they run too. After the batch the driver publishes the computation's report,
-``min(input watermark, oldest pending work of its intervals)``, covering its output topics'
-end offsets, if it changed. When a wall-time timer is due later, the driver sets an alarm that
-writes a wake-up message to the watermark topic at that time, which starts the batch that
-fires it.
+**Low watermarks** (:mod:`millstream.engine.watermarks`). Reports go to the compacted
+watermark topic (``config.kafka_watermark_topic``), which the driver reads itself; a query
+reads, besides its data topics, only the *wake topics* of its input streams and its own alarm
+topic (:func:`~millstream.connectors.kafka.wake_topic`, ``alarm_topic``), so a report starts a
+batch of the consumers of the streams it names and of no other query (its own computation
+included), and a batch with nothing to do is never started by its own report. Per batch the
+driver reads the new reports and the batch's end offsets from the query's offset log
+(``<checkpoint>/offsets/<batch id>``), applies the reports that those offsets have caught up
+with, and runs the batch: records under the input low watermark before it, event-time timers
+under the one after it. Intervals with work but no input (a due timer, an unacknowledged
+production; all of them in the first batch of a run, which a wake-up written at the query's
+start guarantees) get a *tick* row so they run too. After the batch the driver publishes the
+computation's report, ``min(input watermark, oldest pending work of its intervals)``, covering
+its output topics' end offsets, if it changed. When a wall-time timer is due later, the driver
+sets an alarm that writes a wake-up message to the alarm topic at that time, which starts the
+batch that fires it.
 
 Use it from Python::
 
@@ -542,13 +546,23 @@ class RunningTopology:
         if self.max_offsets_per_trigger is not None:
             options["maxOffsetsPerTrigger"] = str(self.max_offsets_per_trigger)
         topics = sorted({kafka_connector.stream_topic(i.stream) for i in spec.inputs})
+        alarm = kafka_connector.alarm_topic(self.config, self.topology.name, spec.name)
+        wakes = sorted({kafka_connector.wake_topic(self.config, i.stream) for i in spec.inputs})
+        wakes.append(alarm)
+        kafka_connector.create_wake_topics(self.config, wakes)
+        starting_offsets = self._starting_offsets(topics, wakes)
+        # Wake the query once it starts (after the starting offsets were taken), so that its
+        # first batch runs every interval: a restarted computation learns its pending timers
+        # and productions even when no input and no report comes.
+        watermarks = self._watermarks_of(spec)
+        watermarks.publisher.wake([alarm], f"start/{self.topology.name}/{spec.name}")
         from millstream.engine.spark.session import kafka_stream
 
         source = kafka_stream(
             self.spark,
             self.config,
-            [*topics, self.config.kafka_watermark_topic],
-            starting_offsets=self._starting_offsets(topics),
+            [*topics, *wakes],
+            starting_offsets=starting_offsets,
             options=options,
         ).select(
             "value", "topic", "partition", "offset", F.unix_micros("timestamp").alias("kafka_ts")
@@ -560,7 +574,7 @@ class RunningTopology:
                     spec,
                     spark=self.spark,
                     settings=settings,
-                    watermarks=self._watermarks_of(spec),
+                    watermarks=watermarks,
                     checkpoint=self.checkpoint(spec.name),
                     attempts=self.batch_attempts,
                     clock=self.clock,
@@ -578,19 +592,20 @@ class RunningTopology:
             self._queries[spec.name] = query
         return query
 
-    def _starting_offsets(self, topics: list[str]) -> str:
-        # Input from the beginning. The watermark topic only wakes the query (the driver reads
-        # the reports itself), so from its end: its history is no batch's business.
+    def _starting_offsets(self, topics: list[str], wakes: list[str]) -> str:
+        # Input from the beginning. Wake topics from their current end, as numbers (Spark
+        # resolves "latest" only when the query starts): wake-ups written from now on start
+        # batches, older ones are no batch's business.
         reader = offsets_consumer(self.config)
         try:
-            ends = kafka_connector.end_offsets(reader, [*topics, self.config.kafka_watermark_topic])
+            ends = kafka_connector.end_offsets(reader, [*topics, *wakes])
         finally:
             reader.close()
-        earliest, latest = -2, -1  # the Kafka source's codes
+        earliest = -2  # the Kafka source's code
         return json.dumps(
             {
-                topic: {str(p): latest if topic not in topics else earliest for p in partitions}
-                for topic, partitions in ends.items()
+                topic: {str(p): earliest if topic in topics else end for p, end in parts.items()}
+                for topic, parts in ends.items()
             }
         )
 

@@ -201,6 +201,7 @@ def watermarks(
     config = dataclasses.replace(services, kafka_watermark_topic=unique("watermarks"))
     kafka_connector.create_watermark_topic(config)
     yield config
+    kafka_connector.delete_wake_topics(config)
     kafka_connector.delete_topics(services, [config.kafka_watermark_topic])
 
 
@@ -281,6 +282,28 @@ def test_published_reports_are_read_in_order_each_once(
     assert reader.read() == [(third.source, third)]
     # A new reader starts from the beginning.
     assert [r for _, r in make_reader().read()] == [first, second, third]
+
+
+def test_a_report_wakes_the_consumers_of_each_stream_it_names_after_it_is_written(
+    watermarks: MillstreamConfig,
+    publisher: WatermarkPublisher,
+    make_reader: Callable[[], WatermarkReader],
+) -> None:
+    report = _report(injector_source("clicks"), 100)
+    publisher.publish(report)
+    offsets = kafka_connector.consumer(watermarks, "test")
+    try:
+        wakes = [kafka_connector.wake_topic(watermarks, s) for s in report.streams]
+        assert kafka_connector.end_offsets(offsets, wakes) == {w: {0: 1} for w in wakes}
+        # The report was durable before the wake-ups: a woken reader finds it.
+        assert make_reader().read() == [(report.source, report)]
+        publisher.publish(dataclasses.replace(report, streams=(), sequence=2))
+        assert kafka_connector.end_offsets(offsets, wakes) == {w: {0: 1} for w in wakes}
+        alarm = kafka_connector.alarm_topic(watermarks, "topo", "count")
+        publisher.wake([alarm], "alarm/topo/count")
+        assert kafka_connector.end_offsets(offsets, [alarm]) == {alarm: {0: 1}}
+    finally:
+        offsets.close()
 
 
 def test_a_report_on_streams_covers_their_current_end_offsets(

@@ -9,6 +9,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from millstream.connectors import kafka as kafka_connector
+from millstream.engine.config import MillstreamConfig
 
 pytestmark = pytest.mark.unit
 
@@ -48,3 +49,12 @@ def test_end_offsets_raise_other_errors_and_give_up_in_time() -> None:
     leaderless = _LeaderlessReader(failures=1_000_000)
     with pytest.raises(KafkaException):
         kafka_connector.end_offsets(cast(Any, leaderless), ["t"], timeout=0.3)
+
+
+def test_wake_topic_names_stay_within_kafkas_limit() -> None:
+    config = MillstreamConfig(kafka_watermark_topic="millstream.watermarks")
+    assert kafka_connector.wake_topic(config, "searches") == "millstream.watermarks.wake.searches"
+    long = kafka_connector.alarm_topic(config, "t" * 200, "c" * 200)
+    assert len(long) <= 249
+    assert long.startswith("millstream.watermarks.alarm.")
+    assert long != kafka_connector.alarm_topic(config, "t" * 200, "d" * 200)

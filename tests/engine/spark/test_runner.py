@@ -677,6 +677,51 @@ def test_event_time_timers_fire_as_the_low_watermark_passes_them(
         kafka_connector.delete_topics(services, [totals])
 
 
+def test_a_report_alone_wakes_the_consumers_of_its_streams_and_no_other_query(
+    services: MillstreamConfig, spark: SparkSession, pipeline: Pipeline
+) -> None:
+    totals = f"totals_{pipeline.suffix}"
+    injector = injector_source(f"test-{pipeline.suffix}")
+    kafka_connector.create_topics(services, [pipeline.searches], partitions=2)
+    publisher = kafka_connector.WatermarkPublisher(services)
+    offsets = kafka_connector.consumer(services, "test-offsets")
+    topology = windowed_topology(pipeline)
+    running = start(pipeline, services, spark, topology=topology, trigger=ProcessingTime(0.3))
+    try:
+        first = [search(n, n % 2) for n in range(40)]
+        produce(services, pipeline.searches, [encode_record(r) for r in first])
+        running.await_idle(timeout=120)
+        assert emitted(services, pipeline.hits) == []  # no report yet: no window is complete
+
+        # Input is idle now; only the injector's report comes, and it alone must start the
+        # batches that fire the timers of both stages.
+        publisher.report_streams(offsets, injector, [pipeline.searches], window_start(2), 1)
+        deadline = time.monotonic() + 90
+        while len(emitted(services, totals)) < 2:
+            running.raise_failure()
+            assert time.monotonic() < deadline, "the report did not wake the idle queries"
+            time.sleep(0.5)
+        assert {v["window"]: v["total"] for v in emitted(services, totals)} == {0: 20, 1: 20}
+
+        # Each query reads its data topics and the wake-ups of its inputs and its alarms:
+        # neither the watermark topic nor the wake topics of its own outputs.
+        for spec in topology.computations.values():
+            progress = running.queries[spec.name].lastProgress
+            assert progress is not None
+            (source,) = progress["sources"]
+            read = source["description"]
+            assert services.kafka_watermark_topic + "," not in read + ","
+            for output in spec.outputs:
+                assert kafka_connector.wake_topic(services, output) not in read
+            for stream in spec.inputs:
+                assert kafka_connector.wake_topic(services, stream.stream) in read
+    finally:
+        running.stop()
+        offsets.close()
+        publisher.close()
+        kafka_connector.delete_topics(services, [totals])
+
+
 class WallClockReminder(Computation):
     """Sets a wall-time timer a moment ahead; produces when it fires."""
 
