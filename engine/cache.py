@@ -14,6 +14,7 @@ of the old scope are never read again and age out.
 from __future__ import annotations
 
 import itertools
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Final
@@ -43,8 +44,8 @@ class CacheStats:
 class StateCache:
     """Key snapshots by (scope, key), at most ``max_bytes`` (approximately), LRU-evicted.
 
-    Not thread-safe: one per process, used by one task at a time (Spark runs one Python task
-    per worker process). ``max_bytes`` of 0 disables caching.
+    Thread-safe: the interval workers of one process share it, and a task runs its intervals
+    on several threads. ``max_bytes`` of 0 disables caching.
     """
 
     def __init__(self, max_bytes: int = DEFAULT_CACHE_BYTES) -> None:
@@ -55,6 +56,7 @@ class StateCache:
         self.stats = CacheStats()
         self._entries: OrderedDict[tuple[int, str], tuple[KeySnapshot, int]] = OrderedDict()
         self._scopes = itertools.count(1)
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -64,31 +66,34 @@ class StateCache:
         return next(self._scopes)
 
     def get(self, scope: int, key: str) -> KeySnapshot | None:
-        entry = self._entries.get((scope, key))
-        if entry is None:
-            self.stats.misses += 1
-            return None
-        self._entries.move_to_end((scope, key))
-        self.stats.hits += 1
-        return entry[0]
+        with self._lock:
+            entry = self._entries.get((scope, key))
+            if entry is None:
+                self.stats.misses += 1
+                return None
+            self._entries.move_to_end((scope, key))
+            self.stats.hits += 1
+            return entry[0]
 
     def put(self, scope: int, key: str, snapshot: KeySnapshot) -> None:
         size = _size(key, snapshot)
-        old = self._entries.pop((scope, key), None)
-        if old is not None:
-            self.bytes -= old[1]
-        if size > self.max_bytes:
-            return
-        self._entries[(scope, key)] = (snapshot, size)
-        self.bytes += size
-        while self.bytes > self.max_bytes:
-            _, (_, evicted) = self._entries.popitem(last=False)
-            self.bytes -= evicted
-            self.stats.evictions += 1
+        with self._lock:
+            old = self._entries.pop((scope, key), None)
+            if old is not None:
+                self.bytes -= old[1]
+            if size > self.max_bytes:
+                return
+            self._entries[(scope, key)] = (snapshot, size)
+            self.bytes += size
+            while self.bytes > self.max_bytes:
+                _, (_, evicted) = self._entries.popitem(last=False)
+                self.bytes -= evicted
+                self.stats.evictions += 1
 
     def clear(self) -> None:
-        self._entries.clear()
-        self.bytes = 0
+        with self._lock:
+            self._entries.clear()
+            self.bytes = 0
 
 
 def _size(key: str, snapshot: KeySnapshot) -> int:

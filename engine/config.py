@@ -26,6 +26,7 @@ The TOML file and the variables name the same settings::
     "spark.executor.memory" = "4g"
     [executor]
     cache_bytes = 134217728                 # MILLSTREAM_EXECUTOR_CACHE_BYTES: per Python worker
+    interval_threads = 4                    # MILLSTREAM_EXECUTOR_INTERVAL_THREADS: per task
 """
 
 from __future__ import annotations
@@ -65,11 +66,19 @@ class MillstreamConfig:
     spark_conf: Mapping[str, str] = field(default_factory=dict)
     # Bytes of soft state (key state and timers) each executor Python process keeps cached.
     executor_cache_bytes: int = DEFAULT_CACHE_BYTES
+    # Key intervals a task works at once: their Cassandra and Kafka round trips overlap (user
+    # code still runs one call at a time per process).
+    executor_interval_threads: int = 4
 
     def __post_init__(self) -> None:
         if self.executor_cache_bytes < 0:
             raise ValueError(
                 f"executor cache_bytes must be non-negative, got {self.executor_cache_bytes}"
+            )
+        if self.executor_interval_threads < 1:
+            raise ValueError(
+                "executor interval_threads must be at least 1, got "
+                f"{self.executor_interval_threads}"
             )
 
     @property
@@ -156,6 +165,7 @@ def _from_toml(file: Path) -> dict[str, Any]:
     if "conf" in spark:
         values["spark_conf"] = {str(k): str(v) for k, v in dict(spark["conf"]).items()}
     _take(values, "executor_cache_bytes", executor, "cache_bytes", int)
+    _take(values, "executor_interval_threads", executor, "interval_threads", int)
     return values
 
 
@@ -189,6 +199,7 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
         "MILLSTREAM_SPARK_UI": ("spark_ui", _boolean),
         "MILLSTREAM_SPARK_PACKAGES": ("spark_packages", _split),
         "MILLSTREAM_EXECUTOR_CACHE_BYTES": ("executor_cache_bytes", int),
+        "MILLSTREAM_EXECUTOR_INTERVAL_THREADS": ("executor_interval_threads", int),
     }
     values: dict[str, Any] = {}
     for variable, (key, convert) in converters.items():

@@ -34,8 +34,9 @@ come again and, being duplicates of whatever was committed, are harmless.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from millstream.engine.cache import StateCache
 from millstream.engine.clock import Clock
@@ -133,6 +134,9 @@ class IntervalWorker:
     speculation, failover); the sequencer makes sure only the latest one commits. ``cache``
     keeps the committed state and timers of keys between batches (soft state) within its
     byte budget; the workers of one process share one (default: one of its own).
+    ``user_code`` is held while the batch's user code runs: workers of one process running on
+    several threads share a lock there, so a computation is called by one thread at a time
+    while their reads, commits and sends overlap.
     """
 
     def __init__(
@@ -144,6 +148,7 @@ class IntervalWorker:
         sink: ProductionSink,
         clock: Clock,
         cache: StateCache | None = None,
+        user_code: AbstractContextManager[Any] | None = None,
     ) -> None:
         if not 0 <= interval < spec.options.key_intervals:
             raise ValueError(
@@ -156,6 +161,7 @@ class IntervalWorker:
         self._sink = sink
         self._clock = clock
         self._cache = cache if cache is not None else StateCache()
+        self._user_code = user_code if user_code is not None else nullcontext()
         self._soft: _SoftState | None = None
 
     def process(
@@ -222,18 +228,19 @@ class IntervalWorker:
         for item in rejected:
             self._reject(item, changes, result)
         stale = _stale_index_entries(due, committed)
-        for key in keys:
-            key_changes = changes.setdefault(key, KeyChanges(key))
-            key_changes.previous_timers.extend(stale.get(key, ()))
-            _KeyRun(
-                self,
-                committed[key],
-                key_changes,
-                (watermark, timer_watermark),
-                now,
-                result,
-                weak_outbox,
-            ).run(records.get(key, []))
+        with self._user_code:
+            for key in keys:
+                key_changes = changes.setdefault(key, KeyChanges(key))
+                key_changes.previous_timers.extend(stale.get(key, ()))
+                _KeyRun(
+                    self,
+                    committed[key],
+                    key_changes,
+                    (watermark, timer_watermark),
+                    now,
+                    result,
+                    weak_outbox,
+                ).run(records.get(key, []))
 
         if weak_outbox:
             acked = self._sink.send(

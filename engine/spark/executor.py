@@ -9,9 +9,10 @@ Spark's Python workers (``mapInArrow``: whole record batches, column by column, 
    failing or non-``str`` key extractor) becomes a *rejected* row in the interval of the empty
    key, carrying its raw bytes.
 2. :func:`interval_task`, after a shuffle that gives each task (one per core) every row of
-   its share of the intervals: turns each interval's rows back into :class:`~millstream.engine.protocol.Delivery` / ``Rejected`` inputs, in
-   (stream, partition, offset) order, and runs the interval's
-   :class:`~millstream.engine.protocol.IntervalWorker` on them, against a
+   its share of the intervals: turns each interval's rows back into
+   :class:`~millstream.engine.protocol.Delivery` / ``Rejected`` inputs, in (stream, partition,
+   offset) order, and runs the interval's :class:`~millstream.engine.protocol.IntervalWorker`
+   on them, on ``config.executor_interval_threads`` threads at once, against a
    :class:`~millstream.engine.stores.cassandra.CassandraIntervalStore` and a
    :class:`~millstream.connectors.kafka.KafkaProductionSink`. It returns one row of counts
    per interval, which the driver collects as the batch's metrics, with what the interval has
@@ -43,8 +44,10 @@ shipped as an exception object: user exceptions need not be picklable, and re-ru
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -131,13 +134,17 @@ class TaskSettings:
 
 @dataclass
 class _Resources:
-    """One process's connections to one set of endpoints, and its interval workers."""
+    """One process's connections to one set of endpoints, its interval workers, and the
+    threads that work a task's intervals at once."""
 
     cluster: Any
     store: CassandraIntervalStore
     sink: KafkaProductionSink
     cache: StateCache
+    threads: ThreadPoolExecutor
     workers: dict[tuple[str, str, int], IntervalWorker] = field(default_factory=dict)
+    # Held while user code runs: one computation call at a time per process.
+    user_code: threading.Lock = field(default_factory=threading.Lock)
 
 
 _CACHE: dict[tuple[str, tuple[str, ...], int, str, str], _Resources] = {}
@@ -147,6 +154,7 @@ def clear_process_cache() -> None:
     """Drop this process's cached workers and close its connections (tests, shutdown)."""
     while _CACHE:
         _, resources = _CACHE.popitem()
+        resources.threads.shutdown()
         resources.sink.close()
         resources.cluster.shutdown()
 
@@ -169,7 +177,13 @@ def _resources(settings: TaskSettings) -> _Resources:
             cluster.shutdown()
             raise
         resources = _Resources(
-            cluster, store, sink, StateCache(settings.config.executor_cache_bytes)
+            cluster,
+            store,
+            sink,
+            StateCache(settings.config.executor_cache_bytes),
+            ThreadPoolExecutor(
+                settings.config.executor_interval_threads, thread_name_prefix="millstream-interval"
+            ),
         )
         _CACHE[settings.endpoints] = resources
     return resources
@@ -259,10 +273,16 @@ def interval_task(
         by_interval: dict[int, list[tuple[Any, ...]]] = {}
         for row in rows:
             by_interval.setdefault(row[0], []).append(row)
-        results: list[tuple[Any, ...]] = []
-        for interval, interval_rows in sorted(by_interval.items()):
-            results.append(_run_interval(spec, settings, interval, interval_rows, watermark,
-                                         timer_watermark))  # fmt: skip
+        resources = _resources(settings)
+        # The intervals' round trips to Cassandra and Kafka overlap on the pool's threads.
+        futures = [
+            resources.threads.submit(
+                _run_interval, spec, settings, interval, interval_rows, watermark, timer_watermark
+            )
+            for interval, interval_rows in sorted(by_interval.items())
+        ]
+        wait(futures)
+        results = [future.result() for future in futures]  # raises the first failure
         if results:
             yield pa.RecordBatch.from_arrays(
                 [
@@ -299,6 +319,7 @@ def _run_interval(
             sink=resources.sink,
             clock=SystemClock(),
             cache=resources.cache,
+            user_code=resources.user_code,
         )
         resources.workers[worker_key] = worker
     result = worker.process(inputs, watermark, timer_watermark=timer_watermark)

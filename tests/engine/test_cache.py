@@ -1,6 +1,9 @@
+import sys
+import threading
+
 import pytest
 
-from millstream.engine.cache import StateCache
+from millstream.engine.cache import StateCache, _size
 from millstream.engine.store import KeySnapshot
 from millstream.engine.timers import Timer
 
@@ -57,3 +60,34 @@ def test_an_entry_over_the_budget_is_not_kept_and_zero_disables() -> None:
     assert off.get(scope, "k") is None
     with pytest.raises(ValueError, match="non-negative"):
         StateCache(max_bytes=-1)
+
+
+def test_threads_sharing_the_cache_keep_its_byte_count_exact() -> None:
+    cache = StateCache(max_bytes=20_000)
+    snapshot = KeySnapshot(b"x" * 50, {})
+
+    errors: list[BaseException] = []
+
+    def churn(thread: int) -> None:
+        try:
+            for n in range(3_000):
+                cache.put(1, f"t{thread}-{n % 300}", snapshot)
+                cache.get(1, f"t{thread}-{(n * 7) % 300}")
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=churn, args=(t,)) for t in range(4)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often, inside the read-modify-writes too
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == []
+    assert cache.bytes <= cache.max_bytes
+    assert cache.bytes == sum(
+        _size(key, cache.get(scope, key) or snapshot) for scope, key in list(cache._entries)
+    )

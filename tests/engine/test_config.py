@@ -36,10 +36,19 @@ def test_file_then_environment_override_defaults(tmp_path: Path) -> None:
         'packages = ["org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0"]\n'
         "[spark.conf]\n"
         '"spark.executor.memory" = "4g"\n'
+        "[executor]\n"
+        "cache_bytes = 1000\n"
+        "interval_threads = 2\n"
     )
     config = load_config(
-        environ={"MILLSTREAM_CONFIG": str(file), "MILLSTREAM_CASSANDRA_PORT": "29042"}
+        environ={
+            "MILLSTREAM_CONFIG": str(file),
+            "MILLSTREAM_CASSANDRA_PORT": "29042",
+            "MILLSTREAM_EXECUTOR_INTERVAL_THREADS": "8",
+        }
     )
+    assert config.executor_cache_bytes == 1000
+    assert config.executor_interval_threads == 8  # the variable beats the file
     assert config.home == Path("/srv/millstream")
     assert config.kafka_bootstrap == "k1:9092,k2:9092"
     assert config.cassandra_hosts == ("c1", "c2")
@@ -72,6 +81,7 @@ def test_environment_lists_and_booleans() -> None:
         ({"MILLSTREAM_SPARK_UI": "maybe"}, "expected true or false"),
         ({"MILLSTREAM_CONFIG": "/nonexistent/millstream.toml"}, "does not exist"),
         ({"MILLSTREAM_KAFKA_BOOTSTRAP": "no-port-here"}, "invalid millstream settings"),
+        ({"MILLSTREAM_EXECUTOR_INTERVAL_THREADS": "0"}, "interval_threads must be at least 1"),
     ],
 )
 def test_bad_settings_say_what_is_wrong(environ: dict[str, str], message: str) -> None:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import threading
 from collections.abc import Collection, Mapping, Sequence, Set
 from typing import TYPE_CHECKING
 
@@ -196,6 +197,33 @@ def test_a_small_cache_evicts_keys_and_reads_them_again(
 
     assert store.key_reads[-1] == frozenset({"a"})
     assert workers.state(spec)["a"] == ["x", "y"]
+
+
+def test_user_code_runs_holding_the_workers_lock_and_io_does_not(
+    workers: Workers, make_record: RecordFactory
+) -> None:
+    lock = threading.Lock()
+    held: list[tuple[str, bool]] = []
+
+    class Probe(Computation):
+        def process_record(self, ctx: Context, record: Record) -> None:
+            held.append(("record", lock.locked()))
+            ctx.produce("out", b"", record.timestamp)
+
+    spec = workers.spec(Probe())
+    sink_send = workers.sink.send
+
+    def send(productions: Sequence[Production], timeout: float) -> Set[bytes]:
+        held.append(("send", lock.locked()))
+        return sink_send(productions, timeout)
+
+    workers.sink.send = send  # type: ignore[method-assign]
+    worker = IntervalWorker(
+        spec, 0, store=workers.store, sink=workers.sink, clock=workers.clock, user_code=lock
+    )
+    worker.process(deliver(make_record("a"), make_record("b")), WM)
+    assert held == [("record", True), ("record", True), ("send", False)]
+    assert not lock.locked()
 
 
 def test_a_new_owner_rebuilds_dedup_from_the_store(
