@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import json
 import logging
+import struct
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
+
+import mmh3
 
 from millstream.connectors import kafka as kafka_connector
 from millstream.engine.clock import Clock
@@ -36,9 +39,19 @@ from millstream.engine.watermarks import IntervalProgress
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["BatchHandler", "batch_offsets", "short_error"]
+__all__ = [
+    "BatchHandler",
+    "batch_offsets",
+    "interval_slots",
+    "partition_representatives",
+    "short_error",
+    "spark_int_hash",
+]
 
 _log = logging.getLogger(__name__)
+
+_INT: Final = struct.Struct("<i")
+_SPARK_HASH_SEED: Final = 42
 
 
 class BatchHandler:
@@ -166,32 +179,41 @@ class BatchHandler:
         )
 
     def _slot_column(self) -> Any:
-        """A column that sends interval ``i`` to shuffle partition ``i mod tasks``.
-
-        Hash partitioning by the interval itself spreads 16 intervals over 2 tasks as unevenly
-        as 11 and 5; instead each interval maps to an integer that Spark's own partitioning
-        hash (Murmur3, as ``F.hash``) sends to the intended partition, found once by asking
-        Spark.
-        """
         if self._slots is None:
-            from pyspark.sql import functions as F  # noqa: N812  (pyspark's convention)
-
-            value = F.col("id").cast("int")
-            found: dict[int, int] = {}
-            for row in (
-                self.spark.range(0, 64 * self.tasks)
-                .select(value.alias("v"), F.pmod(F.hash(value), F.lit(self.tasks)).alias("p"))
-                .collect()
-            ):
-                found.setdefault(int(row["p"]), int(row["v"]))
-            if len(found) < self.tasks:  # no representative for some partition: plain hashing
-                self._slots = F.col("interval")
-            else:
-                pairs = [F.lit(x) for p in range(self.tasks) for x in (p, found[p])]
-                self._slots = F.element_at(
-                    F.create_map(*pairs), F.pmod(F.col("interval"), F.lit(self.tasks))
-                )
+            self._slots = interval_slots(self.tasks)
         return self._slots
+
+
+def interval_slots(tasks: int) -> Any:
+    """A column to repartition by that sends interval ``i`` to shuffle partition
+    ``i mod tasks``: whole intervals, evenly spread.
+
+    Hash partitioning by the interval itself spreads 16 intervals over 2 tasks as unevenly
+    as 11 and 5; instead each interval maps to an integer that Spark's partitioning hash
+    sends to the intended partition (:func:`partition_representatives`).
+    """
+    from pyspark.sql import functions as F  # noqa: N812  (pyspark's convention)
+
+    found = partition_representatives(tasks)
+    pairs = [F.lit(x) for p in range(tasks) for x in (p, found[p])]
+    return F.element_at(F.create_map(*pairs), F.pmod(F.col("interval"), F.lit(tasks)))
+
+
+def spark_int_hash(value: int) -> int:
+    """Spark's ``hash()`` of an ``int`` column (Murmur3 x86 32-bit, seed 42), which its hash
+    partitioning takes modulo the partition count."""
+    return int(mmh3.hash(_INT.pack(value), _SPARK_HASH_SEED))
+
+
+def partition_representatives(partitions: int) -> list[int]:
+    """For each partition ``p`` of ``partitions``, the smallest non-negative int that Spark's
+    ``repartition(partitions, column)`` sends to ``p``."""
+    found: dict[int, int] = {}
+    value = 0
+    while len(found) < partitions:
+        found.setdefault(spark_int_hash(value) % partitions, value)
+        value += 1
+    return [found[p] for p in range(partitions)]
 
 
 def batch_offsets(checkpoint: Path, batch_id: int) -> dict[str, dict[int, int]] | None:

@@ -1,0 +1,45 @@
+"""The batch handler's shuffle: every task gets whole intervals, and as many as the others."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING
+
+import pytest
+
+from millstream.engine.spark.batch import (
+    interval_slots,
+    partition_representatives,
+    spark_int_hash,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("partitions", [1, 2, 3, 8, 64])
+def test_each_partition_has_a_representative(partitions: int) -> None:
+    found = partition_representatives(partitions)
+    assert [spark_int_hash(v) % partitions for v in found] == list(range(partitions))
+
+
+@pytest.mark.integration
+def test_the_hash_is_sparks_and_intervals_spread_evenly(spark: SparkSession) -> None:
+    from pyspark.sql import functions as F  # noqa: N812  (pyspark's convention)
+
+    values = spark.range(-500, 500).select(F.col("id").cast("int").alias("v"))
+    hashes = {r["v"]: r["h"] for r in values.select("v", F.hash("v").alias("h")).collect()}
+    assert hashes == {v: spark_int_hash(v) for v in range(-500, 500)}
+
+    # 16 intervals over 2 tasks, as the handler partitions them: 8 and 8, whole.
+    rows = spark.createDataFrame([(i % 16,) for i in range(160)], "interval int")
+    placed = (
+        rows.repartition(2, interval_slots(2))
+        .select("interval", F.spark_partition_id().alias("task"))
+        .distinct()
+        .collect()
+    )
+    tasks_of = Counter(r["interval"] for r in placed)
+    assert set(tasks_of.values()) == {1}  # every interval in one task
+    assert sorted(Counter(r["task"] for r in placed).values()) == [8, 8]
