@@ -9,6 +9,7 @@ Spark ships by value, while this module would have to be importable on every exe
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import threading
 import time
@@ -344,3 +345,49 @@ def first_data_batch_start(query: StreamingQuery) -> float | None:
         if progress.numInputRows > 0:
             return datetime.fromisoformat(progress.timestamp).timestamp()
     return None
+
+
+def python_worker_cpu() -> dict[int, float]:
+    """CPU seconds (user + system) so far of each Spark Python worker this process started.
+
+    Spark's Python workers are forked by ``pyspark.daemon``, a child of the JVM that pyspark
+    started from this process; they are found among this process's descendants in /proc
+    (Linux only; elsewhere the answer is empty).
+    """
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", encoding="ascii") as stat:
+                    parents[int(entry)] = int(stat.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue  # gone meanwhile
+    descendants = {os.getpid()}
+    grew = True
+    while grew:
+        found = {pid for pid, parent in parents.items() if parent in descendants}
+        grew = not found <= descendants
+        descendants |= found
+    ticks = os.sysconf("SC_CLK_TCK")
+    cpu: dict[int, float] = {}
+    for pid in descendants - {os.getpid()}:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as command:
+                if b"pyspark" not in command.read():
+                    continue
+            with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+            cpu[pid] = (int(fields[11]) + int(fields[12])) / ticks
+        except (OSError, ValueError, IndexError):
+            continue
+    return cpu
+
+
+def cpu_note(before: dict[int, float], after: dict[int, float], seconds: float) -> str:
+    """Per Python worker busy in a window: CPU seconds and share of the window's wall time."""
+    used = {pid: after[pid] - before.get(pid, 0.0) for pid in after}
+    busy = sorted(((cpu, pid) for pid, cpu in used.items() if cpu >= 0.05), reverse=True)
+    if not busy:
+        return "Python workers: no CPU measured"
+    parts = ", ".join(f"{cpu:.1f} s ({cpu / seconds:.0%})" for cpu, _ in busy)
+    return f"Python workers' CPU over {seconds:.1f} s: {parts}"

@@ -28,7 +28,9 @@ of the output topic had seen all of them (so Quix's records count once its trans
 committed). Spark triggers every 0.2 s; Quix keeps its default 5 s commit interval but commits
 at once when it stops after the last record. The *check* column says whether the outputs are
 right: for the counting rows, each key's counts 1..n exactly once (duplicates and gaps are
-listed); for the floors, one output per input.
+listed); for the floors, one output per input. For the Spark rows (millstream included) the
+notes give each Spark Python worker's CPU seconds while draining, and its share of that time
+(from /proc, so Linux only): how busy each core's worker was.
 
 **Latency** (``--rates``, ``--latency-seconds`` at each): after its backlog, the
 ``spark-floor`` and ``millstream-strong`` instances get paced input at each rate (the producer
@@ -87,12 +89,14 @@ if __package__ in (None, ""):  # run as a script: make `bench.harness` importabl
 from bench.harness import (
     InjectorReports,
     OutputWatcher,
+    cpu_note,
     create_topic_pair,
     delete_topics_containing,
     first_data_batch_start,
     floor_query,
     percentile,
     produce_events,
+    python_worker_cpu,
     unique_suffix,
 )
 from bench.kafka_peers import QUIX_REQUIREMENT
@@ -602,6 +606,7 @@ def measure(bench: Bench, system: System) -> RunResult:
         if system.name.startswith(("spark", "millstream")):
             bench.spark()  # before the clock starts
         watcher = OutputWatcher(config, topics.sink, PARTITIONS)
+        cpu_before = python_worker_cpu()
         started = time.time()
         if system.name == "kafka-loop":
             handle = start_peer(bench, topics, "loop", python)
@@ -620,6 +625,8 @@ def measure(bench: Bench, system: System) -> RunResult:
             raise RuntimeError("could not tell when the system began reading its input")
         result.records_per_s = args.records / (done - first)
         result.startup_s = first - started
+        if system.name.startswith(("spark", "millstream")):
+            result.notes.append(cpu_note(cpu_before, python_worker_cpu(), done - started))
         time.sleep(0.5)  # let stragglers (duplicates) show before checking
         result.check = check_outputs(system, watcher.messages, args.records, args.keys)
         if isinstance(handle, MillstreamHandle):
