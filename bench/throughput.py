@@ -48,8 +48,9 @@ the ``AvailableNow`` trigger, so each batch is exactly what was produced. Each m
 rescans and cache hits are printed: one that found its interval cache invalid (0 cache hits,
 1 rescan) paid for a rescan, which the ratio then includes.
 
-Spark rows share one session, warmed up by a throwaway floor query before the first of them, so
-none pays for the JVM's cold start.
+Spark rows share one session, warmed up by a throwaway floor query and a throwaway millstream
+run before the first of them, so none pays for the JVM's, Cassandra's or the Python workers'
+cold start.
 
 Install the peers' extras and run (Kafka and Cassandra up: ``millstream up``)::
 
@@ -223,11 +224,10 @@ class Bench:
     _spark: SparkSession | None = None
 
     def spark(self) -> SparkSession:
-        """The one Spark session of the benchmark, warmed up by a throwaway floor query (JIT,
-        Kafka source and sink), so no row pays for the JVM's cold start."""
+        """The one Spark session of the benchmark, warmed up (see :func:`warm_up`)."""
         if self._spark is None:
             self._spark = spark_session(self.config, app_name="millstream-bench-throughput")
-            print("  warming up Spark", flush=True)
+            print("  warming up Spark, Cassandra and the Python workers", flush=True)
             warm_up(self)
         return self._spark
 
@@ -504,6 +504,7 @@ def start_tws(bench: Bench, topics: Topics) -> Handle:
 
 
 def warm_up(bench: Bench) -> None:
+    """A throwaway floor query (JIT, Kafka source and sink), then a throwaway millstream run."""
     suffix = unique_suffix()
     source, sink = f"tp_in_warm_{suffix}", f"tp_out_warm_{suffix}"
     query: StreamingQuery | None = None
@@ -529,6 +530,32 @@ def warm_up(bench: Bench) -> None:
         if watcher is not None:
             steps.append(watcher.close)
         steps.append(lambda: delete_topics_containing(bench.config, suffix))
+        run_all(steps)
+    warm_up_millstream(bench)
+
+
+def warm_up_millstream(bench: Bench) -> None:
+    """A throwaway millstream run, so that no measured row pays for a cold Cassandra (its JIT,
+    the LWT paths) or for Spark's Python workers importing their modules."""
+    suffix = unique_suffix()
+    topics = Topics(suffix, f"tp_in_warm_{suffix}", f"tp_out_warm_{suffix}")
+    config = replace(bench.config, kafka_watermark_topic=f"tp_watermarks_{suffix}")
+    handle: Handle | None = None
+    watcher: OutputWatcher | None = None
+    try:
+        create_topic_pair(config, topics.source, topics.sink, PARTITIONS)
+        produce_events(config, topics.source, 5_000, None, key_of=backlog_key(1_000))
+        watcher = OutputWatcher(config, topics.sink, PARTITIONS)
+        handle = start_millstream(bench, topics, config, strong=True)
+        watcher.wait(5_000, 300, handle.check)
+    finally:
+        steps: list[Callable[[], None]] = []
+        if handle is not None:
+            steps.append(handle.stop)
+        if watcher is not None:
+            steps.append(watcher.close)
+        steps.append(lambda: delete_topics_containing(config, suffix))
+        steps.append(lambda: drop_keyspace(config, f"tp_{suffix}"))
         run_all(steps)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import struct
 import time
 from collections.abc import Callable
@@ -51,6 +52,7 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 _INT: Final = struct.Struct("<i")
+_ERROR_LINE: Final = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b.*")
 _SPARK_HASH_SEED: Final = 42
 
 
@@ -247,8 +249,20 @@ def batch_offsets(checkpoint: Path, batch_id: int) -> dict[str, dict[int, int]] 
 
 
 def short_error(exc: BaseException) -> str:
-    # Py4J wraps a failed Python task in pages of JVM stack; the Python error's last line is
-    # what tells a reader what went wrong.
+    """The line of a failed attempt's error that says what went wrong.
+
+    Py4J wraps a failed Python task in pages of JVM stack: the Python error is the last
+    ``Name: message`` line of a Python traceback in it, else the first line naming an error
+    that is not a stack frame.
+    """
     text = str(exc)
-    lines = [line for line in text.splitlines() if "Error" in line or "Exception" in line]
-    return f"{type(exc).__name__}: {(lines[-1] if lines else text)[:500]}"
+    lines = text.splitlines()
+    traceback = max((n for n, line in enumerate(lines) if "Traceback" in line), default=0)
+    python = [line.strip() for line in lines[traceback:] if _ERROR_LINE.match(line.strip())]
+    named = [
+        line.strip()
+        for line in lines
+        if ("Error" in line or "Exception" in line) and not line.strip().startswith("at ")
+    ]
+    found = python[-1] if python else named[0] if named else text
+    return f"{type(exc).__name__}: {found[:500]}"

@@ -10,6 +10,7 @@ import pytest
 from millstream.engine.spark.batch import (
     interval_slots,
     partition_representatives,
+    short_error,
     spark_int_hash,
 )
 
@@ -43,3 +44,24 @@ def test_the_hash_is_sparks_and_intervals_spread_evenly(spark: SparkSession) -> 
     tasks_of = Counter(r["interval"] for r in placed)
     assert set(tasks_of.values()) == {1}  # every interval in one task
     assert sorted(Counter(r["task"] for r in placed).values()) == [8, 8]
+
+
+@pytest.mark.unit
+def test_a_failed_attempt_is_described_by_its_python_error_not_a_stack_frame() -> None:
+    wrapped = Exception(
+        "An error occurred while calling o123.collect.\n"
+        ": org.apache.spark.SparkException: Job aborted due to stage failure\n"
+        "\tat org.apache.spark.sql.execution.QueryExecution$.withInternalError(QE.scala:903)\n"
+        "org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
+        '  File "/x/worker.py", line 1, in main\n'
+        "millstream.engine.errors.FencedError: interval 3 was acquired by another worker\n"
+        "\tat org.apache.spark.api.python.BasePythonRunner.handlePythonException(PR.scala:1)\n"
+    )
+    assert short_error(wrapped) == (
+        "Exception: millstream.engine.errors.FencedError: interval 3 was acquired by another worker"
+    )
+    internal = Exception(
+        ": org.apache.spark.SparkException: [INTERNAL_ERROR] broken\n"
+        "\tat org.apache.spark.sql.execution.QueryExecution$.withInternalError(QE.scala:903)"
+    )
+    assert "[INTERNAL_ERROR] broken" in short_error(internal)
