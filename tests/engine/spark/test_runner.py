@@ -610,81 +610,106 @@ def emitted(config: MillstreamConfig, topic: str) -> list[Any]:
     return list(by_id.values())
 
 
-def test_event_time_timers_fire_as_the_low_watermark_passes_them(
-    services: MillstreamConfig, spark: SparkSession, pipeline: Pipeline
-) -> None:
-    totals = f"totals_{pipeline.suffix}"
-    injector = injector_source(f"test-{pipeline.suffix}")
+@dataclass
+class WindowsInjector:
+    """The injector of the windowed tests' searches: reports their low watermark."""
+
+    source: str
+    stream: str
+    publisher: kafka_connector.WatermarkPublisher
+    offsets: Any
+
+    def report(self, watermark: int, sequence: int) -> None:
+        self.publisher.report_streams(self.offsets, self.source, [self.stream], watermark, sequence)
+
+    def retire(self) -> None:
+        self.publisher.retire(self.source)
+
+
+@pytest.fixture
+def windows_injector(services: MillstreamConfig, pipeline: Pipeline) -> Iterator[WindowsInjector]:
+    """The searches topic (2 partitions) and its injector; removes the totals topic after."""
     kafka_connector.create_topics(services, [pipeline.searches], partitions=2)
     publisher = kafka_connector.WatermarkPublisher(services)
     offsets = kafka_connector.consumer(services, "test-offsets")
     try:
-        # Windows 0-2, every fourth search delivered twice; the injector then promises
-        # nothing older than window 2's start: windows 0 and 1 are complete.
-        first = [search(n, n % 3) for n in range(60)]
-        produce(services, pipeline.searches, [encode_record(r) for r in first + first[::4]])
-        publisher.report_streams(offsets, injector, [pipeline.searches], window_start(2), 1)
-
-        running = start(pipeline, services, spark, topology=windowed_topology(pipeline))
-        running.process_available(timeout=300)
-
-        expected = window_counts(first)
-        counted = {(v["query"], v["window"]): v["count"] for v in emitted(services, pipeline.hits)}
-        assert counted == {k: n for k, n in expected.items() if k[1] < 2}
-        window_totals = {v["window"]: v for v in emitted(services, totals)}
-        assert {w: v["total"] for w, v in window_totals.items()} == {0: 20, 1: 20}
-        # Stage 2 fired on stage 1's watermark, which its pending window-2 timers held.
-        assert all(v["seen"] == window_start(2) for v in window_totals.values())
-        assert running.input_watermark(pipeline.per_query) == window_start(2)
-        assert running.input_watermark(pipeline.per_user) == window_start(2)
-        (hold,) = running.holds(pipeline.per_user)
-        assert hold.source == computation_source(f"windows_{pipeline.suffix}", pipeline.per_query)
-        assert running.metrics()[pipeline.per_query].late == 0
-
-        # Window 3 arrives with a straggler for window 0, which is now late; the injector
-        # then moves past everything.
-        second = [search(n, 3) for n in range(60, 75)]
-        straggler = search(75, 0)
-        produce(services, pipeline.searches, [encode_record(r) for r in [*second, straggler]])
-        publisher.report_streams(offsets, injector, [pipeline.searches], window_start(4), 2)
-        running.process_available(timeout=300)
-
-        counted_again = [
-            (v["query"], v["window"], v["count"]) for v in emitted(services, pipeline.hits)
-        ]
-        expected = window_counts(first + second)
-        on_time = sorted((q, w, n) for (q, w), n in expected.items())
-        late = (json.loads(straggler.value)["query"], 0, 1)
-        assert sorted(counted_again) == sorted([*on_time, late])
-        assert running.metrics()[pipeline.per_query].late == 1
-        assert running.input_watermark(pipeline.per_user) == window_start(4)
-        running.stop()
-
-        # Restart after the injector retired: nobody reports `searches` now, yet the input
-        # low watermark does not go back (the computation's own last report restores it).
-        publisher.retire(injector)
-        produce(services, pipeline.searches, [encode_record(search(76, 4))])
-        restarted = start(pipeline, services, spark, topology=windowed_topology(pipeline))
-        restarted.process_available(timeout=300)
-        assert restarted.input_watermark(pipeline.per_query) == window_start(4)
-        (hold,) = restarted.holds(pipeline.per_query)
-        assert hold.reason == "no source reports this stream"
-        assert restarted.metrics()[pipeline.per_query].late == 0
-        restarted.stop()
+        yield WindowsInjector(
+            injector_source(f"test-{pipeline.suffix}"), pipeline.searches, publisher, offsets
+        )
     finally:
         offsets.close()
         publisher.close()
-        kafka_connector.delete_topics(services, [totals])
+        kafka_connector.delete_topics(services, [f"totals_{pipeline.suffix}"])
+
+
+def test_event_time_timers_fire_as_the_low_watermark_passes_them(
+    services: MillstreamConfig,
+    spark: SparkSession,
+    pipeline: Pipeline,
+    windows_injector: WindowsInjector,
+) -> None:
+    totals = f"totals_{pipeline.suffix}"
+    # Windows 0-2, every fourth search delivered twice; the injector then promises
+    # nothing older than window 2's start: windows 0 and 1 are complete.
+    first = [search(n, n % 3) for n in range(60)]
+    produce(services, pipeline.searches, [encode_record(r) for r in first + first[::4]])
+    windows_injector.report(window_start(2), 1)
+
+    running = start(pipeline, services, spark, topology=windowed_topology(pipeline))
+    running.process_available(timeout=300)
+
+    expected = window_counts(first)
+    counted = {(v["query"], v["window"]): v["count"] for v in emitted(services, pipeline.hits)}
+    assert counted == {k: n for k, n in expected.items() if k[1] < 2}
+    window_totals = {v["window"]: v for v in emitted(services, totals)}
+    assert {w: v["total"] for w, v in window_totals.items()} == {0: 20, 1: 20}
+    # Stage 2 fired on stage 1's watermark, which its pending window-2 timers held.
+    assert all(v["seen"] == window_start(2) for v in window_totals.values())
+    assert running.input_watermark(pipeline.per_query) == window_start(2)
+    assert running.input_watermark(pipeline.per_user) == window_start(2)
+    (hold,) = running.holds(pipeline.per_user)
+    assert hold.source == computation_source(f"windows_{pipeline.suffix}", pipeline.per_query)
+    assert running.metrics()[pipeline.per_query].late == 0
+
+    # Window 3 arrives with a straggler for window 0, which is now late; the injector
+    # then moves past everything.
+    second = [search(n, 3) for n in range(60, 75)]
+    straggler = search(75, 0)
+    produce(services, pipeline.searches, [encode_record(r) for r in [*second, straggler]])
+    windows_injector.report(window_start(4), 2)
+    running.process_available(timeout=300)
+
+    counted_again = [
+        (v["query"], v["window"], v["count"]) for v in emitted(services, pipeline.hits)
+    ]
+    expected = window_counts(first + second)
+    on_time = sorted((q, w, n) for (q, w), n in expected.items())
+    late = (json.loads(straggler.value)["query"], 0, 1)
+    assert sorted(counted_again) == sorted([*on_time, late])
+    assert running.metrics()[pipeline.per_query].late == 1
+    assert running.input_watermark(pipeline.per_user) == window_start(4)
+    running.stop()
+
+    # Restart after the injector retired: nobody reports `searches` now, yet the input
+    # low watermark does not go back (the computation's own last report restores it).
+    windows_injector.retire()
+    produce(services, pipeline.searches, [encode_record(search(76, 4))])
+    restarted = start(pipeline, services, spark, topology=windowed_topology(pipeline))
+    restarted.process_available(timeout=300)
+    assert restarted.input_watermark(pipeline.per_query) == window_start(4)
+    (hold,) = restarted.holds(pipeline.per_query)
+    assert hold.reason == "no source reports this stream"
+    assert restarted.metrics()[pipeline.per_query].late == 0
+    restarted.stop()
 
 
 def test_a_report_alone_wakes_the_consumers_of_its_streams_and_no_other_query(
-    services: MillstreamConfig, spark: SparkSession, pipeline: Pipeline
+    services: MillstreamConfig,
+    spark: SparkSession,
+    pipeline: Pipeline,
+    windows_injector: WindowsInjector,
 ) -> None:
     totals = f"totals_{pipeline.suffix}"
-    injector = injector_source(f"test-{pipeline.suffix}")
-    kafka_connector.create_topics(services, [pipeline.searches], partitions=2)
-    publisher = kafka_connector.WatermarkPublisher(services)
-    offsets = kafka_connector.consumer(services, "test-offsets")
     topology = windowed_topology(pipeline)
     running = start(pipeline, services, spark, topology=topology, trigger=ProcessingTime(0.3))
     try:
@@ -695,7 +720,7 @@ def test_a_report_alone_wakes_the_consumers_of_its_streams_and_no_other_query(
 
         # Input is idle now; only the injector's report comes, and it alone must start the
         # batches that fire the timers of both stages.
-        publisher.report_streams(offsets, injector, [pipeline.searches], window_start(2), 1)
+        windows_injector.report(window_start(2), 1)
         deadline = time.monotonic() + 90
         while len(emitted(services, totals)) < 2:
             running.raise_failure()
@@ -717,9 +742,6 @@ def test_a_report_alone_wakes_the_consumers_of_its_streams_and_no_other_query(
                 assert kafka_connector.wake_topic(services, stream.stream) in read
     finally:
         running.stop()
-        offsets.close()
-        publisher.close()
-        kafka_connector.delete_topics(services, [totals])
 
 
 class WallClockReminder(Computation):
