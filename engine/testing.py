@@ -47,12 +47,7 @@ from millstream.engine.routing import deliver, split_by_interval
 from millstream.engine.stores.memory.store import InjectedCrash, MemoryIntervalStore
 from millstream.engine.timers import Timer
 from millstream.engine.topology import ComputationOptions, KeyExtractor, Topology
-from millstream.engine.watermarks import (
-    ComputationWatermarks,
-    ReportReader,
-    WatermarkReport,
-    computation_source,
-)
+from millstream.engine.watermarks import ComputationWatermarks, ReportReader, WatermarkReport
 
 __all__ = [
     "END_OF_TIME",
@@ -200,20 +195,7 @@ class TopologyHarness:
         self._workers: dict[tuple[str, int], IntervalWorker] = {}
         self._reports = _ReportTopic()
         self._watermarks = {
-            name: ComputationWatermarks(
-                computation_source(topology.name, name),
-                inputs={i.stream: i.stream for i in spec.inputs},
-                outputs=(*spec.outputs, spec.dead_letter_stream),
-                expected={
-                    i.stream: [
-                        computation_source(topology.name, p.name)
-                        for p in topology.producers(i.stream)
-                    ]
-                    for i in spec.inputs
-                },
-                key_intervals=spec.options.key_intervals,
-            )
-            for name, spec in self._specs.items()
+            name: ComputationWatermarks.of(topology, spec) for name, spec in self._specs.items()
         }
         # Messages written per stream, and consumed per computation and stream: the offsets
         # that reports cover and that decide when a consumer applies them.
@@ -279,12 +261,12 @@ class TopologyHarness:
         for name, spec in self._specs.items():
             watermarks = self._watermarks[name]
             inputs, self._queues[name] = self._queues[name], []
-            consumed = {stream: {0: count} for stream, count in self._consumed[name].items()}
+            counts = self._consumed[name]
             for item in inputs:
                 stream = item.origin.stream
                 assert stream is not None
-                consumed.setdefault(stream, {0: 0})[0] += 1
-            self._consumed[name] = {stream: parts[0] for stream, parts in consumed.items()}
+                counts[stream] = counts.get(stream, 0) + 1
+            consumed = _offsets(counts)
             # As the Spark runtime does per batch: new reports, applied once the input caught
             # up with them; records under the watermark before, timers under the one after.
             watermarks.read(self._reports.reader(name))
@@ -307,15 +289,12 @@ class TopologyHarness:
                 self._produced[name].update(p.record_id for p in self.sink.sent[sent_before:])
                 busy = busy or bool(by_interval.get(interval)) or bool(result.fired_timers)
             busy = self._route_sent() or busy
-            report = watermarks.report(self._rounds, self._written_offsets())
+            report = watermarks.report(self._rounds, _offsets(self._written))
             if report is not None:
                 self._reports.publish(report)
                 busy = True
         self._rounds += 1
         return busy
-
-    def _written_offsets(self) -> dict[str, dict[int, int]]:
-        return {stream: {0: count} for stream, count in self._written.items()}
 
     def _route_sent(self) -> bool:
         new = self.sink.sent[self._routed :]
@@ -343,9 +322,14 @@ class TopologyHarness:
                 streams=tuple(sorted(self.topology.external_streams)),
                 watermark=min(self.watermark, MAX_EVENT_TIME),
                 sequence=self._rounds,
-                offsets=self._written_offsets(),
+                offsets=_offsets(self._written),
             )
         )
+
+
+def _offsets(counts: Mapping[str, int]) -> dict[str, dict[int, int]]:
+    """Message counts per stream as Kafka offsets: the harness's streams have one partition."""
+    return {stream: {0: count} for stream, count in counts.items()}
 
 
 class _ReportTopic:

@@ -36,12 +36,15 @@ its watermark where it started); a longer cycle holds the watermark of its membe
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from millstream.engine.errors import WatermarkReportError
 from millstream.engine.records import MAX_EVENT_TIME, MIN_EVENT_TIME
+
+if TYPE_CHECKING:
+    from millstream.engine.topology import ComputationSpec, Topology
 
 __all__ = [
     "REPORT_VERSION",
@@ -354,6 +357,29 @@ class ComputationWatermarks:
         self.watermark = MIN_EVENT_TIME
         self.held_by = "not reported yet"
         self._published: tuple[int, int] | None = None
+
+    @classmethod
+    def of(
+        cls,
+        topology: Topology,
+        spec: ComputationSpec,
+        topic: Callable[[str], str] = lambda stream: stream,
+    ) -> ComputationWatermarks:
+        """The bookkeeping of ``spec`` in ``topology``: its input streams (read from
+        ``topic(stream)``) expect a report from each computation producing them, and its own
+        report speaks for its outputs and its dead-letter stream."""
+        return cls(
+            computation_source(topology.name, spec.name),
+            inputs={i.stream: topic(i.stream) for i in spec.inputs},
+            outputs=(*spec.outputs, spec.dead_letter_stream),
+            expected={
+                i.stream: [
+                    computation_source(topology.name, p.name) for p in topology.producers(i.stream)
+                ]
+                for i in spec.inputs
+            },
+            key_intervals=spec.options.key_intervals,
+        )
 
     def read(self, reader: ReportReader) -> None:
         for source, report in reader.read():

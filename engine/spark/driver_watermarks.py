@@ -19,7 +19,7 @@ from millstream.connectors import kafka as kafka_connector
 from millstream.engine.clock import Clock
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.topology import ComputationSpec, Topology
-from millstream.engine.watermarks import ComputationWatermarks, computation_source
+from millstream.engine.watermarks import ComputationWatermarks
 
 __all__ = ["DriverWatermarks", "offsets_consumer"]
 
@@ -50,20 +50,8 @@ class DriverWatermarks:
         self.clock = clock
         self._alarm_source = f"alarm/{topology.name}/{spec.name}"
         self.alarm_topic = kafka_connector.alarm_topic(config, topology.name, spec.name)
-        inputs = {i.stream: kafka_connector.stream_topic(i.stream) for i in spec.inputs}
-        expected = {
-            stream: [computation_source(topology.name, p.name) for p in topology.producers(stream)]
-            for stream in inputs
-        }
-        outputs = (*spec.outputs, spec.dead_letter_stream)
-        self.output_topics = sorted({kafka_connector.stream_topic(s) for s in outputs})
-        self.state = ComputationWatermarks(
-            computation_source(topology.name, spec.name),
-            inputs=inputs,
-            outputs=outputs,
-            expected=expected,
-            key_intervals=spec.options.key_intervals,
-        )
+        self.state = ComputationWatermarks.of(topology, spec, kafka_connector.stream_topic)
+        self.output_topics = sorted({kafka_connector.stream_topic(s) for s in self.state.outputs})
         self.reader = kafka_connector.WatermarkReader(config)
         self._offsets = offsets_consumer(config)
         self._alarm: threading.Timer | None = None

@@ -16,8 +16,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from millstream.engine.computation import Computation
+from millstream.engine.context import Context
 from millstream.engine.errors import MillstreamError, WatermarkReportError
-from millstream.engine.records import MAX_EVENT_TIME, MIN_EVENT_TIME
+from millstream.engine.records import MAX_EVENT_TIME, MIN_EVENT_TIME, Record
+from millstream.engine.topology import ComputationOptions, Topology
 from millstream.engine.watermarks import (
     REPORT_VERSION,
     ComputationWatermarks,
@@ -678,3 +681,28 @@ def test_with_orderly_sources_the_input_watermark_is_the_min_of_what_was_reached
         # A source that joins behind the others does not move the input back.
         expected = max(expected, lowest)
         assert watermark.advance(value) == expected
+
+
+def test_a_computations_bookkeeping_expects_its_producers_and_reports_its_outputs() -> None:
+    class Nothing(Computation):
+        def process_record(self, ctx: Context, record: Record) -> None:
+            pass
+
+    topology = Topology("t", streams=["clicks"])
+    topology.add_computation("a", Nothing(), inputs=["clicks"], outputs=["sessions"])
+    topology.add_computation(
+        "b",
+        Nothing(),
+        inputs=["clicks", "sessions"],
+        outputs=["totals"],
+        options=ComputationOptions(key_intervals=3),
+    )
+    state = ComputationWatermarks.of(topology, topology.computations["b"], lambda s: f"k.{s}")
+    assert state.source == computation_source("t", "b")
+    assert state.outputs == ("totals", topology.computations["b"].dead_letter_stream)
+    assert state.key_intervals == 3
+    assert state.input.streams == {"clicks": "k.clicks", "sessions": "k.sessions"}
+    assert state.input.expected == {
+        "clicks": frozenset(),
+        "sessions": frozenset({computation_source("t", "a")}),
+    }
