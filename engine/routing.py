@@ -25,6 +25,7 @@ __all__ = [
     "deliver",
     "interval_of",
     "key_of",
+    "rejected_interval",
     "split_by_interval",
 ]
 
@@ -76,10 +77,16 @@ def deliver(
     return Delivery(key, record, origin)
 
 
+def rejected_interval(spec: ComputationSpec) -> int:
+    """The key interval that works rejected input: the empty key's."""
+    return key_interval("", spec.options.key_intervals)
+
+
 def interval_of(spec: ComputationSpec, item: Delivery | Rejected) -> int:
-    """The key interval that works ``item``: its key's, or the empty key's if rejected."""
-    key = item.key if isinstance(item, Delivery) else ""
-    return key_interval(key, spec.options.key_intervals)
+    """The key interval that works ``item``: its key's, or :func:`rejected_interval`."""
+    if isinstance(item, Delivery):
+        return key_interval(item.key, spec.options.key_intervals)
+    return rejected_interval(spec)
 
 
 def split_by_interval(

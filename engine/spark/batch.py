@@ -88,7 +88,7 @@ class BatchHandler:
         # call: a wave of tasks, not one Python round trip per interval.
         cores = spark.sparkContext.defaultParallelism
         self.tasks = max(1, min(spec.options.key_intervals, cores))
-        self._slots: Any = None  # the interval → shuffle partition column, made on first use
+        self._slots = interval_slots(self.tasks)  # the interval → shuffle partition column
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
@@ -172,18 +172,13 @@ class BatchHandler:
         # An explicit partition count: adaptive execution would otherwise coalesce the few
         # small shuffle partitions of a micro-batch into one task and leave cores idle.
         return (
-            routed.repartition(self.tasks, self._slot_column())
+            routed.repartition(self.tasks, self._slots)
             .mapInArrow(
                 interval_task(self.spec, self.settings, watermark, timer_watermark),
                 RESULT_SCHEMA,
             )
             .collect()
         )
-
-    def _slot_column(self) -> Any:
-        if self._slots is None:
-            self._slots = interval_slots(self.tasks)
-        return self._slots
 
 
 def interval_slots(tasks: int) -> Any:

@@ -61,7 +61,7 @@ from millstream.engine.deadletters import Origin
 from millstream.engine.keys import key_interval
 from millstream.engine.protocol import Delivery, IntervalWorker, Rejected
 from millstream.engine.records import Record
-from millstream.engine.routing import decode_delivery
+from millstream.engine.routing import decode_delivery, rejected_interval
 from millstream.engine.spark.metrics import RESULT_SCHEMA, interval_counts
 from millstream.engine.topology import ComputationSpec
 
@@ -199,7 +199,7 @@ def router(
     pandas, no per-row objects beyond the decoded record).
     """
     intervals = spec.options.key_intervals
-    reject_interval = key_interval("", intervals)
+    reject_interval = rejected_interval(spec)
     streams = _streams_by_topic(spec)
 
     def route(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -233,12 +233,15 @@ def router(
                         column.append(None)
                     raw_c.append(value)
                     error_c.append(f"{type(error).__qualname__}: {error}")
-            yield pa.RecordBatch.from_arrays(
-                [pa.array(c, type=f.type) for c, f in zip(columns, _ROUTED_ARROW, strict=True)],
-                schema=_ROUTED_ARROW,
-            )
+            yield _record_batch(columns, _ROUTED_ARROW)
 
     return route
+
+
+def _record_batch(columns: list[list[Any]], schema: pa.Schema) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays(
+        [pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)], schema=schema
+    )
 
 
 def _streams_by_topic(spec: ComputationSpec) -> dict[str, str]:
@@ -277,27 +280,29 @@ def interval_task(
         # The intervals' round trips to Cassandra and Kafka overlap on the pool's threads.
         futures = [
             resources.threads.submit(
-                _run_interval, spec, settings, interval, interval_rows, watermark, timer_watermark
+                _run_interval,
+                spec,
+                settings.run_token,
+                resources,
+                interval,
+                interval_rows,
+                watermark,
+                timer_watermark,
             )
             for interval, interval_rows in sorted(by_interval.items())
         ]
         wait(futures)
         results = [future.result() for future in futures]  # raises the first failure
         if results:
-            yield pa.RecordBatch.from_arrays(
-                [
-                    pa.array(list(c), type=f.type)
-                    for c, f in zip(zip(*results, strict=True), _RESULT_ARROW, strict=True)
-                ],
-                schema=_RESULT_ARROW,
-            )
+            yield _record_batch([list(c) for c in zip(*results, strict=True)], _RESULT_ARROW)
 
     return run
 
 
 def _run_interval(
     spec: ComputationSpec,
-    settings: TaskSettings,
+    run_token: str,
+    resources: _Resources,
     interval: int,
     rows: list[tuple[Any, ...]],
     watermark: int,
@@ -307,8 +312,7 @@ def _run_interval(
     # Ticks (no stream) first; they carry no input.
     rows.sort(key=lambda row: (row[1] or "", row[2] or 0, row[3] or 0))
     inputs = _inputs(spec, rows)
-    resources = _resources(settings)
-    worker_key = (settings.run_token, spec.name, interval)
+    worker_key = (run_token, spec.name, interval)
     worker = resources.workers.get(worker_key)
     cached = worker is not None
     if worker is None:
