@@ -105,7 +105,7 @@ import time
 import uuid
 from collections.abc import Collection, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, TypeAlias, TypeVar
 
 from cassandra import ConsistencyLevel, OperationTimedOut, WriteFailure, WriteTimeout
 from cassandra.connection import ConnectionException
@@ -161,6 +161,8 @@ _KEYS_PER_READ = 200
 _TIMER_INDEX: Final = {TimeDomain.EVENT_TIME: "timer_event", TimeDomain.WALL_TIME: "timer_wall"}
 # Timestamps in the index as fixed-width decimals of (timestamp + 2^63): text order = time order.
 _TIMESTAMP_OFFSET = 2**63
+
+_T = TypeVar("_T")
 # Length prefixes: of a stream name in a production row; of a record, and of a key in the
 # timer index's item.
 _LENGTH16 = struct.Struct(">H")
@@ -396,23 +398,15 @@ class CassandraIntervalStore(IntervalStore):
     def read_keys(self, lease: Lease, keys: Collection[str]) -> dict[str, KeySnapshot]:
         distinct = list(dict.fromkeys(keys))
         partition = (lease.computation, lease.interval)
-        futures = [
-            self._session.execute_async(
-                self._statements.read_keys,
-                (*partition, distinct[start : start + _KEYS_PER_READ]),
-                timeout=self.request_timeout,
-            )
-            for start in range(0, len(distinct), _KEYS_PER_READ)
-        ]
         states: dict[str, bytes] = {}
         timers: dict[str, dict[str, Timer]] = {}
-        for future in futures:
-            for row in _rows(future.result()):
-                if row["kind"] == "state":
-                    states[row["key"]] = row["value"]
-                else:
-                    timer = _timer(row)
-                    timers.setdefault(timer.key, {})[timer.tag] = timer
+        reads = [(*partition, chunk) for chunk in _chunks(distinct)]
+        for row in self._rows_at_once(self._statements.read_keys, reads):
+            if row["kind"] == "state":
+                states[row["key"]] = row["value"]
+            else:
+                timer = _timer(row)
+                timers.setdefault(timer.key, {})[timer.tag] = timer
         return {key: KeySnapshot(states.get(key), timers.get(key, {})) for key in distinct}
 
     def seen(
@@ -421,19 +415,11 @@ class CassandraIntervalStore(IntervalStore):
         pairs = list(
             dict.fromkeys((key, record_id) for key, ids in record_ids.items() for record_id in ids)
         )
-        futures = [
-            self._session.execute_async(
-                self._statements.read_dedup,
-                (lease.computation, lease.interval, pairs[start : start + _KEYS_PER_READ]),
-                timeout=self.request_timeout,
-            )
-            for start in range(0, len(pairs), _KEYS_PER_READ)
-        ]
+        reads = [(lease.computation, lease.interval, chunk) for chunk in _chunks(pairs)]
         now = self.clock.now()
         return {
             (row["key"], row["item"])
-            for future in futures
-            for row in _rows(future.result())
+            for row in self._rows_at_once(self._statements.read_dedup, reads)
             if row["expires"] > now
         }
 
@@ -443,16 +429,12 @@ class CassandraIntervalStore(IntervalStore):
             TimeDomain.EVENT_TIME: input_low_watermark,
             TimeDomain.WALL_TIME: now + 1,
         }
-        futures = [
-            self._session.execute_async(
-                self._statements.read_due,
-                (lease.computation, lease.interval, _TIMER_INDEX[domain], _index_time(bound)),
-                timeout=self.request_timeout,
-            )
+        reads = [
+            (lease.computation, lease.interval, _TIMER_INDEX[domain], _index_time(bound))
             for domain, bound in bounds.items()
         ]
-        timers = [_indexed_timer(row) for future in futures for row in _rows(future.result())]
-        return sorted(timers, key=firing_order)
+        rows = self._rows_at_once(self._statements.read_due, reads)
+        return sorted((_indexed_timer(row) for row in rows), key=firing_order)
 
     def next_timers(self, lease: Lease) -> NextTimers:
         futures = {
@@ -764,6 +746,18 @@ class CassandraIntervalStore(IntervalStore):
     def _execute(self, statement: Any, parameters: tuple[Any, ...]) -> Any:
         return self._session.execute(statement, parameters, timeout=self.request_timeout)
 
+    def _rows_at_once(
+        self, statement: Any, reads: Sequence[tuple[Any, ...]]
+    ) -> Iterator[dict[str, Any]]:
+        """The rows of ``statement`` run with each of ``reads``, all sent before any is
+        awaited (one round trip, not one per read)."""
+        futures = [
+            self._session.execute_async(statement, parameters, timeout=self.request_timeout)
+            for parameters in reads
+        ]
+        for future in futures:
+            yield from _rows(future.result())
+
 
 class _Statements:
     """Every statement the store runs, prepared once with its consistency levels."""
@@ -863,6 +857,11 @@ def _is_uncertain(exc: BaseException) -> bool:
     ):
         return True
     return isinstance(exc, ErrorMessage) and exc.code == _CAS_WRITE_UNKNOWN
+
+
+def _chunks(items: list[_T]) -> list[list[_T]]:
+    """``items`` in lists of :data:`_KEYS_PER_READ`, for ``IN`` queries."""
+    return [items[start : start + _KEYS_PER_READ] for start in range(0, len(items), _KEYS_PER_READ)]
 
 
 def _rows(result: Any) -> Iterator[dict[str, Any]]:
