@@ -17,8 +17,9 @@ import hashlib
 import logging
 import time
 import uuid
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Callable, Mapping, Sequence, Set
 from functools import partial
+from typing import TypeVar
 
 from confluent_kafka import (
     Consumer,
@@ -56,6 +57,8 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 
 def admin_client(config: MillstreamConfig) -> AdminClient:
@@ -157,10 +160,16 @@ def end_offsets(reader: Consumer, topics: Sequence[str], timeout: float = 10.0) 
     Retriable broker errors (a topic just created has no leader yet) are retried until
     ``timeout``.
     """
+    return _when_ready(lambda: _end_offsets(reader, topics, timeout), timeout)
+
+
+def _when_ready(call: Callable[[], _T], timeout: float) -> _T:
+    """``call()``, retried while Kafka answers with a retriable error or one of a topic not
+    ready yet (just created: no leader, or not known to every broker), until ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            return _end_offsets(reader, topics, timeout)
+            return call()
         except KafkaException as exc:
             error = exc.args[0]
             if not isinstance(error, KafkaError) or not (
@@ -209,7 +218,10 @@ def create_watermark_topic(config: MillstreamConfig, timeout: float = 30.0) -> N
     create_topics(config, [topic], partitions=1, topic_config=WATERMARK_TOPIC_CONFIG)
     resource = ConfigResource(ResourceType.TOPIC, topic)
     admin = admin_client(config)  # kept alive: its futures fail once it is collected
-    entries = admin.describe_configs([resource])[resource].result(timeout=timeout)
+    # Just created, the topic may not be known to the broker that answers yet.
+    entries = _when_ready(
+        lambda: admin.describe_configs([resource])[resource].result(timeout=timeout), timeout
+    )
     policy = entries["cleanup.policy"].value
     if "compact" not in (policy or "").split(","):
         raise ConfigError(

@@ -58,3 +58,29 @@ def test_wake_topic_names_stay_within_kafkas_limit() -> None:
     assert len(long) <= 249
     assert long.startswith("millstream.watermarks.alarm.")
     assert long != kafka_connector.alarm_topic(config, "t" * 200, "d" * 200)
+
+
+def test_a_just_created_watermark_topic_is_checked_once_the_broker_knows_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = {"describe": 0}
+
+    class Admin:
+        def describe_configs(self, resources: list[Any]) -> dict[Any, Any]:
+            calls["describe"] += 1
+            future: Any = SimpleNamespace()
+            if calls["describe"] <= 2:
+
+                def unknown(timeout: float) -> Any:
+                    raise KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
+
+                future.result = unknown
+            else:
+                entry = SimpleNamespace(value="compact")
+                future.result = lambda timeout: {"cleanup.policy": entry}
+            return {resources[0]: future}
+
+    monkeypatch.setattr(kafka_connector, "create_topics", lambda *args, **kwargs: None)
+    monkeypatch.setattr(kafka_connector, "admin_client", lambda config: Admin())
+    kafka_connector.create_watermark_topic(MillstreamConfig(), timeout=5)
+    assert calls["describe"] == 3
