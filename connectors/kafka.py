@@ -34,12 +34,19 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, Resourc
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.errors import ConfigError, WatermarkReportError
 from millstream.engine.productions import Production
-from millstream.engine.watermarks import Offsets, WatermarkReport
+from millstream.engine.watermarks import (
+    ExpectedSet,
+    Offsets,
+    WatermarkMessage,
+    WatermarkReport,
+    decode_watermark_message,
+)
 
 __all__ = [
     "WAKE_TOPIC_CONFIG",
     "WATERMARK_TOPIC_CONFIG",
     "KafkaProductionSink",
+    "KafkaWatermarkChannel",
     "WatermarkPublisher",
     "WatermarkReader",
     "admin_client",
@@ -332,6 +339,12 @@ class WatermarkPublisher:
         """Forget a source for good (a tombstone): it no longer holds any watermark."""
         self._write(self.topic, source, None, timeout)
 
+    def declare(self, expected: ExpectedSet, timeout: float = 30.0) -> None:
+        """Publish an injector's expected set (then wake its streams' consumers)."""
+        self._write(self.topic, expected.key, expected.encode(), timeout)
+        if expected.streams:
+            self.wake([wake_topic(self.config, s) for s in expected.streams], expected.key, timeout)
+
     def close(self, timeout: float = 30.0) -> None:
         self._producer.flush(timeout)
 
@@ -372,7 +385,7 @@ class WatermarkReader:
         self._next: dict[int, int] = {}
         self.skipped = 0
 
-    def read(self, timeout: float = 30.0) -> list[tuple[str, WatermarkReport | None]]:
+    def read(self, timeout: float = 30.0) -> list[tuple[str, WatermarkMessage | None]]:
         ends = end_offsets(self._consumer, [self.topic], timeout)[self.topic]
         if ends.keys() - self._next.keys():
             # Assigned once (again only if partitions are added): re-assigning resets the
@@ -383,7 +396,7 @@ class WatermarkReader:
                 [TopicPartition(self.topic, p, self._next[p]) for p in sorted(ends)]
             )
         wanted = {p: end for p, end in ends.items() if self._next[p] < end}
-        found: list[tuple[str, WatermarkReport | None]] = []
+        found: list[tuple[str, WatermarkMessage | None]] = []
         deadline = time.monotonic() + timeout
         while any(self._next[p] < end for p, end in wanted.items()):
             if time.monotonic() > deadline:
@@ -411,21 +424,54 @@ class WatermarkReader:
             found.extend(self._parse(message))
         return found
 
-    def _parse(self, message: Message) -> list[tuple[str, WatermarkReport | None]]:
+    def _parse(self, message: Message) -> list[tuple[str, WatermarkMessage | None]]:
         source = (message.key() or b"").decode(errors="replace")
         value = message.value()
         if value is None:
             return [(source, None)]
         try:
-            report = WatermarkReport.decode(value)
+            decoded = decode_watermark_message(value)
         except WatermarkReportError as exc:
             self.skipped += 1
             _log.warning("skipping %s@%d: %s", self.topic, message.offset(), exc)
             return []
-        return [(report.source, report)]
+        if isinstance(decoded, ExpectedSet):
+            return [(decoded.key, decoded)]
+        return [(decoded.source, decoded)]
 
     def close(self) -> None:
         self._consumer.close()
+
+
+class KafkaWatermarkChannel:
+    """The watermark topic as an injector process uses it (``injectors.process``'s
+    ``WatermarkChannel``): publish and read reports and expected sets, and the end offsets a
+    report covers."""
+
+    def __init__(self, config: MillstreamConfig) -> None:
+        self.publisher = WatermarkPublisher(config)
+        self.reader = WatermarkReader(config)
+        self._offsets = consumer(config, "millstream-injector-offsets")
+
+    def publish(self, report: WatermarkReport) -> None:
+        self.publisher.publish(report)
+
+    def declare(self, expected: ExpectedSet) -> None:
+        self.publisher.declare(expected)
+
+    def retire(self, source: str) -> None:
+        self.publisher.retire(source)
+
+    def end_offsets(self, streams: Sequence[str]) -> Offsets:
+        return end_offsets(self._offsets, [stream_topic(s) for s in streams])
+
+    def read(self) -> list[tuple[str, WatermarkMessage | None]]:
+        return self.reader.read()
+
+    def close(self) -> None:
+        self._offsets.close()
+        self.reader.close()
+        self.publisher.close()
 
 
 class KafkaProductionSink:

@@ -31,6 +31,9 @@ __all__ = [
     "AbsurdTimestampError",
     "ConfigError",
     "FencedError",
+    "InjectorError",
+    "InjectorFencedError",
+    "InjectorRetiredError",
     "JavaNotFoundError",
     "LocalStackError",
     "MalformedRecordError",
@@ -152,3 +155,19 @@ class UnknownOutcomeError(StoreError):
 
 class WatermarkReportError(MillstreamError):
     """A message on the watermark topic is not a valid report (it is skipped and counted)."""
+
+
+class InjectorError(MillstreamError):
+    """An injector process cannot go on (its checkpoint, Kafka or its source failed).
+
+    Its position is checkpointed: restarting the process resumes where it stopped, and
+    whatever it sent twice is dropped downstream by record ID.
+    """
+
+
+class InjectorFencedError(InjectorError):
+    """Another copy of the same injector process took over; this one is a zombie and stops."""
+
+
+class InjectorRetiredError(InjectorError):
+    """The injector process was retired (removed from its expected set) and may not run."""

@@ -47,7 +47,12 @@ from millstream.engine.routing import deliver, split_by_interval
 from millstream.engine.stores.memory.store import InjectedCrash, MemoryIntervalStore
 from millstream.engine.timers import Timer
 from millstream.engine.topology import ComputationOptions, KeyExtractor, Topology
-from millstream.engine.watermarks import ComputationWatermarks, ReportReader, WatermarkReport
+from millstream.engine.watermarks import (
+    ComputationWatermarks,
+    ReportReader,
+    WatermarkMessage,
+    WatermarkReport,
+)
 
 __all__ = [
     "END_OF_TIME",
@@ -346,7 +351,7 @@ class _ReportTopic:
         topic = self
 
         class Reader:
-            def read(self, timeout: float = 0.0) -> list[tuple[str, WatermarkReport | None]]:
+            def read(self, timeout: float = 0.0) -> list[tuple[str, WatermarkMessage | None]]:
                 start = topic._read.get(computation, 0)
                 topic._read[computation] = len(topic.reports)
                 return [(r.source, r) for r in topic.reports[start:]]

@@ -31,6 +31,11 @@ where pending work is an event-time timer or a production not yet acknowledged b
 
 Cycles: a computation ignores its own reports on its input (a self-loop would otherwise pin
 its watermark where it started); a longer cycle holds the watermark of its members.
+
+Injectors run as several processes (paper 5.2). An :class:`ExpectedSet`, keyed by
+:func:`injector_group` on the same topic, names the processes of one injector and its
+streams: every expected process holds those streams until it reported (a silent one holds
+them at its last report), and a retired process holds nothing and is ignored for good.
 """
 
 from __future__ import annotations
@@ -49,14 +54,18 @@ if TYPE_CHECKING:
 __all__ = [
     "REPORT_VERSION",
     "ComputationWatermarks",
+    "ExpectedSet",
     "Hold",
     "InputWatermark",
     "IntervalProgress",
     "Offsets",
     "ReportReader",
+    "WatermarkMessage",
     "WatermarkReport",
     "computation_source",
     "computation_watermark",
+    "decode_watermark_message",
+    "injector_group",
     "injector_source",
     "offsets_reached",
 ]
@@ -75,6 +84,11 @@ def computation_source(topology: str, computation: str) -> str:
 def injector_source(injector: str, process: str = "0") -> str:
     """The source name under which one process of an injector reports."""
     return f"injector/{injector}/{process}"
+
+
+def injector_group(injector: str) -> str:
+    """The key of an injector's :class:`ExpectedSet` on the watermark topic."""
+    return f"injector/{injector}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +179,115 @@ def _int(value: Any) -> int:
     return value
 
 
+@dataclass(frozen=True, slots=True)
+class ExpectedSet:
+    """The processes one injector runs as, and the streams they write (paper 5.2).
+
+    Each process in ``processes`` holds ``streams`` for every consumer until it reported, so
+    a process that has not started yet or went silent cannot be overtaken by its siblings.
+    ``retired`` processes were removed for good: their reports are ignored from then on.
+    """
+
+    injector: str
+    streams: tuple[str, ...]
+    processes: tuple[str, ...]
+    retired: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.injector or "/" in self.injector:
+            raise WatermarkReportError(
+                f"injector name {self.injector!r} must be non-empty and contain no '/'"
+            )
+        if not self.processes and not self.retired:
+            raise WatermarkReportError(f"injector {self.injector!r} names no process")
+        for process in (*self.processes, *self.retired):
+            if not process or "/" in process:
+                raise WatermarkReportError(
+                    f"process name {process!r} of injector {self.injector!r} must be "
+                    "non-empty and contain no '/'"
+                )
+        if both := set(self.processes) & set(self.retired):
+            raise WatermarkReportError(
+                f"injector {self.injector!r}: processes {sorted(both)} are both expected and "
+                "retired"
+            )
+
+    @property
+    def key(self) -> str:
+        return injector_group(self.injector)
+
+    @property
+    def sources(self) -> frozenset[str]:
+        """The report sources of the expected processes."""
+        return frozenset(injector_source(self.injector, p) for p in self.processes)
+
+    @property
+    def retired_sources(self) -> frozenset[str]:
+        return frozenset(injector_source(self.injector, p) for p in self.retired)
+
+    def retire(self, process: str) -> ExpectedSet:
+        """This set without ``process``, which is remembered as retired."""
+        if process not in self.processes:
+            raise WatermarkReportError(
+                f"process {process!r} is not expected of injector {self.injector!r} "
+                f"(expected: {sorted(self.processes)}, retired: {sorted(self.retired)})"
+            )
+        return ExpectedSet(
+            self.injector,
+            self.streams,
+            tuple(p for p in self.processes if p != process),
+            tuple(sorted({*self.retired, process})),
+        )
+
+    def encode(self) -> bytes:
+        document = {
+            "version": REPORT_VERSION,
+            "kind": "expected",
+            "injector": self.injector,
+            "streams": list(self.streams),
+            "processes": list(self.processes),
+            "retired": list(self.retired),
+        }
+        return json.dumps(document, separators=(",", ":")).encode()
+
+
+WatermarkMessage = WatermarkReport | ExpectedSet
+"""What the watermark topic carries: reports, and injectors' expected sets."""
+
+
+def decode_watermark_message(value: bytes) -> WatermarkMessage:
+    """Parse a watermark topic value; raises :class:`WatermarkReportError` if it is neither."""
+    try:
+        document = json.loads(value)
+        kind = document.get("kind", "report")
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise WatermarkReportError(
+            f"not a watermark message ({type(exc).__name__}: {exc}): {value[:200]!r}"
+        ) from exc
+    if kind == "report":
+        return WatermarkReport.decode(value)
+    if kind != "expected":
+        raise WatermarkReportError(f"unknown watermark message kind {kind!r}: {value[:200]!r}")
+    try:
+        if document.get("version") != REPORT_VERSION:
+            raise WatermarkReportError(
+                f"expected-set version {document.get('version')!r} is not {REPORT_VERSION}; "
+                "upgrade millstream or fix the producer"
+            )
+        return ExpectedSet(
+            injector=str(document["injector"]),
+            streams=_streams(document["streams"]),
+            processes=_streams(document["processes"]),
+            retired=_streams(document.get("retired", [])),
+        )
+    except WatermarkReportError:
+        raise
+    except (ValueError, TypeError, KeyError) as exc:
+        raise WatermarkReportError(
+            f"not an expected set ({type(exc).__name__}: {exc}): {value[:200]!r}"
+        ) from exc
+
+
 def offsets_reached(consumed: Offsets, required: Offsets, topics: Iterable[str]) -> bool:
     """Whether ``consumed`` is at or past ``required`` on every partition of ``topics``."""
     for topic in topics:
@@ -218,6 +341,7 @@ class InputWatermark:
         self.expected = {s: frozenset(sources) for s, sources in (expected or {}).items()}
         self.own = own
         self._sources: dict[str, _SourceState] = {}
+        self._declared: dict[str, ExpectedSet] = {}
         self._current = floor
         self.ignored = 0
 
@@ -229,13 +353,36 @@ class InputWatermark:
         self._current = max(self._current, floor)
 
     def forget(self, source: str) -> None:
-        """A source was retired: it holds nothing any more (unless the topology expects it)."""
+        """A source was retired: it holds nothing any more (unless the topology expects it).
+
+        ``source`` may also be an :func:`injector_group`: its expected set no longer holds.
+        """
         self._sources.pop(source, None)
+        self._declared.pop(source, None)
+
+    def declare(self, expected: ExpectedSet) -> None:
+        """An injector's processes: each holds its streams until it reported."""
+        self._declared[expected.key] = expected
+        for source in expected.retired_sources:
+            self._sources.pop(source, None)
+
+    def _retired(self, source: str) -> bool:
+        return any(source in declared.retired_sources for declared in self._declared.values())
+
+    def _expected(self, stream: str) -> frozenset[str]:
+        expected = self.expected.get(stream, frozenset())
+        for declared in self._declared.values():
+            if stream in declared.streams:
+                expected |= declared.sources
+        return expected - {self.own}
 
     def offer(self, report: WatermarkReport) -> bool:
         """Take a report read from the topic; returns whether it concerns these inputs."""
         if report.source == self.own or not set(report.streams) & self.streams.keys():
             return False
+        if self._retired(report.source):
+            self.ignored += 1
+            return True
         state = self._sources.setdefault(report.source, _SourceState())
         if report.sequence < state.sequence:
             self.ignored += 1
@@ -271,7 +418,7 @@ class InputWatermark:
         holds: list[Hold] = []
         for stream in sorted(self.streams):
             candidates: list[tuple[int, str, str]] = []
-            for name in self.expected.get(stream, frozenset()) - {self.own}:
+            for name in self._expected(stream):
                 state = self._sources.get(name)
                 if state is None or stream not in state.applied:
                     waiting = state is not None and any(stream in r.streams for r in state.pending)
@@ -325,7 +472,7 @@ def computation_watermark(
 class ReportReader(Protocol):
     """Where a driver reads reports from (``connectors.kafka.WatermarkReader``)."""
 
-    def read(self, timeout: float = ...) -> list[tuple[str, WatermarkReport | None]]: ...
+    def read(self, timeout: float = ...) -> list[tuple[str, WatermarkMessage | None]]: ...
 
 
 class ComputationWatermarks:
@@ -385,6 +532,8 @@ class ComputationWatermarks:
         for source, report in reader.read():
             if report is None:
                 self.input.forget(source)
+            elif isinstance(report, ExpectedSet):
+                self.input.declare(report)
             elif source == self.source:
                 # Our own last report: where the watermarks were before a restart.
                 if report.input_watermark is not None:

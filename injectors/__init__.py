@@ -1,0 +1,33 @@
+"""Injectors: bring external data into millstream streams (paper 4.5, 5.2).
+
+A custom injector is a :class:`~millstream.injectors.source.Source`; an
+:class:`~millstream.injectors.process.InjectorProcess` runs it with fenced checkpoints,
+record IDs from source positions, dead letters and low-watermark reports. Shipped sources:
+:class:`~millstream.injectors.logfile.LogFileSource` (a directory of log files).
+"""
+
+from millstream.injectors.logfile import LineParser, LogFileSource, LogLine
+from millstream.injectors.process import (
+    InjectorOptions,
+    InjectorProcess,
+    InjectorStats,
+    WatermarkChannel,
+    retire_process,
+)
+from millstream.injectors.source import Poll, Position, RejectedInput, Source, SourceRecord
+
+__all__ = [
+    "InjectorOptions",
+    "InjectorProcess",
+    "InjectorStats",
+    "LineParser",
+    "LogFileSource",
+    "LogLine",
+    "Poll",
+    "Position",
+    "RejectedInput",
+    "Source",
+    "SourceRecord",
+    "WatermarkChannel",
+    "retire_process",
+]

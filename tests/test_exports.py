@@ -10,6 +10,7 @@ import pytest
 
 import millstream.connectors
 import millstream.engine
+import millstream.injectors
 
 pytestmark = pytest.mark.unit
 
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.unit
 def public_modules() -> list[str]:
     return sorted(
         info.name
-        for package in (millstream.engine, millstream.connectors)
+        for package in (millstream.engine, millstream.connectors, millstream.injectors)
         for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}.")
     )
 

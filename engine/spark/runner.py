@@ -97,7 +97,7 @@ from millstream.engine.spark.metrics import (
     describe,
     totals,
 )
-from millstream.engine.stores.cassandra import DEFAULT_TABLE, create_schema
+from millstream.engine.stores.cassandra import DEFAULT_KEYSPACE, DEFAULT_TABLE, create_schema
 from millstream.engine.topology import (
     ComputationOptions,
     ComputationSpec,
@@ -125,8 +125,6 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
-
-DEFAULT_KEYSPACE = "millstream"
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,6 +40,7 @@ from millstream.engine.records import MIN_EVENT_TIME, Record, decode_record, inj
 from millstream.engine.stores.cassandra import CassandraIntervalStore, create_schema
 from millstream.engine.topology import ComputationOptions, ComputationSpec, InputStream
 from millstream.engine.watermarks import (
+    ExpectedSet,
     InputWatermark,
     WatermarkReport,
     computation_source,
@@ -282,6 +283,23 @@ def test_published_reports_are_read_in_order_each_once(
     assert reader.read() == [(third.source, third)]
     # A new reader starts from the beginning.
     assert [r for _, r in make_reader().read()] == [first, second, third]
+
+
+def test_an_expected_set_is_read_under_its_injector_key_and_can_be_retired(
+    publisher: WatermarkPublisher, make_reader: Callable[[], WatermarkReader]
+) -> None:
+    expected = ExpectedSet("clicks", ("clicks",), ("0", "1"))
+    report = _report(injector_source("clicks", "1"), 100)
+    publisher.declare(expected)
+    publisher.publish(report)
+    reader = make_reader()
+    assert reader.read() == [("injector/clicks", expected), (report.source, report)]
+
+    retired = expected.retire("1")
+    publisher.declare(retired)
+    publisher.retire(report.source)
+    assert reader.read() == [("injector/clicks", retired), (report.source, None)]
+    assert reader.skipped == 0
 
 
 def test_a_report_wakes_the_consumers_of_each_stream_it_names_after_it_is_written(

@@ -24,13 +24,17 @@ from millstream.engine.topology import ComputationOptions, Topology
 from millstream.engine.watermarks import (
     REPORT_VERSION,
     ComputationWatermarks,
+    ExpectedSet,
     Hold,
     InputWatermark,
     IntervalProgress,
     Offsets,
+    WatermarkMessage,
     WatermarkReport,
     computation_source,
     computation_watermark,
+    decode_watermark_message,
+    injector_group,
     injector_source,
     offsets_reached,
 )
@@ -425,9 +429,9 @@ def test_a_computations_watermark_is_held_by_its_oldest_work() -> None:
 class FakeReader:
     """What a ``WatermarkReader`` would return, one list per ``read()``."""
 
-    batches: list[list[tuple[str, WatermarkReport | None]]] = field(default_factory=list)
+    batches: list[list[tuple[str, WatermarkMessage | None]]] = field(default_factory=list)
 
-    def read(self, timeout: float = 30.0) -> list[tuple[str, WatermarkReport | None]]:
+    def read(self, timeout: float = 30.0) -> list[tuple[str, WatermarkMessage | None]]:
         return self.batches.pop(0) if self.batches else []
 
 
@@ -706,3 +710,85 @@ def test_a_computations_bookkeeping_expects_its_producers_and_reports_its_output
         "clicks": frozenset(),
         "sessions": frozenset({computation_source("t", "a")}),
     }
+
+
+# -- expected sets of injector processes (paper 5.2) ----------------------------------------
+
+CLICKS_SET = ExpectedSet("clicks", ("clicks",), ("0", "1"))
+
+
+def test_an_expected_set_round_trips_and_is_told_from_a_report() -> None:
+    assert decode_watermark_message(CLICKS_SET.encode()) == CLICKS_SET
+    assert decode_watermark_message(report().encode()) == report()
+    assert CLICKS_SET.key == injector_group("clicks") == "injector/clicks"
+    assert CLICKS_SET.sources == {CLICKS, CLICKS_1}
+    with pytest.raises(WatermarkReportError, match="unknown watermark message kind"):
+        decode_watermark_message(b'{"kind": "gossip"}')
+    with pytest.raises(WatermarkReportError, match="not an expected set"):
+        decode_watermark_message(b'{"kind": "expected", "version": 1, "injector": "x"}')
+    with pytest.raises(WatermarkReportError, match="not a watermark message"):
+        decode_watermark_message(b"\xff")
+
+
+@pytest.mark.parametrize(
+    ("injector", "processes", "retired", "message"),
+    [
+        ("", ("0",), (), "non-empty"),
+        ("a/b", ("0",), (), "contain no '/'"),
+        ("clicks", (), (), "names no process"),
+        ("clicks", ("0/1",), (), "contain no '/'"),
+        ("clicks", ("0",), ("0",), "both expected and retired"),
+    ],
+)
+def test_a_malformed_expected_set_is_refused(
+    injector: str, processes: tuple[str, ...], retired: tuple[str, ...], message: str
+) -> None:
+    with pytest.raises(WatermarkReportError, match=message):
+        ExpectedSet(injector, ("clicks",), processes, retired)
+
+
+def test_an_expected_process_that_never_reported_holds_the_stream() -> None:
+    watermark = InputWatermark({"clicks": "clicks"})
+    watermark.declare(CLICKS_SET)
+    watermark.offer(report(CLICKS, 300))
+    assert watermark.advance({}) == MIN_EVENT_TIME
+    assert watermark.explain() == [Hold("clicks", MIN_EVENT_TIME, CLICKS_1, "no report yet")]
+
+    watermark.offer(report(CLICKS_1, 200))
+    assert watermark.advance({}) == 200
+    # Silent from now on: process 1 holds the stream at its last report.
+    watermark.offer(report(CLICKS, 900, sequence=2))
+    assert watermark.advance({}) == 200
+
+
+def test_a_retired_process_holds_nothing_and_is_ignored_for_good() -> None:
+    watermark = InputWatermark({"clicks": "clicks"})
+    watermark.declare(CLICKS_SET)
+    watermark.offer(report(CLICKS, 300))
+    watermark.offer(report(CLICKS_1, 200))
+    assert watermark.advance({}) == 200
+
+    watermark.declare(CLICKS_SET.retire("1"))
+    assert watermark.advance({}) == 300
+    # A zombie of the retired process reporting again changes nothing.
+    watermark.offer(report(CLICKS_1, 250, sequence=7))
+    assert watermark.advance({}) == 300
+    assert watermark.ignored == 1
+    with pytest.raises(WatermarkReportError, match="not expected"):
+        CLICKS_SET.retire("7")
+
+
+def test_the_driver_reads_expected_sets_and_their_tombstones() -> None:
+    bookkeeping = ComputationWatermarks(
+        ME, inputs={"clicks": "clicks"}, outputs=["counts"], expected={}, key_intervals=1
+    )
+    reader = FakeReader(
+        [
+            [(CLICKS_SET.key, CLICKS_SET), (CLICKS, report(CLICKS, 300))],
+            [(CLICKS_SET.key, None)],
+        ]
+    )
+    bookkeeping.read(reader)
+    assert bookkeeping.advance({}) == (MIN_EVENT_TIME, MIN_EVENT_TIME)
+    bookkeeping.read(reader)
+    assert bookkeeping.advance({}) == (MIN_EVENT_TIME, 300)

@@ -2,6 +2,7 @@
 
 from millstream.engine.stores.cassandra.store import (
     DEFAULT_ACQUIRE_ATTEMPTS,
+    DEFAULT_KEYSPACE,
     DEFAULT_MAX_BATCH_BYTES,
     DEFAULT_TABLE,
     MAX_BATCH_STATEMENTS,
@@ -13,6 +14,7 @@ from millstream.engine.stores.cassandra.store import (
 
 __all__ = [
     "DEFAULT_ACQUIRE_ATTEMPTS",
+    "DEFAULT_KEYSPACE",
     "DEFAULT_MAX_BATCH_BYTES",
     "DEFAULT_TABLE",
     "MAX_BATCH_STATEMENTS",

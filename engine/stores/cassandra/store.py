@@ -130,6 +130,7 @@ from millstream.engine.timers import TimeDomain, Timer, firing_order
 
 __all__ = [
     "DEFAULT_ACQUIRE_ATTEMPTS",
+    "DEFAULT_KEYSPACE",
     "DEFAULT_MAX_BATCH_BYTES",
     "DEFAULT_TABLE",
     "MAX_BATCH_STATEMENTS",
@@ -142,6 +143,7 @@ __all__ = [
 # Under Cassandra 5.0's default batch_size_fail_threshold of 50 KiB (see the module docstring
 # for why it is kept although conditional single-partition batches are exempt from it).
 DEFAULT_MAX_BATCH_BYTES: Final = 48 * 1024
+DEFAULT_KEYSPACE: Final = "millstream"
 DEFAULT_TABLE: Final = "intervals"
 # Enough for a handful of workers racing for one interval (a lost race costs one LWT, and
 # retries back off with jitter); more contention than that is a deployment error.

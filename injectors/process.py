@@ -1,0 +1,413 @@
+"""One injector process: the loop around a :class:`~millstream.injectors.source.Source`.
+
+Per poll, in this order (each step's crash is harmless to the next run):
+
+1. **Read** what the source has, and turn it into records whose IDs derive from their source
+   position (:func:`~millstream.engine.records.injector_record_id`); input the source
+   rejected, or a record with an oversized value or an absurd time, becomes a dead letter on
+   the injector's dead-letter stream, with its origin, and is counted.
+2. **Send** them and wait until Kafka acknowledged every one (resending the others).
+3. **Checkpoint** the source's new position under the process's sequencer
+   (:mod:`~millstream.injectors.checkpoint`): a crash before this re-reads and re-sends the
+   same records with the same IDs, which consumers drop; a zombie copy stops here.
+4. **Report** the source's low watermark on the watermark topic, covering the streams' end
+   offsets, so no consumer applies it before it read the records it speaks for.
+
+While the source is idle, the process re-reports its watermark every ``heartbeat`` µs: that
+gives downstream computations a batch in which to fire wall-time timers and lets an
+advancing idle watermark reach event-time timers.
+
+A process belongs to the **expected set** of its injector (paper 5.2), published on the
+watermark topic when it starts: every expected process holds the injector's streams until it
+reported, so consumers never run ahead of a process that has not started or went silent.
+:func:`retire_process` removes one for good. With a **skew limit**, the process waits before
+sending while its watermark is more than the limit ahead of the slowest of its
+``downstream`` computations' watermarks (one that has not reported yet does not hold it).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from millstream.engine.clock import Clock
+from millstream.engine.deadletters import (
+    MAX_ERROR_MESSAGE_CHARS,
+    MAX_RAW_BYTES,
+    DeadLetter,
+    Origin,
+    default_dead_letter_stream,
+)
+from millstream.engine.errors import (
+    InjectorError,
+    InjectorRetiredError,
+    RecordError,
+)
+from millstream.engine.productions import Production, ProductionSink
+from millstream.engine.records import (
+    MAX_EVENT_TIME,
+    MIN_EVENT_TIME,
+    Record,
+    check_event_time,
+    check_record_size,
+    encode_record,
+    injector_record_id,
+)
+from millstream.engine.store import IntervalStore
+from millstream.engine.watermarks import (
+    ExpectedSet,
+    Offsets,
+    WatermarkMessage,
+    WatermarkReport,
+    injector_group,
+    injector_source,
+)
+from millstream.injectors.checkpoint import Checkpoint, CheckpointStore
+from millstream.injectors.source import Poll, Position, RejectedInput, Source
+
+__all__ = [
+    "InjectorOptions",
+    "InjectorProcess",
+    "InjectorStats",
+    "WatermarkChannel",
+    "retire_process",
+]
+
+_log = logging.getLogger(__name__)
+
+# Reports of one process are ordered by (sequencer, count): a restarted process's reports
+# always supersede those of any earlier copy, whatever that copy still sends.
+_SEQUENCE_SHIFT = 32
+
+
+class WatermarkChannel(Protocol):
+    """The watermark topic as an injector uses it (``connectors.kafka.KafkaWatermarkChannel``
+    on Kafka, ``injectors.testing.MemoryWatermarkChannel`` in tests)."""
+
+    def publish(self, report: WatermarkReport) -> None:
+        """Write a report and wake the consumers of its streams."""
+
+    def declare(self, expected: ExpectedSet) -> None:
+        """Write an injector's expected set."""
+
+    def retire(self, source: str) -> None:
+        """Delete a source's report for good (a tombstone)."""
+
+    def end_offsets(self, streams: Sequence[str]) -> Offsets:
+        """The current end offsets of the streams' topics."""
+
+    def read(self) -> list[tuple[str, WatermarkMessage | None]]:
+        """The messages written since the last call (all of them at the first)."""
+
+
+@dataclass(frozen=True, slots=True)
+class InjectorOptions:
+    """How an injector process runs.
+
+    ``process`` names it within its injector and ``expected`` names all the processes the
+    injector runs as (default: this one alone). ``heartbeat``: µs between reports while idle.
+    ``poll_timeout``: seconds a poll waits for input. ``send_timeout``: seconds Kafka may take
+    to acknowledge a poll's records before the process gives up (it stops with an error and
+    resumes from its checkpoint when restarted). ``skew_limit`` (µs) and ``downstream``
+    (source names, :func:`~millstream.engine.watermarks.computation_source`): see the module
+    docstring. ``max_future``: records timestamped more than this many µs after the clock are
+    dead letters (a unit mistake), off by default. ``dead_letter_stream``: default
+    ``<injector>.dead-letters``.
+    """
+
+    process: str = "0"
+    expected: tuple[str, ...] = ()
+    heartbeat: int = 1_000_000
+    poll_timeout: float = 0.2
+    send_timeout: float = 30.0
+    skew_limit: int | None = None
+    downstream: tuple[str, ...] = ()
+    max_future: int | None = None
+    dead_letter_stream: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.heartbeat <= 0 or self.poll_timeout < 0 or self.send_timeout <= 0:
+            raise InjectorError(
+                "heartbeat and send_timeout must be positive and poll_timeout non-negative"
+            )
+        if self.skew_limit is not None and self.skew_limit < 0:
+            raise InjectorError(f"skew_limit must be non-negative µs, got {self.skew_limit}")
+        if self.max_future is not None and self.max_future < 0:
+            raise InjectorError(f"max_future must be non-negative µs, got {self.max_future}")
+
+
+@dataclass
+class InjectorStats:
+    """Counters of one process since it started."""
+
+    polls: int = 0
+    emitted: int = 0
+    dead_letters: int = 0
+    checkpoints: int = 0
+    reports: int = 0
+    heartbeats: int = 0
+    skew_waits: int = 0
+    dead_letter_errors: dict[str, int] = field(default_factory=dict)
+
+
+class InjectorProcess:
+    """Runs ``source`` as process ``options.process`` of injector ``name``; see the module
+    docstring. ``store`` holds the checkpoint, ``sink`` takes the records (Kafka:
+    ``connectors.kafka.KafkaProductionSink``), ``watermarks`` is the watermark topic;
+    ``wait(seconds)`` pauses while the skew limit holds the process back."""
+
+    def __init__(
+        self,
+        name: str,
+        source: Source,
+        *,
+        store: IntervalStore,
+        sink: ProductionSink,
+        watermarks: WatermarkChannel,
+        clock: Clock,
+        options: InjectorOptions | None = None,
+        wait: Callable[[float], object] | None = None,
+    ) -> None:
+        options = options or InjectorOptions()
+        if not name or "/" in name:
+            raise InjectorError(f"injector name {name!r} must be non-empty and contain no '/'")
+        if not source.streams:
+            raise InjectorError(f"the source of injector {name!r} names no stream it writes")
+        self.name = name
+        self.source = source
+        self.sink = sink
+        self.watermarks = watermarks
+        self.clock = clock
+        self.options = options
+        self.process = options.process
+        self.report_source = injector_source(name, options.process)
+        self.dead_letter_stream = options.dead_letter_stream or default_dead_letter_stream(name)
+        self.streams = (*dict.fromkeys(source.streams), self.dead_letter_stream)
+        self.checkpoints = CheckpointStore(store, name, options.process)
+        self.stats = InjectorStats()
+        self.watermark = MIN_EVENT_TIME
+        self.exhausted = False
+        self._position: Position | None = None
+        self._started = False
+        self._reports = 0
+        self._last_report: int | None = None
+        self._downstream: dict[str, int] = {}
+        self._stop = threading.Event()
+        # How the skew limit waits: until stop() or the timeout (tests inject their own).
+        self._wait = wait or self._stop.wait
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Take over the checkpoint (fencing any earlier copy), join the expected set, and
+        open the source where the checkpoint left it."""
+        checkpoint = self.checkpoints.acquire()
+        self._position = checkpoint.position
+        self.watermark = checkpoint.watermark
+        self._join_expected_set()
+        self.source.open(checkpoint.position)
+        self._started = True
+        # Say at once where this process stands: a restarted one un-silences its streams.
+        self._report(heartbeat=False)
+
+    def step(self) -> None:
+        """One poll: read, send, checkpoint, report (or heartbeat if idle)."""
+        if not self._started:
+            raise InjectorError("start() the injector process before stepping it")
+        poll = self.source.poll(self.options.poll_timeout)
+        self.stats.polls += 1
+        productions = self._productions(poll)
+        if productions:
+            self._wait_for_downstream()
+            self._send(productions)
+        watermark = self.watermark
+        if poll.exhausted:
+            watermark = MAX_EVENT_TIME
+        elif poll.watermark is not None:
+            watermark = max(watermark, min(poll.watermark, MAX_EVENT_TIME))
+        moved = poll.position is not None and poll.position != self._position
+        if moved or watermark != self.watermark:
+            self.checkpoints.save(Checkpoint(poll.position or self._position, watermark))
+            self.stats.checkpoints += 1
+            self._position = poll.position or self._position
+        changed = watermark != self.watermark or bool(productions)
+        self.watermark = watermark
+        self.exhausted = poll.exhausted
+        if changed:
+            self._report(heartbeat=False)
+        elif self._heartbeat_due():
+            self._report(heartbeat=True)
+
+    def run(self, *, until_exhausted: bool = False) -> InjectorStats:
+        """Start, then step until :meth:`stop` (or, with ``until_exhausted``, until the
+        source says its input is complete); always closes the source."""
+        try:
+            self.start()
+            while not self._stop.is_set():
+                self.step()
+                if until_exhausted and self.exhausted:
+                    break
+            return self.stats
+        finally:
+            self.source.close()
+
+    def stop(self) -> None:
+        """Make :meth:`run` return after the current poll (from any thread)."""
+        self._stop.set()
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _join_expected_set(self) -> None:
+        current: ExpectedSet | None = None
+        for key, message in self.watermarks.read():
+            if key == injector_group(self.name):
+                current = message if isinstance(message, ExpectedSet) else None
+            self._note_downstream(message)
+        if current is not None and self.process in current.retired:
+            raise InjectorRetiredError(
+                f"process {self.process!r} of injector {self.name!r} was retired and may not "
+                "run again; start it under a new process name"
+            )
+        processes = dict.fromkeys(
+            (*(current.processes if current else ()), *self.options.expected, self.process)
+        )
+        streams = dict.fromkeys((*(current.streams if current else ()), *self.streams))
+        wanted = ExpectedSet(
+            self.name, tuple(streams), tuple(processes), current.retired if current else ()
+        )
+        if wanted != current:
+            self.watermarks.declare(wanted)
+
+    def _productions(self, poll: Poll) -> list[Production]:
+        productions: list[Production] = []
+        limit = (
+            None if self.options.max_future is None else self.clock.now() + self.options.max_future
+        )
+        for item in poll.records:
+            if item.stream not in self.streams[:-1]:
+                raise InjectorError(
+                    f"the source of injector {self.name!r} read a record for stream "
+                    f"{item.stream!r}, which it does not declare in Source.streams "
+                    f"{list(self.streams[:-1])}"
+                )
+            record_id = injector_record_id(self.name, item.origin, item.offset)
+            try:
+                check_event_time(item.timestamp)
+                if limit is not None and item.timestamp > limit:
+                    raise RecordError(
+                        f"event time {item.timestamp} µs is more than max_future "
+                        f"({self.options.max_future} µs) after now ({self.clock.now()} µs); "
+                        "timestamps are integer microseconds since the Unix epoch"
+                    )
+                record = Record(item.key, item.value, item.timestamp, record_id)
+                envelope = encode_record(record)
+                check_record_size(envelope)
+            except (RecordError, ValueError, TypeError) as exc:
+                rejected = RejectedInput.of(item.origin, item.offset, item.value, exc)
+                productions.append(self._dead_letter(rejected))
+                continue
+            productions.append(Production(item.stream, record, envelope))
+        productions.extend(self._dead_letter(rejected) for rejected in poll.rejected)
+        return productions
+
+    def _dead_letter(self, rejected: RejectedInput) -> Production:
+        record_id = injector_record_id(self.name, rejected.origin, rejected.offset)
+        letter = DeadLetter(
+            computation=self.report_source,
+            origin=Origin(stream=rejected.origin, offset=rejected.offset, record_id=record_id),
+            error_type=rejected.error_type,
+            error_message=rejected.error_message[:MAX_ERROR_MESSAGE_CHARS],
+            raw=rejected.raw[:MAX_RAW_BYTES],
+            raw_size=len(rejected.raw),
+        )
+        self.stats.dead_letters += 1
+        errors = self.stats.dead_letter_errors
+        errors[rejected.error_type] = errors.get(rejected.error_type, 0) + 1
+        _log.warning(
+            "injector %s: dead letter from %s@%d: %s: %s",
+            self.name,
+            rejected.origin,
+            rejected.offset,
+            rejected.error_type,
+            rejected.error_message[:200],
+        )
+        # Stamped with the watermark reported so far: never late, never holding anything.
+        return Production(self.dead_letter_stream, letter.to_record(record_id, self.watermark))
+
+    def _send(self, productions: list[Production]) -> None:
+        timeout = self.options.send_timeout
+        started = self.clock.now()
+        waiting = productions
+        while waiting:
+            acknowledged = self.sink.send(waiting, timeout)
+            waiting = [p for p in waiting if p.record_id not in acknowledged]
+            if waiting and self.clock.now() - started > timeout * 1_000_000:
+                raise InjectorError(
+                    f"injector {self.name!r}: Kafka did not acknowledge {len(waiting)} of "
+                    f"{len(productions)} records within {timeout} s; is Kafka up? Restart the "
+                    "process to resume from its checkpoint (repeats are dropped downstream)"
+                )
+        self.stats.emitted += sum(1 for p in productions if p.stream != self.dead_letter_stream)
+
+    def _report(self, *, heartbeat: bool) -> None:
+        self._reports += 1
+        sequence = (self.checkpoints.token << _SEQUENCE_SHIFT) + self._reports
+        report = WatermarkReport(
+            self.report_source,
+            self.streams,
+            self.watermark,
+            sequence,
+            self.watermarks.end_offsets(self.streams),
+            held_by="heartbeat" if heartbeat else "",
+        )
+        self.watermarks.publish(report)
+        self._last_report = self.clock.now()
+        self.stats.reports += 1
+        self.stats.heartbeats += heartbeat
+
+    def _heartbeat_due(self) -> bool:
+        return (
+            self._last_report is None
+            or self.clock.now() - self._last_report >= self.options.heartbeat
+        )
+
+    def _note_downstream(self, message: WatermarkMessage | None) -> None:
+        if isinstance(message, WatermarkReport) and message.source in self.options.downstream:
+            self._downstream[message.source] = max(
+                self._downstream.get(message.source, MIN_EVENT_TIME), message.watermark
+            )
+
+    def _wait_for_downstream(self) -> None:
+        limit = self.options.skew_limit
+        if limit is None or not self.options.downstream:
+            return
+        while True:
+            for _key, message in self.watermarks.read():
+                self._note_downstream(message)
+            slowest = min(self._downstream.values(), default=None)
+            if slowest is None or self.watermark <= slowest + limit or self._stop.is_set():
+                return
+            self.stats.skew_waits += 1
+            if self._heartbeat_due():
+                self._report(heartbeat=True)
+            self._wait(max(self.options.poll_timeout, 0.01))
+
+
+def retire_process(channel: WatermarkChannel, injector: str, process: str) -> ExpectedSet:
+    """Remove ``process`` from ``injector``'s expected set for good, and delete its report;
+    returns the new set. Stop the process first: a retired process refuses to start."""
+    current: ExpectedSet | None = None
+    for key, message in channel.read():
+        if key == injector_group(injector):
+            current = message if isinstance(message, ExpectedSet) else None
+    if current is None:
+        raise InjectorError(
+            f"injector {injector!r} has no expected set on the watermark topic; it never ran"
+        )
+    retired = current.retire(process)
+    channel.declare(retired)
+    channel.retire(injector_source(injector, process))
+    return retired

@@ -1,0 +1,349 @@
+"""Injectors on the real stack: Kafka for records and reports, Cassandra for checkpoints,
+Spark running the consumers.
+
+Crash and resume (kill -9 of a real injector process), rotation, a zombie's checkpoint
+refused, the expected set holding the watermark, and an idle injector's heartbeat firing a
+timer downstream.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from millstream.connectors import kafka as kafka_connector
+from millstream.engine.clock import SystemClock
+from millstream.engine.computation import Computation
+from millstream.engine.config import MillstreamConfig
+from millstream.engine.context import Context
+from millstream.engine.errors import InjectorFencedError
+from millstream.engine.records import Record, decode_record
+from millstream.engine.spark.runner import AvailableNow, ProcessingTime, run_topology
+from millstream.engine.timers import Timer
+from millstream.engine.topology import ComputationOptions, Topology
+from millstream.engine.watermarks import injector_source
+from millstream.injectors import InjectorOptions, LogFileSource, LogLine
+from millstream.injectors.connect import connect_injector
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+pytestmark = pytest.mark.integration
+
+SECOND = 1_000_000
+APP = Path(__file__).with_name("logfile_app.py")
+
+
+def parse(line: str) -> LogLine:
+    micros, key, value = line.split(" ", 2)
+    return LogLine(int(micros), key, value.encode())
+
+
+def read_stream(config: MillstreamConfig, topic: str) -> list[Record]:
+    """Every record on ``topic`` (repeats included), read up to its current end."""
+    from confluent_kafka import TopicPartition
+
+    consumer = kafka_connector.consumer(config, "test-injector-reader")
+    try:
+        ends = kafka_connector.end_offsets(consumer, [topic])[topic]
+        consumer.assign([TopicPartition(topic, p, 0) for p in ends])
+        records: list[Record] = []
+        deadline = time.monotonic() + 60
+        while len(records) < sum(ends.values()) and time.monotonic() < deadline:
+            message = consumer.poll(1.0)
+            if message is None:
+                continue
+            assert message.error() is None, message.error()
+            value = message.value()
+            assert value is not None
+            records.append(decode_record(value))
+        assert len(records) == sum(ends.values())
+        return records
+    finally:
+        consumer.close()
+
+
+def message_count(config: MillstreamConfig, topic: str) -> int:
+    consumer = kafka_connector.consumer(config, "test-injector-count")
+    try:
+        return sum(kafka_connector.end_offsets(consumer, [topic])[topic].values())
+    finally:
+        consumer.close()
+
+
+class StreamNames:
+    """Unique stream names for one test, whose topics are deleted after it."""
+
+    def __init__(self, unique: Callable[[str], str]) -> None:
+        self.unique = unique
+        self.made: list[str] = []
+
+    def new(self, prefix: str) -> str:
+        name = self.unique(prefix)
+        self.made.append(name)
+        return name
+
+
+@pytest.fixture
+def streams(services: MillstreamConfig, unique: Callable[[str], str]) -> Iterator[StreamNames]:
+    names = StreamNames(unique)
+    yield names
+    topics = [t for n in names.made for t in (n, f"{n}.dead-letters")]
+    kafka_connector.delete_topics(services, topics)
+
+
+def write_lines(path: Path, lines: list[tuple[int, str, str]]) -> None:
+    with path.open("a") as handle:
+        for micros, key, value in lines:
+            handle.write(f"{micros} {key} {value}\n")
+
+
+def test_a_killed_injector_resumes_from_its_checkpoint_losing_and_adding_nothing(
+    services: MillstreamConfig,
+    cassandra_keyspace: Callable[[], str],
+    streams: StreamNames,
+    tmp_path: Path,
+) -> None:
+    keyspace = cassandra_keyspace()
+    name = streams.new("crash")
+    stream = name
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    lines = [(SECOND * (1_000 + n), f"k{n % 7}", f"line-{n}") for n in range(6_000)]
+    write_lines(logs / "a.log", lines[:3_000])
+    write_lines(logs / "b.log", lines[3_000:])
+    command = [sys.executable, str(APP), name, str(logs), stream, keyspace]
+
+    first = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout is not None
+        assert first.stdout.readline().strip() == "started"
+        deadline = time.monotonic() + 60
+        while message_count(services, stream) < 500:
+            assert time.monotonic() < deadline, "the injector sent nothing within 60 s"
+            assert first.poll() is None, "the injector finished before it could be killed"
+            time.sleep(0.05)
+        os.kill(first.pid, signal.SIGKILL)
+    finally:
+        first.kill()
+        first.wait(30)
+    sent_before = message_count(services, stream)
+    assert 0 < sent_before < len(lines), "kill -9 did not land mid-run"
+
+    second = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr[-3000:]
+
+    records = read_stream(services, stream)
+    ids_of: dict[str, set[bytes]] = {}
+    for record in records:
+        ids_of.setdefault(record.value.decode(), set()).add(record.record_id)
+    # Nothing lost, nothing foreign, and whatever was re-sent after the kill came with the
+    # same ID as its first copy (consumers drop it).
+    assert sorted(ids_of) == sorted(v for _, _, v in lines)
+    assert all(len(ids) == 1 for ids in ids_of.values())
+    assert len({r.record_id for r in records}) == len(lines)
+    print(f"sent before the kill: {sent_before}, repeats after it: {len(records) - len(lines)}")
+
+
+def test_a_rotated_log_is_read_to_its_end_and_the_new_file_after_it(
+    services: MillstreamConfig,
+    cassandra_keyspace: Callable[[], str],
+    streams: StreamNames,
+    tmp_path: Path,
+) -> None:
+    keyspace = cassandra_keyspace()
+    stream = streams.new("rotation")
+    log = tmp_path / "app.log"
+    write_lines(log, [(SECOND * n, "k", f"before-{n}") for n in range(1, 4)])
+    source = LogFileSource(tmp_path, parse, stream)
+    with connect_injector(services, stream, source, keyspace=keyspace) as injector:
+        injector.start()
+        injector.step()
+        write_lines(log, [(SECOND * 4, "k", "late-in-old-file")])
+        log.rename(tmp_path / "app.log.1")
+        write_lines(log, [(SECOND * 5, "k", "after-rotation")])
+        stat = log.stat()
+        os.utime(log, ns=(stat.st_atime_ns, stat.st_mtime_ns + 5 * 10**9))
+        injector.step()
+        # The old file is finished: the new one's first event holds the watermark.
+        assert injector.watermark == 5 * SECOND
+    values = [r.value.decode() for r in read_stream(services, stream)]
+    assert values == ["before-1", "before-2", "before-3", "late-in-old-file", "after-rotation"]
+
+
+def test_a_zombie_copy_of_an_injector_process_cannot_checkpoint(
+    services: MillstreamConfig,
+    cassandra_keyspace: Callable[[], str],
+    streams: StreamNames,
+    tmp_path: Path,
+) -> None:
+    keyspace = cassandra_keyspace()
+    stream = streams.new("zombie")
+    write_lines(tmp_path / "a.log", [(SECOND * n, "k", f"v{n}") for n in range(1, 4)])
+
+    def copy() -> Any:
+        return connect_injector(
+            services, stream, LogFileSource(tmp_path, parse, stream), keyspace=keyspace
+        )
+
+    with copy() as zombie, copy() as successor:
+        zombie.start()
+        zombie.step()
+        successor.start()  # takes the checkpoint over: the first copy is a zombie now
+        write_lines(tmp_path / "a.log", [(SECOND * 9, "k", "v9")])
+        with pytest.raises(InjectorFencedError, match="zombie"):
+            zombie.step()
+        successor.step()
+    sent = [r.value.decode() for r in read_stream(services, stream)]
+    assert "v9" in sent
+    with copy() as third:
+        third.start()
+        third.step()
+    # The successor's checkpoint stands: a third copy resumes after v9 and sends nothing.
+    assert [r.value.decode() for r in read_stream(services, stream)] == sent
+
+
+class Alarm(Computation):
+    """Sets an event-time timer at each record's time plus a second; produces when it fires."""
+
+    def __init__(self, output: str) -> None:
+        self.output = output
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.set_timer(record.value.decode(), record.timestamp + SECOND)
+
+    def process_timer(self, ctx: Context, timer: Timer) -> None:
+        value = json.dumps({"tag": timer.tag, "watermark": ctx.input_low_watermark})
+        ctx.produce(self.output, value.encode(), timer.timestamp)
+
+
+def alarm_topology(name: str, stream: str, fired: str) -> Topology:
+    from pyspark import cloudpickle
+
+    # Ship this module's code with each task: executors cannot import test modules.
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # type: ignore[no-untyped-call]
+    topology = Topology(name, streams=[stream])
+    topology.add_computation(
+        name,
+        Alarm(fired),
+        inputs=[stream],
+        outputs=[fired],
+        options=ComputationOptions(key_intervals=2),
+    )
+    return topology
+
+
+def fired_tags(config: MillstreamConfig, topic: str) -> set[str]:
+    return {json.loads(r.value)["tag"] for r in read_stream(config, topic)}
+
+
+def test_an_expected_process_that_has_not_reported_holds_downstream_timers(
+    services: MillstreamConfig,
+    spark: SparkSession,
+    cassandra_keyspace: Callable[[], str],
+    streams: StreamNames,
+    tmp_path: Path,
+) -> None:
+    keyspace = cassandra_keyspace()
+    stream, fired = streams.new("expected"), streams.new("fired")
+    name = stream
+    directories = [tmp_path / "p0", tmp_path / "p1"]
+    for directory in directories:
+        directory.mkdir()
+    write_lines(directories[0] / "a.log", [(SECOND * 10, "k", "early"), (SECOND * 30, "k", "t30")])
+    write_lines(directories[1] / "a.log", [(SECOND * 20, "k", "middle")])
+
+    def process(number: int) -> Any:
+        source = LogFileSource(directories[number], parse, stream, out_of_order=SECOND)
+        options = InjectorOptions(process=str(number), expected=("0", "1"))
+        return connect_injector(services, name, source, options, keyspace=keyspace)
+
+    kafka_connector.create_topics(services, [fired], partitions=1)
+    running = run_topology(
+        alarm_topology(name, stream, fired),
+        services,
+        trigger=AvailableNow(),
+        spark=spark,
+        keyspace=keyspace,
+        checkpoint_root=tmp_path / "checkpoints",
+        create_keyspace=False,
+    )
+    try:
+        with process(0) as first:
+            first.start()
+            first.step()
+            assert first.watermark == 29 * SECOND
+            running.process_available(timeout=300)
+            # Process 1 is expected and silent: nothing may fire.
+            assert fired_tags(services, fired) == set()
+            (hold,) = running.holds(name)
+            assert (hold.source, hold.reason) == (injector_source(name, "1"), "no report yet")
+
+            with process(1) as second:
+                second.start()
+                second.step()
+                assert second.watermark == 19 * SECOND
+            running.process_available(timeout=300)
+            # min(29 s, 19 s): the timer at 11 s fires, the ones at 21 s and 31 s wait.
+            assert fired_tags(services, fired) == {"early"}
+    finally:
+        running.stop()
+
+
+def test_an_idle_injector_heartbeat_fires_an_event_time_timer(
+    services: MillstreamConfig,
+    spark: SparkSession,
+    cassandra_keyspace: Callable[[], str],
+    streams: StreamNames,
+    tmp_path: Path,
+) -> None:
+    keyspace = cassandra_keyspace()
+    stream, fired = streams.new("idle"), streams.new("fired")
+    clock = SystemClock()
+    now = clock.now()
+    write_lines(tmp_path / "a.log", [(now, "k", "only")])
+    kafka_connector.create_topics(services, [fired], partitions=1)
+    source = LogFileSource(
+        tmp_path, parse, stream, out_of_order=SECOND // 2, idle_after=SECOND, clock=clock
+    )
+    options = InjectorOptions(heartbeat=SECOND // 2, poll_timeout=0.1)
+    running = run_topology(
+        alarm_topology(stream, stream, fired),
+        services,
+        trigger=ProcessingTime(0.2),
+        spark=spark,
+        keyspace=keyspace,
+        checkpoint_root=tmp_path / "checkpoints",
+        create_keyspace=False,
+    )
+    try:
+        with connect_injector(services, stream, source, options, keyspace=keyspace) as injector:
+            thread = threading.Thread(target=injector.run, daemon=True)
+            thread.start()
+            try:
+                deadline = time.monotonic() + 60
+                while not fired_tags(services, fired):
+                    assert time.monotonic() < deadline, (
+                        f"the timer did not fire; holds: {running.holds(stream)}, "
+                        f"injector: {injector.stats}"
+                    )
+                    running.raise_failure()
+                    time.sleep(0.5)
+                # The only line is the record's: the idle heartbeats moved the watermark.
+                assert injector.stats.heartbeats > 0
+                assert injector.stats.emitted == 1
+            finally:
+                injector.stop()
+                thread.join(30)
+    finally:
+        running.stop()
