@@ -3,7 +3,8 @@
 A custom injector is a :class:`~millstream.injectors.source.Source`; an
 :class:`~millstream.injectors.process.InjectorProcess` runs it with fenced checkpoints,
 record IDs from source positions, dead letters and low-watermark reports. Shipped sources:
-:class:`~millstream.injectors.logfile.LogFileSource` (a directory of log files).
+:class:`~millstream.injectors.logfile.LogFileSource` (a directory of log files) and
+:class:`~millstream.injectors.pubsub.KafkaFeedSource` (a topic written by ordinary producers).
 """
 
 from millstream.injectors.logfile import LineParser, LogFileSource, LogLine
@@ -14,15 +15,26 @@ from millstream.injectors.process import (
     WatermarkChannel,
     retire_process,
 )
-from millstream.injectors.source import Poll, Position, RejectedInput, Source, SourceRecord
+from millstream.injectors.pubsub import KafkaFeedSource, Pick
+from millstream.injectors.source import (
+    Event,
+    Poll,
+    Position,
+    RejectedInput,
+    Source,
+    SourceRecord,
+)
 
 __all__ = [
+    "Event",
     "InjectorOptions",
     "InjectorProcess",
     "InjectorStats",
+    "KafkaFeedSource",
     "LineParser",
     "LogFileSource",
     "LogLine",
+    "Pick",
     "Poll",
     "Position",
     "RejectedInput",

@@ -37,7 +37,14 @@ from typing import Any
 
 from millstream.engine.clock import Clock
 from millstream.engine.errors import InjectorError
-from millstream.injectors.source import Poll, Position, RejectedInput, Source, SourceRecord
+from millstream.injectors.source import (
+    Event,
+    Poll,
+    Position,
+    RejectedInput,
+    Source,
+    SourceRecord,
+)
 
 __all__ = ["LineParser", "LogFileSource", "LogLine"]
 
@@ -46,14 +53,8 @@ DEFAULT_MAX_BYTES_PER_POLL = 4 * 1024 * 1024
 _log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class LogLine:
-    """What ``parse`` makes of one line."""
-
-    timestamp: int
-    key: str
-    value: bytes = b""
-
+LogLine = Event
+"""What ``parse`` makes of one line (an :class:`~millstream.injectors.source.Event`)."""
 
 LineParser = Callable[[str], LogLine | None]
 """Parses one line (without its newline); ``None`` skips it, raising rejects it."""
@@ -239,7 +240,7 @@ class LogFileSource(Source):
                 continue
             if parsed is None:
                 continue
-            if not isinstance(parsed, LogLine):
+            if not isinstance(parsed, Event):
                 error = TypeError(f"parse returned {type(parsed).__name__}, not LogLine or None")
                 rejected.append(RejectedInput.of(file.identity, line_offset, text, error))
                 continue

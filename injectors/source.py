@@ -47,10 +47,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-__all__ = ["Poll", "Position", "RejectedInput", "Source", "SourceRecord"]
+__all__ = ["Event", "Poll", "Position", "RejectedInput", "Source", "SourceRecord"]
 
 Position: TypeAlias = Mapping[str, Any]
 """Where a source stands, as JSON-serialisable values."""
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """What a user's parse function makes of one input: event time (µs), key and value."""
+
+    timestamp: int
+    key: str
+    value: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
