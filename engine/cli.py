@@ -10,6 +10,12 @@
                          run a topology on Spark (see millstream.engine.spark.runner);
                          MODULE is imported from the working directory or PYTHONPATH,
                          TOPOLOGY is a Topology or a zero-argument callable returning one
+    millstream produce STREAM [options]
+                         send JSON lines from stdin to a stream, one record each
+                         ({"key": ..., "value": ..., "timestamp": µs, "id": ...})
+    millstream tail STREAM [options]
+                         print a stream's records as JSON lines
+                         (see millstream.connectors.streams)
 
 Settings (ports, data directory) come from :mod:`millstream.engine.config`.
 """
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -58,9 +65,53 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="the keyspace exists (by default a development keyspace is created if missing)",
     )
+    produce = commands.add_parser(
+        "produce", help="send JSON lines from stdin to a stream, one record each"
+    )
+    produce.add_argument("stream", metavar="STREAM")
+    produce.add_argument(
+        "--source",
+        default="stdin",
+        metavar="NAME",
+        help="names the input: record IDs derive from it, so re-sending an input under the "
+        "same name is deduplicated downstream (default: stdin)",
+    )
+    produce.add_argument(
+        "--partitions",
+        type=_positive,
+        default=2,
+        metavar="N",
+        help="partitions of the topic if it is created (default: 2)",
+    )
+    produce.add_argument(
+        "--report-watermark",
+        action="store_true",
+        help="then report a low watermark just past the newest timestamp sent, as source "
+        "injector/produce-SOURCE/0 (it holds the stream there until it reports again)",
+    )
+    tail = commands.add_parser("tail", help="print a stream's records as JSON lines")
+    tail.add_argument("stream", metavar="STREAM")
+    tail.add_argument(
+        "--from-beginning", action="store_true", help="start at the oldest record, not the end"
+    )
+    tail.add_argument(
+        "--follow", action="store_true", help="keep printing new records until Ctrl-C"
+    )
+    tail.add_argument("--dedup", action="store_true", help="print each record ID once")
+    tail.add_argument(
+        "--max", type=_positive, default=None, metavar="N", help="stop after N records"
+    )
+    tail.add_argument(
+        "--value",
+        choices=("text", "json", "hex"),  # streams.VALUE_FORMATS, not imported for --help
+        default="text",
+        help="how to print values: UTF-8 text, parsed JSON, or hex (default: text)",
+    )
     args = parser.parse_args(argv)
     if args.command == "run":
         return _run(args)
+    if args.command in ("produce", "tail"):
+        return _streams(args)
 
     started = time.monotonic()
 
@@ -153,6 +204,60 @@ def _run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("millstream run: interrupted", file=sys.stderr)
         return 130
+
+
+def _streams(args: argparse.Namespace) -> int:
+    try:
+        from millstream.connectors import streams
+
+        config = load_config()
+        if args.command == "produce":
+            # Bytes: a line that is not UTF-8 is rejected alone (a StringIO has no buffer).
+            lines = getattr(sys.stdin, "buffer", sys.stdin)
+            summary = streams.produce_lines(
+                config,
+                args.stream,
+                lines,
+                source=args.source,
+                partitions=args.partitions,
+                report_watermark=args.report_watermark,
+                errors=sys.stderr,
+            )
+            print(f"millstream produce: {summary.describe()}", file=sys.stderr)
+            return summary.exit_code
+        streams.tail_stream(
+            config,
+            args.stream,
+            out=sys.stdout,
+            from_beginning=args.from_beginning,
+            follow=args.follow,
+            dedup=args.dedup,
+            max_records=args.max,
+            value_format=args.value,
+        )
+        return 0
+    except MillstreamError as exc:
+        print(f"millstream {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        if args.command == "tail":
+            return 0  # how --follow ends
+        print("millstream produce: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # `millstream tail ... | head`: the reader is done. Keep the exit flush from failing.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _positive(text: str) -> int:
+    try:
+        number = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {number}")
+    return number
 
 
 if __name__ == "__main__":

@@ -11,6 +11,9 @@ addresses reached both the driver and the executors, which the Worker runs as it
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import io
+import json
 import os
 import signal
 import socket
@@ -328,3 +331,56 @@ def _ancestry(pid: int) -> list[int]:
             break  # it exited
         pid = int(stat.rsplit(")", 1)[1].split()[1])
     return chain
+
+
+# -- millstream produce and millstream tail ------------------------------------------------------
+
+
+def test_produce_then_tail_through_the_command(
+    services: MillstreamConfig,
+    kafka_topic: Callable[..., str],
+    unique: Callable[[str], str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    stream = kafka_topic(partitions=1)
+    lines = [
+        b'{"key": "u1", "value": {"q": "kafka"}, "timestamp": 1700000000000000, "id": "a"}',
+        b'{"key": "u2", "value": "caf\xe9"}',  # Latin-1, not UTF-8: this line alone is refused
+        b'{"key": "u2", "value": "caf\xc3\xa9", "timestamp": 1700000001000000}',
+    ]
+    stdin = io.TextIOWrapper(io.BytesIO(b"\n".join(lines) + b"\n"), encoding="utf-8")
+    monkeypatch.setattr(sys, "stdin", stdin)
+    assert cli.main(["produce", stream, "--source", "cli-test"]) == 1
+    errors = capsys.readouterr().err.splitlines()
+    assert errors[0].startswith("line 2 rejected: not UTF-8: ")
+    assert errors[1] == (
+        f"millstream produce: 2 records sent to stream {stream!r}, 1 line rejected; event times "
+        "1700000000000000 (2023-11-14T22:13:20.000000Z) to 1700000001000000 "
+        "(2023-11-14T22:13:21.000000Z)"
+    )
+
+    assert cli.main(["tail", stream, "--from-beginning", "--value", "json"]) == 0
+    shown = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(e["offset"], e["key"], e["value"], e["time"]) for e in shown] == [
+        (0, "u1", {"q": "kafka"}, "2023-11-14T22:13:20.000000Z"),
+        (1, "u2", "café", "2023-11-14T22:13:21.000000Z"),
+    ]
+    assert shown[0]["record_id"] == (
+        hashlib.blake2b(b"produce/cli-test/a", digest_size=16).hexdigest()
+    )
+
+    # The same input again (all lines good this time): the records are there twice, each ID once.
+    monkeypatch.setattr(sys, "stdin", io.StringIO(lines[0].decode() + "\n"))
+    assert cli.main(["produce", stream, "--source", "cli-test"]) == 0
+    capsys.readouterr()
+    assert cli.main(["tail", stream, "--from-beginning", "--dedup"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 2
+    assert cli.main(["tail", stream, "--from-beginning", "--max", "3"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 3
+
+    missing = unique("missing")
+    assert cli.main(["tail", missing]) == 2
+    assert capsys.readouterr().err == (
+        f"millstream tail: error: stream {missing!r} has no topic; nothing was produced to it yet\n"
+    )
