@@ -13,6 +13,8 @@
     millstream produce STREAM [options]
                          send JSON lines from stdin to a stream, one record each
                          ({"key": ..., "value": ..., "timestamp": µs, "id": ...})
+    millstream watermarks [--json]
+                         every source's low watermark, lag and what holds it
     millstream tail STREAM [options]
                          print a stream's records as JSON lines
                          (see millstream.connectors.streams)
@@ -23,6 +25,8 @@ Settings (ports, data directory) come from :mod:`millstream.engine.config`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import logging
 import os
 import sys
@@ -107,9 +111,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="text",
         help="how to print values: UTF-8 text, parsed JSON, or hex (default: text)",
     )
+    watermarks = commands.add_parser(
+        "watermarks",
+        help="every source's low watermark, its lag and what holds it (from the watermark topic)",
+    )
+    watermarks.add_argument("--json", action="store_true", help="one JSON object per source")
     args = parser.parse_args(argv)
     if args.command == "run":
         return _run(args)
+    if args.command == "watermarks":
+        return _watermarks(args)
     if args.command in ("produce", "tail"):
         return _streams(args)
 
@@ -204,6 +215,40 @@ def _run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("millstream run: interrupted", file=sys.stderr)
         return 130
+
+
+def _watermarks(args: argparse.Namespace) -> int:
+    try:
+        from millstream.connectors.kafka import WatermarkReader
+        from millstream.engine.clock import SystemClock
+        from millstream.engine.watermarks import watermark_overview
+
+        reader = WatermarkReader(load_config())
+        try:
+            rows = watermark_overview(reader.read(), SystemClock().now())
+        finally:
+            reader.close()
+    except MillstreamError as exc:
+        print(f"millstream watermarks: error: {exc}", file=sys.stderr)
+        return 2
+    for row in rows:
+        if args.json:
+            print(json.dumps(dataclasses.asdict(row)))
+            continue
+        when = "never reported" if row.watermark is None else _iso(row.watermark)
+        lag = "" if row.lag is None else f"  lag {row.lag / 1e6:,.1f} s"
+        print(
+            f"{row.source}: {when}{lag}  held by: {row.held_by}  streams: {', '.join(row.streams)}"
+        )
+    if not rows:
+        print("no source has reported on the watermark topic yet", file=sys.stderr)
+    return 0
+
+
+def _iso(micros: int) -> str:
+    from datetime import UTC, datetime, timedelta
+
+    return (datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=micros)).isoformat()
 
 
 def _streams(args: argparse.Namespace) -> int:

@@ -60,6 +60,7 @@ __all__ = [
     "IntervalProgress",
     "Offsets",
     "ReportReader",
+    "SourceStatus",
     "WatermarkMessage",
     "WatermarkReport",
     "computation_source",
@@ -68,6 +69,7 @@ __all__ = [
     "injector_group",
     "injector_source",
     "offsets_reached",
+    "watermark_overview",
 ]
 
 REPORT_VERSION = 1
@@ -582,3 +584,58 @@ class ComputationWatermarks:
             input_watermark=self.input.current,
             held_by=held_by,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class SourceStatus:
+    """One source as the watermark topic shows it (``millstream watermarks``).
+
+    ``watermark`` is ``None`` for an expected injector process that never reported (it holds
+    its injector's streams at the beginning of time); ``lag`` is wall time minus the
+    watermark (µs).
+    """
+
+    source: str
+    watermark: int | None
+    lag: int | None
+    held_by: str
+    streams: tuple[str, ...]
+    input_watermark: int | None = None
+
+
+def watermark_overview(
+    messages: Iterable[tuple[str, WatermarkMessage | None]], now: int
+) -> list[SourceStatus]:
+    """Every source's latest report, and the expected injector processes that are silent,
+    from the watermark topic's messages in topic order; lowest watermark first."""
+    reports: dict[str, WatermarkReport] = {}
+    expected: dict[str, ExpectedSet] = {}
+    for key, message in messages:
+        if message is None:
+            reports.pop(key, None)
+            expected.pop(key, None)
+        elif isinstance(message, ExpectedSet):
+            expected[message.key] = message
+        elif message.sequence >= getattr(reports.get(message.source), "sequence", -1):
+            reports[message.source] = message
+    retired = {s for declared in expected.values() for s in declared.retired_sources}
+    rows = [
+        SourceStatus(
+            source,
+            report.watermark,
+            now - report.watermark,
+            report.held_by or "reported",
+            report.streams,
+            report.input_watermark,
+        )
+        for source, report in reports.items()
+        if source not in retired
+    ]
+    for declared in expected.values():
+        for source in sorted(declared.sources - reports.keys()):
+            rows.append(
+                SourceStatus(
+                    source, None, None, "expected, never reported: holds", declared.streams
+                )
+            )
+    return sorted(rows, key=lambda row: (row.watermark is not None, row.watermark or 0, row.source))

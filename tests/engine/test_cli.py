@@ -384,3 +384,38 @@ def test_produce_then_tail_through_the_command(
     assert capsys.readouterr().err == (
         f"millstream tail: error: stream {missing!r} has no topic; nothing was produced to it yet\n"
     )
+
+
+# -- millstream watermarks --------------------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_watermarks_shows_each_source_and_the_silent_expected_processes(
+    services: MillstreamConfig,
+    unique: Callable[[str], str],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from millstream.engine.watermarks import ExpectedSet, WatermarkReport, injector_source
+
+    injector = unique("inj").replace("_", "-")
+    publisher = kafka_connector.WatermarkPublisher(services)
+    try:
+        publisher.declare(ExpectedSet(injector, (injector,), ("0", "1")))
+        publisher.publish(
+            WatermarkReport(injector_source(injector, "0"), (injector,), 1_700_000_000_000_000, 1)
+        )
+        assert cli.main(["watermarks", "--json"]) == 0
+        rows = {
+            row["source"]: row
+            for row in map(json.loads, capsys.readouterr().out.splitlines())
+            if row["source"].startswith(f"injector/{injector}/")
+        }
+        assert rows[injector_source(injector, "0")]["watermark"] == 1_700_000_000_000_000
+        assert rows[injector_source(injector, "0")]["lag"] > 0
+        assert rows[injector_source(injector, "1")]["watermark"] is None
+        assert cli.main(["watermarks"]) == 0
+        assert f"{injector_source(injector, '1')}: never reported" in capsys.readouterr().out
+    finally:
+        publisher.retire(injector_source(injector, "0"))
+        publisher.retire(f"injector/{injector}")
+        publisher.close()

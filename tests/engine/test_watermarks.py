@@ -37,6 +37,7 @@ from millstream.engine.watermarks import (
     injector_group,
     injector_source,
     offsets_reached,
+    watermark_overview,
 )
 
 pytestmark = pytest.mark.unit
@@ -792,3 +793,23 @@ def test_the_driver_reads_expected_sets_and_their_tombstones() -> None:
     assert bookkeeping.advance({}) == (MIN_EVENT_TIME, MIN_EVENT_TIME)
     bookkeeping.read(reader)
     assert bookkeeping.advance({}) == (MIN_EVENT_TIME, 300)
+
+
+def test_the_overview_lists_latest_reports_and_silent_expected_processes() -> None:
+    upstream = report(UPSTREAM, 500, streams=("sessions",), held_by="interval 2")
+    messages: list[tuple[str, WatermarkMessage | None]] = [
+        (CLICKS_SET.key, ExpectedSet("clicks", ("clicks",), ("0", "1", "2"))),
+        (CLICKS, report(CLICKS, 100)),
+        (CLICKS, report(CLICKS, 300, sequence=2)),
+        (CLICKS, report(CLICKS, 200, sequence=1)),  # older, read later: ignored
+        (UPSTREAM, upstream),
+        (VIEWS, report(VIEWS, 50, streams=("views",))),
+        (VIEWS, None),  # retired
+        (CLICKS_SET.key, ExpectedSet("clicks", ("clicks",), ("0", "1"), ("2",))),
+    ]
+    rows = watermark_overview(messages, now=1_000)
+    assert [(r.source, r.watermark, r.lag, r.held_by) for r in rows] == [
+        (CLICKS_1, None, None, "expected, never reported: holds"),
+        (CLICKS, 300, 700, "reported"),
+        (UPSTREAM, 500, 500, "interval 2"),
+    ]
