@@ -64,6 +64,7 @@ __all__ = [
     "VALUE_FORMATS",
     "ProduceSummary",
     "ValueFormat",
+    "event_time_iso",
     "parse_line",
     "produce_lines",
     "render_message",
@@ -110,8 +111,8 @@ class ProduceSummary:
         )
         if self.earliest is not None and self.latest is not None:
             text += (
-                f"; event times {self.earliest} ({_iso(self.earliest)}) to "
-                f"{self.latest} ({_iso(self.latest)})"
+                f"; event times {self.earliest} ({event_time_iso(self.earliest)}) to "
+                f"{self.latest} ({event_time_iso(self.latest)})"
             )
         if self.report is not None:
             text += f"; watermark {self.report.watermark} reported as {self.report.source!r}"
@@ -295,7 +296,7 @@ def render_message(
         **position,
         "key": record.key,
         "timestamp": record.timestamp,
-        "time": _iso(record.timestamp),
+        "time": event_time_iso(record.timestamp),
         "record_id": record.record_id.hex(),
     }
     if not stream.endswith(DEAD_LETTER_SUFFIX):
@@ -528,7 +529,8 @@ def _json_type(value: Any) -> str:
     return "an array" if isinstance(value, list) else "an object"
 
 
-def _iso(timestamp: int) -> str | None:
+def event_time_iso(timestamp: int) -> str | None:
+    """An event time (µs) as ISO-8601 UTC, or ``None`` if no date can show it."""
     try:
         moment = _EPOCH + timedelta(microseconds=timestamp)
     except OverflowError:

@@ -220,6 +220,7 @@ def _run(args: argparse.Namespace) -> int:
 def _watermarks(args: argparse.Namespace) -> int:
     try:
         from millstream.connectors.kafka import WatermarkReader
+        from millstream.connectors.streams import event_time_iso
         from millstream.engine.clock import SystemClock
         from millstream.engine.watermarks import watermark_overview
 
@@ -235,7 +236,11 @@ def _watermarks(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(dataclasses.asdict(row)))
             continue
-        when = "never reported" if row.watermark is None else _iso(row.watermark)
+        when = (
+            "never reported"
+            if row.watermark is None
+            else event_time_iso(row.watermark) or str(row.watermark)
+        )
         lag = "" if row.lag is None else f"  lag {row.lag / 1e6:,.1f} s"
         print(
             f"{row.source}: {when}{lag}  held by: {row.held_by}  streams: {', '.join(row.streams)}"
@@ -243,12 +248,6 @@ def _watermarks(args: argparse.Namespace) -> int:
     if not rows:
         print("no source has reported on the watermark topic yet", file=sys.stderr)
     return 0
-
-
-def _iso(micros: int) -> str:
-    from datetime import UTC, datetime, timedelta
-
-    return (datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=micros)).isoformat()
 
 
 def _streams(args: argparse.Namespace) -> int:

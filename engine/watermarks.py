@@ -68,6 +68,7 @@ __all__ = [
     "decode_watermark_message",
     "injector_group",
     "injector_source",
+    "latest_expected_set",
     "offsets_reached",
     "watermark_overview",
 ]
@@ -288,6 +289,17 @@ def decode_watermark_message(value: bytes) -> WatermarkMessage:
         raise WatermarkReportError(
             f"not an expected set ({type(exc).__name__}: {exc}): {value[:200]!r}"
         ) from exc
+
+
+def latest_expected_set(
+    messages: Iterable[tuple[str, WatermarkMessage | None]], injector: str
+) -> ExpectedSet | None:
+    """``injector``'s expected set as of the last of ``messages`` (topic order), if any."""
+    found: ExpectedSet | None = None
+    for key, message in messages:
+        if key == injector_group(injector):
+            found = message if isinstance(message, ExpectedSet) else None
+    return found
 
 
 def offsets_reached(consumed: Offsets, required: Offsets, topics: Iterable[str]) -> bool:

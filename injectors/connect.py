@@ -52,12 +52,13 @@ def connect_injector(
 ) -> Iterator[InjectorProcess]:
     """An :class:`InjectorProcess` wired to ``config``'s services (not started yet); the
     connections close when the block ends."""
+    clock = clock or SystemClock()
     cluster, session = cassandra_connector.connect(config)
     try:
         if create_keyspace:
             cassandra_connector.create_keyspace(session, keyspace)
         create_schema(session, keyspace, table)
-        store = CassandraIntervalStore(session, keyspace, clock or SystemClock(), table=table)
+        store = CassandraIntervalStore(session, keyspace, clock, table=table)
         sink = kafka_connector.KafkaProductionSink(config)
         channel = kafka_connector.KafkaWatermarkChannel(config)
         try:
@@ -67,7 +68,7 @@ def connect_injector(
                 store=store,
                 sink=sink,
                 watermarks=channel,
-                clock=clock or SystemClock(),
+                clock=clock,
                 options=options,
             )
             kafka_connector.create_topics(

@@ -62,8 +62,8 @@ from millstream.engine.watermarks import (
     Offsets,
     WatermarkMessage,
     WatermarkReport,
-    injector_group,
     injector_source,
+    latest_expected_set,
 )
 from millstream.injectors.checkpoint import Checkpoint, CheckpointStore
 from millstream.injectors.source import Poll, Position, RejectedInput, Source
@@ -185,7 +185,8 @@ class InjectorProcess:
         self.process = options.process
         self.report_source = injector_source(name, options.process)
         self.dead_letter_stream = options.dead_letter_stream or default_dead_letter_stream(name)
-        self.streams = (*dict.fromkeys(source.streams), self.dead_letter_stream)
+        self.source_streams = tuple(dict.fromkeys(source.streams))
+        self.streams = (*self.source_streams, self.dead_letter_stream)
         self.checkpoints = CheckpointStore(store, name, options.process)
         self.stats = InjectorStats()
         self.watermark = MIN_EVENT_TIME
@@ -228,11 +229,11 @@ class InjectorProcess:
             watermark = MAX_EVENT_TIME
         elif poll.watermark is not None:
             watermark = max(watermark, min(poll.watermark, MAX_EVENT_TIME))
-        moved = poll.position is not None and poll.position != self._position
-        if moved or watermark != self.watermark:
-            self.checkpoints.save(Checkpoint(poll.position or self._position, watermark))
+        position = self._position if poll.position is None else poll.position
+        if position != self._position or watermark != self.watermark:
+            self.checkpoints.save(Checkpoint(position, watermark))
             self.stats.checkpoints += 1
-            self._position = poll.position or self._position
+            self._position = position
         changed = watermark != self.watermark or bool(productions)
         self.watermark = watermark
         self.exhausted = poll.exhausted
@@ -261,11 +262,10 @@ class InjectorProcess:
     # -- internals ---------------------------------------------------------------------------
 
     def _join_expected_set(self) -> None:
-        current: ExpectedSet | None = None
-        for key, message in self.watermarks.read():
-            if key == injector_group(self.name):
-                current = message if isinstance(message, ExpectedSet) else None
+        messages = self.watermarks.read()
+        for _key, message in messages:
             self._note_downstream(message)
+        current = latest_expected_set(messages, self.name)
         if current is not None and self.process in current.retired:
             raise InjectorRetiredError(
                 f"process {self.process!r} of injector {self.name!r} was retired and may not "
@@ -287,11 +287,11 @@ class InjectorProcess:
             None if self.options.max_future is None else self.clock.now() + self.options.max_future
         )
         for item in poll.records:
-            if item.stream not in self.streams[:-1]:
+            if item.stream not in self.source_streams:
                 raise InjectorError(
                     f"the source of injector {self.name!r} read a record for stream "
                     f"{item.stream!r}, which it does not declare in Source.streams "
-                    f"{list(self.streams[:-1])}"
+                    f"{list(self.source_streams)}"
                 )
             record_id = injector_record_id(self.name, item.origin, item.offset)
             try:
@@ -399,10 +399,7 @@ class InjectorProcess:
 def retire_process(channel: WatermarkChannel, injector: str, process: str) -> ExpectedSet:
     """Remove ``process`` from ``injector``'s expected set for good, and delete its report;
     returns the new set. Stop the process first: a retired process refuses to start."""
-    current: ExpectedSet | None = None
-    for key, message in channel.read():
-        if key == injector_group(injector):
-            current = message if isinstance(message, ExpectedSet) else None
+    current = latest_expected_set(channel.read(), injector)
     if current is None:
         raise InjectorError(
             f"injector {injector!r} has no expected set on the watermark topic; it never ran"

@@ -30,7 +30,7 @@ from millstream.engine.watermarks import (
     Offsets,
     WatermarkMessage,
     WatermarkReport,
-    injector_group,
+    latest_expected_set,
 )
 from millstream.injectors.process import InjectorOptions, InjectorProcess
 from millstream.injectors.source import Source
@@ -122,11 +122,7 @@ class InjectorHarness:
         return [m for _, m in self.channel.messages if isinstance(m, WatermarkReport)]
 
     def expected_set(self) -> ExpectedSet | None:
-        found: ExpectedSet | None = None
-        for key, message in self.channel.messages:
-            if key == injector_group(self.name):
-                found = message if isinstance(message, ExpectedSet) else None
-        return found
+        return latest_expected_set(self.channel.messages, self.name)
 
 
 def injector_harness(

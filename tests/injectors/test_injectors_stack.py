@@ -28,12 +28,19 @@ from millstream.engine.config import MillstreamConfig
 from millstream.engine.context import Context
 from millstream.engine.errors import InjectorFencedError
 from millstream.engine.records import Record, decode_record
-from millstream.engine.spark.runner import AvailableNow, ProcessingTime, run_topology
+from millstream.engine.spark.runner import (
+    AvailableNow,
+    ProcessingTime,
+    RunningTopology,
+    run_topology,
+)
 from millstream.engine.timers import Timer
 from millstream.engine.topology import ComputationOptions, Topology
 from millstream.engine.watermarks import injector_source
-from millstream.injectors import InjectorOptions, LogFileSource, LogLine
+from millstream.injectors import InjectorOptions, LogFileSource
 from millstream.injectors.connect import connect_injector
+from tests.engine.spark.test_runner import read_topic
+from tests.injectors.logfile_app import parse
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -44,33 +51,9 @@ SECOND = 1_000_000
 APP = Path(__file__).with_name("logfile_app.py")
 
 
-def parse(line: str) -> LogLine:
-    micros, key, value = line.split(" ", 2)
-    return LogLine(int(micros), key, value.encode())
-
-
 def read_stream(config: MillstreamConfig, topic: str) -> list[Record]:
     """Every record on ``topic`` (repeats included), read up to its current end."""
-    from confluent_kafka import TopicPartition
-
-    consumer = kafka_connector.consumer(config, "test-injector-reader")
-    try:
-        ends = kafka_connector.end_offsets(consumer, [topic])[topic]
-        consumer.assign([TopicPartition(topic, p, 0) for p in ends])
-        records: list[Record] = []
-        deadline = time.monotonic() + 60
-        while len(records) < sum(ends.values()) and time.monotonic() < deadline:
-            message = consumer.poll(1.0)
-            if message is None:
-                continue
-            assert message.error() is None, message.error()
-            value = message.value()
-            assert value is not None
-            records.append(decode_record(value))
-        assert len(records) == sum(ends.values())
-        return records
-    finally:
-        consumer.close()
+    return [decode_record(value) for _, _, value in read_topic(config, topic)]
 
 
 def message_count(config: MillstreamConfig, topic: str) -> int:
@@ -227,20 +210,38 @@ class Alarm(Computation):
         ctx.produce(self.output, value.encode(), timer.timestamp)
 
 
-def alarm_topology(name: str, stream: str, fired: str) -> Topology:
+def run_alarms(
+    config: MillstreamConfig,
+    spark: SparkSession,
+    stream: str,
+    fired: str,
+    keyspace: str,
+    tmp_path: Path,
+    trigger: AvailableNow | ProcessingTime,
+) -> RunningTopology:
+    """A topology named ``stream`` of one :class:`Alarm` computation of the same name."""
     from pyspark import cloudpickle
 
     # Ship this module's code with each task: executors cannot import test modules.
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # type: ignore[no-untyped-call]
-    topology = Topology(name, streams=[stream])
+    kafka_connector.create_topics(config, [fired], partitions=1)
+    topology = Topology(stream, streams=[stream])
     topology.add_computation(
-        name,
+        stream,
         Alarm(fired),
         inputs=[stream],
         outputs=[fired],
         options=ComputationOptions(key_intervals=2),
     )
-    return topology
+    return run_topology(
+        topology,
+        config,
+        trigger=trigger,
+        spark=spark,
+        keyspace=keyspace,
+        checkpoint_root=tmp_path / "checkpoints",
+        create_keyspace=False,
+    )
 
 
 def fired_tags(config: MillstreamConfig, topic: str) -> set[str]:
@@ -268,16 +269,7 @@ def test_an_expected_process_that_has_not_reported_holds_downstream_timers(
         options = InjectorOptions(process=str(number), expected=("0", "1"))
         return connect_injector(services, name, source, options, keyspace=keyspace)
 
-    kafka_connector.create_topics(services, [fired], partitions=1)
-    running = run_topology(
-        alarm_topology(name, stream, fired),
-        services,
-        trigger=AvailableNow(),
-        spark=spark,
-        keyspace=keyspace,
-        checkpoint_root=tmp_path / "checkpoints",
-        create_keyspace=False,
-    )
+    running = run_alarms(services, spark, name, fired, keyspace, tmp_path, AvailableNow())
     try:
         with process(0) as first:
             first.start()
@@ -312,20 +304,11 @@ def test_an_idle_injector_heartbeat_fires_an_event_time_timer(
     clock = SystemClock()
     now = clock.now()
     write_lines(tmp_path / "a.log", [(now, "k", "only")])
-    kafka_connector.create_topics(services, [fired], partitions=1)
     source = LogFileSource(
         tmp_path, parse, stream, out_of_order=SECOND // 2, idle_after=SECOND, clock=clock
     )
     options = InjectorOptions(heartbeat=SECOND // 2, poll_timeout=0.1)
-    running = run_topology(
-        alarm_topology(stream, stream, fired),
-        services,
-        trigger=ProcessingTime(0.2),
-        spark=spark,
-        keyspace=keyspace,
-        checkpoint_root=tmp_path / "checkpoints",
-        create_keyspace=False,
-    )
+    running = run_alarms(services, spark, stream, fired, keyspace, tmp_path, ProcessingTime(0.2))
     try:
         with connect_injector(services, stream, source, options, keyspace=keyspace) as injector:
             thread = threading.Thread(target=injector.run, daemon=True)
