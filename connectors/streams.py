@@ -68,6 +68,7 @@ __all__ = [
     "parse_line",
     "produce_lines",
     "render_message",
+    "render_record",
     "render_value",
     "tail_stream",
 ]
@@ -292,8 +293,16 @@ def render_message(
         record = decode_record(data)
     except RecordDecodeError as exc:
         return {**position, "error": str(exc), "raw_hex": data.hex()}
-    entry = {
-        **position,
+    return position | render_record(stream, record, value_format)
+
+
+def render_record(
+    stream: str, record: Record, value_format: ValueFormat = "text"
+) -> dict[str, Any]:
+    """The fields :func:`render_message` shows for a decoded record of ``stream``, from
+    ``key`` on; apart, so that records read from elsewhere than a topic (the pending
+    productions ``millstream state`` finds in the store) print the same way."""
+    entry: dict[str, Any] = {
         "key": record.key,
         "timestamp": record.timestamp,
         "time": event_time_iso(record.timestamp),

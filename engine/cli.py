@@ -18,6 +18,9 @@
     millstream tail STREAM [options]
                          print a stream's records as JSON lines
                          (see millstream.connectors.streams)
+    millstream state COMPUTATION KEY [options]
+                         a key's state and timers, its interval's sequencer and pending
+                         productions, from Cassandra (see millstream.connectors.state_view)
 
 Settings (ports, data directory) come from :mod:`millstream.engine.config`.
 """
@@ -69,6 +72,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="the keyspace exists (by default a development keyspace is created if missing)",
     )
+    run.add_argument(
+        "--metrics-port",
+        default="0",
+        metavar="[ADDRESS:]PORT",
+        help="serve Prometheus metrics at http://ADDRESS:PORT/metrics (ADDRESS defaults to "
+        "127.0.0.1; 0, the default: off)",
+    )
     produce = commands.add_parser(
         "produce", help="send JSON lines from stdin to a stream, one record each"
     )
@@ -116,7 +126,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="every source's low watermark, its lag and what holds it (from the watermark topic)",
     )
     watermarks.add_argument("--json", action="store_true", help="one JSON object per source")
+    state = commands.add_parser(
+        "state", help="a key's state, timers and its interval's pending productions (Cassandra)"
+    )
+    state.add_argument("computation", metavar="COMPUTATION")
+    state.add_argument("key", metavar="KEY")
+    state.add_argument("--keyspace", default="millstream", help="Cassandra keyspace of the state")
+    where = state.add_mutually_exclusive_group()
+    where.add_argument(
+        "--topology",
+        metavar="MODULE:TOPOLOGY",
+        help="take the computation's key intervals from its topology (and register the Avro "
+        "schemas its module registers); default: look in every interval of the computation",
+    )
+    where.add_argument(
+        "--intervals", type=_positive, metavar="N", help="the computation's key_intervals"
+    )
+    state.add_argument(
+        "--codec",
+        choices=("auto", "json", "int", "text", "hex"),  # state_view.STATE_CODECS
+        default="auto",
+        help="how to show the state (default auto: Avro with a registered schema, JSON, "
+        "text, else hex)",
+    )
+    state.add_argument(
+        "--value",
+        choices=("text", "json", "hex"),
+        default="text",
+        help="how to show pending productions' values, as for tail (default: text)",
+    )
+    state.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
+    if args.command == "state":
+        return _state(args)
     if args.command == "run":
         return _run(args)
     if args.command == "watermarks":
@@ -171,6 +213,7 @@ def _run(args: argparse.Namespace) -> int:
     # The driver's py4j chatter is not what an operator needs to read.
     logging.getLogger("py4j").setLevel(logging.WARNING)
     try:
+        from millstream.connectors.prometheus import listen_address
         from millstream.engine.spark.runner import (
             AvailableNow,
             ProcessingTime,
@@ -178,6 +221,7 @@ def _run(args: argparse.Namespace) -> int:
             run_topology,
         )
 
+        metrics_address, metrics_port = listen_address(args.metrics_port)
         topology, module = load_topology(args.target)
         # Executors import millstream but not the user's module: ship its code with each task.
         from pyspark import cloudpickle
@@ -193,6 +237,8 @@ def _run(args: argparse.Namespace) -> int:
             partitions=args.partitions,
             max_offsets_per_trigger=args.max_offsets_per_trigger,
             create_keyspace=not args.no_create_keyspace,
+            metrics_port=metrics_port,
+            metrics_address=metrics_address,
         )
         try:
             if args.available_now:
@@ -292,6 +338,31 @@ def _streams(args: argparse.Namespace) -> int:
         # `millstream tail ... | head`: the reader is done. Keep the exit flush from failing.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+
+
+def _state(args: argparse.Namespace) -> int:
+    try:
+        from millstream.connectors.state_view import key_intervals_of, show_state
+
+        intervals = args.intervals
+        if args.topology is not None:
+            from millstream.engine.spark.runner import load_topology
+
+            topology, _ = load_topology(args.topology)
+            intervals = key_intervals_of(topology, args.computation)
+        return show_state(
+            load_config(),
+            args.computation,
+            args.key,
+            keyspace=args.keyspace,
+            intervals=intervals,
+            codec=args.codec,
+            value_format=args.value,
+            as_json=args.json,
+        )
+    except MillstreamError as exc:
+        print(f"millstream state: error: {exc}", file=sys.stderr)
+        return 2
 
 
 def _positive(text: str) -> int:

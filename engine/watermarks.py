@@ -70,6 +70,7 @@ __all__ = [
     "injector_source",
     "latest_expected_set",
     "offsets_reached",
+    "parse_injector_source",
     "watermark_overview",
 ]
 
@@ -87,6 +88,16 @@ def computation_source(topology: str, computation: str) -> str:
 def injector_source(injector: str, process: str = "0") -> str:
     """The source name under which one process of an injector reports."""
     return f"injector/{injector}/{process}"
+
+
+def parse_injector_source(source: str) -> tuple[str, str] | None:
+    """The ``(injector, process)`` of an :func:`injector_source` name; ``None`` for another
+    kind of source."""
+    kind, _, rest = source.partition("/")
+    injector, _, process = rest.partition("/")
+    if kind != "injector" or not injector or not process or "/" in process:
+        return None
+    return injector, process
 
 
 def injector_group(injector: str) -> str:
@@ -426,6 +437,17 @@ class InputWatermark:
         lowest = min((hold.watermark for hold in holds), default=MIN_EVENT_TIME)
         self._current = max(self._current, lowest)
         return self._current
+
+    def applied(self) -> dict[str, int]:
+        """Per source with an applied report, the lowest watermark it holds these inputs at.
+
+        Safe to call from another thread than the one advancing the watermark.
+        """
+        return {
+            name: min(applied)
+            for name, state in list(self._sources.items())
+            if (applied := list(state.applied.values()))
+        }
 
     def explain(self) -> list[Hold]:
         """Per input stream, its watermark and what holds it (lowest first)."""

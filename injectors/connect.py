@@ -13,16 +13,19 @@ Cassandra for its fenced checkpoint.
 
 The streams' topics are created if missing (``partitions`` each); so are the keyspace
 (development replication, like ``run_topology``) and the interval table holding the
-checkpoint.
+checkpoint. With ``metrics_port``, the process's Prometheus metrics
+(:mod:`millstream.injectors.prometheus`) are served at
+``http://<metrics_address>:<port>/metrics`` while the block runs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 from millstream.connectors import cassandra as cassandra_connector
 from millstream.connectors import kafka as kafka_connector
+from millstream.connectors.prometheus import DEFAULT_METRICS_ADDRESS
 from millstream.engine.clock import Clock, SystemClock
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.stores.cassandra import (
@@ -49,9 +52,12 @@ def connect_injector(
     partitions: int = 2,
     create_keyspace: bool = True,
     clock: Clock | None = None,
+    metrics_port: int | None = None,
+    metrics_address: str = DEFAULT_METRICS_ADDRESS,
 ) -> Iterator[InjectorProcess]:
     """An :class:`InjectorProcess` wired to ``config``'s services (not started yet); the
-    connections close when the block ends."""
+    connections close when the block ends. ``metrics_port`` (``None`` or 0: off) serves its
+    metrics meanwhile; the process's ``metrics`` is their registry."""
     clock = clock or SystemClock()
     cluster, session = cassandra_connector.connect(config)
     try:
@@ -62,21 +68,31 @@ def connect_injector(
         sink = kafka_connector.KafkaProductionSink(config)
         channel = kafka_connector.KafkaWatermarkChannel(config)
         try:
-            process = InjectorProcess(
-                name,
-                source,
-                store=store,
-                sink=sink,
-                watermarks=channel,
-                clock=clock,
-                options=options,
-            )
-            kafka_connector.create_topics(
-                config,
-                [kafka_connector.stream_topic(s) for s in process.streams],
-                partitions=partitions,
-            )
-            yield process
+            with ExitStack() as serving:
+                registry = None
+                if metrics_port:
+                    from prometheus_client import CollectorRegistry
+
+                    from millstream.connectors.prometheus import serve_metrics
+
+                    registry = CollectorRegistry()
+                    serving.enter_context(serve_metrics(registry, metrics_port, metrics_address))
+                process = InjectorProcess(
+                    name,
+                    source,
+                    store=store,
+                    sink=sink,
+                    watermarks=channel,
+                    clock=clock,
+                    options=options,
+                    metrics=registry,
+                )
+                kafka_connector.create_topics(
+                    config,
+                    [kafka_connector.stream_topic(s) for s in process.streams],
+                    partitions=partitions,
+                )
+                yield process
         finally:
             channel.close()
             sink.close()

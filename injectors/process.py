@@ -31,7 +31,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from millstream.engine.clock import Clock
 from millstream.engine.deadletters import (
@@ -67,6 +67,9 @@ from millstream.engine.watermarks import (
 )
 from millstream.injectors.checkpoint import Checkpoint, CheckpointStore
 from millstream.injectors.source import Poll, Position, RejectedInput, Source
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 __all__ = [
     "InjectorOptions",
@@ -157,7 +160,9 @@ class InjectorProcess:
     """Runs ``source`` as process ``options.process`` of injector ``name``; see the module
     docstring. ``store`` holds the checkpoint, ``sink`` takes the records (Kafka:
     ``connectors.kafka.KafkaProductionSink``), ``watermarks`` is the watermark topic;
-    ``wait(seconds)`` pauses while the skew limit holds the process back."""
+    ``wait(seconds)`` pauses while the skew limit holds the process back. With ``metrics``,
+    a ``prometheus_client.CollectorRegistry``, the process's stats and watermark are
+    collected into it (:mod:`millstream.injectors.prometheus`; one process per registry)."""
 
     def __init__(
         self,
@@ -170,6 +175,7 @@ class InjectorProcess:
         clock: Clock,
         options: InjectorOptions | None = None,
         wait: Callable[[float], object] | None = None,
+        metrics: CollectorRegistry | None = None,
     ) -> None:
         options = options or InjectorOptions()
         if not name or "/" in name:
@@ -199,6 +205,12 @@ class InjectorProcess:
         self._stop = threading.Event()
         # How the skew limit waits: until stop() or the timeout (tests inject their own).
         self._wait = wait or self._stop.wait
+        self.metrics = metrics
+        if metrics is not None:
+            # prometheus_client is only imported by a process that exports metrics.
+            from millstream.injectors.prometheus import InjectorCollector
+
+            metrics.register(InjectorCollector(self))
 
     # -- the loop ----------------------------------------------------------------------------
 

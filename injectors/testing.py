@@ -12,13 +12,17 @@
 
 The harness's store, sink and watermark topic outlive a process, so a test can "crash" one
 (drop it) and start another on the same endpoints (:meth:`InjectorHarness.restart`), or run
-two copies to see the older one fenced.
+two copies to see the older one fenced. With ``metrics=registry`` (a
+``prometheus_client.CollectorRegistry``) the current process's Prometheus metrics are
+collected into it (:mod:`millstream.injectors.prometheus`), the restarted one's after a
+restart.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from millstream.engine.clock import ManualClock
 from millstream.engine.deadletters import DeadLetter, decode_dead_letter
@@ -34,6 +38,11 @@ from millstream.engine.watermarks import (
 )
 from millstream.injectors.process import InjectorOptions, InjectorProcess
 from millstream.injectors.source import Source
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from millstream.injectors.prometheus import InjectorCollector
 
 __all__ = ["InjectorHarness", "MemoryWatermarkChannel", "injector_harness"]
 
@@ -84,6 +93,7 @@ class InjectorHarness:
     channel: MemoryWatermarkChannel
     process: InjectorProcess
     retired: list[InjectorProcess] = field(default_factory=list)
+    collector: InjectorCollector | None = None
 
     def new_process(
         self,
@@ -107,6 +117,8 @@ class InjectorHarness:
         """Replace the current process by a fresh one (as after a crash) and start it."""
         self.retired.append(self.process)
         self.process = self.new_process(source, options)
+        if self.collector is not None:
+            self.collector.process = self.process
         self.process.start()
         return self.process
 
@@ -131,8 +143,10 @@ def injector_harness(
     options: InjectorOptions | None = None,
     *,
     clock: ManualClock | None = None,
+    metrics: CollectorRegistry | None = None,
 ) -> InjectorHarness:
-    """A harness whose process runs ``source`` as injector ``name`` (not started yet)."""
+    """A harness whose process runs ``source`` as injector ``name`` (not started yet); see
+    the module docstring for ``metrics``."""
     clock = clock or ManualClock(1_000_000)
     store = MemoryIntervalStore(clock)
     sink = TestingSink()
@@ -140,4 +154,10 @@ def injector_harness(
     process = InjectorProcess(
         name, source, store=store, sink=sink, watermarks=channel, clock=clock, options=options
     )
-    return InjectorHarness(name, clock, store, sink, channel, process)
+    collector = None
+    if metrics is not None:
+        from millstream.injectors.prometheus import InjectorCollector
+
+        collector = InjectorCollector(process)
+        metrics.register(collector)
+    return InjectorHarness(name, clock, store, sink, channel, process, collector=collector)

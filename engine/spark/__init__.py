@@ -6,6 +6,7 @@
 - :mod:`.executor`: what runs on the executors (routing, the interval tasks);
 - :mod:`.driver_watermarks`: a computation's low-watermark bookkeeping on the driver;
 - :mod:`.metrics`: what a batch counts;
+- :mod:`.prometheus`: those counts and the watermarks as Prometheus metrics;
 - :mod:`.session`: the Spark session and the Kafka source millstream configures.
 
 The model (``millstream.engine`` outside this package) imports none of it.

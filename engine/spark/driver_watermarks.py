@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from millstream.connectors import kafka as kafka_connector
@@ -21,7 +23,7 @@ from millstream.engine.config import MillstreamConfig
 from millstream.engine.topology import ComputationSpec, Topology
 from millstream.engine.watermarks import ComputationWatermarks
 
-__all__ = ["DriverWatermarks", "offsets_consumer"]
+__all__ = ["DriverWatermarks", "WatermarkSnapshot", "offsets_consumer"]
 
 _log = logging.getLogger(__name__)
 
@@ -31,6 +33,16 @@ _ALARM_RETRY_SECONDS = 1.0
 def offsets_consumer(config: MillstreamConfig) -> Any:
     """A Kafka consumer for reading end offsets (it never subscribes)."""
     return kafka_connector.consumer(config, "millstream-offsets")
+
+
+@dataclass(frozen=True, slots=True)
+class WatermarkSnapshot:
+    """A computation's watermarks as of its latest batch (µs): its input low watermark, its
+    own, and per source of its input streams the watermark applied from its reports."""
+
+    input_watermark: int
+    watermark: int
+    sources: Mapping[str, int]
 
 
 class DriverWatermarks:
@@ -70,6 +82,12 @@ class DriverWatermarks:
             if p.next_wall_timer is not None
         ]
         self._set_alarm(min(due) if due else None)
+
+    def snapshot(self) -> WatermarkSnapshot:
+        """The watermarks now (any thread: a batch may be advancing them meanwhile)."""
+        return WatermarkSnapshot(
+            self.state.input.current, self.state.watermark, self.state.input.applied()
+        )
 
     def _set_alarm(self, at: int | None) -> None:
         pending = self._alarm is not None and self._alarm.is_alive()

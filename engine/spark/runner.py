@@ -83,12 +83,17 @@ from typing import TYPE_CHECKING
 
 from millstream.connectors import cassandra as cassandra_connector
 from millstream.connectors import kafka as kafka_connector
+from millstream.connectors.prometheus import DEFAULT_METRICS_ADDRESS
 from millstream.engine.clock import Clock, SystemClock
 from millstream.engine.computation import Computation
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.errors import TopologyError
 from millstream.engine.spark.batch import BatchHandler, batch_offsets
-from millstream.engine.spark.driver_watermarks import DriverWatermarks, offsets_consumer
+from millstream.engine.spark.driver_watermarks import (
+    DriverWatermarks,
+    WatermarkSnapshot,
+    offsets_consumer,
+)
 from millstream.engine.spark.executor import TaskSettings
 from millstream.engine.spark.metrics import (
     BatchMetrics,
@@ -109,6 +114,9 @@ from millstream.engine.watermarks import Hold
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
+
+    from millstream.connectors.prometheus import MetricsServer
+    from millstream.engine.spark.prometheus import TopologyMetrics
 
 __all__ = [
     "DEFAULT_KEYSPACE",
@@ -194,6 +202,8 @@ def run_topology(
     batch_attempts: int = 3,
     on_batch: Callable[[BatchMetrics], None] | None = None,
     clock: Clock | None = None,
+    metrics_port: int | None = None,
+    metrics_address: str = DEFAULT_METRICS_ADDRESS,
 ) -> RunningTopology:
     """Prepare the topology's topics and store and start it; see :class:`RunningTopology`.
 
@@ -215,6 +225,8 @@ def run_topology(
         batch_attempts=batch_attempts,
         on_batch=on_batch,
         clock=clock,
+        metrics_port=metrics_port,
+        metrics_address=metrics_address,
     )
     running.start()
     return running
@@ -230,6 +242,10 @@ class RunningTopology:
     batch are kept (:meth:`batches`, :meth:`metrics`) and passed to ``on_batch``, which runs on
     the driver thread of the computation's query. ``clock`` (default: the system clock)
     decides when wall-time timers are due on the driver.
+
+    With ``metrics_port`` (``None`` or 0: off), :meth:`start` serves the topology's Prometheus
+    metrics (:mod:`millstream.engine.spark.prometheus`, in :attr:`prometheus`) at
+    ``http://<metrics_address>:<metrics_port>/metrics`` until :meth:`stop`.
     """
 
     def __init__(
@@ -249,6 +265,8 @@ class RunningTopology:
         batch_attempts: int = 3,
         on_batch: Callable[[BatchMetrics], None] | None = None,
         clock: Clock | None = None,
+        metrics_port: int | None = None,
+        metrics_address: str = DEFAULT_METRICS_ADDRESS,
     ) -> None:
         if batch_attempts < 1:
             raise ValueError(f"batch_attempts must be at least 1, got {batch_attempts}")
@@ -284,14 +302,38 @@ class RunningTopology:
         # Per computation, kept across its query's restarts like the run tokens.
         self._watermarks: dict[str, DriverWatermarks] = {}
         self._publisher: kafka_connector.WatermarkPublisher | None = None
+        self.metrics_port = metrics_port
+        self.metrics_address = metrics_address
+        self.prometheus: TopologyMetrics | None = None
+        self.metrics_server: MetricsServer | None = None
+        if metrics_port:
+            # prometheus_client is only imported by a driver that serves metrics.
+            from millstream.engine.spark.prometheus import TopologyMetrics
+
+            self.prometheus = TopologyMetrics(
+                topology.name, clock=self.clock, watermarks=self.watermark_snapshots
+            )
 
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> None:
         """Create topics and the store table; start every query unless triggered AvailableNow."""
-        self._prepare_store()
-        self._watermark_publisher()  # creates (or checks) the watermark topic
-        self._create_topics(self.topology.computations.values())
+        if self.prometheus is not None:
+            from millstream.connectors.prometheus import serve_metrics
+
+            self.metrics_server = serve_metrics(
+                self.prometheus.registry, self.metrics_port or 0, self.metrics_address
+            )
+            _log.info("serving Prometheus metrics at %s", self.metrics_server.url)
+        try:
+            self._prepare_store()
+            self._watermark_publisher()  # creates (or checks) the watermark topic
+            self._create_topics(self.topology.computations.values())
+        except BaseException:
+            if self.metrics_server is not None:
+                self.metrics_server.close()
+                self.metrics_server = None
+            raise
         self._prepared = True
         if isinstance(self.trigger, ProcessingTime):
             for spec in self._ordered():
@@ -303,12 +345,15 @@ class RunningTopology:
             queries, self._queries = dict(self._queries), {}
             watermarks, self._watermarks = dict(self._watermarks), {}
             publisher, self._publisher = self._publisher, None
+            server, self.metrics_server = self.metrics_server, None
         for query in queries.values():
             query.stop()
         for tracker in watermarks.values():
             tracker.close()
         if publisher is not None:
             publisher.close()
+        if server is not None:
+            server.close()
 
     def process_available(self, timeout: float = 600.0, max_rounds: int = 100) -> int:
         """With :class:`AvailableNow`: run every computation over the input its topics hold,
@@ -451,6 +496,13 @@ class RunningTopology:
 
     def holds(self, computation: str) -> list[Hold]:
         return self._tracker(computation).state.input.explain()
+
+    def watermark_snapshots(self) -> dict[str, WatermarkSnapshot]:
+        """The watermarks of every computation that has run under this handle, as of their
+        latest batches (from any thread)."""
+        with self._lock:
+            trackers = dict(self._watermarks)
+        return {name: tracker.snapshot() for name, tracker in trackers.items()}
 
     def _tracker(self, computation: str) -> DriverWatermarks:
         with self._lock:
@@ -611,6 +663,8 @@ class RunningTopology:
         with self._lock:
             self._batches.append(metrics)
         _log.info("%s", describe(metrics))
+        if self.prometheus is not None:
+            self.prometheus.observe(metrics)
         if self.on_batch is not None:
             self.on_batch(metrics)
 

@@ -605,6 +605,18 @@ class CassandraIntervalStore(IntervalStore):
         """The interval's current sequencer (SERIAL read); ``None`` if never acquired."""
         return self._serial_read(computation, interval)[0]
 
+    def intervals(self) -> dict[str, list[int]]:
+        """Every computation in the table with its acquired intervals, in order.
+
+        A scan of the whole table's partition keys (one row each), not of their rows: for
+        tools that know a computation's name but not its ``key_intervals``; never on a
+        batch's path.
+        """
+        found: dict[str, list[int]] = {}
+        for row in _rows(self._execute(self._statements.list_intervals, ())):
+            found.setdefault(row["computation"], []).append(row["interval"])
+        return {name: sorted(intervals) for name, intervals in found.items()}
+
     # -- internals -------------------------------------------------------------------------
 
     def _rows_of(
@@ -830,6 +842,7 @@ class _Statements:
         self.scan_productions = self._prepare(
             f"SELECT item, record FROM {name} {where} AND kind = 'production'"
         )
+        self.list_intervals = self._prepare(f"SELECT DISTINCT computation, interval FROM {name}")
 
     def _prepare(self, cql: str, *, lwt: bool = False, serial_read: bool = False) -> Any:
         store = self._store

@@ -782,3 +782,93 @@ def test_a_wall_time_timer_fires_without_further_input(
         assert sum(b.fired_timers for b in running.batches()) == 1
     finally:
         running.stop()
+
+
+def test_millstream_run_serves_prometheus_metrics_of_computations_and_injectors(
+    services: MillstreamConfig,
+    pipeline: Pipeline,
+    windows_injector: WindowsInjector,
+    tmp_path: Path,
+) -> None:
+    from tests.connectors.test_prometheus import Samples, free_port, scrape
+
+    distinct = events(120, seed=2)
+    repeated = distinct + distinct[::4]
+    produce(services, pipeline.searches, [encode_record(r) for r in repeated])
+    promised = BASE_TIME + 10_000  # after every event
+    windows_injector.report(promised, 1)
+    port = free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "millstream.engine.cli",
+        "run",
+        "search_pipeline:topology",
+        "--processing-time=0.5",
+        f"--metrics-port={port}",
+        f"--keyspace={pipeline.keyspace}",
+        f"--checkpoint-root={pipeline.checkpoints}",
+        "--no-create-keyspace",
+    ]
+    env = {
+        **os.environ,
+        "SEARCH_PIPELINE_SUFFIX": pipeline.suffix,
+        "SEARCH_PIPELINE_INTERVALS": str(INTERVALS),
+    }
+    topology = pipeline.topology().name
+    per_user = {"topology": topology, "computation": pipeline.per_user}
+    per_query = {"topology": topology, "computation": pipeline.per_query}
+    injector = {"topology": topology, "injector": f"test-{pipeline.suffix}", "process": "0"}
+    log = tmp_path / "driver.log"
+    with log.open("w") as stderr:
+        driver = subprocess.Popen(
+            command,
+            cwd=EXAMPLES,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            start_new_session=True,  # its own process group: the JVM and Python workers too
+        )
+    try:
+        samples: Samples | None = None
+        deadline = time.monotonic() + 240
+        while not (
+            samples is not None
+            and samples.get("millstream_records_processed_total", **per_query) == len(distinct)
+            and samples.get("millstream_watermark_lag_seconds", **per_query) is not None
+            and samples.get("millstream_injector_watermark_timestamp_seconds", **injector)
+        ):
+            assert driver.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.5)
+            with contextlib.suppress(OSError):  # not serving yet: the driver is starting
+                samples = scrape(f"http://127.0.0.1:{port}/metrics")
+        now = SystemClock().now()
+        assert samples is not None
+
+        assert samples["millstream_records_in_total", per_user] == len(repeated)
+        assert samples["millstream_records_processed_total", per_user] == len(distinct)
+        assert samples["millstream_duplicates_total", per_user] == len(repeated) - len(distinct)
+        assert samples["millstream_dead_letters_total", per_user] == 0
+        in_second = samples["millstream_records_in_total", per_query]
+        assert in_second - samples["millstream_duplicates_total", per_query] == len(distinct)
+        for labels in (per_user, per_query):
+            assert samples["millstream_batch_seconds_count", labels] >= 1
+            assert samples["millstream_batches_total", labels] >= 1
+            assert 0 <= samples["millstream_cache_hit_ratio", labels] <= 1
+        assert samples["millstream_input_watermark_timestamp_seconds", per_user] == promised / 1e6
+        lag = samples["millstream_watermark_lag_seconds", per_user]
+        assert lag == pytest.approx((now - promised) / 1e6, abs=60)
+        assert samples["millstream_injector_watermark_timestamp_seconds", injector] == (
+            promised / 1e6
+        )
+        assert samples["millstream_injector_watermark_lag_seconds", injector] == pytest.approx(
+            lag, abs=60
+        )
+
+        os.kill(driver.pid, signal.SIGINT)
+        assert driver.wait(120) == 130, log.read_text()[-3000:]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait(60)
