@@ -1,4 +1,4 @@
-"""What the benchmarks share: producing events, watching outputs, timing Spark queries.
+"""What the benchmarks share: injecting events, watching outputs, timing Spark queries.
 
 Not a benchmark itself. The scripts in ``bench/`` run as ``python bench/<script>.py`` and import
 this module as ``bench.harness`` (each puts the repository root on ``sys.path`` first).
@@ -21,11 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
+from millstream.connectors import cassandra as cassandra_connector
 from millstream.connectors import kafka as kafka_connector
+from millstream.engine.clock import Clock, SystemClock
 from millstream.engine.config import MillstreamConfig
-from millstream.engine.records import Record, decode_record, encode_record, injector_record_id
+from millstream.engine.records import Record, decode_record, injector_record_id
 from millstream.engine.spark.session import kafka_stream
-from millstream.engine.watermarks import injector_source
+from millstream.injectors import InjectorStats, Poll, Position, Source, SourceRecord
+from millstream.injectors.connect import connect_injector
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -57,69 +60,137 @@ def event_id_value(record_id: bytes) -> bytes:
     return record_id
 
 
-def produce_events(
+# Events per poll of an unpaced injector: enough that the per-poll acknowledgement wait,
+# checkpoint and report cost a backlog little next to building its records.
+EVENTS_PER_POLL = 5_000
+
+
+class GeneratedEvents(Source):
+    """Events ``first`` up to ``first + count`` of injector ``injector``'s ``stream``.
+
+    Event ``n`` is keyed ``key_of(n)``, valued ``value_of(its record ID)`` (origin: the
+    stream, offset ``n``) and timestamped when a poll reads it (µs of ``clock``). With
+    ``rate`` (events/s) they come due at that pace from the first poll on, and a poll returns
+    those due, sleeping at most its timeout for the next one; without, all are due at once. A
+    poll returns at most ``per_poll`` events. The position is the next number (a checkpoint
+    past ``first`` resumes there), the watermark the newest timestamp + 1.
+
+    The input is never *exhausted*: that would report the end of time, and the events that
+    later phases of a benchmark inject into the same stream would all be late. A phase ends
+    when :attr:`done`, and the next continues the numbering with ``first`` at this one's end.
+    """
+
+    def __init__(
+        self,
+        injector: str,
+        stream: str,
+        count: int,
+        rate: float | None = None,
+        *,
+        first: int = 0,
+        key_of: Callable[[int], str] = event_key,
+        value_of: Callable[[bytes], bytes] = event_id_value,
+        per_poll: int = EVENTS_PER_POLL,
+        clock: Clock | None = None,
+    ) -> None:
+        if count < 0 or first < 0 or per_poll < 1 or (rate is not None and rate <= 0):
+            raise ValueError("count and first must be non-negative, per_poll and rate positive")
+        self.injector = injector
+        self.stream = stream
+        self.streams = (stream,)
+        self.end = first + count
+        self.rate = rate
+        self.first = first
+        self.key_of = key_of
+        self.value_of = value_of
+        self.per_poll = per_poll
+        self.clock = clock or SystemClock()
+        self.next = first
+        self._pace: tuple[float, int] | None = None  # (monotonic s, number) of the first poll
+
+    @property
+    def done(self) -> bool:
+        """Whether every event was read."""
+        return self.next >= self.end
+
+    def open(self, position: Position | None) -> None:
+        self.next = self.first if position is None else max(self.first, int(position["next"]))
+        self._pace = None
+
+    def poll(self, timeout: float) -> Poll:
+        end = min(self.end, self.next + self.per_poll)
+        if self.rate is not None and end > self.next:
+            if self._pace is None:
+                self._pace = (time.monotonic(), self.next)
+            since, base = self._pace
+            wait = since + (self.next - base) / self.rate - time.monotonic()
+            if wait > 0:
+                time.sleep(min(wait, timeout))
+            end = min(end, base + int((time.monotonic() - since) * self.rate) + 1)
+        if end <= self.next:
+            return Poll()
+        now = self.clock.now()
+        records = [
+            SourceRecord(
+                self.stream,
+                self.key_of(n),
+                self.value_of(injector_record_id(self.injector, self.stream, n)),
+                now,
+                self.stream,
+                n,
+            )
+            for n in range(self.next, end)
+        ]
+        self.next = end
+        return Poll(records, position={"next": end}, watermark=now + 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Injection:
+    """What :func:`inject_events` did: its first poll's ``time.monotonic()``, the seconds from
+    then until Kafka acknowledged the last event, and the process's counters."""
+
+    started: float
+    seconds: float
+    stats: InjectorStats
+
+    @property
+    def rate(self) -> float:
+        """Events per second."""
+        return self.stats.emitted / self.seconds if self.seconds > 0 else float("inf")
+
+
+def inject_events(
     config: MillstreamConfig,
-    topic: str,
+    stream: str,
     count: int,
     rate: float | None,
+    *,
+    keyspace: str,
     first: int = 0,
-    report: Callable[[int], None] | None = None,
+    name: str | None = None,
     key_of: Callable[[int], str] = event_key,
     value_of: Callable[[bytes], bytes] = event_id_value,
-) -> None:
-    """``count`` events numbered from ``first``, timestamped at production (µs), keyed
-    ``key_of(n)`` and valued ``value_of(record ID)`` (by default: each its own key and its
-    16-byte ID). With ``rate`` (events/s) they are paced, else sent at once. With ``report``,
-    the producer acts as an injector: once a second (and at the end) it flushes and reports
-    the timestamp it reached as its watermark."""
-    producer = kafka_connector.producer(config, **{"linger.ms": 5})
-    started = time.monotonic()
-    next_report = started + 1.0
-    reached = 0
-
-    def flush() -> None:
-        if producer.flush(60):
-            raise RuntimeError("events were not acknowledged by Kafka within 60 s")
-
-    for n in range(first, first + count):
-        if rate is not None:
-            delay = started + (n - first) / rate - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-        record_id = injector_record_id(topic, 0, n)
-        record = Record(key_of(n), value_of(record_id), time.time_ns() // 1_000, record_id)
-        producer.produce(topic, key=record.key.encode(), value=encode_record(record))
-        producer.poll(0)
-        reached = record.timestamp + 1
-        if report is not None and time.monotonic() >= next_report:
-            flush()
-            report(reached)
-            next_report += 1.0
-    flush()
-    if report is not None:
-        report(reached)
-
-
-class InjectorReports:
-    """Watermark reports of a producer of ``streams``, as an injector makes them (a callable
-    for :func:`produce_events`' ``report``). Close it when done."""
-
-    def __init__(self, config: MillstreamConfig, name: str, streams: list[str]) -> None:
-        self.publisher = kafka_connector.WatermarkPublisher(config)
-        self.offsets = kafka_connector.consumer(config, "bench-offsets")
-        self.source = injector_source(name)
-        self.streams = streams
-        self.sequence = 0
-
-    def __call__(self, watermark: int) -> None:
-        self.sequence += 1
-        self.publisher.report_streams(
-            self.offsets, self.source, self.streams, watermark, self.sequence
-        )
-
-    def close(self) -> None:
-        self.offsets.close()
-        self.publisher.close()
+) -> Injection:
+    """Runs injector ``name`` (default: the stream's name) over :class:`GeneratedEvents`
+    until Kafka acknowledged them all; its checkpoint lives in ``keyspace`` (created if
+    missing) and its dead letters on ``<name>.dead-letters``. Like every injector it reports
+    its watermark after each poll: harmless to consumers that ignore the watermark topic (the
+    floors and the peers), so every system reads input injected the same way. Calls for later
+    phases of one stream continue the numbering (``first``) with the same ``name``."""
+    name = name or stream
+    source = GeneratedEvents(
+        name, stream, count, rate, first=first, key_of=key_of, value_of=value_of
+    )
+    with connect_injector(config, name, source, keyspace=keyspace) as injector:
+        try:
+            injector.start()
+            started = time.monotonic()
+            while not source.done:
+                injector.step()
+            return Injection(started, time.monotonic() - started, injector.stats)
+        finally:
+            source.close()
 
 
 def read_times(
@@ -276,6 +347,14 @@ def topics_containing(config: MillstreamConfig, fragment: str) -> list[str]:
 
 def delete_topics_containing(config: MillstreamConfig, fragment: str) -> None:
     kafka_connector.delete_topics(config, topics_containing(config, fragment))
+
+
+def drop_keyspace(config: MillstreamConfig, keyspace: str) -> None:
+    cluster, session = cassandra_connector.connect(config)
+    try:
+        cassandra_connector.drop_keyspace(session, keyspace)
+    finally:
+        cluster.shutdown()
 
 
 def unique_suffix() -> str:

@@ -6,10 +6,12 @@ Three runs on the local stack, each on fresh topics and keyspace:
 * ``strong``: the runner with strong productions and exactly-once on (the defaults);
 * ``weak``: weak productions and exactly-once off (paper 6.1.3).
 
-Each run first feeds ``--rate`` events/s for ``--seconds`` and measures per-stage latency from
+Each run first injects ``--rate`` events/s for ``--seconds`` and measures per-stage latency from
 Kafka timestamps: stage 1 = its production's append time minus the event's injection time,
 stage 2 = its production's append time minus stage 1's (the ``floor`` has one stage). Then it
-produces a ``--backlog`` at once and measures throughput (events/s through all stages).
+injects a ``--backlog`` at once and measures throughput (events/s through all stages, from the
+injector's first poll). Events come from one injector per run (``bench.harness.inject_events``),
+which reports watermarks as every injector does; the floor ignores them.
 Ratios to the floor are printed at the end. Runtime: about two minutes with the defaults.
 
     python bench/spark_pipeline.py [--rate 50] [--seconds 10] [--backlog 2000]
@@ -33,18 +35,19 @@ if __package__ in (None, ""):  # run as a script: make `bench.harness` importabl
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.harness import (
-    InjectorReports,
+    Injection,
     append_time,
     caught_up,
+    delete_topics_containing,
+    drop_keyspace,
     floor_query,
+    inject_events,
     injection_time,
     latencies,
     percentiles,
-    produce_events,
     read_times,
     wait_for,
 )
-from millstream.connectors import cassandra as cassandra_connector
 from millstream.connectors import kafka as kafka_connector
 from millstream.engine.computation import Computation
 from millstream.engine.config import MillstreamConfig, load_config
@@ -99,24 +102,25 @@ def floor_run(
 ) -> Result:
     suffix = uuid.uuid4().hex[:8]
     source, sink = f"bench_in_{suffix}", f"bench_out_{suffix}"
+    keyspace = f"bench_{suffix}"  # only the injector's checkpoint
     kafka_connector.create_topics(config, [source, sink], partitions=2)
     query = floor_query(spark, config, source, sink, str(root / f"floor-{suffix}"), TRIGGER_SECONDS)
     reader = kafka_connector.consumer(config, "bench-offsets")
     try:
         count = int(args.rate * args.seconds)
-        produce_events(config, source, count, args.rate)
+        inject(config, source, count, args.rate, keyspace, "floor")
         wait_for(lambda: caught_up(query, reader, [source]), 120, "the floor query catching up")
         injected = read_times(config, source, count, 30, injection_time)
         out = read_times(config, sink, count, 30, append_time)
         stage = latencies(out, injected)
-        started = time.monotonic()
-        produce_events(config, source, args.backlog, None, first=count)
+        backlog = inject(config, source, args.backlog, None, keyspace, "floor", first=count)
         wait_for(lambda: caught_up(query, reader, [source]), 300, "the floor backlog")
-        throughput = args.backlog / (time.monotonic() - started)
+        throughput = args.backlog / (time.monotonic() - backlog.started)
     finally:
         reader.close()
         query.stop()
-        kafka_connector.delete_topics(config, [source, sink])
+        delete_topics_containing(config, suffix)
+        drop_keyspace(config, keyspace)
     return Result("floor", [stage], throughput)
 
 
@@ -156,33 +160,41 @@ def runner_run(
 
         return check
 
-    report = InjectorReports(config, f"bench-{suffix}", [source])
-
     try:
         count = int(args.rate * args.seconds)
-        produce_events(config, source, count, args.rate, report=report)
+        inject(config, source, count, args.rate, keyspace, mode)
         wait_for(processed(count), 180, f"{mode}: stage 2 catching up")
         injected = read_times(config, source, count, 30, injection_time)
         first = read_times(config, middle, count, 30, append_time)
         second = read_times(config, sink, count, 30, append_time)
         stages = [latencies(first, injected), latencies(second, first)]
-        started = time.monotonic()
-        produce_events(config, source, args.backlog, None, first=count, report=report)
+        backlog = inject(config, source, args.backlog, None, keyspace, mode, first=count)
         wait_for(processed(count + args.backlog), 300, f"{mode}: the backlog")
-        throughput = args.backlog / (time.monotonic() - started)
+        throughput = args.backlog / (time.monotonic() - backlog.started)
         print(f"  {mode}: watermarks at the end (behind the last event's time):")
         for line in running.explain(stage2):
             print(f"    {line}")
     finally:
-        report.close()
         running.stop()
-        kafka_connector.delete_topics(config, sorted(topology.streams()))
-        cluster, session = cassandra_connector.connect(config)
-        try:
-            cassandra_connector.drop_keyspace(session, keyspace)
-        finally:
-            cluster.shutdown()
+        delete_topics_containing(config, suffix)
+        drop_keyspace(config, keyspace)
     return Result(mode, stages, throughput), running
+
+
+def inject(
+    config: MillstreamConfig,
+    stream: str,
+    count: int,
+    rate: float | None,
+    keyspace: str,
+    mode: str,
+    first: int = 0,
+) -> Injection:
+    """One phase's events, by the same injector in every mode; prints its rate. Throughput
+    counts from its first poll: connecting the injector (Cassandra, Kafka) is not counted."""
+    injection = inject_events(config, stream, count, rate, keyspace=keyspace, first=first)
+    print(f"  {mode}: injected {count} events at {injection.rate:,.0f} events/s")
+    return injection
 
 
 def main(argv: list[str] | None = None) -> int:

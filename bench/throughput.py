@@ -2,8 +2,10 @@
 
 **Workload.** A backlog of ``--records`` (20,000) millstream records (Avro single-object
 envelopes, about 41 bytes: key ``k<n mod --keys>`` over 10,000 keys, empty value, the
-production time as event time) is produced to a fresh 2-partition topic; then each system
-starts and drains it as fast as it can. For every input record it writes one output record,
+injection time as event time) is injected into a fresh 2-partition topic by an injector
+(``bench.harness.inject_events``: acknowledged, checkpointed in the run's keyspace, and
+reported on the run's watermark topic, which only millstream reads); then each system starts
+and drains it as fast as it can. For every input record it writes one output record,
 carrying the key's new count, to a fresh 2-partition output topic. Peers read the same bytes,
 take the key from the Kafka message key, and write plain values of the size of millstream's
 outputs (42 bytes: the count, zero-padded); the two stateless floors forward each input as it
@@ -21,8 +23,8 @@ is (41 bytes).
 **records/s** = records / (end - start). *Start* is when the system began reading the
 backlog: for the Spark rows (millstream included) the trigger time of the first micro-batch that
 read rows (Spark's progress report), for the two consumer processes the moment their first
-poll returned input. What comes before (JVM query start, consumer-group join, topic and
-keyspace creation) is shown as *startup s*, not counted. *End* is when the last output record
+poll returned input. What comes before (JVM query start, consumer-group join, topic
+creation) is shown as *startup s*, not counted. *End* is when the last output record
 was in the output topic: the wall-clock time at which a separate ``read_committed`` consumer
 of the output topic had seen all of them (so Quix's records count once its transaction
 committed). Spark triggers every 0.2 s; Quix keeps its default 5 s commit interval but commits
@@ -33,8 +35,8 @@ notes give each Spark Python worker's CPU seconds while draining, and its share 
 (from /proc, so Linux only): how busy each core's worker was.
 
 **Latency** (``--rates``, ``--latency-seconds`` at each): after its backlog, the
-``spark-floor`` and ``millstream-strong`` instances get paced input at each rate (the producer
-reports watermarks once a second, like an injector); latency = the output's Kafka append time
+``spark-floor`` and ``millstream-strong`` instances get paced input at each rate from the same
+injector (which reports its watermark after each poll); latency = the output's Kafka append time
 (output topics use ``LogAppendTime``) minus the event's injection time (its event time, which
 both copy to their output). Same trigger (0.2 s) for both.
 
@@ -44,7 +46,7 @@ and one whose interval holds 1,000 keys. Per run, a fresh topology over the two 
 gives each a 100-record warm-up batch on new keys (Python workers, connections, interval
 caches), then one batch of 1,000 records on 1,000 distinct preloaded keys (in the large
 interval, keys no earlier run read); the batch time is ``BatchMetrics.seconds``. Both run with
-the ``AvailableNow`` trigger, so each batch is exactly what was produced. Each measured batch's
+the ``AvailableNow`` trigger, so each batch is exactly what was injected. Each measured batch's
 rescans and cache hits are printed: one that found its interval cache invalid (0 cache hits,
 1 rescan) paid for a rescan, which the ratio then includes.
 
@@ -88,15 +90,15 @@ if __package__ in (None, ""):  # run as a script: make `bench.harness` importabl
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.harness import (
-    InjectorReports,
     OutputWatcher,
     cpu_note,
     create_topic_pair,
     delete_topics_containing,
+    drop_keyspace,
     first_data_batch_start,
     floor_query,
+    inject_events,
     percentile,
-    produce_events,
     python_worker_cpu,
     unique_suffix,
 )
@@ -507,16 +509,19 @@ def warm_up(bench: Bench) -> None:
     """A throwaway floor query (JIT, Kafka source and sink), then a throwaway millstream run."""
     suffix = unique_suffix()
     source, sink = f"tp_in_warm_{suffix}", f"tp_out_warm_{suffix}"
+    config = replace(bench.config, kafka_watermark_topic=f"tp_watermarks_{suffix}")
     query: StreamingQuery | None = None
     watcher: OutputWatcher | None = None
     try:
-        create_topic_pair(bench.config, source, sink, PARTITIONS)
-        produce_events(bench.config, source, 5_000, None, key_of=backlog_key(1_000))
-        watcher = OutputWatcher(bench.config, sink, PARTITIONS)
+        create_topic_pair(config, source, sink, PARTITIONS)
+        inject_events(
+            config, source, 5_000, None, keyspace=f"tp_{suffix}", key_of=backlog_key(1_000)
+        )
+        watcher = OutputWatcher(config, sink, PARTITIONS)
         assert bench._spark is not None
         query = floor_query(
             bench._spark,
-            bench.config,
+            config,
             source,
             sink,
             str(bench.root / f"warm-{suffix}"),
@@ -529,7 +534,8 @@ def warm_up(bench: Bench) -> None:
             steps.append(lambda: stop_query(query))
         if watcher is not None:
             steps.append(watcher.close)
-        steps.append(lambda: delete_topics_containing(bench.config, suffix))
+        steps.append(lambda: delete_topics_containing(config, suffix))
+        steps.append(lambda: drop_keyspace(config, f"tp_{suffix}"))
         run_all(steps)
     warm_up_millstream(bench)
 
@@ -544,7 +550,9 @@ def warm_up_millstream(bench: Bench) -> None:
     watcher: OutputWatcher | None = None
     try:
         create_topic_pair(config, topics.source, topics.sink, PARTITIONS)
-        produce_events(config, topics.source, 5_000, None, key_of=backlog_key(1_000))
+        inject_events(
+            config, topics.source, 5_000, None, keyspace=f"tp_{suffix}", key_of=backlog_key(1_000)
+        )
         watcher = OutputWatcher(config, topics.sink, PARTITIONS)
         handle = start_millstream(bench, topics, config, strong=True)
         watcher.wait(5_000, 300, handle.check)
@@ -608,27 +616,25 @@ def measure(bench: Bench, system: System) -> RunResult:
     args = bench.args
     suffix = unique_suffix()
     topics = Topics(suffix, f"tp_in_{suffix}", f"tp_out_{suffix}")
-    millstream = system.name.startswith("millstream")
-    # A watermark topic of the run's own (only millstream reads it), removed with the others.
+    # A watermark topic of the run's own (only millstream reads it), removed with the others;
+    # the keyspace holds the injector's checkpoint, and millstream's state.
     config = replace(bench.config, kafka_watermark_topic=f"tp_watermarks_{suffix}")
+    keyspace = f"tp_{suffix}"
     result = RunResult(system.name)
     handle: Handle | None = None
     watcher: OutputWatcher | None = None
-    report: InjectorReports | None = None
-    key_of = backlog_key(args.keys)
     try:
         create_topic_pair(config, topics.source, topics.sink, PARTITIONS)
-        if millstream:
-            report = InjectorReports(config, f"tp-{suffix}", [topics.source])
-        produce_events(
+        injection = inject_events(
             config,
             topics.source,
             args.records,
             None,
-            report=report,
-            key_of=key_of,
+            keyspace=keyspace,
+            key_of=backlog_key(args.keys),
             value_of=no_value,
         )
+        result.notes.append(f"injected at {injection.rate:,.0f} records/s")
         python = quix_python(bench) if system.name == "quix" else Path(sys.executable)
         if system.name.startswith(("spark", "millstream")):
             bench.spark()  # before the clock starts
@@ -661,7 +667,7 @@ def measure(bench: Bench, system: System) -> RunResult:
             busy = sum(b.seconds for b in batches)
             result.notes.append(f"{len(batches)} batches, {busy:.1f} s in batches")
         if system.latency:
-            result.latency = latency_phases(bench, config, topics, watcher, handle, report)
+            result.latency = latency_phases(bench, config, topics, watcher, handle)
     except Exception as exc:
         result.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
         print(f"  {system.name} failed: {result.error}", flush=True)
@@ -671,11 +677,8 @@ def measure(bench: Bench, system: System) -> RunResult:
             cleanup.append(handle.stop)
         if watcher is not None:
             cleanup.append(watcher.close)
-        if report is not None:
-            cleanup.append(report.close)
         cleanup.append(lambda: delete_topics_containing(config, suffix))
-        if millstream:
-            cleanup.append(lambda: drop_keyspace(config, f"tp_{suffix}"))
+        cleanup.append(lambda: drop_keyspace(config, keyspace))
         run_all(cleanup)
     return result
 
@@ -686,7 +689,6 @@ def latency_phases(
     topics: Topics,
     watcher: OutputWatcher,
     handle: Handle,
-    report: InjectorReports | None,
 ) -> dict[float, list[float]]:
     args = bench.args
     samples: dict[float, list[float]] = {}
@@ -695,13 +697,13 @@ def latency_phases(
         count = max(1, int(rate * args.latency_seconds))
         before = watcher.count()
         phase_start = time.time_ns() // 1_000
-        produce_events(
+        inject_events(
             config,
             topics.source,
             count,
             rate,
+            keyspace=f"tp_{topics.suffix}",
             first=first,
-            report=report,
             key_of=backlog_key(args.keys),
             value_of=no_value,
         )
@@ -855,11 +857,12 @@ def large_state_run(
     )
     try:
         for case in names:
-            produce_events(
+            inject_events(
                 config,
                 sources[case],
                 WARM_UP,
                 None,
+                keyspace=keyspace,
                 key_of=lambda n: f"w{n}",
                 value_of=no_value,
             )
@@ -870,11 +873,12 @@ def large_state_run(
             def key_of(n: int, keys: list[int] = keys) -> str:
                 return f"k{keys[n - WARM_UP]}"
 
-            produce_events(
+            inject_events(
                 config,
                 sources[case],
                 len(keys),
                 None,
+                keyspace=keyspace,
                 first=WARM_UP,  # record IDs after the warm-up's, or they would be duplicates
                 key_of=key_of,
                 value_of=no_value,
@@ -894,14 +898,6 @@ def large_state_run(
 
 
 # -- plumbing --------------------------------------------------------------------------------
-
-
-def drop_keyspace(config: MillstreamConfig, keyspace: str) -> None:
-    cluster, session = cassandra_connector.connect(config)
-    try:
-        cassandra_connector.drop_keyspace(session, keyspace)
-    finally:
-        cluster.shutdown()
 
 
 def run_all(steps: list[Callable[[], None]]) -> None:

@@ -76,6 +76,15 @@ class DriverWatermarks:
         )
         if report is not None:
             self.publisher.publish(report)
+        watermark = self.state.input.current
+        if any(
+            p.next_event_timer is not None and p.next_event_timer < watermark
+            for p in self.state.intervals.values()
+        ):
+            # Event-time timers still due: a batch fires at most max_timer_firings_per_key
+            # per key, and once the input has ended nothing else would start the batch that
+            # fires the rest.
+            self._wake(self.clock.now())
         due = [
             p.next_wall_timer
             for p in self.state.intervals.values()
@@ -113,7 +122,7 @@ class DriverWatermarks:
         try:
             self.publisher.wake([self.alarm_topic], self._alarm_source)
         except Exception:
-            _log.exception("could not wake %r for its wall-time timers", self.spec.name)
+            _log.exception("could not wake %r for its due timers", self.spec.name)
 
     def close(self) -> None:
         if self._alarm is not None:

@@ -784,6 +784,60 @@ def test_a_wall_time_timer_fires_without_further_input(
         running.stop()
 
 
+class ManyWindows(Computation):
+    """One timer per record's window; each firing produces the window's number."""
+
+    def __init__(self, output: str) -> None:
+        self.output = output
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        window = (record.timestamp - WINDOW_BASE) // WINDOW
+        ctx.set_timer(f"w{window}", window_start(window + 1) - 1)
+
+    def process_timer(self, ctx: Context, timer: Timer) -> None:
+        ctx.produce(self.output, timer.tag.removeprefix("w").encode(), timer.timestamp)
+
+
+def test_due_timers_beyond_one_batchs_firing_cap_fire_without_further_input(
+    services: MillstreamConfig,
+    spark: SparkSession,
+    pipeline: Pipeline,
+    windows_injector: WindowsInjector,
+) -> None:
+    """A key with more due timers than ``max_timer_firings_per_key`` fires them over several
+    batches, though no input or report comes after the first (regression: the rest waited
+    for input that a finished replay never sends)."""
+    topology = Topology(f"capped_{pipeline.suffix}", streams=[pipeline.searches])
+    topology.add_computation(
+        pipeline.per_user,
+        ManyWindows(pipeline.hits),
+        inputs=[pipeline.searches],
+        outputs=[pipeline.hits],
+        options=ComputationOptions(key_intervals=1, max_timer_firings_per_key=3),
+    )
+    one_key = [
+        Record("q", b"", window_start(w), injector_record_id("capped", 0, w)) for w in range(10)
+    ]
+    produce(services, pipeline.searches, [encode_record(r) for r in one_key])
+    windows_injector.report(window_start(20), 1)
+    running = start(pipeline, services, spark, topology, trigger=ProcessingTime(0.5))
+    try:
+        deadline = time.monotonic() + 120
+        while sum(b.fired_timers for b in running.batches()) < 10:
+            running.raise_failure()
+            assert time.monotonic() < deadline, (
+                f"fired {sum(b.fired_timers for b in running.batches())} of 10 timers"
+            )
+            time.sleep(0.5)
+        assert max(b.fired_timers for b in running.batches()) <= 3
+        windows = sorted(
+            int(decode_record(v).value) for _, _, v in read_topic(services, pipeline.hits)
+        )
+        assert windows == list(range(10))
+    finally:
+        running.stop()
+
+
 def test_millstream_run_serves_prometheus_metrics_of_computations_and_injectors(
     services: MillstreamConfig,
     pipeline: Pipeline,

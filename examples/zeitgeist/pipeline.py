@@ -1,0 +1,378 @@
+"""Zeitgeist's computations and topology (paper section 2, figures 1 and 2).
+
+::
+
+    searches ─▶ window_counter ─▶ counts ─▶ model ─▶ predictions ─┬▶ spike_detector ─┐
+     (query)    (event-time buckets,          (per-query model,  └▶ dip_detector  ──┴▶ anomalies
+                 low-watermark timers)         daily seasonality)   (watermark timers)
+
+* **window_counter** counts each query's searches per 5-minute bucket and emits a bucket's
+  count once the low watermark says the bucket is complete (an event-time timer at its
+  last microsecond). A bucket without searches emits nothing.
+* **model** keeps the query's model of expected traffic (:mod:`zeitgeist.model`) and emits,
+  per counted bucket, the prediction made before learning it, plus the model itself. Buckets
+  that emitted nothing count as 0.
+* **spike_detector** has no timers: it decides on each prediction as it comes.
+* **dip_detector** must notice buckets that never come (an outage emits nothing), so it
+  waits on the low watermark: once the watermark passes a bucket no prediction arrived for,
+  that bucket was empty, and it scores it as 0 with the model it last received.
+
+Every record is JSON; anomalies carry ``query, kind, bucket, bucket_time, observed, expected,
+score`` (and ``run``, the name of the run that found them).
+"""
+
+from __future__ import annotations
+
+import json
+from array import array
+from dataclasses import dataclass
+from typing import Any
+
+from millstream.engine.codecs import JsonCodec
+from millstream.engine.computation import Computation
+from millstream.engine.context import Context
+from millstream.engine.records import MAX_EVENT_TIME, Record
+from millstream.engine.timers import Timer
+from millstream.engine.topology import ComputationOptions, Topology
+from zeitgeist.model import (
+    BUCKET_MICROS,
+    DetectorState,
+    ModelParams,
+    Prediction,
+    bucket_of,
+    detect,
+    new_model,
+    predict,
+    update,
+)
+from zeitgeist.series import format_time
+
+__all__ = [
+    "DipDetector",
+    "ModelCalculator",
+    "Names",
+    "OpenBuckets",
+    "OpenBucketsCodec",
+    "SpikeDetector",
+    "WindowCounter",
+    "anomaly_value",
+    "zeitgeist_topology",
+]
+
+JSON = JsonCodec()
+# A gap longer than this (a week of buckets) is not replayed into the model bucket by bucket.
+_MAX_GAP_BUCKETS = 7 * 288
+
+
+@dataclass(frozen=True, slots=True)
+class Names:
+    """The stream and computation names of one run of the job."""
+
+    run: str
+    anomalies: str = "anomalies"
+
+    @property
+    def topology(self) -> str:
+        return f"zeitgeist_{self.run}"
+
+    def stream(self, name: str) -> str:
+        return f"zeitgeist_{self.run}.{name}"
+
+    @property
+    def searches(self) -> str:
+        return self.stream("searches")
+
+    @property
+    def counts(self) -> str:
+        return self.stream("counts")
+
+    @property
+    def predictions(self) -> str:
+        return self.stream("predictions")
+
+    def computation(self, name: str) -> str:
+        return f"zeitgeist_{self.run}_{name}"
+
+
+class OpenBuckets:
+    """A key's counts of the buckets not emitted yet: dense, from bucket ``base`` on.
+
+    Dense and binary on purpose: the state is decoded and encoded on every record, and a
+    backlog read in one batch can hold weeks of buckets open at once; a JSON map of them
+    would make each record cost as much as the whole map.
+    """
+
+    __slots__ = ("base", "counts")
+
+    def __init__(self, base: int, counts: array[int] | None = None) -> None:
+        self.base = base
+        self.counts = counts if counts is not None else array("Q")
+
+    def add(self, bucket: int) -> None:
+        index = (bucket - self.base) // BUCKET_MICROS
+        if index < 0:  # a late record, before every open bucket: grow to the front
+            self.counts[0:0] = array("Q", bytes(8 * -index))
+            self.base, index = bucket, 0
+        if index - len(self.counts) >= 0:
+            self.counts.extend(array("Q", bytes(8 * (index - len(self.counts) + 1))))
+        self.counts[index] += 1
+
+    def take(self, bucket: int) -> int:
+        """The count of ``bucket``, forgetting it and every bucket before it."""
+        index = (bucket - self.base) // BUCKET_MICROS
+        if index < 0 or index >= len(self.counts):
+            return 0
+        count = self.counts[index]
+        del self.counts[: index + 1]
+        self.base = bucket + BUCKET_MICROS
+        return count
+
+
+class OpenBucketsCodec:
+    """:class:`OpenBuckets` as 8 bytes of ``base`` then 8 bytes per count (little-endian)."""
+
+    def encode(self, value: OpenBuckets, /) -> bytes:
+        return value.base.to_bytes(8, "little", signed=True) + value.counts.tobytes()
+
+    def decode(self, data: bytes, /) -> OpenBuckets:
+        counts = array("Q")
+        counts.frombytes(data[8:])
+        return OpenBuckets(int.from_bytes(data[:8], "little", signed=True), counts)
+
+
+OPEN_BUCKETS = OpenBucketsCodec()
+# A record this many buckets away from a key's open ones is refused (a dead letter), so a
+# wild timestamp cannot make the dense state huge: 90 days of 5-minute buckets, 207 KiB.
+MAX_OPEN_BUCKETS = 90 * 288
+
+
+class WindowCounter(Computation):
+    """Counts a query's searches per bucket; emits each bucket once it is complete."""
+
+    def __init__(self, output: str, origin: int = 0) -> None:
+        self.output = output
+        self.origin = origin  # buckets start at origin mod 5 minutes
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        bucket = bucket_of(record.timestamp, self.origin)
+        state = ctx.state(OPEN_BUCKETS)
+        open_buckets = state.get(None) or OpenBuckets(bucket)
+        span = max(
+            bucket + BUCKET_MICROS, open_buckets.base + len(open_buckets.counts) * BUCKET_MICROS
+        ) - min(bucket, open_buckets.base)
+        if span // BUCKET_MICROS > MAX_OPEN_BUCKETS:
+            raise ValueError(
+                f"event time {format_time(record.timestamp)} is more than {MAX_OPEN_BUCKETS} "
+                f"buckets away from the open ones (from {format_time(open_buckets.base)})"
+            )
+        open_buckets.add(bucket)
+        state.set(open_buckets)
+        ctx.set_timer(str(bucket), bucket + BUCKET_MICROS - 1)
+
+    def process_timer(self, ctx: Context, timer: Timer) -> None:
+        state = ctx.state(OPEN_BUCKETS)
+        open_buckets = state.get(None)
+        if open_buckets is None:
+            return
+        count = open_buckets.take(int(timer.tag))
+        if open_buckets.counts:  # its last entry always counts something
+            state.set(open_buckets)
+        else:
+            state.clear()
+        if count:
+            value = {"bucket": int(timer.tag), "count": count}
+            ctx.produce(self.output, json.dumps(value).encode(), timer.timestamp)
+
+
+class ModelCalculator(Computation):
+    """Keeps a query's model; emits each counted bucket's prediction and the model."""
+
+    def __init__(self, output: str, params: ModelParams) -> None:
+        self.output = output
+        self.params = params
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        counted = json.loads(record.value)
+        bucket, count = int(counted["bucket"]), int(counted["count"])
+        state = ctx.state(JSON)
+        model: dict[str, Any] = state.get({}) or new_model()
+        last = model["last"]
+        if last is not None:
+            if bucket <= last:
+                return  # a late recount of a bucket already learned
+            gap = (bucket - last) // BUCKET_MICROS - 1
+            first = (
+                last + BUCKET_MICROS
+                if gap <= _MAX_GAP_BUCKETS
+                else bucket - (_MAX_GAP_BUCKETS * BUCKET_MICROS)
+            )
+            for empty in range(first, bucket, BUCKET_MICROS):
+                update(model, predict(model, empty, 0, self.params), self.params)
+        seen = model["seen"]
+        prediction = predict(model, bucket, count, self.params)
+        update(model, prediction, self.params)
+        state.set(model)
+        value = {
+            "bucket": bucket,
+            "observed": count,
+            "expected": prediction.expected,
+            "scale": prediction.scale,
+            "seen": seen,
+            "model": model,
+        }
+        ctx.produce(self.output, json.dumps(value).encode(), record.timestamp)
+
+
+def anomaly_value(run: str, query: str, kind: str, prediction: Prediction) -> bytes:
+    return json.dumps(
+        {
+            "run": run,
+            "query": query,
+            "kind": kind,
+            "bucket": prediction.bucket,
+            "bucket_time": format_time(prediction.bucket),
+            "observed": prediction.observed,
+            "expected": round(prediction.expected, 2),
+            "score": round(prediction.score, 2),
+        }
+    ).encode()
+
+
+def _prediction(value: dict[str, Any]) -> Prediction:
+    return Prediction(
+        int(value["bucket"]), int(value["observed"]), float(value["expected"]), value["scale"]
+    )
+
+
+class SpikeDetector(Computation):
+    """Declares spikes from predictions as they come (no timers)."""
+
+    def __init__(self, output: str, params: ModelParams, run: str) -> None:
+        self.output = output
+        self.params = params
+        self.run = run
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        value = json.loads(record.value)
+        prediction = _prediction(value)
+        state = ctx.state(JSON)
+        detector = DetectorState.from_json(state.get({}))
+        if detector.last is not None and prediction.bucket <= detector.last:
+            return  # a repeat of a bucket already judged
+        if detect(detector, prediction, "spike", int(value["seen"]), self.params):
+            anomaly = anomaly_value(self.run, ctx.key, "spike", prediction)
+            ctx.produce(self.output, anomaly, record.timestamp)
+        state.set(detector.to_json())
+
+
+class DipDetector(Computation):
+    """Declares dips, judging a bucket only once the low watermark says it is complete.
+
+    Buckets that had predictions are judged as they arrive (a prediction is only made for a
+    complete bucket). A bucket with no searches makes no prediction; the watermark timer
+    ``silence``, set at the end of the next expected bucket, finds those: when it fires and
+    the bucket's prediction has not come, the bucket was empty, and it is judged as 0 against
+    the model the last prediction carried. Once the input ended (the watermark reached the end
+    of time), silence is the end of the data, not an outage.
+    """
+
+    def __init__(self, output: str, params: ModelParams, run: str) -> None:
+        self.output = output
+        self.params = params
+        self.run = run
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        value = json.loads(record.value)
+        prediction = _prediction(value)
+        state = ctx.state(JSON)
+        current: dict[str, Any] = state.get({})
+        upcoming = current.get("next")
+        if upcoming is not None and prediction.bucket < upcoming:
+            return  # judged already (a repeat)
+        detector = DetectorState.from_json(current.get("detector"))
+        model = current.get("model")
+        if upcoming is not None and model is not None:
+            # Buckets between the last judged one and this one were empty.
+            for empty in range(upcoming, prediction.bucket, BUCKET_MICROS)[-_MAX_GAP_BUCKETS:]:
+                self._judge_empty(ctx, detector, model, empty, record.timestamp)
+        if detect(detector, prediction, "dip", int(value["seen"]), self.params):
+            anomaly = anomaly_value(self.run, ctx.key, "dip", prediction)
+            ctx.produce(self.output, anomaly, record.timestamp)
+        following = prediction.bucket + BUCKET_MICROS
+        state.set({"detector": detector.to_json(), "model": value["model"], "next": following})
+        ctx.set_timer("silence", following + BUCKET_MICROS - 1)
+
+    def process_timer(self, ctx: Context, timer: Timer) -> None:
+        watermark = ctx.input_low_watermark
+        if watermark >= MAX_EVENT_TIME:
+            return  # the input ended: the rest is not an outage
+        state = ctx.state(JSON)
+        current: dict[str, Any] = state.get({})
+        upcoming, model = current.get("next"), current.get("model")
+        if upcoming is None or model is None:
+            return
+        detector = DetectorState.from_json(current.get("detector"))
+        judged = 0
+        while upcoming + BUCKET_MICROS - 1 < watermark and judged < _MAX_GAP_BUCKETS:
+            self._judge_empty(ctx, detector, model, upcoming, upcoming + BUCKET_MICROS - 1)
+            upcoming += BUCKET_MICROS
+            judged += 1
+        state.set({"detector": detector.to_json(), "model": model, "next": upcoming})
+        if judged < _MAX_GAP_BUCKETS:
+            ctx.set_timer("silence", upcoming + BUCKET_MICROS - 1)
+
+    def _judge_empty(
+        self,
+        ctx: Context,
+        detector: DetectorState,
+        model: dict[str, Any],
+        bucket: int,
+        timestamp: int,
+    ) -> None:
+        seen = model["seen"]
+        prediction = predict(model, bucket, 0, self.params)
+        update(model, prediction, self.params)
+        if detect(detector, prediction, "dip", seen, self.params):
+            ctx.produce(self.output, anomaly_value(self.run, ctx.key, "dip", prediction), timestamp)
+
+
+def zeitgeist_topology(
+    names: Names,
+    params: ModelParams | None = None,
+    *,
+    origin: int = 0,
+    key_intervals: int = 2,
+) -> Topology:
+    """The job for one run: ``names`` says its streams, ``origin`` where buckets start."""
+    params = params or ModelParams()
+    options = ComputationOptions(key_intervals=key_intervals)
+    topology = Topology(names.topology, streams=[names.searches])
+    topology.add_computation(
+        names.computation("window_counter"),
+        WindowCounter(names.counts, origin),
+        inputs=[names.searches],
+        outputs=[names.counts],
+        options=options,
+    )
+    topology.add_computation(
+        names.computation("model"),
+        ModelCalculator(names.predictions, params),
+        inputs=[names.counts],
+        outputs=[names.predictions],
+        options=options,
+    )
+    topology.add_computation(
+        names.computation("spike_detector"),
+        SpikeDetector(names.anomalies, params, names.run),
+        inputs=[names.predictions],
+        outputs=[names.anomalies],
+        options=options,
+    )
+    topology.add_computation(
+        names.computation("dip_detector"),
+        DipDetector(names.anomalies, params, names.run),
+        inputs=[names.predictions],
+        outputs=[names.anomalies],
+        options=options,
+    )
+    return topology

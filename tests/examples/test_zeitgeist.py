@@ -1,0 +1,356 @@
+"""Zeitgeist, the main job: its pieces in-process, and a slice of real traffic on the stack with
+a kill -9 of the driver in the middle."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from millstream.connectors import kafka as kafka_connector
+from millstream.engine.config import MillstreamConfig
+from millstream.engine.records import MAX_EVENT_TIME, Record, injector_record_id
+from millstream.engine.testing import Watermark, record, run_computation, run_topology
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+if str(EXAMPLES) not in sys.path:
+    sys.path.insert(0, str(EXAMPLES))
+
+from zeitgeist.generate import generate  # noqa: E402
+from zeitgeist.job import JobInput, collect, inject, score_run  # noqa: E402
+from zeitgeist.model import BUCKET_MICROS, ModelParams, bucket_of  # noqa: E402
+from zeitgeist.offline import reference_detections, trace  # noqa: E402
+from zeitgeist.pipeline import (  # noqa: E402
+    Names,
+    OpenBuckets,
+    OpenBucketsCodec,
+    WindowCounter,
+    zeitgeist_topology,
+)
+from zeitgeist.replay import parse_search, write_logs  # noqa: E402
+from zeitgeist.series import Detection, Series, load_series, parse_time, score  # noqa: E402
+
+if TYPE_CHECKING:
+    from cassandra.cluster import Session
+
+NAB = EXAMPLES / "zeitgeist" / "data" / "nab"
+HOUR = 3_600_000_000
+DAY = 24 * HOUR
+
+
+def replayed(series: list[Series], directory: Path) -> list[Record]:
+    """The events the log-file injector would read from ``series``' replay, in file order."""
+    write_logs(series, directory)
+    events: list[Record] = []
+    for path in sorted(directory.glob("*.log")):
+        for number, line in enumerate(path.read_text().splitlines()):
+            event = parse_search(line)
+            record_id = injector_record_id(path.name, 0, number)
+            events.append(Record(event.key, event.value, event.timestamp, record_id))
+    return events
+
+
+def run_in_memory(series: list[Series], directory: Path, params: ModelParams) -> list[Detection]:
+    """The streaming topology on the in-memory harness, the watermark following every hour."""
+    names = Names("memory")
+    origin = min(s.start for s in series) % BUCKET_MICROS
+    topology = zeitgeist_topology(names, params, origin=origin)
+    steps: list[tuple[str, Record] | Watermark] = []
+    horizon = None
+    for event in replayed(series, directory):
+        hour = event.timestamp // HOUR
+        if horizon is not None and hour > horizon:
+            steps.append(Watermark(hour * HOUR))
+        horizon = hour
+        steps.append((names.searches, event))
+    steps.append(Watermark(MAX_EVENT_TIME))
+    runs = run_topology(topology, steps)
+    found = [
+        json.loads(r.value)
+        for name in ("spike_detector", "dip_detector")
+        for r in runs[names.computation(name)].records(names.anomalies)
+    ]
+    return sorted(Detection(a["query"], a["kind"], a["bucket"]) for a in found)
+
+
+# -- unit -------------------------------------------------------------------------------------
+
+
+@pytest.mark.unit
+def test_scoring_is_nab_window_scoring() -> None:
+    windows = [(100, 200), (300, 400)]
+    # 150 finds the first window, 160 is a repeat inside it, 250 is a false alarm, 400 (the
+    # end, inclusive) finds the second.
+    result = score(windows, [150, 160, 250, 400])
+    assert (result.found, result.false_alarms, result.detections) == (2, 1, 4)
+    assert result.recall == 1.0
+    assert result.precision == pytest.approx(2 / 3)
+    assert score(windows, []).recall == 0.0
+
+
+@pytest.mark.unit
+def test_load_series_names_the_file_and_line_of_a_bad_row(tmp_path: Path) -> None:
+    (tmp_path / "q.csv").write_text("timestamp,value\n2015-01-01 00:00:00,3\nnot a row\n")
+    with pytest.raises(ValueError, match=r"q\.csv:3"):
+        load_series(tmp_path)
+    (tmp_path / "q.csv").write_text("when,how many\n")
+    with pytest.raises(ValueError, match="header"):
+        load_series(tmp_path)
+
+
+@pytest.mark.unit
+def test_the_shipped_nab_series_and_labels_load() -> None:
+    series = load_series(NAB)
+    assert [s.query for s in series] == ["AAPL", "AMZN", "FB", "GOOG", "IBM"]
+    assert sum(len(s.windows) for s in series) == 15
+    assert sum(s.events for s in series) == 2_884_507
+    assert (NAB / "LICENSE.txt").read_text().startswith("Copyright")
+
+
+@pytest.mark.unit
+def test_a_replay_reproduces_every_bucket_and_is_the_same_each_time(tmp_path: Path) -> None:
+    start = parse_time("2015-03-01 23:52:53")
+    series = [
+        Series("AAPL", {start: 3, start + BUCKET_MICROS: 1, start + 3 * BUCKET_MICROS: 7}),
+        Series("IBM", {start + BUCKET_MICROS: 2}),
+    ]
+    events = replayed(series, tmp_path / "one")
+    counted = Counter((e.key, bucket_of(e.timestamp, start % BUCKET_MICROS)) for e in events)
+    expected = {(s.query, b): c for s in series for b, c in s.counts.items()}
+    assert dict(counted) == expected
+    assert len({e.record_id for e in events}) == len(events)
+    # The day boundary splits the files; the second replay is byte for byte the first.
+    again = tmp_path / "two"
+    write_logs(series, again)
+    first = sorted(p.name for p in (tmp_path / "one").glob("*.log"))
+    assert first == sorted(p.name for p in again.glob("*.log"))
+    assert len(first) == 2
+    for name in first:
+        assert (tmp_path / "one" / name).read_bytes() == (again / name).read_bytes()
+
+
+@pytest.mark.unit
+def test_parse_search_rejects_lines_without_a_query_or_a_zone() -> None:
+    assert parse_search("2015-03-01T00:00:00.000001Z IBM").timestamp == (
+        parse_time("2015-03-01 00:00:00") + 1
+    )
+    with pytest.raises(ValueError, match="query"):
+        parse_search("2015-03-01T00:00:00Z")
+    with pytest.raises(ValueError, match="zone"):
+        parse_search("2015-03-01T00:00:00 IBM")
+
+
+@pytest.mark.unit
+def test_generated_traffic_is_seeded_and_its_truth_is_exact() -> None:
+    first, again, other = generate(seed=3), generate(seed=3), generate(seed=4)
+    assert [s.counts for s in first.series] == [s.counts for s in again.series]
+    assert [s.counts for s in first.series] != [s.counts for s in other.series]
+    kinds = Counter(a.kind for a in first.anomalies)
+    assert kinds["spike"] >= 5
+    assert kinds["dip"] >= 5
+    (outage,) = [a for a in first.anomalies if a.outage]
+    assert outage.kind == "dip"
+    counts = next(s for s in first.series if s.query == outage.query).counts
+    assert all(counts.get(b, 0) == 0 for b in range(outage.start, outage.end, BUCKET_MICROS))
+
+
+@pytest.mark.unit
+def test_the_streaming_topology_finds_what_the_reference_finds(tmp_path: Path) -> None:
+    # Sensitive settings, so that both detectors declare plenty to compare.
+    params = ModelParams(threshold=5.0, dip_threshold=2.5)
+    traffic = generate(seed=5, queries=2, days=5)
+    streamed = run_in_memory(traffic.series, tmp_path, params)
+    reference = sorted(reference_detections(traffic.series, params))
+    assert reference, "the reference found nothing: the comparison would be vacuous"
+    assert streamed == reference
+    assert {d.kind for d in streamed} == {"spike", "dip"}
+
+
+@pytest.mark.unit
+def test_the_dip_detector_declares_an_outage_from_the_watermark_alone(tmp_path: Path) -> None:
+    """Searches stop; only the low watermark moves on, and the dip is declared by timers."""
+    start = parse_time("2015-03-01 00:00:00")
+    steady = {start + i * BUCKET_MICROS: 30 for i in range(3 * 288)}
+    silent_from = start + 3 * DAY
+    series = [Series("q", steady)]
+    names = Names("outage")
+    topology = zeitgeist_topology(names)
+    steps: list[tuple[str, Record] | Watermark] = [
+        (names.searches, e) for e in replayed(series, tmp_path)
+    ]
+    steps.append(Watermark(silent_from + 2 * HOUR))  # two silent hours, input not ended
+    runs = run_topology(topology, steps)
+    dips = [
+        json.loads(r.value)
+        for r in runs[names.computation("dip_detector")].records(names.anomalies)
+    ]
+    assert len(dips) == 1, dips
+    assert dips[0]["kind"] == "dip"
+    assert dips[0]["observed"] == 0
+    assert silent_from <= dips[0]["bucket"] < silent_from + HOUR
+    assert runs[names.computation("dip_detector")].fired_timers, "judged without a timer"
+
+
+# -- on the stack -----------------------------------------------------------------------------
+
+IBM_SLICE_DAYS = 27  # Feb 26 to Mar 25: the labelled IBM window of Mar 22 to 25 is inside
+
+
+@pytest.fixture
+def zeitgeist_run(services: MillstreamConfig, cassandra: Session) -> Iterator[tuple[Names, str]]:
+    suffix = f"t{os.getpid()}{int(time.time() * 1000) % 10_000_000}"
+    names = Names(suffix, anomalies=f"anomalies_{suffix}")
+    keyspace = f"zg_{suffix}"
+    from millstream.connectors import cassandra as cassandra_connector
+
+    cassandra_connector.create_keyspace(cassandra, keyspace)
+    yield names, keyspace
+    kafka_connector.delete_topics(
+        services,
+        [
+            kafka_connector.stream_topic(s)
+            for s in (names.searches, names.counts, names.predictions, names.anomalies)
+        ],
+    )
+    cassandra_connector.drop_keyspace(cassandra, keyspace)
+
+
+def _end(config: MillstreamConfig, stream: str) -> int:
+    reader = kafka_connector.consumer(config, "zeitgeist-test")
+    try:
+        topic = kafka_connector.stream_topic(stream)
+        return sum(kafka_connector.end_offsets(reader, [topic])[topic].values())
+    finally:
+        reader.close()
+
+
+@pytest.mark.integration
+def test_a_slice_of_real_traffic_finds_its_anomaly_and_a_killed_driver_changes_nothing(
+    services: MillstreamConfig, zeitgeist_run: tuple[Names, str], tmp_path: Path
+) -> None:
+    names, keyspace = zeitgeist_run
+    (ibm,) = load_series(NAB, ["IBM"])
+    ibm = ibm.between(ibm.start, ibm.start + IBM_SLICE_DAYS * DAY)
+    job = JobInput("ibm", [ibm])
+    write_logs(job.series, tmp_path / "logs")
+    checkpoints = tmp_path / "checkpoints"
+    stats = inject(services, names, tmp_path / "logs", keyspace=keyspace)
+    assert (stats.emitted, stats.dead_letters) == (ibm.events, 0)
+
+    command = [
+        sys.executable,
+        "-m",
+        "zeitgeist.driver",
+        names.run,
+        str(job.origin),
+        f"--keyspace={keyspace}",
+        f"--checkpoint-root={checkpoints}",
+        f"--anomalies={names.anomalies}",
+    ]
+    log = tmp_path / "driver.log"
+    with log.open("w") as sink:
+        crashed = subprocess.Popen(
+            command,
+            cwd=EXAMPLES,
+            stdout=sink,
+            stderr=sink,
+            start_new_session=True,  # its own process group: the JVM and Python workers too
+        )
+    buckets = sum(1 for c in ibm.counts.values() if c)
+
+    def tail() -> str:
+        return log.read_text()[-4000:]
+
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            assert crashed.poll() is None, f"the driver ended before it could be killed: {tail()}"
+            assert time.monotonic() < deadline, f"the driver made no progress: {tail()}"
+            with contextlib.suppress(Exception):
+                if _end(services, names.predictions) >= buckets // 3:
+                    break
+            time.sleep(0.5)
+        os.kill(crashed.pid, signal.SIGKILL)
+        assert crashed.wait(60) == -signal.SIGKILL
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(crashed.pid, signal.SIGKILL)
+        crashed.wait(60)
+    assert _end(services, names.predictions) < buckets, "the kill did not land mid-run"
+
+    finished = subprocess.run(
+        command, cwd=EXAMPLES, capture_output=True, text=True, timeout=600, check=False
+    )
+    assert finished.returncode == 0, finished.stderr[-4000:]
+
+    collected = collect(services, names)
+    found = sorted(collected.detections)
+    # Deduplicated by record ID, each anomaly is there once, and exactly the reference's.
+    assert len(found) == len(set(found))
+    assert found == sorted(trace(ibm, ModelParams()).detections)
+    overall, _ = score_run(job, found)
+    assert (overall.windows, overall.found) == (1, 1), found
+    # Every counted bucket was predicted once.
+    assert sum(len(p) for p in collected.predictions.values()) == buckets
+    # And a user sees the same with the CLI.
+    tailed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "millstream.engine.cli",
+            "tail",
+            names.anomalies,
+            "--from-beginning",
+            "--dedup",
+            "--value=json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert tailed.returncode == 0, tailed.stderr
+    shown = [json.loads(line)["value"] for line in tailed.stdout.splitlines()]
+    assert sorted(Detection(a["query"], a["kind"], a["bucket"]) for a in shown) == found
+
+
+@pytest.mark.unit
+def test_open_buckets_grow_both_ways_and_round_trip() -> None:
+    codec = OpenBucketsCodec()
+    start = parse_time("2015-03-01 00:00:00")
+    buckets = OpenBuckets(start)
+    for bucket in (start, start, start + 3 * BUCKET_MICROS, start - 2 * BUCKET_MICROS):
+        buckets.add(bucket)
+    again = codec.decode(codec.encode(buckets))
+    assert again.base == start - 2 * BUCKET_MICROS
+    assert list(again.counts) == [1, 0, 2, 0, 0, 1]
+    assert again.take(start) == 2
+    assert (again.base, list(again.counts)) == (start + BUCKET_MICROS, [0, 0, 1])
+    assert again.take(start - 10 * BUCKET_MICROS) == 0
+
+
+@pytest.mark.unit
+def test_a_wildly_timed_search_is_a_dead_letter_not_a_huge_state(tmp_path: Path) -> None:
+    start = parse_time("2015-03-01 00:00:00")
+    run = run_computation(
+        WindowCounter("counts"),
+        [
+            record("IBM", b"IBM", start),
+            record("IBM", b"IBM", start + 400 * DAY),
+            Watermark(start + DAY),
+        ],
+        outputs=["counts"],
+    )
+    assert [json.loads(v) for v in run.values("counts")] == [{"bucket": start, "count": 1}]
+    (letter,) = run.dead_letters
+    assert "buckets away" in letter.error_message
