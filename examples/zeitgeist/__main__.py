@@ -40,7 +40,7 @@ def _generated_input(seed: int, days: int, queries: int) -> JobInput:
         "generated",
         traffic.series,
         truth={kind: traffic.windows(kind) for kind in ("spike", "dip")},
-        outages=[(a.query, a.start, a.end) for a in traffic.anomalies if a.outage],
+        outages=[(a.query, *a.window) for a in traffic.anomalies if a.outage],
     )
 
 

@@ -53,17 +53,14 @@ class JobInput:
     """One input of a run: its series, and the truth to score against.
 
     ``windows`` are labelled windows per query (any kind); ``truth`` windows per kind
-    ("spike", "dip") per query, for generated traffic whose truth knows the kind.
+    ("spike", "dip") per query, for generated traffic whose truth knows the kind; ``outages``
+    the truth windows ``(query, start, end)`` of outages, which must be found as dips.
     """
 
     name: str
     series: list[Series]
     truth: dict[str, dict[str, list[tuple[int, int]]]] = field(default_factory=dict)
     outages: list[tuple[str, int, int]] = field(default_factory=list)
-
-    @property
-    def events(self) -> int:
-        return sum(s.events for s in self.series)
 
     @property
     def origin(self) -> int:
@@ -337,14 +334,15 @@ def run_input(
         raise failure[0]
     seconds = time.monotonic() - started
     counter = names.computation("window_counter")
-    processed = running.metrics()[counter].processed if counter in running.metrics() else 0
+    counted = running.metrics().get(counter)
+    processed = counted.processed if counted is not None else 0
     collected = collect(config, names)
     overall, per_kind = score_run(job, collected.detections)
     outages_found = sum(
         1
         for query, start, end in job.outages
         if any(
-            d.query == query and d.kind == "dip" and start <= d.bucket <= end + 3_600_000_000
+            d.query == query and d.kind == "dip" and start <= d.bucket <= end
             for d in collected.detections
         )
     )

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
@@ -55,7 +55,6 @@ __all__ = [
     "Prediction",
     "bucket_of",
     "detect",
-    "new_detector",
     "new_model",
     "predict",
     "update",
@@ -96,9 +95,6 @@ class ModelParams:
     prior_peak: float = 3.0  # the daily peak of a calm series (max of 288 normal scores)
     prior_spread: float = 0.15  # and the spread of its logarithm
     cooldown: int = 288  # buckets of quiet after a declaration: one event, one anomaly
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,10 +221,6 @@ class DetectorState:
             list(data["peaks"]),
             [list(u) for u in data["usual"]],
         )
-
-
-def new_detector() -> DetectorState:
-    return DetectorState()
 
 
 def _learn_peaks(state: DetectorState, params: ModelParams) -> None:

@@ -47,8 +47,8 @@ def trace(series: Series, params: ModelParams) -> Traced:
         prediction = predict(model, bucket, observed, params)
         update(model, prediction, params)
         traced.predictions.append(prediction)
-        counted = series.counts.get(bucket, 0) > 0  # an empty bucket reaches no spike detector
-        if counted and detect(spike, prediction, "spike", seen, params):
+        # An empty bucket reaches no spike detector.
+        if observed > 0 and detect(spike, prediction, "spike", seen, params):
             traced.detections.append(Detection(series.query, "spike", bucket))
         if detect(dip, prediction, "dip", seen, params):
             traced.detections.append(Detection(series.query, "dip", bucket))

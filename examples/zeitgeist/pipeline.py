@@ -64,6 +64,13 @@ JSON = JsonCodec()
 _MAX_GAP_BUCKETS = 7 * 288
 
 
+def _empty_buckets(first: int, before: int) -> range:
+    """The buckets from ``first`` up to ``before`` that the model learns as empty: the last
+    ``_MAX_GAP_BUCKETS`` of them. The model and the dip detector both replay a gap with
+    this, so the dip detector's copy of the model stays the model's."""
+    return range(first, before, BUCKET_MICROS)[-_MAX_GAP_BUCKETS:]
+
+
 @dataclass(frozen=True, slots=True)
 class Names:
     """The stream and computation names of one run of the job."""
@@ -113,7 +120,7 @@ class OpenBuckets:
         if index < 0:  # a late record, before every open bucket: grow to the front
             self.counts[0:0] = array("Q", bytes(8 * -index))
             self.base, index = bucket, 0
-        if index - len(self.counts) >= 0:
+        if index >= len(self.counts):
             self.counts.extend(array("Q", bytes(8 * (index - len(self.counts) + 1))))
         self.counts[index] += 1
 
@@ -200,13 +207,7 @@ class ModelCalculator(Computation):
         if last is not None:
             if bucket <= last:
                 return  # a late recount of a bucket already learned
-            gap = (bucket - last) // BUCKET_MICROS - 1
-            first = (
-                last + BUCKET_MICROS
-                if gap <= _MAX_GAP_BUCKETS
-                else bucket - (_MAX_GAP_BUCKETS * BUCKET_MICROS)
-            )
-            for empty in range(first, bucket, BUCKET_MICROS):
+            for empty in _empty_buckets(last + BUCKET_MICROS, bucket):
                 update(model, predict(model, empty, 0, self.params), self.params)
         seen = model["seen"]
         prediction = predict(model, bucket, count, self.params)
@@ -293,7 +294,7 @@ class DipDetector(Computation):
         model = current.get("model")
         if upcoming is not None and model is not None:
             # Buckets between the last judged one and this one were empty.
-            for empty in range(upcoming, prediction.bucket, BUCKET_MICROS)[-_MAX_GAP_BUCKETS:]:
+            for empty in _empty_buckets(upcoming, prediction.bucket):
                 self._judge_empty(ctx, detector, model, empty, record.timestamp)
         if detect(detector, prediction, "dip", int(value["seen"]), self.params):
             anomaly = anomaly_value(self.run, ctx.key, "dip", prediction)

@@ -11,9 +11,8 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
@@ -39,9 +38,6 @@ from zeitgeist.pipeline import (  # noqa: E402
 )
 from zeitgeist.replay import parse_search, write_logs  # noqa: E402
 from zeitgeist.series import Detection, Series, load_series, parse_time, score  # noqa: E402
-
-if TYPE_CHECKING:
-    from cassandra.cluster import Session
 
 NAB = EXAMPLES / "zeitgeist" / "data" / "nab"
 HOUR = 3_600_000_000
@@ -207,14 +203,14 @@ IBM_SLICE_DAYS = 27  # Feb 26 to Mar 25: the labelled IBM window of Mar 22 to 25
 
 
 @pytest.fixture
-def zeitgeist_run(services: MillstreamConfig, cassandra: Session) -> Iterator[tuple[Names, str]]:
-    suffix = f"t{os.getpid()}{int(time.time() * 1000) % 10_000_000}"
+def zeitgeist_run(
+    services: MillstreamConfig,
+    unique: Callable[[str], str],
+    cassandra_keyspace: Callable[[], str],
+) -> Iterator[tuple[Names, str]]:
+    suffix = unique("t")
     names = Names(suffix, anomalies=f"anomalies_{suffix}")
-    keyspace = f"zg_{suffix}"
-    from millstream.connectors import cassandra as cassandra_connector
-
-    cassandra_connector.create_keyspace(cassandra, keyspace)
-    yield names, keyspace
+    yield names, cassandra_keyspace()
     kafka_connector.delete_topics(
         services,
         [
@@ -222,7 +218,6 @@ def zeitgeist_run(services: MillstreamConfig, cassandra: Session) -> Iterator[tu
             for s in (names.searches, names.counts, names.predictions, names.anomalies)
         ],
     )
-    cassandra_connector.drop_keyspace(cassandra, keyspace)
 
 
 def _end(config: MillstreamConfig, stream: str) -> int:
