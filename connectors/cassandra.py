@@ -6,6 +6,7 @@ import re
 import socket
 
 from cassandra.cluster import Cluster, Session
+from cassandra.policies import ExponentialReconnectionPolicy
 
 from millstream.engine.config import MillstreamConfig
 
@@ -23,6 +24,9 @@ def connect(config: MillstreamConfig, keyspace: str | None = None) -> tuple[Clus
         # The driver leaves Nagle on: a request of a few KB then waits ~40 ms for the
         # server's delayed ACK, which caps commits per second (bench/core_commits.py).
         sockopts=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
+        # A node back from a restart is found within seconds (the default backs off to ten
+        # minutes, far longer than a driver waits out an outage).
+        reconnection_policy=ExponentialReconnectionPolicy(base_delay=0.5, max_delay=5.0),
     )
     return cluster, cluster.connect(keyspace)
 

@@ -383,45 +383,58 @@ class WatermarkReader:
         # Fetches return at once: a driver reads before every batch and must not wait.
         self._consumer = consumer(config, "millstream-watermarks", **{"fetch.wait.max.ms": 10})
         self._next: dict[int, int] = {}
+        self._assigned = False
         self.skipped = 0
 
     def read(self, timeout: float = 30.0) -> list[tuple[str, WatermarkMessage | None]]:
+        """The messages after those read before, up to the topic's end now.
+
+        A read that fails (Kafka down, a timeout) returns nothing and moves nothing: the next
+        read starts where this one did, so no report is ever skipped.
+        """
         ends = end_offsets(self._consumer, [self.topic], timeout)[self.topic]
-        if ends.keys() - self._next.keys():
-            # Assigned once (again only if partitions are added): re-assigning resets the
-            # fetcher, which then takes a second or more to deliver.
+        if not self._assigned or ends.keys() - self._next.keys():
+            # Assigned once (again only if partitions are added, or after a failed read):
+            # re-assigning resets the fetcher, which then takes a second or more to deliver.
             for partition in ends:
                 self._next.setdefault(partition, 0)
             self._consumer.assign(
                 [TopicPartition(self.topic, p, self._next[p]) for p in sorted(ends)]
             )
-        wanted = {p: end for p, end in ends.items() if self._next[p] < end}
+            self._assigned = True
+        position = dict(self._next)
+        wanted = {p: end for p, end in ends.items() if position[p] < end}
         found: list[tuple[str, WatermarkMessage | None]] = []
         deadline = time.monotonic() + timeout
-        while any(self._next[p] < end for p, end in wanted.items()):
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"could not read {self.topic!r} up to its end within {timeout} s"
-                )
-            message = self._consumer.poll(0.1)
-            if message is None:
-                # Compaction leaves gaps in the offsets; the fetch position skips them.
-                for position in self._consumer.position(
-                    [TopicPartition(self.topic, p) for p in wanted]
-                ):
-                    if position.offset >= 0:
-                        self._next[position.partition] = max(
-                            self._next[position.partition], position.offset
-                        )
-                continue
-            if message.error() is not None:
-                raise KafkaException(message.error())
-            at, offset = message.partition(), message.offset()
-            # Both are set on a consumed message.
-            assert at is not None
-            assert offset is not None
-            self._next[at] = offset + 1
-            found.extend(self._parse(message))
+        try:
+            while any(position[p] < end for p, end in wanted.items()):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"could not read {self.topic!r} up to its end within {timeout} s"
+                    )
+                message = self._consumer.poll(0.1)
+                if message is None:
+                    # Compaction leaves gaps in the offsets; the fetch position skips them.
+                    for fetched in self._consumer.position(
+                        [TopicPartition(self.topic, p) for p in wanted]
+                    ):
+                        if fetched.offset >= 0:
+                            position[fetched.partition] = max(
+                                position[fetched.partition], fetched.offset
+                            )
+                    continue
+                if message.error() is not None:
+                    raise KafkaException(message.error())
+                at, offset = message.partition(), message.offset()
+                # Both are set on a consumed message.
+                assert at is not None
+                assert offset is not None
+                position[at] = offset + 1
+                found.extend(self._parse(message))
+        except BaseException:
+            self._assigned = False  # the consumer's position is past ours: seek back
+            raise
+        self._next = position
         return found
 
     def _parse(self, message: Message) -> list[tuple[str, WatermarkMessage | None]]:

@@ -156,7 +156,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="how to show pending productions' values, as for tail (default: text)",
     )
     state.add_argument("--json", action="store_true", help="print one JSON object")
+    prove = commands.add_parser(
+        "prove",
+        help="run a workload on the local stack under a seeded fault schedule and check that "
+        "nothing was lost or duplicated (the proving ground)",
+    )
+    prove.add_argument(
+        "--tier", choices=("ci", "t1", "t2"), default="ci", help="the run's size (default: ci)"
+    )
+    prove.add_argument("--seed", type=int, default=1, help="the fault schedule's seed")
+    prove.add_argument(
+        "--repeat", type=_positive, default=1, metavar="N", help="N runs, seeds SEED..SEED+N-1"
+    )
+    prove.add_argument(
+        "--faults",
+        default=None,
+        metavar="KIND,...",
+        help="only these faults (default: every kind; see the README for the list)",
+    )
+    prove.add_argument("--records", type=_positive, default=None, help="override the tier's")
+    prove.add_argument("--keys", type=_positive, default=None, help="override the tier's")
+    prove.add_argument(
+        "--faults-per-kind", type=_positive, default=None, help="override the tier's"
+    )
+    prove.add_argument(
+        "--keep", action="store_true", help="keep the run's topics, keyspace and directory"
+    )
+    prove.add_argument("--json", type=Path, default=None, help="also write the reports here")
     args = parser.parse_args(argv)
+    if args.command == "prove":
+        return _prove(args)
     if args.command == "state":
         return _state(args)
     if args.command == "run":
@@ -261,6 +290,49 @@ def _run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("millstream run: interrupted", file=sys.stderr)
         return 130
+
+
+def _prove(args: argparse.Namespace) -> int:
+    from millstream.connectors.local.stack import LocalStack
+    from millstream.connectors.proving import FAULTS, TIERS, prove
+
+    def progress(message: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+    tier = TIERS[args.tier]
+    overrides = {
+        "records": args.records,
+        "keys": args.keys,
+        "faults": args.faults_per_kind,
+    }
+    tier = dataclasses.replace(tier, **{k: v for k, v in overrides.items() if v is not None})
+    kinds = tuple(FAULTS) if args.faults is None else tuple(args.faults.split(","))
+    config = load_config()
+    try:
+        stack = LocalStack(config, progress)
+        stack.up()
+        reports = []
+        for seed in range(args.seed, args.seed + args.repeat):
+            report = prove(
+                config,
+                tier,
+                seed,
+                services=stack.services,
+                kinds=kinds,
+                keep=args.keep,
+                progress=progress,
+            )
+            print(report.render(), flush=True)
+            reports.append(report)
+        if args.json is not None:
+            args.json.write_text(json.dumps([r.to_json() for r in reports], indent=2))
+        if len(reports) > 1:
+            passed = sum(r.passed for r in reports)
+            print(f"{passed} of {len(reports)} runs passed")
+        return 0 if all(r.passed for r in reports) else 1
+    except MillstreamError as exc:
+        print(f"millstream prove: error: {exc}", file=sys.stderr)
+        return 2
 
 
 def _watermarks(args: argparse.Namespace) -> int:

@@ -50,6 +50,7 @@ from millstream.engine.errors import (
     UnknownOutcomeError,
 )
 from millstream.engine.keys import key_interval
+from millstream.engine.pause_points import pause_point
 from millstream.engine.productions import Production, ProductionSink
 from millstream.engine.records import (
     MAX_EVENT_TIME,
@@ -104,7 +105,12 @@ class BatchResult:
     """What a committed batch did: records ``processed`` (duplicates and late ones counted
     apart), timers fired, dead letters, keys committed, productions the sink acknowledged
     (resends included) and those still ``pending`` after it, and what the interval has left to
-    do (``progress``, for watermarks and for running it without input)."""
+    do (``progress``, for watermarks and for running it without input).
+
+    ``resent`` counts checkpointed productions sent again as the batch began (left
+    unacknowledged by this worker or by a previous owner of the interval), and
+    ``unknown_outcomes`` the commits whose outcome was unknown, since the worker's last
+    finished batch (read back, or settled by this batch's takeover of the interval)."""
 
     lease: Lease
     rescanned: bool
@@ -116,6 +122,8 @@ class BatchResult:
     committed_keys: int = 0
     acknowledged: int = 0
     pending: int = 0
+    resent: int = 0
+    unknown_outcomes: int = 0
     progress: IntervalProgress = field(default_factory=IntervalProgress)
 
 
@@ -163,6 +171,10 @@ class IntervalWorker:
         self._cache = cache if cache is not None else StateCache()
         self._user_code = user_code if user_code is not None else nullcontext()
         self._soft: _SoftState | None = None
+        # Unknown commit outcomes met since the last batch that finished: a batch that failed
+        # on one (its resolution failing too, the store down) reports it once a later batch,
+        # which resolves it by taking the interval over, has committed.
+        self._unknown_outcomes = 0
 
     def process(
         self,
@@ -204,7 +216,7 @@ class IntervalWorker:
         else:
             soft.lease = lease
         self._soft = soft
-        result = BatchResult(lease=lease, rescanned=rescan)
+        result = BatchResult(lease=lease, rescanned=rescan, resent=len(soft.pending))
         self._send(soft, list(soft.pending.values()), result)
 
         records: dict[str, list[Delivery]] = {}
@@ -252,10 +264,16 @@ class IntervalWorker:
                 else:
                     key_changes.productions.append(production)
         to_commit = [c for c in changes.values() if not c.is_empty()]
+        if to_commit:
+            pause_point("executor.commit", self.spec.name)
         self._commit(lease, to_commit)
+        result.unknown_outcomes, self._unknown_outcomes = self._unknown_outcomes, 0
         result.committed_keys = len(to_commit)
         self._remember(soft, committed, to_commit)
-        self._send(soft, [p for c in to_commit for p in c.productions], result)
+        checkpointed = [p for c in to_commit for p in c.productions]
+        if checkpointed:
+            pause_point("executor.send", self.spec.name)
+        self._send(soft, checkpointed, result)
         if soft.next_timers is None:
             soft.next_timers = store.next_timers(lease)
         result.pending = len(soft.pending)
@@ -322,18 +340,19 @@ class IntervalWorker:
 
     def _commit(self, lease: Lease, changes: list[KeyChanges]) -> None:
         remaining = changes
-        attempts = 0
+        unknown = 0
         while remaining:
             try:
                 self._store.commit(lease, remaining, dedup_ttl=self.spec.options.dedup_ttl)
             except UnknownOutcomeError as outcome:
-                attempts += 1
+                unknown += 1
+                self._unknown_outcomes += 1
                 applied = self._store.was_applied(lease, outcome.marker)
                 left = set(outcome.unattempted_keys)
                 if not applied:
                     left.update(outcome.uncertain_keys)
                 remaining = [c for c in remaining if c.key in left]
-                if remaining and attempts >= _MAX_COMMIT_ATTEMPTS:
+                if remaining and unknown >= _MAX_COMMIT_ATTEMPTS:
                     raise
             else:
                 return

@@ -46,6 +46,7 @@ from millstream.engine.errors import (
     InjectorRetiredError,
     RecordError,
 )
+from millstream.engine.outages import DEFAULT_OUTAGE_TIMEOUT, Outage
 from millstream.engine.productions import Production, ProductionSink
 from millstream.engine.records import (
     MAX_EVENT_TIME,
@@ -113,8 +114,10 @@ class InjectorOptions:
     ``process`` names it within its injector and ``expected`` names all the processes the
     injector runs as (default: this one alone). ``heartbeat``: µs between reports while idle.
     ``poll_timeout``: seconds a poll waits for input. ``send_timeout``: seconds Kafka may take
-    to acknowledge a poll's records before the process gives up (it stops with an error and
-    resumes from its checkpoint when restarted). ``skew_limit`` (µs) and ``downstream``
+    to acknowledge a poll's records before the process warns and sends the rest again.
+    ``outage_timeout``: seconds the process waits out Kafka or Cassandra being unreachable
+    (:mod:`millstream.engine.outages`) before it gives up (it stops with an error and resumes
+    from its checkpoint when restarted). ``skew_limit`` (µs) and ``downstream``
     (source names, :func:`~millstream.engine.watermarks.computation_source`): see the module
     docstring. ``max_future``: records timestamped more than this many µs after the clock are
     dead letters (a unit mistake), off by default. ``dead_letter_stream``: default
@@ -130,11 +133,18 @@ class InjectorOptions:
     downstream: tuple[str, ...] = ()
     max_future: int | None = None
     dead_letter_stream: str | None = None
+    outage_timeout: float = DEFAULT_OUTAGE_TIMEOUT
 
     def __post_init__(self) -> None:
-        if self.heartbeat <= 0 or self.poll_timeout < 0 or self.send_timeout <= 0:
+        if (
+            self.heartbeat <= 0
+            or self.poll_timeout < 0
+            or self.send_timeout <= 0
+            or self.outage_timeout <= 0
+        ):
             raise InjectorError(
-                "heartbeat and send_timeout must be positive and poll_timeout non-negative"
+                "heartbeat, send_timeout and outage_timeout must be positive and poll_timeout "
+                "non-negative"
             )
         if self.skew_limit is not None and self.skew_limit < 0:
             raise InjectorError(f"skew_limit must be non-negative µs, got {self.skew_limit}")
@@ -205,6 +215,12 @@ class InjectorProcess:
         self._stop = threading.Event()
         # How the skew limit waits: until stop() or the timeout (tests inject their own).
         self._wait = wait or self._stop.wait
+        self._outage = Outage(
+            f"injector {name!r} process {options.process!r}",
+            options.outage_timeout,
+            sleep=self._wait,
+            monotonic=lambda: self.clock.now() / 1e6,
+        )
         self.metrics = metrics
         if metrics is not None:
             # prometheus_client is only imported by a process that exports metrics.
@@ -217,10 +233,10 @@ class InjectorProcess:
     def start(self) -> None:
         """Take over the checkpoint (fencing any earlier copy), join the expected set, and
         open the source where the checkpoint left it."""
-        checkpoint = self.checkpoints.acquire()
+        checkpoint = self._outage.retry(self.checkpoints.acquire)
         self._position = checkpoint.position
         self.watermark = checkpoint.watermark
-        self._join_expected_set()
+        self._outage.retry(self._join_expected_set)
         self.source.open(checkpoint.position)
         self._started = True
         # Say at once where this process stands: a restarted one un-silences its streams.
@@ -234,7 +250,7 @@ class InjectorProcess:
         self.stats.polls += 1
         productions = self._productions(poll)
         if productions:
-            self._wait_for_downstream()
+            self._outage.retry(self._wait_for_downstream)
             self._send(productions)
         watermark = self.watermark
         if poll.exhausted:
@@ -243,16 +259,17 @@ class InjectorProcess:
             watermark = max(watermark, min(poll.watermark, MAX_EVENT_TIME))
         position = self._position if poll.position is None else poll.position
         if position != self._position or watermark != self.watermark:
-            self.checkpoints.save(Checkpoint(position, watermark))
+            checkpoint = Checkpoint(position, watermark)
+            self._outage.retry(lambda: self.checkpoints.save(checkpoint))
             self.stats.checkpoints += 1
             self._position = position
         changed = watermark != self.watermark or bool(productions)
         self.watermark = watermark
         self.exhausted = poll.exhausted
         if changed:
-            self._report(heartbeat=False)
+            self._outage.retry(lambda: self._report(heartbeat=False))
         elif self._heartbeat_due():
-            self._report(heartbeat=True)
+            self._outage.retry(lambda: self._report(heartbeat=True))
 
     def run(self, *, until_exhausted: bool = False) -> InjectorStats:
         """Start, then step until :meth:`stop` (or, with ``until_exhausted``, until the
@@ -351,17 +368,19 @@ class InjectorProcess:
 
     def _send(self, productions: list[Production]) -> None:
         timeout = self.options.send_timeout
-        started = self.clock.now()
         waiting = productions
         while waiting:
             acknowledged = self.sink.send(waiting, timeout)
             waiting = [p for p in waiting if p.record_id not in acknowledged]
-            if waiting and self.clock.now() - started > timeout * 1_000_000:
-                raise InjectorError(
-                    f"injector {self.name!r}: Kafka did not acknowledge {len(waiting)} of "
-                    f"{len(productions)} records within {timeout} s; is Kafka up? Restart the "
-                    "process to resume from its checkpoint (repeats are dropped downstream)"
+            if waiting:
+                # Sending them again is harmless: consumers drop repeats by record ID.
+                self._outage.wait(
+                    TimeoutError(
+                        f"Kafka did not acknowledge {len(waiting)} of {len(productions)} "
+                        f"records within {timeout} s"
+                    )
                 )
+        self._outage.over()
         self.stats.emitted += sum(1 for p in productions if p.stream != self.dead_letter_stream)
 
     def _report(self, *, heartbeat: bool) -> None:

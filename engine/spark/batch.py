@@ -4,8 +4,9 @@ Per batch the handler reads the batch's end offsets from the query's offset log,
 watermark reports those offsets have caught up with (:class:`DriverWatermarks`), runs the
 Spark job that routes the input and works each key interval (:mod:`.executor`), and records
 the interval rows as the batch's :class:`~millstream.engine.spark.metrics.BatchMetrics`. A
-failed job is run again, up to ``attempts`` times: whatever a failed attempt committed is a
-duplicate the next attempt drops.
+failed job is run again, up to ``attempts`` times, and for as long as an outage of Kafka or
+Cassandra lasts (up to ``outage_timeout``): whatever a failed attempt committed is a duplicate
+the next attempt drops.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import mmh3
 from millstream.connectors import kafka as kafka_connector
 from millstream.engine.clock import Clock
 from millstream.engine.errors import TopologyError
+from millstream.engine.outages import DEFAULT_OUTAGE_TIMEOUT, Outage, is_outage
+from millstream.engine.pause_points import pause_point
 from millstream.engine.spark.driver_watermarks import DriverWatermarks
 from millstream.engine.spark.executor import (
     ROUTED_SCHEMA,
@@ -60,7 +63,10 @@ class BatchHandler:
     """The ``foreachBatch`` function of one computation's query (runs on the driver).
 
     ``checkpoint`` is the query's checkpoint directory (its offset log tells each batch's
-    range); ``record`` receives the metrics of every batch that ran anything.
+    range); ``record`` receives the metrics of every batch that ran anything. A batch whose
+    attempt fails for another reason than an outage is tried ``attempts`` times; an outage
+    of Kafka or Cassandra (:mod:`millstream.engine.outages`) is waited out, for up to
+    ``outage_timeout`` seconds.
     """
 
     def __init__(
@@ -74,6 +80,7 @@ class BatchHandler:
         attempts: int,
         clock: Clock,
         record: Callable[[BatchMetrics], None],
+        outage_timeout: float = DEFAULT_OUTAGE_TIMEOUT,
     ):
         self.spec = spec
         self.spark = spark
@@ -81,6 +88,7 @@ class BatchHandler:
         self.watermarks = watermarks
         self.checkpoint = checkpoint
         self.attempts = attempts
+        self.outage_timeout = outage_timeout
         self.clock = clock
         self.record = record
         self.data_topics = sorted({kafka_connector.stream_topic(i.stream) for i in spec.inputs})
@@ -103,35 +111,41 @@ class BatchHandler:
         has_data = previous is None or any(
             consumed.get(topic) != previous.get(topic) for topic in self.data_topics
         )
+        # Kafka or Cassandra down (a restart, a network cut) is waited out, not a failure:
+        # whatever a failed attempt committed is a duplicate for the next one.
+        outage = Outage(f"computation {self.spec.name!r} batch {batch_id}", self.outage_timeout)
         state = self.watermarks.state
-        state.read(self.watermarks.reader)
+        outage.retry(lambda: state.read(self.watermarks.reader))
         watermark, timer_watermark = state.advance(consumed)
         ticks = state.intervals_to_run(timer_watermark, self.clock.now())
         bookkeeping = time.monotonic() - started
         failures: list[str] = []
         rows: list[Any] = []
-        attempts = self.attempts
-        for attempt in range(1, attempts + 1):
-            if not has_data and not ticks:
-                break
+        failed = 0
+        while has_data or ticks:
+            pause_point("driver.batch", self.spec.name)
             try:
                 rows = self._run(batch, ticks, watermark, timer_watermark)
             except Exception as exc:
-                # A failed task (fenced, store or Kafka trouble) left nothing half-applied for
-                # any key; running the whole batch again is safe, its committed part being
-                # duplicates now. Out of attempts, the query fails and its checkpoint stays.
-                if attempt == attempts:
-                    raise
                 failures.append(short_error(exc))
+                if is_outage(exc):
+                    outage.wait(exc, failures[-1])
+                    continue
+                # A failed task (fenced, a crashed worker) left nothing half-applied for any
+                # key; running the whole batch again is safe, its committed part being
+                # duplicates now. Out of attempts, the query fails and its checkpoint stays.
+                failed += 1
+                if failed >= self.attempts:
+                    raise
                 _log.warning(
                     "computation %r batch %d attempt %d/%d failed, retrying: %s",
                     self.spec.name,
                     batch_id,
-                    attempt,
-                    attempts,
+                    failed,
+                    self.attempts,
                     failures[-1],
                 )
-                time.sleep(min(5.0, 0.5 * attempt))
+                time.sleep(min(5.0, 0.5 * failed))
                 continue
             break
         for row in rows:
@@ -145,7 +159,7 @@ class BatchHandler:
                 ),
             )
         reporting = time.monotonic()
-        self.watermarks.after_batch(batch_id)
+        outage.retry(lambda: self.watermarks.after_batch(batch_id))
         bookkeeping += time.monotonic() - reporting
         if not rows and not failures:
             return  # nothing ran (only watermark reports came): no metrics

@@ -20,8 +20,9 @@ from typing import Any
 from millstream.connectors import kafka as kafka_connector
 from millstream.engine.clock import Clock
 from millstream.engine.config import MillstreamConfig
+from millstream.engine.pause_points import pause_point
 from millstream.engine.topology import ComputationSpec, Topology
-from millstream.engine.watermarks import ComputationWatermarks
+from millstream.engine.watermarks import ComputationWatermarks, WatermarkReport
 
 __all__ = ["DriverWatermarks", "WatermarkSnapshot", "offsets_consumer"]
 
@@ -68,14 +69,24 @@ class DriverWatermarks:
         self._offsets = offsets_consumer(config)
         self._alarm: threading.Timer | None = None
         self._alarm_at: int | None = None
+        self._unpublished: WatermarkReport | None = None
 
     def after_batch(self, batch_id: int) -> None:
-        """Publish the computation's report if it changed; set the wall-time alarm."""
-        report = self.state.report(
+        """Publish the computation's report if it changed; set the wall-time alarm.
+
+        Safe to call again after it failed (Kafka down): a report made but not published is
+        published first, since the bookkeeping would not make it again.
+        """
+        if self._unpublished is not None:
+            self.publisher.publish(self._unpublished)
+            self._unpublished = None
+        self._unpublished = self.state.report(
             batch_id, kafka_connector.end_offsets(self._offsets, self.output_topics)
         )
-        if report is not None:
-            self.publisher.publish(report)
+        if self._unpublished is not None:
+            pause_point("driver.report", self.spec.name)
+            self.publisher.publish(self._unpublished)
+            self._unpublished = None
         watermark = self.state.input.current
         if any(
             p.next_event_timer is not None and p.next_event_timer < watermark

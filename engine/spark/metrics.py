@@ -35,7 +35,9 @@ class MetricCounts:
     ``processed`` records that ran user code (duplicates apart); ``dead_letters`` includes the
     rejected ones; ``intervals`` interval tasks, of which ``rescans`` had to reload their soft
     state and ``cache_hits`` found their cached worker still valid; ``pending`` productions
-    not yet acknowledged.
+    not yet acknowledged; ``resent`` checkpointed productions sent again as a batch began (a
+    previous owner's or attempt's), ``unknown_outcomes`` commits whose outcome had to be read
+    back.
     """
 
     inputs: int = 0
@@ -51,6 +53,8 @@ class MetricCounts:
     intervals: int = 0
     rescans: int = 0
     cache_hits: int = 0
+    resent: int = 0
+    unknown_outcomes: int = 0
 
     def __add__(self, other: MetricCounts) -> MetricCounts:
         return MetricCounts(
@@ -93,6 +97,8 @@ def interval_counts(inputs: int, rejected: int, result: BatchResult, cached: boo
         intervals=1,
         rescans=int(result.rescanned),
         cache_hits=int(cached and not result.rescanned),
+        resent=result.resent,
+        unknown_outcomes=result.unknown_outcomes,
     )
 
 

@@ -78,6 +78,14 @@ COUNTER_METRICS: Final[Mapping[str, tuple[str, str]]] = {
         "millstream_cache_hits_total",
         "Interval tasks that found their cached worker still valid (no reload).",
     ),
+    "resent": (
+        "millstream_productions_resent_total",
+        "Checkpointed productions sent again as a batch began (after a crash or takeover).",
+    ),
+    "unknown_outcomes": (
+        "millstream_unknown_outcomes_total",
+        "Commits whose outcome was unknown (a timeout) and was read back from the store.",
+    ),
 }
 """The Prometheus counter of each :class:`~millstream.engine.spark.metrics.MetricCounts`
 field that counts; ``pending``, a level, is the gauge ``millstream_productions_pending``."""

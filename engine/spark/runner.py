@@ -88,6 +88,7 @@ from millstream.engine.clock import Clock, SystemClock
 from millstream.engine.computation import Computation
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.errors import TopologyError
+from millstream.engine.outages import DEFAULT_OUTAGE_TIMEOUT
 from millstream.engine.spark.batch import BatchHandler, batch_offsets
 from millstream.engine.spark.driver_watermarks import (
     DriverWatermarks,
@@ -200,6 +201,7 @@ def run_topology(
     create_keyspace: bool = True,
     max_offsets_per_trigger: int | None = None,
     batch_attempts: int = 3,
+    outage_timeout: float = DEFAULT_OUTAGE_TIMEOUT,
     on_batch: Callable[[BatchMetrics], None] | None = None,
     clock: Clock | None = None,
     metrics_port: int | None = None,
@@ -223,6 +225,7 @@ def run_topology(
         create_keyspace=create_keyspace,
         max_offsets_per_trigger=max_offsets_per_trigger,
         batch_attempts=batch_attempts,
+        outage_timeout=outage_timeout,
         on_batch=on_batch,
         clock=clock,
         metrics_port=metrics_port,
@@ -238,7 +241,9 @@ class RunningTopology:
     Topics missing for any of its streams are created (``partitions`` each, or
     ``topic_partitions[stream]``), and so are the Cassandra interval table and, with
     ``create_keyspace`` (development: SimpleStrategy, one replica), its keyspace.
-    ``max_offsets_per_trigger`` caps a micro-batch (Spark's Kafka option). Metrics of every
+    ``max_offsets_per_trigger`` caps a micro-batch (Spark's Kafka option). A batch that fails
+    is run again up to ``batch_attempts`` times, and while Kafka or Cassandra cannot be reached
+    for up to ``outage_timeout`` seconds (:mod:`millstream.engine.outages`). Metrics of every
     batch are kept (:meth:`batches`, :meth:`metrics`) and passed to ``on_batch``, which runs on
     the driver thread of the computation's query. ``clock`` (default: the system clock)
     decides when wall-time timers are due on the driver.
@@ -263,6 +268,7 @@ class RunningTopology:
         create_keyspace: bool = True,
         max_offsets_per_trigger: int | None = None,
         batch_attempts: int = 3,
+        outage_timeout: float = DEFAULT_OUTAGE_TIMEOUT,
         on_batch: Callable[[BatchMetrics], None] | None = None,
         clock: Clock | None = None,
         metrics_port: int | None = None,
@@ -288,6 +294,7 @@ class RunningTopology:
         self.topic_partitions = dict(topic_partitions or {})
         self.max_offsets_per_trigger = max_offsets_per_trigger
         self.batch_attempts = batch_attempts
+        self.outage_timeout = outage_timeout
         self.on_batch = on_batch
         self._lock = threading.Lock()
         self._batches: list[BatchMetrics] = []
@@ -627,6 +634,7 @@ class RunningTopology:
                     watermarks=watermarks,
                     checkpoint=self.checkpoint(spec.name),
                     attempts=self.batch_attempts,
+                    outage_timeout=self.outage_timeout,
                     clock=self.clock,
                     record=self._record,
                 )

@@ -254,20 +254,45 @@ def test_unacknowledged_records_are_resent_until_kafka_takes_them() -> None:
     assert len(harness.sink.sent) == 2
 
 
-def test_kafka_that_never_acknowledges_stops_the_process_with_a_clear_error() -> None:
-    from millstream.engine.testing import SendOutcome
+def test_kafka_that_never_acknowledges_is_waited_out_then_stops_the_process_clearly() -> None:
+    from millstream.engine.outages import ServiceOutageError
 
-    harness = injector_harness("nums", Numbers(), InjectorOptions(send_timeout=1.0))
-    harness.sink.outcome = lambda _p: SendOutcome.LOST
+    options = InjectorOptions(send_timeout=1.0, outage_timeout=30.0)
+    harness = injector_harness("nums", Numbers(), options)
+    sends: list[int] = []
 
     def tick(productions: object, timeout: float) -> frozenset[bytes]:
+        sends.append(harness.clock.now())
         harness.clock.advance(SECOND)
         return frozenset()
 
     harness.sink.send = tick  # type: ignore[method-assign]
-    harness.process.start()
-    with pytest.raises(InjectorError, match="is Kafka up"):
-        harness.process.step()
+    waited: list[float] = []
+
+    def wait(seconds: float) -> None:
+        waited.append(seconds)
+        harness.clock.advance(int(seconds * SECOND))
+
+    process = harness.new_process(Numbers(), options, wait=wait)
+    process.start()
+    with pytest.raises(ServiceOutageError, match=r"unreachable for 3[0-9] s.*did not acknowledge"):
+        process.step()
+    # It kept sending, backing off up to 5 s between tries, for the whole outage timeout.
+    assert len(sends) >= 6
+    assert max(waited) == 5.0
+    assert waited[:3] == [0.5, 1.0, 2.0]
+
+
+def test_kafka_back_within_the_outage_timeout_loses_nothing() -> None:
+    from millstream.engine.testing import SendOutcome
+
+    harness = injector_harness("nums", Numbers(per_poll=3))
+    down = iter([SendOutcome.LOST] * 9)
+    harness.sink.outcome = lambda _p: next(down, SendOutcome.ACKNOWLEDGED)
+    process = harness.new_process(Numbers(per_poll=3), wait=lambda _s: None)
+    process.start()
+    process.step()
+    assert sorted(values(harness.records("numbers"))) == [0, 1, 2]
 
 
 def test_expected_processes_hold_the_stream_until_each_reported() -> None:

@@ -1,0 +1,143 @@
+"""Waiting out an outage of Kafka or Cassandra instead of failing (or crash-looping).
+
+A broker or node that is restarting, or a network that drops for a minute, is not a reason
+for a driver or an injector to die: everything millstream writes is idempotent or fenced, so
+the work that failed can simply run again once the service is back. What is *not* an outage
+(a fenced write, a bug in user code, a killed Python worker) still fails as before.
+
+Errors cross process boundaries here as text (a Python worker's exception reaches the driver
+inside a Py4J error), so an outage is told by the names of the errors the Cassandra and
+Kafka clients raise when a service cannot be reached or does not answer in time
+(:data:`OUTAGE_MARKERS`), looked for in the exception's type names and message.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Final, TypeVar
+
+from millstream.engine.errors import MillstreamError
+
+__all__ = ["DEFAULT_OUTAGE_TIMEOUT", "OUTAGE_MARKERS", "Outage", "ServiceOutageError", "is_outage"]
+
+_log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+DEFAULT_OUTAGE_TIMEOUT: Final = 900.0
+"""Seconds a driver or injector waits for Kafka or Cassandra to come back before it fails."""
+
+OUTAGE_MARKERS: Final = (
+    # cassandra-driver: no node reachable, none answered in time, too few replicas alive.
+    "NoHostAvailable",
+    "OperationTimedOut",
+    "Unavailable",
+    "ReadTimeout",
+    "WriteTimeout",
+    "ConnectionShutdown",
+    "ConnectionException",
+    "Connection refused",
+    # millstream's store: writes whose outcome stayed unknown (resolved on the next attempt).
+    "UnknownOutcomeError",
+    # confluent-kafka and the JVM Kafka client: brokers unreachable, requests timed out.
+    "_TRANSPORT",
+    "_ALL_BROKERS_DOWN",
+    "_MSG_TIMED_OUT",
+    "_TIMED_OUT",
+    "NOT_LEADER_FOR_PARTITION",
+    "LEADER_NOT_AVAILABLE",
+    "NotLeaderOrFollowerException",
+    "org.apache.kafka.common.errors.TimeoutException",
+    "DisconnectException",
+    # millstream's own: a service was unreachable.
+    "ServiceOutageError",
+)
+
+# Never an outage, whatever else the text holds: retrying cannot help a fenced zombie.
+_NOT_OUTAGES: Final = ("FencedError", "InjectorRetiredError")
+
+
+class ServiceOutageError(MillstreamError):
+    """Kafka or Cassandra stayed unreachable longer than the outage timeout."""
+
+
+def is_outage(exc: BaseException) -> bool:
+    """Whether ``exc`` (or its text) says a service could not be reached or timed out."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    text = f"{' '.join(names)} {exc}"
+    if any(marker in text for marker in _NOT_OUTAGES):
+        return False
+    return isinstance(exc, TimeoutError) or any(marker in text for marker in OUTAGE_MARKERS)
+
+
+class Outage:
+    """Tracks one stretch of failures that are outages: how long to sleep before the next
+    try (growing to ``max_delay``), and when ``timeout`` seconds have gone by."""
+
+    def __init__(
+        self,
+        what: str,
+        timeout: float = DEFAULT_OUTAGE_TIMEOUT,
+        *,
+        max_delay: float = 5.0,
+        sleep: Callable[[float], object] = time.sleep,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.what = what
+        self.timeout = timeout
+        self.max_delay = max_delay
+        self._sleep = sleep
+        self._monotonic = monotonic
+        self._since: float | None = None
+        self._delay = 0.5
+        self.waits = 0
+
+    def wait(self, exc: BaseException, description: str | None = None) -> None:
+        """Sleep before the next try; raise :class:`ServiceOutageError` once past the timeout.
+
+        ``description`` tells the error in the log and the message (default: its first line).
+        """
+        told = description or _first_line(exc)
+        now = self._monotonic()
+        if self._since is None:
+            self._since = now
+        elapsed = now - self._since
+        if elapsed >= self.timeout:
+            raise ServiceOutageError(
+                f"{self.what}: Kafka or Cassandra unreachable for {elapsed:.0f} s "
+                f"(outage timeout {self.timeout:.0f} s); last error: {told}. "
+                "Bring the service back and restart; nothing is lost (the work runs again)"
+            ) from exc
+        self.waits += 1
+        _log.warning(
+            "%s: waiting for Kafka or Cassandra (%.0f s so far): %s",
+            self.what,
+            elapsed,
+            told,
+        )
+        self._sleep(self._delay)
+        self._delay = min(self.max_delay, self._delay * 2)
+
+    def over(self) -> None:
+        """The service answered: the next failure starts a new stretch."""
+        self._since = None
+        self._delay = 0.5
+
+    def retry(self, action: Callable[[], _T]) -> _T:
+        """Run ``action`` until it succeeds, waiting out outages; other errors propagate."""
+        while True:
+            try:
+                result = action()
+            except Exception as exc:
+                if not is_outage(exc):
+                    raise
+                self.wait(exc)
+                continue
+            self.over()
+            return result
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0][:300] if lines else ''}"
