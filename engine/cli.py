@@ -5,6 +5,7 @@
     millstream up        start local Kafka + Cassandra (reuses running ones)
     millstream status    pid, address, health and memory of each
     millstream down      stop them by pid
+                         (each with --nodes 3: the replicated stack on 127.0.0.2-4)
     millstream jars      the Spark Kafka connector jars, comma separated, for spark-submit --jars
     millstream run MODULE:TOPOLOGY [options]
                          run a topology on Spark (see millstream.engine.spark.runner);
@@ -46,9 +47,20 @@ __all__ = ["main"]
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="millstream", description=__doc__.split("::")[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("up", help="start the local Kafka and Cassandra")
-    commands.add_parser("status", help="report the local services")
-    commands.add_parser("down", help="stop the local services")
+    for name, purpose in (
+        ("up", "start the local Kafka and Cassandra"),
+        ("status", "report the local services"),
+        ("down", "stop the local services"),
+    ):
+        local = commands.add_parser(name, help=purpose)
+        local.add_argument(
+            "--nodes",
+            type=int,
+            choices=(1, 3),  # stack.NODE_COUNTS, not imported for --help
+            default=1,
+            help="1: the single-node stack on 127.0.0.1 (default); 3: the replicated stack, "
+            "three Cassandra nodes and three Kafka brokers on 127.0.0.2-4 (replication 3)",
+        )
     commands.add_parser(
         "jars", help="print the Spark Kafka connector jars (resolved by Maven) for --jars"
     )
@@ -172,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--faults",
         default=None,
         metavar="KIND,...",
-        help="only these faults (default: every kind; see the README for the list)",
+        help="only these faults (default: the tier's; see the README for the list)",
     )
     prove.add_argument("--records", type=_positive, default=None, help="override the tier's")
     prove.add_argument("--keys", type=_positive, default=None, help="override the tier's")
@@ -210,20 +222,33 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             print(",".join(str(jar) for jar in local_connector_jars(config, progress)))
             return 0
-        stack = LocalStack(config, progress)
+        stack = LocalStack(config, progress, nodes=args.nodes)
+        replicated = args.nodes > 1
+        width = max(len(service.name) for service in stack.services)
         if args.command == "up":
             statuses = stack.up()
-            print(f"millstream local stack is up (data in {config.home}):")
+            if replicated:
+                # The cluster is not where the configuration points: say so.
+                client = stack.client_config()
+                where = config.home / "cluster"
+                print(f"millstream local {args.nodes}-node cluster is up (data in {where}):")
+            else:
+                client = config
+                print(f"millstream local stack is up (data in {config.home}):")
             for status in statuses:
-                print(f"  {status.describe()}")
-            print(f"  kafka bootstrap: {config.kafka_bootstrap}")
-            hosts = ",".join(config.cassandra_hosts)
-            print(f"  cassandra contact points: {hosts} port {config.cassandra_port}")
+                print(f"  {status.describe(width)}")
+            print(f"  kafka bootstrap: {client.kafka_bootstrap}")
+            hosts = ",".join(client.cassandra_hosts)
+            print(f"  cassandra contact points: {hosts} port {client.cassandra_port}")
+            if replicated:
+                variables = stack.client_environment()
+                print("To use it, export these settings:")
+                print("export " + " ".join(f"{k}={v}" for k, v in variables.items()))
             return 0
         if args.command == "status":
             statuses = stack.status()
             for status in statuses:
-                print(status.describe())
+                print(status.describe(width))
             return 0 if all(status.healthy for status in statuses) else 3
         stack.down()
         return 0
@@ -294,7 +319,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _prove(args: argparse.Namespace) -> int:
     from millstream.connectors.local.stack import LocalStack
-    from millstream.connectors.proving import FAULTS, TIERS, prove
+    from millstream.connectors.proving import TIERS, prove
 
     def progress(message: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
@@ -306,7 +331,7 @@ def _prove(args: argparse.Namespace) -> int:
         "faults": args.faults_per_kind,
     }
     tier = dataclasses.replace(tier, **{k: v for k, v in overrides.items() if v is not None})
-    kinds = tuple(FAULTS) if args.faults is None else tuple(args.faults.split(","))
+    kinds = None if args.faults is None else tuple(args.faults.split(","))
     config = load_config()
     try:
         stack = LocalStack(config, progress)

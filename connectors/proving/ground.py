@@ -54,7 +54,9 @@ from millstream.engine.errors import MillstreamError
 from millstream.engine.pause_points import ENVIRONMENT_VARIABLE
 
 __all__ = [
+    "CRASHES",
     "FAULTS",
+    "OUTAGE_SECONDS",
     "TIERS",
     "Fault",
     "FaultOutcome",
@@ -77,7 +79,14 @@ FAULTS: Final = {
     "kafka": "kill -9 of the Kafka broker, then restart",
     "cassandra": "kill -9 of the Cassandra node, then restart",
     "injector": "kill -9 of the injector, then restart from its checkpoint",
+    "kafka-outage": "the Kafka broker unreachable (SIGSTOP) for a minute, then SIGCONT",
+    "cassandra-outage": "the Cassandra node unreachable (SIGSTOP) for a minute, then SIGCONT",
 }
+
+# The crashes every tier runs; the outages take a minute each and the CI tier leaves them out.
+CRASHES: Final = tuple(kind for kind in FAULTS if not kind.endswith("-outage"))
+
+OUTAGE_SECONDS: Final = 60.0
 
 # Where each pause-point fault parks a process, and which computation it waits in.
 _PAUSES: Final = {
@@ -103,11 +112,12 @@ class Tier:
     keys: int
     rate: float
     faults: int
+    kinds: tuple[str, ...] = tuple(FAULTS)
     key_intervals: int = 4
 
 
 TIERS: Final = {
-    "ci": Tier(records=4_000, keys=20, rate=150.0, faults=1),
+    "ci": Tier(records=4_000, keys=20, rate=150.0, faults=1, kinds=CRASHES),
     "t1": Tier(records=100_000, keys=100, rate=2_000.0, faults=3),
     "t2": Tier(records=60_000, keys=100, rate=1_000.0, faults=4),
 }
@@ -122,11 +132,12 @@ class Fault:
     delay: float
 
 
-def schedule(seed: int, tier: Tier, kinds: tuple[str, ...] = tuple(FAULTS)) -> list[Fault]:
-    """The seed's fault schedule: ``tier.faults`` of each kind, in a shuffled order."""
+def schedule(seed: int, tier: Tier, kinds: tuple[str, ...] | None = None) -> list[Fault]:
+    """The seed's fault schedule: ``tier.faults`` of each kind (default: the tier's), in a
+    shuffled order."""
     rng = random.Random(seed)
     faults: list[Fault] = []
-    for kind in kinds:
+    for kind in tier.kinds if kinds is None else kinds:
         for _ in range(tier.faults):
             computation = (
                 "tally" if kind in ("driver-send", "zombie") else rng.choice(("tally", "rollup"))
@@ -366,13 +377,16 @@ class _Run:
             role.start()
 
     def wait(self, condition: Callable[[], bool], timeout: float, what: str) -> bool:
+        """Supervise until ``condition`` holds or ``timeout`` passed (then say so, if ``what``
+        names what was awaited)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self.supervise()
             if condition():
                 return True
             time.sleep(0.2)
-        self.progress(f"gave up waiting {timeout:.0f} s for {what}")
+        if what:
+            self.progress(f"gave up waiting {timeout:.0f} s for {what}")
         return False
 
     def batches(self) -> list[dict[str, Any]]:
@@ -400,6 +414,8 @@ class _Run:
             self._paused_fault(fault, outcome)
         elif kind in ("kafka", "cassandra"):
             self._service_fault(fault, outcome)
+        elif kind in ("kafka-outage", "cassandra-outage"):
+            self._outage_fault(fault, outcome)
         elif kind == "injector":
             self._injector_fault(outcome)
         else:
@@ -476,15 +492,23 @@ class _Run:
             f"{'fenced' if was_fenced else 'NOT seen fenced'}, then killed"
         )
 
-    def _service_fault(self, fault: Fault, outcome: FaultOutcome) -> None:
-        kind = fault.kind
-        service = next(s for s in self.services if s.name == kind)
+    def _running_service(self, name: str, outcome: FaultOutcome) -> tuple[Any, int] | None:
+        """The local service ``name`` and its pid (the outcome's target), if it runs."""
+        service = next(s for s in self.services if s.name == name)
         pid = service.process.running_pid()
         if pid is None:
-            outcome.detail = f"{kind} was not running"
-            return
-        outcome.target = f"{kind} pid {pid}"
+            outcome.detail = f"{name} was not running"
+            return None
+        outcome.target = f"{name} pid {pid}"
         self.nudge()
+        return service, pid
+
+    def _service_fault(self, fault: Fault, outcome: FaultOutcome) -> None:
+        kind = fault.kind
+        found = self._running_service(kind, outcome)
+        if found is None:
+            return
+        service, pid = found
         in_flight = ""
         if kind == "cassandra":
             # LWTs in flight when the node dies: a worker about to commit is let go against a
@@ -494,7 +518,7 @@ class _Run:
             os.kill(pid, signal.SIGSTOP)
             if parked is not None:
                 self._release(replace(fault, kind="worker"))
-                time.sleep(_CLIENT_TIMEOUT + 2.0)
+                self.wait(lambda: False, _CLIENT_TIMEOUT + 2.0, "")
                 in_flight = f"; a commit of pid {parked} in flight against the stopped node"
         os.kill(pid, signal.SIGKILL)
         _wait_pid_gone(pid, 60)
@@ -503,6 +527,20 @@ class _Run:
         service.up()
         outcome.applied = True
         outcome.detail = f"killed, back after {time.monotonic() - down:.0f} s{in_flight}"
+
+    def _outage_fault(self, fault: Fault, outcome: FaultOutcome) -> None:
+        found = self._running_service(fault.kind.removesuffix("-outage"), outcome)
+        if found is None:
+            return
+        _, pid = found
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            # The driver and injector must wait it out: no exit, no lost input.
+            self.wait(lambda: False, OUTAGE_SECONDS, "")
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        outcome.applied = True
+        outcome.detail = f"stopped for {OUTAGE_SECONDS:.0f} s, then continued"
 
     def _injector_fault(self, outcome: FaultOutcome) -> None:
         if self.injector.finished:
@@ -583,7 +621,7 @@ def prove(
     *,
     services: Any,
     home: Path | None = None,
-    kinds: tuple[str, ...] = tuple(FAULTS),
+    kinds: tuple[str, ...] | None = None,
     keep: bool = False,
     progress: Callable[[str], None] = lambda _: None,
 ) -> GroundReport:
@@ -591,7 +629,7 @@ def prove(
     stack's (:attr:`~millstream.connectors.local.stack.LocalStack.services`): the Kafka and
     Cassandra faults kill and restart them by pid. ``keep`` leaves the run's topics,
     keyspace and directory for inspection."""
-    unknown = set(kinds) - FAULTS.keys()
+    unknown = set(kinds or ()) - FAULTS.keys()
     if unknown:
         raise MillstreamError(f"unknown faults {sorted(unknown)}; known: {', '.join(FAULTS)}")
     run_name = f"s{seed}_{uuid.uuid4().hex[:8]}"

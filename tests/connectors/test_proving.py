@@ -13,6 +13,7 @@ import pytest
 
 from millstream.connectors import kafka as kafka_connector
 from millstream.connectors.proving.ground import (
+    CRASHES,
     FAULTS,
     TIERS,
     GroundReport,
@@ -55,6 +56,7 @@ def test_a_seed_gives_one_schedule_with_every_kind_the_tier_asks_for() -> None:
     assert first == schedule(7, tier)
     assert first != schedule(8, tier)
     assert sorted(f.kind for f in first) == sorted(list(FAULTS) * 3)
+    assert sorted(f.kind for f in schedule(7, TIERS["ci"])) == sorted(CRASHES)
 
 
 @pytest.mark.unit
@@ -148,7 +150,7 @@ def test_the_checks_catch_lost_duplicated_unexpected_effects_and_regressions(
 def test_the_ci_tier_loses_and_duplicates_nothing_under_a_fault_of_every_kind(
     services: MillstreamConfig,
 ) -> None:
-    kinds = tuple(k for k in FAULTS if not (EXTERNAL and k in ("kafka", "cassandra")))
+    kinds = tuple(k for k in CRASHES if not (EXTERNAL and k in ("kafka", "cassandra")))
     report = prove(
         services, TIERS["ci"], seed=11, services=_services(services), kinds=kinds,
         progress=_progress,
