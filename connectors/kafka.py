@@ -380,8 +380,8 @@ class WatermarkReader:
 
     def __init__(self, config: MillstreamConfig) -> None:
         self.topic = config.kafka_watermark_topic
-        # Fetches return at once: a driver reads before every batch and must not wait.
-        self._consumer = consumer(config, "millstream-watermarks", **{"fetch.wait.max.ms": 10})
+        self._config = config
+        self._consumer = self._new_consumer()
         self._next: dict[int, int] = {}
         self._assigned = False
         self.skipped = 0
@@ -436,6 +436,17 @@ class WatermarkReader:
             raise
         self._next = position
         return found
+
+    def _new_consumer(self) -> Consumer:
+        # Fetches return at once: a driver reads before every batch and must not wait.
+        return consumer(self._config, "millstream-watermarks", **{"fetch.wait.max.ms": 10})
+
+    def reconnect(self) -> None:
+        """Replace the Kafka consumer (after an outage left it failing); the next read goes
+        on from the last message a read returned."""
+        old, self._consumer = self._consumer, self._new_consumer()
+        self._assigned = False
+        old.close()
 
     def _parse(self, message: Message) -> list[tuple[str, WatermarkMessage | None]]:
         source = (message.key() or b"").decode(errors="replace")

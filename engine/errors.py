@@ -18,6 +18,8 @@
     ├── TopologyError               a topology or computation declaration is invalid
     ├── UndeclaredStreamError       user code produced to a stream it did not declare
     ├── WatermarkReportError        a message on the watermark topic is not a valid report
+    ├── ServiceOutageError          Kafka or Cassandra stayed unreachable past the outage timeout
+    ├── CheckpointStorageError      the disk under a query's checkpoint is full or unwritable
     └── StoreError                  the interval store refused or lost track of a write
         ├── FencedError             another worker took the interval: stop, drop soft state
         └── UnknownOutcomeError     a conditional write timed out: it may or may not have applied
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 __all__ = [
     "AbsurdTimestampError",
+    "CheckpointStorageError",
     "ConfigError",
     "FencedError",
     "InjectorError",
@@ -43,6 +46,7 @@ __all__ = [
     "PortInUseError",
     "RecordDecodeError",
     "RecordError",
+    "ServiceOutageError",
     "ServiceStartError",
     "StoreError",
     "TopologyError",
@@ -155,6 +159,19 @@ class UnknownOutcomeError(StoreError):
 
 class WatermarkReportError(MillstreamError):
     """A message on the watermark topic is not a valid report (it is skipped and counted)."""
+
+
+class ServiceOutageError(MillstreamError):
+    """Kafka or Cassandra stayed unreachable longer than the outage timeout
+    (:mod:`millstream.engine.outages`); the work that failed runs again on restart."""
+
+
+class CheckpointStorageError(MillstreamError):
+    """A query could not write its checkpoint (the disk under it is full or unwritable).
+
+    Nothing is lost: the batch it could not log runs again from the checkpoint once the
+    topology restarts with space.
+    """
 
 
 class InjectorError(MillstreamError):

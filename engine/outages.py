@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Final, TypeVar
 
-from millstream.engine.errors import MillstreamError
+from millstream.engine.errors import ServiceOutageError
 
 __all__ = ["DEFAULT_OUTAGE_TIMEOUT", "OUTAGE_MARKERS", "Outage", "ServiceOutageError", "is_outage"]
 
@@ -58,10 +58,6 @@ OUTAGE_MARKERS: Final = (
 _NOT_OUTAGES: Final = ("FencedError", "InjectorRetiredError")
 
 
-class ServiceOutageError(MillstreamError):
-    """Kafka or Cassandra stayed unreachable longer than the outage timeout."""
-
-
 def is_outage(exc: BaseException) -> bool:
     """Whether ``exc`` (or its text) says a service could not be reached or timed out."""
     names = {cls.__name__ for cls in type(exc).__mro__}
@@ -73,7 +69,13 @@ def is_outage(exc: BaseException) -> bool:
 
 class Outage:
     """Tracks one stretch of failures that are outages: how long to sleep before the next
-    try (growing to ``max_delay``), and when ``timeout`` seconds have gone by."""
+    try (growing to ``max_delay``), and when ``timeout`` seconds have gone by.
+
+    ``reconnect``, if given, is called after every ``reconnect_every`` waits of a stretch: a
+    client can stay wedged after its service came back (a librdkafka consumer whose broker
+    was frozen for a minute kept failing every metadata request for minutes after it
+    resumed), and a new one is the cure.
+    """
 
     def __init__(
         self,
@@ -83,8 +85,12 @@ class Outage:
         max_delay: float = 5.0,
         sleep: Callable[[float], object] = time.sleep,
         monotonic: Callable[[], float] = time.monotonic,
+        reconnect: Callable[[], None] | None = None,
+        reconnect_every: int = 3,
     ) -> None:
         self.what = what
+        self.reconnect = reconnect
+        self.reconnect_every = reconnect_every
         self.timeout = timeout
         self.max_delay = max_delay
         self._sleep = sleep
@@ -118,11 +124,15 @@ class Outage:
         )
         self._sleep(self._delay)
         self._delay = min(self.max_delay, self._delay * 2)
+        if self.reconnect is not None and self.waits % self.reconnect_every == 0:
+            _log.warning("%s: reconnecting to Kafka and Cassandra", self.what)
+            self.reconnect()
 
     def over(self) -> None:
         """The service answered: the next failure starts a new stretch."""
         self._since = None
         self._delay = 0.5
+        self.waits = 0
 
     def retry(self, action: Callable[[], _T]) -> _T:
         """Run ``action`` until it succeeds, waiting out outages; other errors propagate."""

@@ -38,7 +38,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
@@ -54,9 +54,11 @@ from millstream.engine.errors import MillstreamError
 from millstream.engine.pause_points import ENVIRONMENT_VARIABLE
 
 __all__ = [
+    "CHECKPOINT_DISK",
     "CRASHES",
     "FAULTS",
     "OUTAGE_SECONDS",
+    "RESOURCE_FAULTS",
     "TIERS",
     "Fault",
     "FaultOutcome",
@@ -81,10 +83,15 @@ FAULTS: Final = {
     "injector": "kill -9 of the injector, then restart from its checkpoint",
     "kafka-outage": "the Kafka broker unreachable (SIGSTOP) for a minute, then SIGCONT",
     "cassandra-outage": "the Cassandra node unreachable (SIGSTOP) for a minute, then SIGCONT",
+    "disk-full": "the disk under the driver's checkpoints full, then space again (needs root)",
 }
 
-# The crashes every tier runs; the outages take a minute each and the CI tier leaves them out.
-CRASHES: Final = tuple(kind for kind in FAULTS if not kind.endswith("-outage"))
+# Resource faults: slow (an outage lasts a minute) or needing root (a tmpfs to fill).
+RESOURCE_FAULTS: Final = ("kafka-outage", "cassandra-outage", "disk-full")
+# The crashes every tier runs; the CI tier leaves the resource faults out.
+CRASHES: Final = tuple(kind for kind in FAULTS if kind not in RESOURCE_FAULTS)
+# The checkpoint disk of a run with the disk-full fault: small, so that filling it is quick.
+CHECKPOINT_DISK: Final = "256m"
 
 OUTAGE_SECONDS: Final = 60.0
 
@@ -119,7 +126,8 @@ class Tier:
 TIERS: Final = {
     "ci": Tier(records=4_000, keys=20, rate=150.0, faults=1, kinds=CRASHES),
     "t1": Tier(records=100_000, keys=100, rate=2_000.0, faults=3),
-    "t2": Tier(records=60_000, keys=100, rate=1_000.0, faults=4),
+    # About ten minutes and thirty faults: the crashes and the full disk, three of each.
+    "t2": Tier(records=60_000, keys=100, rate=1_000.0, faults=3, kinds=(*CRASHES, "disk-full")),
 }
 
 
@@ -249,6 +257,7 @@ class _Role:
         self.proc: subprocess.Popen[bytes] | None = None
         self.generation = 0
         self.finished = False
+        self.held = False  # a fault stops it on purpose: no restart, no unplanned exit
         self.logs: list[Path] = []
 
     def start(self) -> None:
@@ -279,17 +288,36 @@ class _Role:
     def exited(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
 
-    def signal_group(self, sig: signal.Signals) -> None:
+    def members(self) -> set[int]:
+        """Every live process of the role: its process group, and the descendants that left
+        it (Spark starts its Python worker daemons in sessions of their own)."""
+        found = _descendants(self.pid) | _group(self.pid)
+        return {pid for pid in found if _alive(pid)}
+
+    def signal_all(self, sig: signal.Signals) -> None:
+        """``sig`` to every member, by pid: the whole machine's share of the role at once."""
+        members = self.members()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.pid, sig)
+        for pid in members:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
 
-    def kill_group(self, timeout: float = 60.0) -> None:
-        """kill -9 the whole group and wait until none of it is left."""
-        self.signal_group(signal.SIGKILL)
+    def kill_all(self, timeout: float = 60.0) -> None:
+        """kill -9 every member and wait until none of them is left."""
+        members = self.members()
+        self.signal_all(signal.SIGKILL)
         assert self.proc is not None
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout)
-        _wait_group_gone(self.pid, timeout)
+        deadline = time.monotonic() + timeout
+        while any(_alive(pid) for pid in members):
+            if time.monotonic() > deadline:
+                raise MillstreamError(
+                    f"{self.role} processes {sorted(p for p in members if _alive(p))} still "
+                    f"alive {timeout} s after kill -9"
+                )
+            time.sleep(0.1)
 
     def detach(self) -> _Role:
         """A handle on the current process alone (a zombie-to-be), this one to start anew."""
@@ -299,17 +327,44 @@ class _Role:
         return old
 
 
-def _wait_group_gone(pgid: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(-pgid, os.WNOHANG)
-        time.sleep(0.1)
-    raise MillstreamError(f"process group {pgid} still has processes {timeout} s after kill -9")
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (state, ppid, pgrp, ...)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # reap our own children
+    fields = _stat(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
+
+
+def _processes() -> dict[int, list[str]]:
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (fields := _stat(int(entry.name))) is not None:
+            found[int(entry.name)] = fields
+    return found
+
+
+def _descendants(root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for pid, fields in _processes().items():
+        children.setdefault(int(fields[1]), []).append(pid)
+    found, todo = {root}, [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _group(pgid: int) -> set[int]:
+    return {pid for pid, fields in _processes().items() if int(fields[2]) == pgid}
 
 
 class _Run:
@@ -320,6 +375,7 @@ class _Run:
         directory: Path,
         services: Any,
         progress: Callable[[str], None],
+        environment: Mapping[str, str],
     ) -> None:
         self.config = config
         self.description = description
@@ -328,13 +384,14 @@ class _Run:
         self.progress = progress
         self.pauses = directory / "pauses"
         self.pauses.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ)
+        env = {**os.environ, **environment}
         env["MILLSTREAM_KAFKA_WATERMARK_TOPIC"] = config.kafka_watermark_topic
         env[ENVIRONMENT_VARIABLE] = str(self.pauses)
         self.driver = _Role("driver", directory, env)
         self.injector = _Role("injector", directory, env)
         self.zombies: list[_Role] = []
         self.unplanned: list[Unplanned] = []
+        self.rng = random.Random(description.workload.seed)
         self.gate = directory / GATE_FILE
         self.step = 1
 
@@ -363,7 +420,7 @@ class _Run:
         """Restart a process that exited though no fault meant it to."""
         for role in (self.driver, self.injector):
             code = role.exited()
-            if code is None or role.finished:
+            if code is None or role.finished or role.held:
                 continue
             if code == 0:
                 role.finished = True
@@ -373,7 +430,7 @@ class _Run:
             self.unplanned.append(Unplanned(role.role, code, log))
             self.progress(f"{role.role} exited with {code} unplanned; restarting it")
             with contextlib.suppress(MillstreamError):
-                _wait_group_gone(role.pid, 30)
+                role.kill_all(30)  # what is left of it: its Spark workers
             role.start()
 
     def wait(self, condition: Callable[[], bool], timeout: float, what: str) -> bool:
@@ -416,6 +473,8 @@ class _Run:
             self._service_fault(fault, outcome)
         elif kind in ("kafka-outage", "cassandra-outage"):
             self._outage_fault(fault, outcome)
+        elif kind == "disk-full":
+            self._disk_full_fault(outcome)
         elif kind == "injector":
             self._injector_fault(outcome)
         else:
@@ -462,7 +521,7 @@ class _Run:
             self._zombie(fault, parked, outcome)
             return
         outcome.target = f"driver group {self.driver.pid}"
-        self.driver.kill_group()
+        self.driver.kill_all()
         self._release(fault)
         self.driver.start()
         outcome.applied = True
@@ -471,20 +530,20 @@ class _Run:
     def _zombie(self, fault: Fault, parked: int, outcome: FaultOutcome) -> None:
         old = self.driver.detach()
         outcome.target = f"driver group {old.pid}"
-        old.signal_group(signal.SIGSTOP)
+        old.signal_all(signal.SIGSTOP)
         self.zombies.append(old)
         since = time.time()
         self.driver.start()
         took_over = self.wait(self.ran_batch(since, fault.computation), 300, "the new driver")
         self._release(fault)
-        old.signal_group(signal.SIGCONT)
+        old.signal_all(signal.SIGCONT)
         log = old.logs[-1]
 
         def fenced() -> bool:
             return "FencedError" in log.read_text(errors="replace")
 
         was_fenced = self.wait(fenced, 60, "the zombie's write to be fenced")
-        old.kill_group()
+        old.kill_all()
         outcome.applied = took_over and was_fenced
         outcome.detail = (
             f"parked pid {parked} at {_PAUSES[fault.kind]}.{fault.computation}; new driver "
@@ -492,16 +551,23 @@ class _Run:
             f"{'fenced' if was_fenced else 'NOT seen fenced'}, then killed"
         )
 
-    def _running_service(self, name: str, outcome: FaultOutcome) -> tuple[Any, int] | None:
-        """The local service ``name`` and its pid (the outcome's target), if it runs."""
-        service = next(s for s in self.services if s.name == name)
-        pid = service.process.running_pid()
-        if pid is None:
-            outcome.detail = f"{name} was not running"
+    def _running_service(self, backend: str, outcome: FaultOutcome) -> tuple[Any, int] | None:
+        """One running node of ``backend`` (``kafka``, ``cassandra``; on a replicated stack
+        one of its nodes, drawn from the seed) and its pid, made the outcome's target."""
+        nodes = [s for s in self.services if s.name == backend or s.name.startswith(f"{backend}-")]
+        running = [(s, pid) for s in nodes if (pid := s.process.running_pid()) is not None]
+        if not running:
+            outcome.detail = f"no {backend} node was running"
             return None
-        outcome.target = f"{name} pid {pid}"
+        service, pid = self.rng.choice(running)
+        outcome.target = f"{service.name} pid {pid}"
         self.nudge()
         return service, pid
+
+    @property
+    def replicated(self) -> bool:
+        names = [str(s.name) for s in self.services]
+        return sum(name.startswith("cassandra") for name in names) > 1
 
     def _service_fault(self, fault: Fault, outcome: FaultOutcome) -> None:
         kind = fault.kind
@@ -522,11 +588,20 @@ class _Run:
                 in_flight = f"; a commit of pid {parked} in flight against the stopped node"
         os.kill(pid, signal.SIGKILL)
         _wait_pid_gone(pid, 60)
-        down = time.monotonic()
-        time.sleep(random.Random(pid).uniform(1.0, 5.0))
+        down, since = time.monotonic(), time.time()
+        went_on = ""
+        if self.replicated:
+            # Two of three nodes left: the pipeline must go on committing meanwhile.
+            if not self.wait(self.ran_batch(since), 120, "a batch with a node down"):
+                outcome.detail = f"no batch committed within 120 s with {service.name} down"
+                service.up()
+                return
+            went_on = "; batches committed meanwhile"
+        else:
+            time.sleep(self.rng.uniform(1.0, 5.0))
         service.up()
         outcome.applied = True
-        outcome.detail = f"killed, back after {time.monotonic() - down:.0f} s{in_flight}"
+        outcome.detail = f"killed, back after {time.monotonic() - down:.0f} s{in_flight}{went_on}"
 
     def _outage_fault(self, fault: Fault, outcome: FaultOutcome) -> None:
         found = self._running_service(fault.kind.removesuffix("-outage"), outcome)
@@ -542,6 +617,39 @@ class _Run:
         outcome.applied = True
         outcome.detail = f"stopped for {OUTAGE_SECONDS:.0f} s, then continued"
 
+    def _disk_full_fault(self, outcome: FaultOutcome) -> None:
+        checkpoints = self.directory / "checkpoints"
+        filler = checkpoints / "filler"
+        outcome.target = f"tmpfs {checkpoints}"
+        self.nudge()
+        self.driver.held = True
+        try:
+            with filler.open("wb") as out:
+                block = bytes(1 << 20)
+                with contextlib.suppress(OSError):  # ENOSPC: the disk is full, as meant
+                    while True:
+                        out.write(block)
+                        out.flush()
+            stopped = self.wait(lambda: self.driver.exited() is not None, 180, "the driver to stop")
+            said = [
+                line
+                for line in log_tail(self.driver.logs[-1], 60).splitlines()
+                if "CheckpointStorageError" in line
+            ]
+        finally:
+            filler.unlink(missing_ok=True)
+            self.driver.held = False
+        if not stopped:
+            outcome.detail = "the driver went on with its checkpoint disk full"
+            return
+        self.driver.start()
+        outcome.applied = bool(said)
+        outcome.detail = (
+            f"driver stopped: {said[-1].strip()[:160]}; space freed, driver restarted"
+            if said
+            else "the driver stopped without saying that the checkpoint disk was full"
+        )
+
     def _injector_fault(self, outcome: FaultOutcome) -> None:
         if self.injector.finished:
             outcome.detail = "the injector had finished"
@@ -550,7 +658,7 @@ class _Run:
         before = self.injected()
         self.wait(lambda: self.injected() > before, 30, "the injector to send")
         outcome.target = f"injector pid {self.injector.pid}"
-        self.injector.kill_group()
+        self.injector.kill_all()
         self.injector.start()
         outcome.applied = True
         outcome.detail = f"killed after {self.injected()} records read; restarted"
@@ -559,20 +667,31 @@ class _Run:
         for role in (self.driver, self.injector, *self.zombies):
             if role.proc is not None and role.exited() is None:
                 with contextlib.suppress(MillstreamError):
-                    role.kill_group(30)
+                    role.kill_all(30)
+
+
+def _mount_checkpoint_disk(directory: Path) -> Path:
+    """A small tmpfs under the run's checkpoints, for the disk-full fault to fill."""
+    checkpoints = directory / "checkpoints"
+    checkpoints.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={CHECKPOINT_DISK}", "tmpfs", str(checkpoints)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        raise MillstreamError(
+            f"the disk-full fault mounts a {CHECKPOINT_DISK} tmpfs under {checkpoints} and "
+            f"could not ({mounted.stderr.strip() or mounted.returncode}); run as root, or "
+            "leave the fault out with --faults"
+        )
+    return checkpoints
 
 
 def _wait_pid_gone(pid: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            return
-        if state in ("Z", "X"):
-            return
+    while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
 
 
@@ -624,11 +743,16 @@ def prove(
     kinds: tuple[str, ...] | None = None,
     keep: bool = False,
     progress: Callable[[str], None] = lambda _: None,
+    environment: Mapping[str, str] | None = None,
 ) -> GroundReport:
     """One run of the proving ground; see the module docstring. ``services`` are the local
     stack's (:attr:`~millstream.connectors.local.stack.LocalStack.services`): the Kafka and
-    Cassandra faults kill and restart them by pid. ``keep`` leaves the run's topics,
-    keyspace and directory for inspection."""
+    Cassandra faults kill and restart them by pid (on a replicated stack, one node each time,
+    and the pipeline must commit while it is down). ``environment`` goes to the driver and
+    injector processes besides this one's (the ``MILLSTREAM_*`` endpoints of ``config``, when
+    they differ from what the environment says). ``keep`` leaves the run's topics, keyspace
+    and directory for inspection."""
+    environment = environment or {}
     unknown = set(kinds or ()) - FAULTS.keys()
     if unknown:
         raise MillstreamError(f"unknown faults {sorted(unknown)}; known: {', '.join(FAULTS)}")
@@ -642,10 +766,13 @@ def prove(
     faults = schedule(seed, tier, kinds)
     report = GroundReport(run_name, seed, tier, directory)
     started = time.monotonic()
-    run = _Run(config, description, directory, services, progress)
+    run = _Run(config, description, directory, services, progress, environment)
     steps = len(faults) + 1
     run.step = max(1, tier.records // steps)
     kafka_connector.create_watermark_topic(config)
+    checkpoint_disk = (
+        _mount_checkpoint_disk(directory) if "disk-full" in {f.kind for f in faults} else None
+    )
     try:
         try:
             run.let_through(tier.records // steps)
@@ -674,6 +801,8 @@ def prove(
             report.checks, report.provoked = recheck(base_config, directory)
         finally:
             run.stop_everything()
+            if checkpoint_disk is not None:
+                subprocess.run(["umount", str(checkpoint_disk)], check=False)
             report.seconds = time.monotonic() - started
             (directory / "report.json").write_text(json.dumps(report.to_json(), indent=2))
     finally:

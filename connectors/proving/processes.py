@@ -27,6 +27,7 @@ from millstream.connectors.proving.workload import (
     proving_topology,
 )
 from millstream.engine.config import load_config
+from millstream.engine.errors import MillstreamError
 from millstream.engine.records import MAX_EVENT_TIME
 
 __all__ = [
@@ -158,9 +159,13 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)
-    if args.role == "driver":
-        return run_driver(args.directory)
-    return run_injector(args.directory)
+    try:
+        if args.role == "driver":
+            return run_driver(args.directory)
+        return run_injector(args.directory)
+    except MillstreamError as exc:
+        print(f"{args.role}: error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return 2
 
 
 if __name__ == "__main__":

@@ -113,7 +113,11 @@ class BatchHandler:
         )
         # Kafka or Cassandra down (a restart, a network cut) is waited out, not a failure:
         # whatever a failed attempt committed is a duplicate for the next one.
-        outage = Outage(f"computation {self.spec.name!r} batch {batch_id}", self.outage_timeout)
+        outage = Outage(
+            f"computation {self.spec.name!r} batch {batch_id}",
+            self.outage_timeout,
+            reconnect=self.watermarks.reconnect,
+        )
         state = self.watermarks.state
         outage.retry(lambda: state.read(self.watermarks.reader))
         watermark, timer_watermark = state.advance(consumed)

@@ -65,6 +65,7 @@ class DriverWatermarks:
         self.alarm_topic = kafka_connector.alarm_topic(config, topology.name, spec.name)
         self.state = ComputationWatermarks.of(topology, spec, kafka_connector.stream_topic)
         self.output_topics = sorted({kafka_connector.stream_topic(s) for s in self.state.outputs})
+        self._config = config
         self.reader = kafka_connector.WatermarkReader(config)
         self._offsets = offsets_consumer(config)
         self._alarm: threading.Timer | None = None
@@ -102,6 +103,13 @@ class DriverWatermarks:
             if p.next_wall_timer is not None
         ]
         self._set_alarm(min(due) if due else None)
+
+    def reconnect(self) -> None:
+        """New Kafka consumers for reports and end offsets (an outage can wedge the old ones);
+        the reader goes on from the last report it returned."""
+        self.reader.reconnect()
+        old, self._offsets = self._offsets, offsets_consumer(self._config)
+        old.close()
 
     def snapshot(self) -> WatermarkSnapshot:
         """The watermarks now (any thread: a batch may be advancing them meanwhile)."""

@@ -87,7 +87,7 @@ from millstream.connectors.prometheus import DEFAULT_METRICS_ADDRESS
 from millstream.engine.clock import Clock, SystemClock
 from millstream.engine.computation import Computation
 from millstream.engine.config import MillstreamConfig
-from millstream.engine.errors import TopologyError
+from millstream.engine.errors import CheckpointStorageError, TopologyError
 from millstream.engine.outages import DEFAULT_OUTAGE_TIMEOUT
 from millstream.engine.spark.batch import BatchHandler, batch_offsets
 from millstream.engine.spark.driver_watermarks import (
@@ -134,6 +134,9 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
+
+# What a JVM's IOException says when the disk under a checkpoint refuses a write.
+_STORAGE_FAILURES = ("No space left on device", "Disk quota exceeded", "Read-only file system")
 
 
 @dataclass(frozen=True, slots=True)
@@ -416,14 +419,29 @@ class RunningTopology:
         raise TimeoutError(f"topology {self.topology.name!r} was not idle after {timeout} s")
 
     def raise_failure(self) -> None:
-        """Raise the error of the first query that stopped with one, if any."""
+        """Raise the error of the first query that stopped with one, if any.
+
+        A full or unwritable disk under the checkpoint becomes a
+        :class:`~millstream.engine.errors.CheckpointStorageError` that says where and what
+        to do, not pages of JVM stack.
+        """
         with self._lock:
-            queries = list(self._queries.values())
-        for query in queries:
+            queries = dict(self._queries)
+        for name, query in queries.items():
             if not query.isActive:
                 failure = query.exception()
-                if failure is not None:
-                    raise failure
+                if failure is None:
+                    continue
+                text = str(failure)
+                for cause in _STORAGE_FAILURES:
+                    if cause in text:
+                        raise CheckpointStorageError(
+                            f"computation {name!r} stopped: could not write its checkpoint "
+                            f"under {self.checkpoint(name)} ({cause}). Free space there (or "
+                            "fix its permissions) and restart the topology; nothing is lost, "
+                            "the batch runs again from the checkpoint"
+                        ) from failure
+                raise failure
 
     def await_termination(self, poll: float = 1.0) -> None:
         """Block until every query stopped; raises the error of a failed one."""

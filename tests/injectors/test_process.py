@@ -255,7 +255,7 @@ def test_unacknowledged_records_are_resent_until_kafka_takes_them() -> None:
 
 
 def test_kafka_that_never_acknowledges_is_waited_out_then_stops_the_process_clearly() -> None:
-    from millstream.engine.outages import ServiceOutageError
+    from millstream.engine.errors import ServiceOutageError
 
     options = InjectorOptions(send_timeout=1.0, outage_timeout=30.0)
     harness = injector_harness("nums", Numbers(), options)

@@ -1,0 +1,117 @@
+"""Telling an outage from a failure, and waiting one out for a bounded time."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from millstream.engine.errors import FencedError, ServiceOutageError, UnknownOutcomeError
+from millstream.engine.outages import Outage, is_outage
+
+pytestmark = pytest.mark.unit
+
+
+class NoHostAvailable(Exception):  # noqa: N818  (the Cassandra driver's name)
+    """Stands in for cassandra.cluster.NoHostAvailable: matched by name."""
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        NoHostAvailable("Unable to connect to any servers"),
+        UnknownOutcomeError("commit timed out", marker=b"m"),
+        TimeoutError("could not read the watermark topic within 30 s"),
+        RuntimeError('KafkaError{code=_TRANSPORT,val=-195,str="Connection refused"}'),
+        # A Python worker's error as the driver sees it: text inside a Py4J error.
+        RuntimeError(
+            "PythonException: An exception was thrown from the Python worker: Traceback ...\n"
+            "cassandra.cluster.NoHostAvailable: ('Unable to complete the operation', {})"
+        ),
+    ],
+)
+def test_unreachable_services_are_outages(error: Exception) -> None:
+    assert is_outage(error)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        FencedError("interval 3 of 'tally' was acquired by another worker"),
+        # A fenced zombie stays fenced even when its text also names a timeout.
+        RuntimeError("FencedError: interval 3 ... after OperationTimedOut"),
+        ValueError("user code failed"),
+        RuntimeError("Python worker exited unexpectedly (crashed)"),
+    ],
+)
+def test_failures_that_retrying_cannot_mend_are_not_outages(error: Exception) -> None:
+    assert not is_outage(error)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.slept: list[float] = []
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def test_an_outage_is_waited_out_with_growing_pauses_until_its_timeout() -> None:
+    clock = Clock()
+    outage = Outage("batch 7", 20.0, sleep=clock.sleep, monotonic=lambda: clock.now)
+
+    def wait_forever() -> None:
+        while True:
+            outage.wait(TimeoutError("down"))
+
+    with pytest.raises(ServiceOutageError, match=r"batch 7: .*unreachable for 2\d s.*down"):
+        wait_forever()
+    assert clock.slept[:5] == [0.5, 1.0, 2.0, 4.0, 5.0]
+    assert max(clock.slept) == 5.0
+    assert outage.waits == len(clock.slept)
+
+
+def test_retry_returns_once_the_service_answers_and_starts_afresh_after() -> None:
+    clock = Clock()
+    outage = Outage("report", 60.0, sleep=clock.sleep, monotonic=lambda: clock.now)
+    answers: Iterator[str | Exception] = iter(
+        [TimeoutError("down"), TimeoutError("down"), "published"]
+    )
+
+    def publish() -> str:
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    assert outage.retry(publish) == "published"
+    assert clock.slept == [0.5, 1.0]
+    outage.wait(TimeoutError("down again"))  # a new stretch: the pause starts small again
+    assert clock.slept[-1] == 0.5
+
+
+def test_a_long_outage_gets_new_clients_every_few_waits() -> None:
+    clock = Clock()
+    reconnected: list[int] = []
+    outage = Outage(
+        "batch",
+        600.0,
+        sleep=clock.sleep,
+        monotonic=lambda: clock.now,
+        reconnect=lambda: reconnected.append(outage.waits),
+    )
+    for _ in range(7):
+        outage.wait(TimeoutError("down"))
+    assert reconnected == [3, 6]
+
+
+def test_retry_lets_other_errors_through_at_once() -> None:
+    outage = Outage("batch", 60.0, sleep=lambda _s: pytest.fail("must not wait"))
+
+    def fenced() -> None:
+        raise FencedError("taken over")
+
+    with pytest.raises(FencedError):
+        outage.retry(fenced)
