@@ -217,7 +217,7 @@ def main() -> None:
     keyspace = f"bench_{uuid.uuid4().hex[:12]}"
     try:
         version = session.execute("SELECT release_version FROM system.local").one()[0]
-        cassandra_connector.create_keyspace(session, keyspace)
+        cassandra_connector.create_keyspace(session, keyspace, config.cassandra_replication)
         create_schema(session, keyspace)
         print(
             f"Cassandra {version} at {config.cassandra_hosts[0]}:{config.cassandra_port}; "

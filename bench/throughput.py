@@ -792,7 +792,7 @@ def large_state(bench: Bench) -> LargeStateResult:
     sample = random.Random(7).sample(range(args.large_keys), LARGE_BATCH * args.runs)
     cluster, session = cassandra_connector.connect(config)
     try:
-        cassandra_connector.create_keyspace(session, keyspace)
+        cassandra_connector.create_keyspace(session, keyspace, config.cassandra_replication)
         create_schema(session, keyspace)
         started = time.monotonic()
         for case, keys in cases.items():

@@ -32,6 +32,10 @@ def connect(config: MillstreamConfig, keyspace: str | None = None) -> tuple[Clus
 
 
 def create_keyspace(session: Session, name: str, replication: int = 1) -> None:
+    """Create a SimpleStrategy keyspace with ``replication`` replicas, unless it exists.
+
+    Callers pass ``config.cassandra_replication``. An existing keyspace keeps its replication.
+    """
     _check_identifier(name)
     session.execute(
         f"CREATE KEYSPACE IF NOT EXISTS {name} WITH replication = "

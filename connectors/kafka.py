@@ -110,17 +110,21 @@ def create_topics(
     config: MillstreamConfig,
     names: Sequence[str],
     partitions: int = 1,
-    replication: int = 1,
+    replication: int | None = None,
     topic_config: Mapping[str, str] | None = None,
     timeout: float = 30.0,
 ) -> None:
-    """Create topics; ones that already exist are left as they are."""
+    """Create topics; ones that already exist are left as they are.
+
+    Each partition gets ``replication`` replicas, by default ``config.kafka_replication``, so
+    every topic millstream creates (streams, dead letters, the watermark, wake and alarm
+    topics) is replicated as configured. How many replicas must acknowledge a write is the
+    brokers' ``min.insync.replicas`` (or ``topic_config``'s).
+    """
+    replicas = config.kafka_replication if replication is None else replication
     admin = admin_client(config)
     futures = admin.create_topics(
-        [
-            NewTopic(name, partitions, replication, config=dict(topic_config or {}))
-            for name in names
-        ],
+        [NewTopic(name, partitions, replicas, config=dict(topic_config or {})) for name in names],
         operation_timeout=timeout,
     )
     for future in futures.values():

@@ -210,7 +210,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
 
     def progress(message: str) -> None:
-        print(f"[{time.monotonic() - started:6.1f}s] {message}", file=sys.stderr, flush=True)
+        # One write per line: nodes starting in parallel threads report at once.
+        line = f"[{time.monotonic() - started:6.1f}s] {message}\n"
+        print(line, end="", file=sys.stderr, flush=True)
 
     try:
         # Imported here so `millstream --help` stays fast and free of driver imports.
@@ -224,14 +226,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         stack = LocalStack(config, progress, nodes=args.nodes)
         replicated = args.nodes > 1
-        width = max(len(service.name) for service in stack.services)
+        width = max(10, *(len(service.name) for service in stack.services))
         if args.command == "up":
             statuses = stack.up()
             if replicated:
                 # The cluster is not where the configuration points: say so.
                 client = stack.client_config()
-                where = config.home / "cluster"
-                print(f"millstream local {args.nodes}-node cluster is up (data in {where}):")
+                data = config.home / "cluster"
+                print(f"millstream local {args.nodes}-node cluster is up (data in {data}):")
             else:
                 client = config
                 print(f"millstream local stack is up (data in {config.home}):")

@@ -13,10 +13,12 @@ The TOML file and the variables name the same settings::
     bootstrap = "broker1:9092,broker2:9092" # MILLSTREAM_KAFKA_BOOTSTRAP
     controller_port = 9093                  # MILLSTREAM_KAFKA_CONTROLLER_PORT (local stack only)
     watermark_topic = "millstream.watermarks"  # MILLSTREAM_KAFKA_WATERMARK_TOPIC
+    replication = 3                         # MILLSTREAM_KAFKA_REPLICATION: replicas per topic
     [cassandra]
     hosts = ["cass1", "cass2"]              # MILLSTREAM_CASSANDRA_HOSTS (comma separated)
     port = 9042                             # MILLSTREAM_CASSANDRA_PORT
     storage_port = 7000                     # MILLSTREAM_CASSANDRA_STORAGE_PORT (local stack only)
+    replication = 3                         # MILLSTREAM_CASSANDRA_REPLICATION: per keyspace
     [spark]
     master = "spark://master:7077"          # MILLSTREAM_SPARK_MASTER
     shuffle_partitions = 2                  # MILLSTREAM_SPARK_SHUFFLE_PARTITIONS
@@ -56,9 +58,15 @@ class MillstreamConfig:
     kafka_controller_port: int = 9093
     # The compacted topic of low-watermark reports (see millstream.engine.watermarks).
     kafka_watermark_topic: str = "millstream.watermarks"
+    # Replicas of every topic millstream creates (streams, dead letters, watermark, wake-ups);
+    # the brokers' min.insync.replicas decides how many must acknowledge a write.
+    kafka_replication: int = 1
     cassandra_hosts: tuple[str, ...] = (_LOOPBACK,)
     cassandra_port: int = 9042
     cassandra_storage_port: int = 7000
+    # The replication factor of the keyspaces millstream creates (SimpleStrategy); 3 lets the
+    # store's QUORUM and SERIAL requests go on with one replica down.
+    cassandra_replication: int = 1
     spark_master: str = "local[*]"
     spark_shuffle_partitions: int = 2
     spark_ui: bool = False
@@ -71,6 +79,12 @@ class MillstreamConfig:
     executor_interval_threads: int = 4
 
     def __post_init__(self) -> None:
+        for name in ("kafka_replication", "cassandra_replication"):
+            if getattr(self, name) < 1:
+                kind = name.split("_")[0]
+                raise ValueError(
+                    f"{kind} replication must be at least 1, got {getattr(self, name)}"
+                )
         if self.executor_cache_bytes < 0:
             raise ValueError(
                 f"executor cache_bytes must be non-negative, got {self.executor_cache_bytes}"
@@ -152,11 +166,13 @@ def _from_toml(file: Path) -> dict[str, Any]:
     _take(values, "kafka_bootstrap", kafka, "bootstrap", str)
     _take(values, "kafka_controller_port", kafka, "controller_port", int)
     _take(values, "kafka_watermark_topic", kafka, "watermark_topic", str)
+    _take(values, "kafka_replication", kafka, "replication", int)
     if "hosts" in cassandra:
         hosts = cassandra["hosts"]
         values["cassandra_hosts"] = tuple(hosts) if isinstance(hosts, list) else _split(str(hosts))
     _take(values, "cassandra_port", cassandra, "port", int)
     _take(values, "cassandra_storage_port", cassandra, "storage_port", int)
+    _take(values, "cassandra_replication", cassandra, "replication", int)
     _take(values, "spark_master", spark, "master", str)
     _take(values, "spark_shuffle_partitions", spark, "shuffle_partitions", int)
     _take(values, "spark_ui", spark, "ui", bool)
@@ -191,9 +207,11 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
         "MILLSTREAM_KAFKA_BOOTSTRAP": ("kafka_bootstrap", str),
         "MILLSTREAM_KAFKA_CONTROLLER_PORT": ("kafka_controller_port", int),
         "MILLSTREAM_KAFKA_WATERMARK_TOPIC": ("kafka_watermark_topic", str),
+        "MILLSTREAM_KAFKA_REPLICATION": ("kafka_replication", int),
         "MILLSTREAM_CASSANDRA_HOSTS": ("cassandra_hosts", _split),
         "MILLSTREAM_CASSANDRA_PORT": ("cassandra_port", int),
         "MILLSTREAM_CASSANDRA_STORAGE_PORT": ("cassandra_storage_port", int),
+        "MILLSTREAM_CASSANDRA_REPLICATION": ("cassandra_replication", int),
         "MILLSTREAM_SPARK_MASTER": ("spark_master", str),
         "MILLSTREAM_SPARK_SHUFFLE_PARTITIONS": ("spark_shuffle_partitions", int),
         "MILLSTREAM_SPARK_UI": ("spark_ui", _boolean),

@@ -62,7 +62,7 @@ def connect_injector(
     cluster, session = cassandra_connector.connect(config)
     try:
         if create_keyspace:
-            cassandra_connector.create_keyspace(session, keyspace)
+            cassandra_connector.create_keyspace(session, keyspace, config.cassandra_replication)
         create_schema(session, keyspace, table)
         store = CassandraIntervalStore(session, keyspace, clock, table=table)
         sink = kafka_connector.KafkaProductionSink(config)

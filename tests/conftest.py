@@ -99,13 +99,15 @@ def cassandra(services: MillstreamConfig) -> Iterator[Session]:
 
 
 @pytest.fixture
-def cassandra_keyspace(cassandra: Session) -> Iterator[Callable[[], str]]:
+def cassandra_keyspace(
+    services: MillstreamConfig, cassandra: Session
+) -> Iterator[Callable[[], str]]:
     """Factory: ``cassandra_keyspace()`` creates a unique keyspace, dropped after the test."""
     created: list[str] = []
 
     def make() -> str:
         name = unique_name("test")
-        cassandra_connector.create_keyspace(cassandra, name)
+        cassandra_connector.create_keyspace(cassandra, name, services.cassandra_replication)
         created.append(name)
         return name
 

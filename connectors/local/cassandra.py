@@ -1,8 +1,13 @@
-"""A single-node Apache Cassandra 5.0 from its Maven artifacts, tuned to start fast and stay small.
+"""Apache Cassandra 5.0 nodes from its Maven artifacts, tuned to start fast and stay small.
 
-Everything lives under ``<home>/cassandra/``: ``conf/`` is rewritten on every start, the data
-directories (``data/``, ``commitlog/``, ``saved_caches/``, ``hints/``, ``cdc_raw/``) are only
-ever created. The node binds 127.0.0.1 alone and opens no JMX port.
+A node lives under its root (``<home>/cassandra/`` for the single node, ``<home>/cluster/
+cassandra-N/`` for node N of a replicated stack): ``conf/`` is rewritten on every start, the
+data directories (``data/``, ``commitlog/``, ``saved_caches/``, ``hints/``, ``cdc_raw/``) are
+only ever created. A node binds its own loopback address alone and opens no JMX port.
+
+In a replicated stack node 1 is the seed and the others join it one after another, each
+bootstrapping like any new node of a production cluster; a node restarted later keeps its
+tokens and data and rejoins.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ import socket
 import struct
 from pathlib import Path
 
-from millstream.connectors.local.service import LOOPBACK, LocalService
+from millstream.connectors.local.service import LocalService, ServiceStatus
 from millstream.engine.errors import ServiceStartError
 
 __all__ = ["DATA_DIRS", "JVM17_MODULE_OPTIONS", "CassandraService", "cql_ping"]
@@ -23,7 +28,9 @@ _HEAP = "1G"
 # most containers) every committed page becomes resident and pinned: with -Xms1G an idle node
 # sat at 1.5 GiB RSS, with -Xms256m at about 730 MiB. The heap still grows to -Xmx on demand.
 _INITIAL_HEAP = "256m"
+# The two stacks get different names, so a node of one can never gossip its way into the other.
 _CLUSTER_NAME = "millstream-local"
+_REPLICATED_CLUSTER_NAME = "millstream-local-cluster"
 
 # Created by prepare(), never emptied: they hold the node's data and identity.
 DATA_DIRS = ("data", "commitlog", "saved_caches", "hints", "cdc_raw")
@@ -77,10 +84,28 @@ _JVM_OPTIONS = (
     "-Dio.netty.allocator.useCacheForAllThreads=true",
     "-Dio.netty.allocator.maxOrder=11",
     "-Dcassandra-foreground=yes",  # otherwise the daemon closes stdout, our only crash log
-    # A lone seed node has nobody to gossip with: skip the settle wait and the ring delay.
+)
+
+# A lone seed node has nobody to gossip with: skip the settle wait and the ring delay, and it
+# has no peers to tell it is going away.
+_SINGLE_NODE_GOSSIP = (
     "-Dcassandra.skip_wait_for_gossip_to_settle=0",
     "-Dcassandra.ring_delay_ms=100",
-    "-Dcassandra.shutdown_announce_in_ms=0",  # and no peers to tell it is going away
+    "-Dcassandra.shutdown_announce_in_ms=0",
+)
+# The nodes of a replicated stack need a real ring delay: a joining node's shadow round with
+# the seed gives up after twice the delay, a node without tokens yet (one that is joining)
+# is dropped from gossip once silent for that long, and a joining node waits that long for
+# its pending ranges to reach the others before it streams. At 100 ms a joining node gave up
+# on the seed while the seed, busy starting on two cores, took 2 s to answer; 5 s leaves a
+# margin over gossip's 1 s rounds and costs 5 s per joining node (and once at the seed's
+# first start, which waits that long to learn tokens before picking its own). Gossip need
+# not settle: before taking clients a node waits for its peers anyway (Cassandra's startup
+# connectivity check). Shutdowns are announced (Cassandra's default), so that `down` of one
+# node is seen by the others at once.
+_CLUSTER_GOSSIP = (
+    "-Dcassandra.skip_wait_for_gossip_to_settle=0",
+    "-Dcassandra.ring_delay_ms=5000",
 )
 
 # No <shutdownHook>: Cassandra stops logback itself at the end of its drain, and logback's own
@@ -121,7 +146,7 @@ _LOGBACK = """\
 
 
 class CassandraService(LocalService):
-    name = "cassandra"
+    backend = "cassandra"
     profile = "cassandra"
     # 5-10 s on two cores (measured, first start included); the margin is for slow CI disks.
     start_timeout = 120.0
@@ -141,26 +166,31 @@ class CassandraService(LocalService):
         ]
 
     def address(self) -> str:
-        return f"{LOOPBACK}:{self.config.cassandra_port}"
+        return f"{self.host}:{self.config.cassandra_port}"
 
     def cassandra_yaml(self) -> str:
-        """The node's cassandra.yaml: loopback only, our ports, every directory under root."""
+        """The node's cassandra.yaml: its loopback address only, our ports, every directory
+        under its root; in a replicated stack, node 1 as the seed."""
         root = self.root
+        node = self.node
         storage_port = self.config.cassandra_storage_port
+        seed = f"{node.hosts[0]}:{storage_port}"
         settings: list[tuple[str, object]] = [
-            ("cluster_name", _CLUSTER_NAME),
-            # Token count is fixed at first boot; 16 with the allocator is 5.0's default.
+            ("cluster_name", _REPLICATED_CLUSTER_NAME if node.replicated else _CLUSTER_NAME),
+            # Token count is fixed at first boot; 16 with the allocator is 5.0's default. The
+            # allocator balances the ranges for the replication factor the keyspaces get.
             ("num_tokens", 16),
-            ("allocate_tokens_for_local_replication_factor", 1),
+            ("allocate_tokens_for_local_replication_factor", node.replication),
             ("partitioner", "org.apache.cassandra.dht.Murmur3Partitioner"),
             ("endpoint_snitch", "SimpleSnitch"),
-            ("listen_address", LOOPBACK),
-            ("rpc_address", LOOPBACK),
+            ("listen_address", self.host),
+            ("rpc_address", self.host),
             ("storage_port", storage_port),
             ("start_native_transport", True),
             ("native_transport_port", self.config.cassandra_port),
-            # The only seed is the node itself, so it never bootstraps or streams.
-            ("auto_bootstrap", False),
+            # A seed never bootstraps (the single node is its own seed); the other nodes of a
+            # replicated stack take their token ranges from the ring as any new node does.
+            ("auto_bootstrap", node.number != 1),
             ("data_file_directories", [str(root / "data")]),
             ("commitlog_directory", str(root / "commitlog")),
             ("saved_caches_directory", str(root / "saved_caches")),
@@ -196,7 +226,7 @@ class CassandraService(LocalService):
             "seed_provider:",
             "  - class_name: org.apache.cassandra.locator.SimpleSeedProvider",
             "    parameters:",
-            f"      - seeds: {_yaml_value(f'{LOOPBACK}:{storage_port}')}",
+            f"      - seeds: {_yaml_value(seed)}",
         ]
         return "\n".join(lines) + "\n"
 
@@ -215,6 +245,7 @@ class CassandraService(LocalService):
             _HEAP,
             *JVM17_MODULE_OPTIONS,
             *_JVM_OPTIONS,
+            *(_CLUSTER_GOSSIP if self.node.replicated else _SINGLE_NODE_GOSSIP),
             *_jamm_agent(classpath),
             f"-Dcassandra.config={(self._conf_dir / 'cassandra.yaml').as_uri()}",
             f"-Dcassandra.storagedir={self.root}",
@@ -227,7 +258,25 @@ class CassandraService(LocalService):
     def healthy(self) -> bool:
         # Cassandra opens the native port only at the end of startup; the query then proves
         # that the node serves reads of its system tables.
-        return cql_ping(LOOPBACK, self.config.cassandra_port)
+        return cql_ping(self.host, self.config.cassandra_port)
+
+    def up(self) -> ServiceStatus:
+        status = super().up()
+        # It serves clients, so it joined its ring: from now on it restarts with its tokens.
+        self._joined.touch()
+        return status
+
+    def starts_alone(self) -> bool:
+        """A node that never joined its ring does: it bootstraps, which Cassandra allows one
+        node at a time, and picks its tokens knowing those of all nodes started before it.
+        Nodes that joined before restart together, which also spares each of them the wait
+        for its peers (the connectivity check before a node takes clients waits up to 10 s)."""
+        return not self._joined.is_file()
+
+    @property
+    def _joined(self) -> Path:
+        # Beside the data directories, not in them (Cassandra reads those as keyspaces).
+        return self.root / "joined"
 
 
 # -- a minimal CQL native protocol v4 client, just enough to run one query ---------------

@@ -1,10 +1,19 @@
-"""A single-node Apache Kafka 4 (KRaft, combined broker and controller) from Maven artifacts."""
+"""Apache Kafka 4 nodes (KRaft, each a combined broker and controller) from Maven artifacts.
+
+The single node is broker and sole controller. In a replicated stack of N nodes, node N is
+broker N and voter N of a static controller quorum of all of them (a majority must run for
+the cluster to work); every node is formatted with the same cluster id, kept in
+``<home>/cluster/kafka-cluster-id``. Topics get the stack's replication factor by default,
+and a write needs a majority of the replicas in sync (``min.insync.replicas``).
+"""
 
 from __future__ import annotations
 
 import base64
 import logging
+import os
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -12,12 +21,11 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from millstream.connectors.local.process import port_accepts
-from millstream.connectors.local.service import LOOPBACK, LocalService
+from millstream.connectors.local.service import LocalService
 from millstream.engine.errors import ServiceStartError
 
-__all__ = ["KafkaService"]
+__all__ = ["KafkaService", "create_offsets_topic"]
 
-_NODE_ID = 1
 _MAIN_CLASS = "kafka.Kafka"
 _STORAGE_TOOL = "kafka.tools.StorageTool"
 # The JVM flags of Kafka's own kafka-run-class.sh / kafka-server-start.sh, less the heap.
@@ -56,7 +64,7 @@ rootLogger.appenderRef.console.level = WARN
 
 
 class KafkaService(LocalService):
-    name = "kafka"
+    backend = "kafka"
     profile = "kafka"
     start_timeout = 120.0
 
@@ -75,15 +83,21 @@ class KafkaService(LocalService):
         ]
 
     def address(self) -> str:
-        return f"{LOOPBACK}:{self.config.kafka_port}"
+        return f"{self.host}:{self.config.kafka_port}"
 
     def server_properties(self) -> str:
-        broker = f"{LOOPBACK}:{self.config.kafka_port}"
-        controller = f"{LOOPBACK}:{self.config.kafka_controller_port}"
+        node = self.node
+        broker = f"{self.host}:{self.config.kafka_port}"
+        controller = f"{self.host}:{self.config.kafka_controller_port}"
+        voters = ",".join(
+            f"{number}@{host}:{self.config.kafka_controller_port}"
+            for number, host in enumerate(node.hosts, 1)
+        )
+        replicas, in_sync = str(node.replication), str(node.majority)
         settings = {
             "process.roles": "broker,controller",
-            "node.id": str(_NODE_ID),
-            "controller.quorum.voters": f"{_NODE_ID}@{controller}",
+            "node.id": str(node.number),
+            "controller.quorum.voters": voters,
             "listeners": f"PLAINTEXT://{broker},CONTROLLER://{controller}",
             "advertised.listeners": f"PLAINTEXT://{broker}",
             "controller.listener.names": "CONTROLLER",
@@ -91,12 +105,17 @@ class KafkaService(LocalService):
             "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
             "log.dirs": str(self._data_dir),
             "num.partitions": "1",
-            # One node: every internal topic has a single replica.
-            "offsets.topic.replication.factor": "1",
-            "transaction.state.log.replication.factor": "1",
-            "transaction.state.log.min.isr": "1",
-            "share.coordinator.state.topic.replication.factor": "1",
-            "share.coordinator.state.topic.min.isr": "1",
+            # Every topic, internal ones included, gets the stack's replication factor (one
+            # replica on a single node), and an acks=all write needs a majority of them: with
+            # three replicas it goes on while one broker is down, and what it acknowledged
+            # survives the loss of any one of them.
+            "default.replication.factor": replicas,
+            "min.insync.replicas": in_sync,
+            "offsets.topic.replication.factor": replicas,
+            "transaction.state.log.replication.factor": replicas,
+            "transaction.state.log.min.isr": in_sync,
+            "share.coordinator.state.topic.replication.factor": replicas,
+            "share.coordinator.state.topic.min.isr": in_sync,
             "group.initial.rebalance.delay.ms": "0",
             # Lets users delete the per-test and scratch topics they create.
             "delete.topic.enable": "true",
@@ -113,8 +132,8 @@ class KafkaService(LocalService):
 
     def _format(self) -> None:
         """Write KRaft metadata once; a formatted log dir keeps its cluster id forever."""
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
-        self.progress(f"kafka: formatting storage (cluster id {cluster_id})")
+        cluster_id = self._cluster_id()
+        self.progress(f"{self.name}: formatting storage (cluster id {cluster_id})")
         argv = [
             *self._jvm(self.artifacts.classpath(self.profile), "256m"),
             _STORAGE_TOOL,
@@ -131,6 +150,24 @@ class KafkaService(LocalService):
                 f"{(result.stdout + result.stderr)[-3000:]}\n"
                 f"If the directory holds data of another cluster, remove {self._data_dir}."
             )
+
+    def _cluster_id(self) -> str:
+        """A new id for the single node; the one id all nodes of a replicated stack share."""
+        if not self.node.replicated:
+            return _new_cluster_id()
+        shared = self.node.cluster_dir(self.config.home) / "kafka-cluster-id"
+        shared.parent.mkdir(parents=True, exist_ok=True)
+        # Nodes are formatted concurrently: the first to link its candidate in place wins,
+        # and everyone reads the winner.
+        candidate = shared.with_name(f"{shared.name}.{uuid.uuid4().hex}")
+        candidate.write_text(_new_cluster_id())
+        try:
+            os.link(candidate, shared)
+        except FileExistsError:
+            pass
+        finally:
+            candidate.unlink()
+        return shared.read_text().strip()
 
     def argv(self, classpath: list[Path]) -> list[str]:
         return [
@@ -149,14 +186,62 @@ class KafkaService(LocalService):
         )
 
     def healthy(self) -> bool:
-        if not port_accepts(LOOPBACK, self.config.kafka_port):
+        """This node answers metadata requests and is itself a registered, unfenced broker
+        (in a cluster: it rejoined, not just opened its port)."""
+        if not port_accepts(self.host, self.config.kafka_port):
             return False
-        quiet = logging.getLogger("millstream.local.kafka-health")
-        quiet.addHandler(logging.NullHandler())
-        quiet.propagate = False
-        admin = AdminClient({"bootstrap.servers": self.address()}, logger=quiet)
+        # Only this node: a bootstrap list would let another node answer for it.
+        admin = AdminClient({"bootstrap.servers": self.address()}, logger=_quiet_logger())
         try:
             metadata = admin.list_topics(timeout=3)
         except KafkaException:
             return False  # not accepting clients yet
-        return bool(metadata.brokers)
+        return self.node.number in metadata.brokers
+
+
+_OFFSETS_TOPIC = "__consumer_offsets"
+
+
+def create_offsets_topic(bootstrap: str, replicas: int, timeout: float = 60.0) -> None:
+    """Have the brokers at ``bootstrap`` create the consumer offsets topic now, with all its
+    partitions led and ``replicas`` replicas in sync.
+
+    Kafka creates it on the first use of a consumer group, and only while as many brokers run
+    as its replication factor: with three replicas, a group first used while one broker is
+    down would find no coordinator. Asking for a group's coordinator creates it.
+    """
+    admin = AdminClient({"bootstrap.servers": bootstrap}, logger=_quiet_logger())
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            # Answered NOT_COORDINATOR (or the like) until the topic's partitions have leaders.
+            admin.describe_consumer_groups([_OFFSETS_PROBE])[_OFFSETS_PROBE].result(timeout=10)
+            topic = admin.list_topics(_OFFSETS_TOPIC, timeout=10).topics[_OFFSETS_TOPIC]
+            partitions = topic.partitions.values()
+            if partitions and all(len(p.isrs) >= replicas for p in partitions):
+                return
+        except KafkaException:
+            pass  # not yet: the coordinator or the topic's leaders are still being set up
+        if time.monotonic() >= deadline:
+            raise ServiceStartError(
+                f"the Kafka brokers at {bootstrap} did not create {_OFFSETS_TOPIC} with "
+                f"{replicas} in-sync replicas within {timeout:.0f}s; check that every broker "
+                f"is up (`millstream status --nodes N`) and see their logs/server.log"
+            )
+        time.sleep(0.5)
+
+
+# A group nobody uses: describing it only makes a broker look up (and create) its coordinator.
+_OFFSETS_PROBE = "millstream-local-offsets-probe"
+
+
+def _quiet_logger() -> logging.Logger:
+    quiet = logging.getLogger("millstream.local.kafka-health")
+    if not quiet.handlers:
+        quiet.addHandler(logging.NullHandler())
+    quiet.propagate = False
+    return quiet
+
+
+def _new_cluster_id() -> str:
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()

@@ -1,14 +1,19 @@
-"""The contract every local single-node service fulfils, and the shared up/status/down logic.
+"""The contract every local service node fulfils, and the shared up/status/down logic.
 
 A backend (``kafka.py``, ``cassandra.py``) says how to lay out its data
 directory, which JVM command to run, which ports it binds and how to tell it
 accepts clients. This module does the rest the same way for all of them:
 reuse a running instance, refuse taken ports, start detached, wait with a
 deadline, report pid/address/health/memory, stop by pid.
+
+Each service object is one server process, one *node*: the single-node stack has one node
+of each backend on 127.0.0.1, a replicated stack several, each on a loopback address of
+its own (:class:`Node`), so that every node binds the same port numbers.
 """
 
 from __future__ import annotations
 
+import subprocess
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,9 +27,58 @@ from millstream.connectors.local.process import (
 )
 from millstream.engine.config import MillstreamConfig
 
-__all__ = ["LOOPBACK", "LocalService", "ServiceStatus"]
+__all__ = ["LOOPBACK", "LocalService", "Node", "ServiceStatus"]
 
 LOOPBACK = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class Node:
+    """Node ``number`` (from 1) of a local cluster whose nodes run on ``hosts``, one each.
+
+    ``Node()`` is the single-node stack: one node on 127.0.0.1, named after its backend
+    (``kafka``) and kept in ``<home>/<backend>/``. A node of a replicated stack is named
+    ``<backend>-<number>`` and kept in ``<home>/cluster/<backend>-<number>/``, so the two
+    stacks never share a directory, a pid file or an address.
+    """
+
+    hosts: tuple[str, ...] = (LOOPBACK,)
+    number: int = 1
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.number <= len(self.hosts):
+            raise ValueError(f"node {self.number} is not one of the {len(self.hosts)} nodes")
+        if len(set(self.hosts)) != len(self.hosts):
+            raise ValueError(f"every node needs an address of its own, got {self.hosts}")
+
+    @property
+    def host(self) -> str:
+        """The loopback address this node binds."""
+        return self.hosts[self.number - 1]
+
+    @property
+    def replicated(self) -> bool:
+        return len(self.hosts) > 1
+
+    @property
+    def replication(self) -> int:
+        """The replication factor the cluster gives its data: every node, at most three."""
+        return min(len(self.hosts), 3)
+
+    @property
+    def majority(self) -> int:
+        """How many of ``replication`` replicas make a quorum (2 of 3, 1 of 1)."""
+        return self.replication // 2 + 1
+
+    def name(self, backend: str) -> str:
+        return f"{backend}-{self.number}" if self.replicated else backend
+
+    def cluster_dir(self, home: Path) -> Path:
+        """The directory of the whole stack's nodes (and of what they share)."""
+        return home / "cluster" if self.replicated else home
+
+    def root(self, home: Path, backend: str) -> Path:
+        return self.cluster_dir(home) / self.name(backend)
 
 
 @dataclass(frozen=True)
@@ -35,17 +89,25 @@ class ServiceStatus:
     healthy: bool
     rss_bytes: int | None = None
 
-    def describe(self) -> str:
+    def describe(self, width: int = 10) -> str:
+        """One line; ``width`` aligns the names of several (the longest name's length)."""
         state = "healthy" if self.healthy else ("unhealthy" if self.pid else "stopped")
         pid = f"pid {self.pid}" if self.pid else "no pid"
         memory = f", rss {self.rss_bytes / 2**20:.0f} MiB" if self.rss_bytes else ""
-        return f"{self.name:<10} {state:<9} {pid:<10} {self.address}{memory}"
+        return f"{self.name:<{width}} {state:<9} {pid:<10} {self.address}{memory}"
 
 
 class LocalService(ABC):
-    """One server process under ``<home>/<name>/``, driven by the pinned Maven artifacts."""
+    """One server process (a node) under its root directory, run from the pinned Maven
+    artifacts: ``<home>/<backend>/`` for the single node, ``<home>/cluster/<backend>-N/`` for
+    node N of a replicated stack (see :class:`Node`).
 
-    name: str
+    :meth:`up` (re)starts this node alone and returns once it accepts clients, so a harness
+    may kill -9 one node by :attr:`process` ``.running_pid()`` and bring it back with
+    :meth:`up`: it restarts on its existing data and rejoins its cluster.
+    """
+
+    backend: str  # "kafka", "cassandra": names the node and its directory
     profile: str  # the POM profile holding its classpath
     start_timeout: float = 180.0
 
@@ -55,12 +117,16 @@ class LocalService(ABC):
         java: JavaRuntime,
         artifacts: MavenArtifacts,
         progress: Progress,
+        node: Node | None = None,
     ) -> None:
         self.config = config
         self.java = java
         self.artifacts = artifacts
         self.progress = progress
-        self.root = config.home / self.name
+        self.node = node or Node()
+        self.name = self.node.name(self.backend)
+        self.host = self.node.host
+        self.root = self.node.root(config.home, self.backend)
         self.process = ServiceProcess(
             name=self.name,
             pid_file=self.root / f"{self.name}.pid",
@@ -72,7 +138,7 @@ class LocalService(ABC):
 
     @abstractmethod
     def ports(self) -> list[tuple[str, int]]:
-        """(role, port) pairs the service binds on 127.0.0.1."""
+        """(role, port) pairs the service binds on its node's address, :attr:`host`."""
 
     @abstractmethod
     def address(self) -> str:
@@ -90,6 +156,14 @@ class LocalService(ABC):
     def healthy(self) -> bool:
         """Whether the service accepts clients now (quick, never raises)."""
 
+    def starts_alone(self) -> bool:
+        """Whether no other node of this backend may be starting while this one does.
+
+        :meth:`LocalStack.up <millstream.connectors.local.stack.LocalStack.up>` starts the
+        other nodes of a backend together, then these one after another, in node order.
+        """
+        return False
+
     # -- shared behaviour --------------------------------------------------------
 
     def up(self) -> ServiceStatus:
@@ -97,16 +171,27 @@ class LocalService(ABC):
         pid = self.process.running_pid()
         if pid is not None:
             self.progress(f"{self.name}: already running (pid {pid})")
-            self.process.wait_healthy(None, self.healthy, self.start_timeout, self.progress)
+            self._wait_healthy(None)
             return self.status()
-        check_ports_free(self.name, LOOPBACK, self.ports())
+        check_ports_free(self.name, self.host, self.ports())
         classpath = self.artifacts.classpath(self.profile)
         self.prepare()
         self.progress(f"{self.name}: starting (log: {self.process.log_file})")
         proc = self.process.start(self.argv(classpath), cwd=self.root)
-        self.process.wait_healthy(proc, self.healthy, self.start_timeout, self.progress)
+        self._wait_healthy(proc)
         self.progress(f"{self.name}: ready on {self.address()} (pid {proc.pid})")
         return self.status()
+
+    def _wait_healthy(self, proc: subprocess.Popen[bytes] | None) -> None:
+        nodes = f" --nodes {len(self.node.hosts)}" if self.node.replicated else ""
+        self.process.wait_healthy(
+            proc,
+            self.healthy,
+            self.start_timeout,
+            self.progress,
+            retry=f"run `millstream up{nodes}` again",
+            stop=f"`millstream down{nodes}` stops it",
+        )
 
     def status(self) -> ServiceStatus:
         pid = self.process.running_pid()

@@ -243,7 +243,7 @@ class RunningTopology:
 
     Topics missing for any of its streams are created (``partitions`` each, or
     ``topic_partitions[stream]``), and so are the Cassandra interval table and, with
-    ``create_keyspace`` (development: SimpleStrategy, one replica), its keyspace.
+    ``create_keyspace`` (SimpleStrategy, ``config.cassandra_replication`` replicas), its keyspace.
     ``max_offsets_per_trigger`` caps a micro-batch (Spark's Kafka option). A batch that fails
     is run again up to ``batch_attempts`` times, and while Kafka or Cassandra cannot be reached
     for up to ``outage_timeout`` seconds (:mod:`millstream.engine.outages`). Metrics of every
@@ -567,7 +567,9 @@ class RunningTopology:
         cluster, session = cassandra_connector.connect(self.config)
         try:
             if self._create_keyspace:
-                cassandra_connector.create_keyspace(session, self.keyspace)
+                cassandra_connector.create_keyspace(
+                    session, self.keyspace, self.config.cassandra_replication
+                )
             create_schema(session, self.keyspace, self.table)
         finally:
             cluster.shutdown()

@@ -60,6 +60,20 @@ def test_file_then_environment_override_defaults(tmp_path: Path) -> None:
     assert config.spark_conf == {"spark.executor.memory": "4g"}
 
 
+def test_replication_comes_from_the_file_or_the_environment(tmp_path: Path) -> None:
+    assert (MillstreamConfig().kafka_replication, MillstreamConfig().cassandra_replication) == (
+        1,
+        1,
+    )
+    file = tmp_path / "cluster.toml"
+    file.write_text("[kafka]\nreplication = 3\n[cassandra]\nreplication = 3\n")
+    config = load_config(
+        environ={"MILLSTREAM_CONFIG": str(file), "MILLSTREAM_CASSANDRA_REPLICATION": "2"}
+    )
+    assert config.kafka_replication == 3
+    assert config.cassandra_replication == 2  # the variable beats the file
+
+
 def test_environment_lists_and_booleans() -> None:
     config = load_config(
         environ={
@@ -82,6 +96,8 @@ def test_environment_lists_and_booleans() -> None:
         ({"MILLSTREAM_CONFIG": "/nonexistent/millstream.toml"}, "does not exist"),
         ({"MILLSTREAM_KAFKA_BOOTSTRAP": "no-port-here"}, "invalid millstream settings"),
         ({"MILLSTREAM_EXECUTOR_INTERVAL_THREADS": "0"}, "interval_threads must be at least 1"),
+        ({"MILLSTREAM_CASSANDRA_REPLICATION": "0"}, "cassandra replication must be at least 1"),
+        ({"MILLSTREAM_KAFKA_REPLICATION": "three"}, "MILLSTREAM_KAFKA_REPLICATION='three'"),
     ],
 )
 def test_bad_settings_say_what_is_wrong(environ: dict[str, str], message: str) -> None:
