@@ -178,6 +178,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     prove.add_argument("--seed", type=int, default=1, help="the fault schedule's seed")
     prove.add_argument(
+        "--nodes",
+        type=int,
+        choices=(1, 3),
+        default=1,
+        help="run on the single-node stack (default) or on the replicated one (millstream up "
+        "--nodes 3), where the Kafka and Cassandra faults kill one node of three",
+    )
+    prove.add_argument(
         "--repeat", type=_positive, default=1, metavar="N", help="N runs, seeds SEED..SEED+N-1"
     )
     prove.add_argument(
@@ -334,20 +342,20 @@ def _prove(args: argparse.Namespace) -> int:
     }
     tier = dataclasses.replace(tier, **{k: v for k, v in overrides.items() if v is not None})
     kinds = None if args.faults is None else tuple(args.faults.split(","))
-    config = load_config()
     try:
-        stack = LocalStack(config, progress)
+        stack = LocalStack(load_config(), progress, nodes=args.nodes)
         stack.up()
         reports = []
         for seed in range(args.seed, args.seed + args.repeat):
             report = prove(
-                config,
+                stack.client_config(),
                 tier,
                 seed,
                 services=stack.services,
                 kinds=kinds,
                 keep=args.keep,
                 progress=progress,
+                environment=stack.client_environment(),
             )
             print(report.render(), flush=True)
             reports.append(report)

@@ -101,6 +101,7 @@ class NonVacuity:
     unknown_outcomes: int = 0
     failed_attempts: int = 0
     spark_fenced_queries: int = 0
+    outage_waits: int = 0
 
     def rows(self) -> list[tuple[str, int]]:
         return [
@@ -111,6 +112,7 @@ class NonVacuity:
             ("inputs rerun by the stage without exactly-once", self.reprocessed_downstream),
             ("unknown LWT outcomes resolved", self.unknown_outcomes),
             ("batch attempts failed and retried", self.failed_attempts),
+            ("batch attempts that waited out an outage", self.outage_waits),
         ]
 
 
@@ -383,7 +385,13 @@ def _non_vacuity(
     counts = NonVacuity()
     for batch in batches:
         counts.resent_productions += int(batch["resent"])
+        # Resolved within the batch, or left by an attempt that failed on it (a failed task
+        # ends its Python worker, counters and all) and settled by the next attempt's
+        # takeover of the interval.
         counts.unknown_outcomes += int(batch["unknown_outcomes"])
+        counts.unknown_outcomes += sum(
+            "UnknownOutcomeError" in failure for failure in batch["failed_attempts"]
+        )
         if batch["computation"] == "tally":
             counts.duplicates_absorbed += int(batch["duplicates"])
     for log in driver_logs:
@@ -392,6 +400,7 @@ def _non_vacuity(
         except FileNotFoundError:
             continue
         counts.failed_attempts += sum("failed, retrying" in line for line in lines)
+        counts.outage_waits += sum("waiting for Kafka or Cassandra" in line for line in lines)
         # A fenced attempt's error names its interval, sequencer and lease: one message per
         # write refused, however often Spark's logs repeat it.
         counts.fenced_attempts += len({line for line in lines if _FENCED.match(line)})

@@ -645,3 +645,35 @@ def _consume(client: MillstreamConfig, topic: str, expected: int) -> list[Record
     finally:
         reader.close()
     return records
+
+
+@pytest.mark.integration
+def test_the_proving_ground_on_the_cluster_commits_through_a_node_and_a_broker_killed(
+    cluster: LocalCluster, client: MillstreamConfig
+) -> None:
+    from millstream.connectors.proving.ground import TIERS, prove
+
+    report = prove(
+        client,
+        TIERS["ci"],
+        seed=5,
+        services=cluster.services,
+        kinds=("cassandra", "kafka"),
+        progress=_progress,
+        environment=cluster.client_environment(),
+    )
+    text = report.render()
+    print(text)
+    assert [o.fault.kind for o in report.outcomes] in (
+        ["cassandra", "kafka"],
+        ["kafka", "cassandra"],
+    ), text
+    for outcome in report.outcomes:
+        # One node of three killed; batches committed before it came back.
+        assert outcome.applied, text
+        assert outcome.target.startswith(f"{outcome.fault.kind}-"), text
+        assert "batches committed meanwhile" in outcome.detail, text
+    assert report.checks.passed, text
+    assert not report.unplanned, text
+    # Every node is back.
+    assert all(status.healthy for status in cluster.status()), cluster.status()
