@@ -3,6 +3,7 @@ that catch a lost, a duplicated and an unexpected effect and a watermark that we
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -81,6 +82,41 @@ def test_the_source_is_a_pure_function_of_its_index_and_honours_its_gate(tmp_pat
     assert expected.malformed == {i for i in range(50) if workload.malformed(i)}
     assert 0 < len(expected.malformed) < 50
     assert sum(len(s) for s in expected.sequences.values()) == 50 - len(expected.malformed)
+
+
+@pytest.mark.unit
+def test_a_roles_members_include_descendants_that_left_its_process_group(tmp_path: Path) -> None:
+    """Spark starts its Python daemons in sessions of their own: killing the driver's process
+    group alone would leave a parked worker running on (found by the proving ground)."""
+    import signal
+    import subprocess
+
+    from millstream.connectors.proving.ground import _alive, _Role
+
+    script = tmp_path / "tree.py"
+    script.write_text(
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'],"
+        " start_new_session=True)\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    role = _Role("driver", tmp_path, dict(os.environ))
+    role.proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, start_new_session=True
+    )
+    assert role.proc.stdout is not None
+    child = int(role.proc.stdout.readline())
+    try:
+        assert os.getpgid(child) != role.pid  # it left the group
+        assert {role.pid, child} <= role.members()
+        role.kill_all(10)
+        assert not _alive(role.pid)
+        assert not _alive(child)
+    finally:
+        for pid in (role.pid, child):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture
