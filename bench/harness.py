@@ -26,7 +26,7 @@ from millstream.connectors import kafka as kafka_connector
 from millstream.engine.clock import Clock, SystemClock
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.records import Record, decode_record, injector_record_id
-from millstream.engine.spark.session import kafka_stream
+from millstream.engine.spark.session import kafka_options, kafka_stream
 from millstream.injectors import InjectorStats, Poll, Position, Source, SourceRecord
 from millstream.injectors.connect import connect_injector
 
@@ -374,12 +374,12 @@ def floor_query(
 ) -> StreamingQuery:
     """Spark alone: Kafka → ``foreachBatch`` → Kafka, copying each record's key and value and
     doing nothing else (no state, at-least-once)."""
-    bootstrap = config.kafka_bootstrap
+    connection = kafka_options(config)
 
     def forward(batch: DataFrame, batch_id: int) -> None:
-        batch.select("key", "value").write.format("kafka").option(
-            "kafka.bootstrap.servers", bootstrap
-        ).option("topic", sink).save()
+        batch.select("key", "value").write.format("kafka").options(**connection).option(
+            "topic", sink
+        ).save()
 
     return (
         kafka_stream(spark, config, [source])

@@ -122,7 +122,7 @@ from millstream.engine.spark.runner import (
     RunningTopology,
     run_topology,
 )
-from millstream.engine.spark.session import kafka_stream, spark_session
+from millstream.engine.spark.session import kafka_options, kafka_stream, spark_session
 from millstream.engine.state import KeyChanges
 from millstream.engine.stores.cassandra import CassandraIntervalStore, create_schema
 from millstream.engine.topology import ComputationOptions, Topology
@@ -492,7 +492,7 @@ def start_tws(bench: Bench, topics: Topics) -> Handle:
         )
         query = (
             counted.writeStream.format("kafka")
-            .option("kafka.bootstrap.servers", bench.config.kafka_bootstrap)
+            .options(**kafka_options(bench.config))
             .option("topic", topics.sink)
             .option("checkpointLocation", str(bench.root / f"tws-{topics.suffix}"))
             .outputMode("update")

@@ -18,8 +18,9 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence, Set
+from concurrent.futures import Future
 from functools import partial
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from confluent_kafka import (
     Consumer,
@@ -31,7 +32,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
-from millstream.engine.config import MillstreamConfig
+from millstream.engine.config import MillstreamConfig, setting_name
 from millstream.engine.errors import ConfigError, WatermarkReportError
 from millstream.engine.productions import Production
 from millstream.engine.watermarks import (
@@ -51,6 +52,7 @@ __all__ = [
     "WatermarkReader",
     "admin_client",
     "alarm_topic",
+    "client_settings",
     "consumer",
     "create_topics",
     "create_wake_topics",
@@ -58,7 +60,9 @@ __all__ = [
     "delete_topics",
     "delete_wake_topics",
     "end_offsets",
+    "java_client_settings",
     "producer",
+    "refusal",
     "stream_topic",
     "wake_topic",
 ]
@@ -68,15 +72,108 @@ _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 
+# Codes librdkafka reports when the brokers refuse the credentials, and when TLS fails
+# (a certificate the CA does not vouch for, or no TLS at the other end).
+_REFUSED = frozenset({KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED})
+_TLS_FAILED = frozenset({KafkaError._SSL})
+_UNREACHABLE = frozenset(
+    {KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN, *_REFUSED}
+)
+
+
+def client_settings(config: MillstreamConfig) -> dict[str, Any]:
+    """Where and how every librdkafka client millstream builds connects: the bootstrap
+    servers and the security settings of ``config``, and an error callback that turns
+    refused credentials and failed TLS into a :class:`ConfigError` naming the settings to
+    fix, raised from the client's next ``poll``/``flush``/``consume`` (see :func:`refusal`).
+    """
+    settings: dict[str, Any] = {
+        "bootstrap.servers": config.kafka_bootstrap,
+        "security.protocol": config.kafka_security_protocol.lower(),
+    }
+    if config.kafka_sasl:
+        # Checked by MillstreamConfig: SASL has both.
+        assert config.kafka_username is not None
+        assert config.kafka_password is not None
+        settings["sasl.mechanisms"] = config.kafka_sasl_mechanism
+        settings["sasl.username"] = config.kafka_username
+        settings["sasl.password"] = config.kafka_password.reveal()
+    if config.kafka_tls and config.kafka_ca_file is not None:
+        settings["ssl.ca.location"] = str(config.kafka_ca_file)
+
+    def on_error(error: KafkaError) -> None:
+        refused = refusal(config, error)
+        if refused is not None:
+            raise refused
+        # Anything else (a broker down, a timeout) the client retries by itself; the
+        # operation that cannot finish reports it.
+        _log.debug("kafka client: %s", error)
+
+    settings["error_cb"] = on_error
+    return settings
+
+
+def refusal(config: MillstreamConfig, error: KafkaError) -> ConfigError | None:
+    """The :class:`ConfigError` for a Kafka error that means the security settings are
+    wrong (credentials refused, TLS failed), or None for any other error. The message names
+    the settings and never shows the password."""
+    if error.code() in _REFUSED:
+        return ConfigError(
+            f"Kafka at {config.kafka_bootstrap} refused the credentials of user "
+            f"{config.kafka_username!r} ({config.kafka_sasl_mechanism}): {error.str()}; "
+            f"fix {setting_name('kafka', 'username', 'password')}"
+        )
+    if error.code() in _TLS_FAILED:
+        return ConfigError(
+            f"TLS to Kafka at {config.kafka_bootstrap} failed: {error.str()}; check "
+            f"{setting_name('kafka', 'ca_file')} (the CA that signed the brokers' "
+            f"certificates) and {setting_name('kafka', 'security_protocol')}"
+        )
+    return None
+
+
+def java_client_settings(config: MillstreamConfig) -> dict[str, str]:
+    """The same connection and security settings for Kafka's Java client (the Spark Kafka
+    source and sink take them prefixed with ``kafka.``): SASL through a JAAS login module,
+    the CA as a PEM truststore. ``sasl.jaas.config`` holds the password; Spark redacts
+    options whose value matches ``spark.redaction.regex`` (``password`` does)."""
+    settings = {
+        "bootstrap.servers": config.kafka_bootstrap,
+        "security.protocol": config.kafka_security_protocol,
+    }
+    if config.kafka_sasl:
+        # Checked by MillstreamConfig: SASL has both.
+        assert config.kafka_username is not None
+        assert config.kafka_password is not None
+        module = (
+            "org.apache.kafka.common.security.plain.PlainLoginModule"
+            if config.kafka_sasl_mechanism == "PLAIN"
+            else "org.apache.kafka.common.security.scram.ScramLoginModule"
+        )
+        settings["sasl.mechanism"] = config.kafka_sasl_mechanism
+        settings["sasl.jaas.config"] = (
+            f'{module} required username="{_jaas_quoted(config.kafka_username)}" '
+            f'password="{_jaas_quoted(config.kafka_password.reveal())}";'
+        )
+    if config.kafka_tls and config.kafka_ca_file is not None:
+        settings["ssl.truststore.type"] = "PEM"
+        settings["ssl.truststore.location"] = str(config.kafka_ca_file)
+    return settings
+
+
+def _jaas_quoted(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
 def admin_client(config: MillstreamConfig) -> AdminClient:
-    return AdminClient({"bootstrap.servers": config.kafka_bootstrap}, logger=_log)
+    return AdminClient(client_settings(config), logger=_log)
 
 
 def producer(config: MillstreamConfig, **settings: str | int | bool) -> Producer:
     """An idempotent producer: a retried send never writes a record twice."""
     return Producer(
         {
-            "bootstrap.servers": config.kafka_bootstrap,
+            **client_settings(config),
             "enable.idempotence": True,
             "acks": "all",
             # The Java client's partitioner, so a key lands where Java producers put it too.
@@ -96,7 +193,7 @@ def consumer(config: MillstreamConfig, purpose: str, **settings: str | int | boo
     """
     return Consumer(
         {
-            "bootstrap.servers": config.kafka_bootstrap,
+            **client_settings(config),
             "group.id": f"{purpose}-{uuid.uuid4().hex}",
             "enable.auto.commit": False,
             "auto.offset.reset": "earliest",
@@ -129,7 +226,7 @@ def create_topics(
     )
     for future in futures.values():
         try:
-            future.result(timeout=timeout)
+            _result(admin, future, timeout)
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise
@@ -142,10 +239,20 @@ def delete_topics(config: MillstreamConfig, names: Sequence[str], timeout: float
     admin = admin_client(config)
     for future in admin.delete_topics(list(names), operation_timeout=timeout).values():
         try:
-            future.result(timeout=timeout)
+            _result(admin, future, timeout)
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
                 raise
+
+
+def _result(admin: AdminClient, future: Future[None], timeout: float) -> None:
+    """``future.result(timeout)``, serving the admin client's error callback meanwhile: refused
+    credentials then fail at once with a :class:`ConfigError` (see :func:`client_settings`),
+    not as a timeout."""
+    deadline = time.monotonic() + timeout
+    while not future.done() and time.monotonic() < deadline:
+        admin.poll(0.1)
+    future.result(timeout=max(0.0, deadline - time.monotonic()))
 
 
 def stream_topic(stream: str) -> str:
@@ -193,6 +300,19 @@ def _when_ready(call: Callable[[], _T], timeout: float) -> _T:
 
 
 def _end_offsets(reader: Consumer, topics: Sequence[str], timeout: float) -> Offsets:
+    try:
+        return _end_offsets_once(reader, topics, timeout)
+    except KafkaException as exc:
+        # What a client that never got past authentication reports instead.
+        unreachable = exc.args[0].code() in _UNREACHABLE
+        if unreachable and not reader.assignment():
+            # Nothing to consume, so a poll only serves the error callback, which raises
+            # ConfigError if the brokers refused our credentials (the real cause to report).
+            reader.poll(0)
+        raise
+
+
+def _end_offsets_once(reader: Consumer, topics: Sequence[str], timeout: float) -> Offsets:
     ends: dict[str, dict[int, int]] = {}
     for topic in topics:
         metadata = reader.list_topics(topic, timeout=timeout).topics[topic]

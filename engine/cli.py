@@ -5,7 +5,8 @@
     millstream up        start local Kafka + Cassandra (reuses running ones)
     millstream status    pid, address, health and memory of each
     millstream down      stop them by pid
-                         (each with --nodes 3: the replicated stack on 127.0.0.2-4)
+                         (each with --nodes 3: the replicated stack on 127.0.0.2-4;
+                         with --secure: the secured single node on 127.0.0.5)
     millstream jars      the Spark Kafka connector jars, comma separated, for spark-submit --jars
     millstream run MODULE:TOPOLOGY [options]
                          run a topology on Spark (see millstream.engine.spark.runner);
@@ -53,7 +54,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("down", "stop the local services"),
     ):
         local = commands.add_parser(name, help=purpose)
-        local.add_argument(
+        which = local.add_mutually_exclusive_group()
+        which.add_argument(
+            "--secure",
+            action="store_true",
+            help="the secured single-node stack on 127.0.0.5: Kafka over SASL_SSL "
+            "(SCRAM-SHA-512), Cassandra with a password and TLS (data, CA and credentials in "
+            "<home>/secure/)",
+        )
+        which.add_argument(
             "--nodes",
             type=int,
             choices=(1, 3),  # stack.NODE_COUNTS, not imported for --help
@@ -232,12 +241,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             print(",".join(str(jar) for jar in local_connector_jars(config, progress)))
             return 0
-        stack = LocalStack(config, progress, nodes=args.nodes)
+        stack = LocalStack(config, progress, nodes=args.nodes, secure=args.secure)
         replicated = args.nodes > 1
         width = max(10, *(len(service.name) for service in stack.services))
         if args.command == "up":
             statuses = stack.up()
-            if replicated:
+            if args.secure:
+                client = stack.client_config()
+                data = config.home / "secure"
+                print(f"millstream secured local stack is up (data and credentials in {data}):")
+            elif replicated:
                 # The cluster is not where the configuration points: say so.
                 client = stack.client_config()
                 data = config.home / "cluster"
@@ -254,6 +267,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 variables = stack.client_environment()
                 print("To use it, export these settings:")
                 print("export " + " ".join(f"{k}={v}" for k, v in variables.items()))
+            if args.secure:
+                print("To use it, run these lines (the passwords are read from their files):")
+                for line in stack.client_exports():
+                    print(line)
+                print("In Python: LocalStack(load_config(), print, secure=True).client_config()")
             return 0
         if args.command == "status":
             statuses = stack.status()

@@ -13,12 +13,18 @@ tokens and data and rejoins.
 from __future__ import annotations
 
 import json
+import secrets
 import socket
+import ssl
 import struct
+import time
+from dataclasses import replace
 from pathlib import Path
 
+from millstream.connectors.local.security import SECURE_USER
 from millstream.connectors.local.service import LocalService, ServiceStatus
-from millstream.engine.errors import ServiceStartError
+from millstream.engine.config import Secret
+from millstream.engine.errors import ConfigError, ServiceStartError
 
 __all__ = ["DATA_DIRS", "JVM17_MODULE_OPTIONS", "CassandraService", "cql_ping"]
 
@@ -31,6 +37,10 @@ _INITIAL_HEAP = "256m"
 # The two stacks get different names, so a node of one can never gossip its way into the other.
 _CLUSTER_NAME = "millstream-local"
 _REPLICATED_CLUSTER_NAME = "millstream-local-cluster"
+_SECURE_CLUSTER_NAME = "millstream-local-secure"
+# The superuser PasswordAuthenticator creates on a new cluster. A secure node logs in as it
+# once, to create the millstream role, then disables it.
+_DEFAULT_SUPERUSER = ("cassandra", "cassandra")
 
 # Created by prepare(), never emptied: they hold the node's data and identity.
 DATA_DIRS = ("data", "commitlog", "saved_caches", "hints", "cdc_raw")
@@ -175,8 +185,12 @@ class CassandraService(LocalService):
         node = self.node
         storage_port = self.config.cassandra_storage_port
         seed = f"{node.hosts[0]}:{storage_port}"
+        if node.secure:
+            cluster_name = _SECURE_CLUSTER_NAME
+        else:
+            cluster_name = _REPLICATED_CLUSTER_NAME if node.replicated else _CLUSTER_NAME
         settings: list[tuple[str, object]] = [
-            ("cluster_name", _REPLICATED_CLUSTER_NAME if node.replicated else _CLUSTER_NAME),
+            ("cluster_name", cluster_name),
             # Token count is fixed at first boot; 16 with the allocator is 5.0's default. The
             # allocator balances the ranges for the replication factor the keyspaces get.
             ("num_tokens", 16),
@@ -217,9 +231,26 @@ class CassandraService(LocalService):
             ("counter_cache_size", "0MiB"),
             # Tests create and drop keyspaces all day; snapshots of them would only fill the disk.
             ("auto_snapshot", False),
-            ("authenticator", "AllowAllAuthenticator"),
+            ("authenticator", "PasswordAuthenticator" if node.secure else "AllowAllAuthenticator"),
+            # Authenticated roles may do anything: millstream's one role creates keyspaces.
             ("authorizer", "AllowAllAuthorizer"),
         ]
+        if node.secure:
+            settings.append(
+                (
+                    "client_encryption_options",
+                    {
+                        "enabled": True,
+                        "optional": False,  # no plaintext clients
+                        "ssl_context_factory": {
+                            "class_name": "org.apache.cassandra.security.PEMBasedSslContextFactory"
+                        },
+                        # The private key (unencrypted) and the certificate, one PEM file.
+                        "keystore": str(self.security.server_pem),
+                        "require_client_auth": "false",
+                    },
+                )
+            )
         lines = [
             "# Written by millstream on every start; edits here are lost.",
             *(f"{key}: {_yaml_value(value)}" for key, value in settings),
@@ -234,6 +265,8 @@ class CassandraService(LocalService):
         return _LOGBACK.format(logs=_xml_text(str(self._log_dir)))
 
     def prepare(self) -> None:
+        if self.node.secure:
+            self.security.ensure(self.host)
         for directory in (self._conf_dir, self._log_dir, *(self.root / d for d in DATA_DIRS)):
             directory.mkdir(parents=True, exist_ok=True)
         _write(self._conf_dir / "cassandra.yaml", self.cassandra_yaml())
@@ -246,6 +279,9 @@ class CassandraService(LocalService):
             *JVM17_MODULE_OPTIONS,
             *_JVM_OPTIONS,
             *(_CLUSTER_GOSSIP if self.node.replicated else _SINGLE_NODE_GOSSIP),
+            # The default superuser exists at once, not 10 s after start (a secure node
+            # logs in as it on its first start).
+            *(("-Dcassandra.superuser_setup_delay_ms=0",) if self.node.secure else ()),
             *_jamm_agent(classpath),
             f"-Dcassandra.config={(self._conf_dir / 'cassandra.yaml').as_uri()}",
             f"-Dcassandra.storagedir={self.root}",
@@ -257,14 +293,61 @@ class CassandraService(LocalService):
 
     def healthy(self) -> bool:
         # Cassandra opens the native port only at the end of startup; the query then proves
-        # that the node serves reads of its system tables.
+        # that the node serves reads of its system tables. A secure node answers over TLS
+        # verified against the local CA, and asks for credentials (role set-up comes later).
+        if self.node.secure:
+            context = ssl.create_default_context(cafile=str(self.security.ca_file))
+            return cql_ping(self.host, self.config.cassandra_port, tls=context)
         return cql_ping(self.host, self.config.cassandra_port)
 
     def up(self) -> ServiceStatus:
         status = super().up()
+        if self.node.secure:
+            self._ensure_role()
         # It serves clients, so it joined its ring: from now on it restarts with its tokens.
         self._joined.touch()
         return status
+
+    def _ensure_role(self, timeout: float = 60.0) -> None:
+        """Make sure role millstream logs in with its generated password: on a new node,
+        log in as the default superuser, create the role (a superuser too) and disable the
+        default one (its well-known password) for good."""
+        from millstream.connectors.cassandra import connect
+
+        client = self.client_config()
+        try:
+            cluster, _ = connect(client)
+        except ConfigError:
+            pass  # refused: the role does not exist yet
+        else:
+            cluster.shutdown()
+            return
+        self.progress(f"{self.name}: creating role {SECURE_USER}")
+        name, password = _DEFAULT_SUPERUSER
+        default = replace(client, cassandra_username=name, cassandra_password=Secret(password))
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                cluster, session = connect(default)
+                break
+            except ConfigError:
+                # The default superuser is created just after the native port opens.
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.5)
+        try:
+            assert client.cassandra_password is not None
+            session.execute(
+                f"CREATE ROLE IF NOT EXISTS {SECURE_USER} WITH LOGIN = true AND SUPERUSER = true "
+                "AND PASSWORD = %s",
+                (client.cassandra_password.reveal(),),
+            )
+            session.execute(
+                f"ALTER ROLE {name} WITH LOGIN = false AND PASSWORD = %s",
+                (secrets.token_hex(24),),
+            )
+        finally:
+            cluster.shutdown()
 
     def starts_alone(self) -> bool:
         """A node that never joined its ring does: it bootstraps, which Cassandra allows one
@@ -287,19 +370,27 @@ class CassandraService(LocalService):
 
 _V4_REQUEST = 0x04
 _V4_RESPONSE = 0x84
-_OP_STARTUP, _OP_READY, _OP_QUERY, _OP_RESULT = 0x01, 0x02, 0x07, 0x08
+_OP_STARTUP, _OP_READY, _OP_AUTHENTICATE, _OP_QUERY, _OP_RESULT = 0x01, 0x02, 0x03, 0x07, 0x08
 _RESULT_ROWS = 0x0002
 _CONSISTENCY_ONE = 0x0001
 _HEALTH_QUERY = "SELECT release_version FROM system.local"
 
 
-def cql_ping(host: str, port: int, timeout: float = 2.0) -> bool:
-    """Whether the node at host:port runs ``SELECT release_version FROM system.local``."""
+def cql_ping(host: str, port: int, timeout: float = 2.0, tls: ssl.SSLContext | None = None) -> bool:
+    """Whether the node at host:port runs ``SELECT release_version FROM system.local``.
+
+    With ``tls``, over TLS with that context (verifying the node's certificate for
+    ``host``); a node that then asks for credentials serves clients, which is a yes.
+    """
     try:
-        with socket.create_connection((host, port), timeout=timeout) as conn:
+        with socket.create_connection((host, port), timeout=timeout) as raw:
+            conn = raw if tls is None else tls.wrap_socket(raw, server_hostname=host)
             conn.settimeout(timeout)
             _send(conn, 1, _OP_STARTUP, _string_map({"CQL_VERSION": "3.0.0"}))
-            if _receive(conn, 1)[0] != _OP_READY:
+            opcode = _receive(conn, 1)[0]
+            if tls is not None and opcode == _OP_AUTHENTICATE:
+                return True
+            if opcode != _OP_READY:
                 return False
             query = _long_string(_HEALTH_QUERY) + struct.pack(">HB", _CONSISTENCY_ONE, 0)
             _send(conn, 2, _OP_QUERY, query)

@@ -20,7 +20,9 @@ from pathlib import Path
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
+from millstream.connectors.kafka import client_settings
 from millstream.connectors.local.process import port_accepts
+from millstream.connectors.local.security import SECURE_USER
 from millstream.connectors.local.service import LocalService
 from millstream.engine.errors import ServiceStartError
 
@@ -94,15 +96,19 @@ class KafkaService(LocalService):
             for number, host in enumerate(node.hosts, 1)
         )
         replicas, in_sync = str(node.replication), str(node.majority)
+        # A secure node's clients (and the broker itself) use SASL_SSL; the controller
+        # listener stays PLAINTEXT: only the node itself reaches it, on its loopback address.
+        listener = "SASL_SSL" if node.secure else "PLAINTEXT"
         settings = {
             "process.roles": "broker,controller",
             "node.id": str(node.number),
             "controller.quorum.voters": voters,
-            "listeners": f"PLAINTEXT://{broker},CONTROLLER://{controller}",
-            "advertised.listeners": f"PLAINTEXT://{broker}",
+            "listeners": f"{listener}://{broker},CONTROLLER://{controller}",
+            "advertised.listeners": f"{listener}://{broker}",
             "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "inter.broker.listener.name": listener,
+            "listener.security.protocol.map": f"CONTROLLER:PLAINTEXT,{listener}:{listener}",
+            **(self._security_properties() if node.secure else {}),
             "log.dirs": str(self._data_dir),
             "num.partitions": "1",
             # Every topic, internal ones included, gets the stack's replication factor (one
@@ -122,9 +128,32 @@ class KafkaService(LocalService):
         }
         return "".join(f"{key}={value}\n" for key, value in settings.items())
 
+    def _security_properties(self) -> dict[str, str]:
+        """SCRAM-SHA-512 over TLS with the local CA's certificate (PEM key store). The
+        broker logs in to itself as the millstream user, whose SCRAM credential
+        :meth:`_format` stores in the cluster metadata."""
+        material = self.security
+        jaas = (
+            "org.apache.kafka.common.security.scram.ScramLoginModule required "
+            f'username="{SECURE_USER}" password="{material.password("kafka").reveal()}";'
+        )
+        return {
+            "sasl.enabled.mechanisms": "SCRAM-SHA-512",
+            "sasl.mechanism.inter.broker.protocol": "SCRAM-SHA-512",
+            "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config": jaas,
+            "ssl.keystore.type": "PEM",
+            "ssl.keystore.location": str(material.server_pem),
+            "ssl.truststore.type": "PEM",
+            "ssl.truststore.location": str(material.ca_file),
+        }
+
     def prepare(self) -> None:
+        if self.node.secure:
+            self.security.ensure(self.host)
         for directory in (self._conf_dir, self._data_dir, self.root / "logs"):
             directory.mkdir(parents=True, exist_ok=True)
+        if self.node.secure:
+            self._conf_dir.chmod(0o700)  # server.properties holds the broker's password
         (self._conf_dir / "server.properties").write_text(self.server_properties())
         (self._conf_dir / "log4j2.properties").write_text(_LOG4J2.format(logs=self.root / "logs"))
         if not (self._data_dir / "meta.properties").is_file():
@@ -142,14 +171,25 @@ class KafkaService(LocalService):
             str(self._conf_dir / "server.properties"),
             "--cluster-id",
             cluster_id,
+            *self._scram_users(),
         ]
         result = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
         if result.returncode != 0:
+            output = result.stdout + result.stderr
+            if self.node.secure:  # the tool may quote its --add-scram argument
+                output = output.replace(self.security.password("kafka").reveal(), "***")
             raise ServiceStartError(
                 f"formatting Kafka storage in {self._data_dir} failed:\n"
-                f"{(result.stdout + result.stderr)[-3000:]}\n"
+                f"{output[-3000:]}\n"
                 f"If the directory holds data of another cluster, remove {self._data_dir}."
             )
+
+    def _scram_users(self) -> list[str]:
+        """The StorageTool option that stores a secure node's SCRAM user in the metadata."""
+        if not self.node.secure:
+            return []
+        password = self.security.password("kafka").reveal()
+        return ["--add-scram", f"SCRAM-SHA-512=[name={SECURE_USER},password={password}]"]
 
     def _cluster_id(self) -> str:
         """A new id for the single node; the one id all nodes of a replicated stack share."""
@@ -190,8 +230,11 @@ class KafkaService(LocalService):
         (in a cluster: it rejoined, not just opened its port)."""
         if not port_accepts(self.host, self.config.kafka_port):
             return False
-        # Only this node: a bootstrap list would let another node answer for it.
-        admin = AdminClient({"bootstrap.servers": self.address()}, logger=_quiet_logger())
+        # Only this node: a bootstrap list would let another node answer for it. No error
+        # callback: refused credentials here are "not healthy", not an exception.
+        settings = client_settings(self.client_config())
+        del settings["error_cb"]
+        admin = AdminClient(settings, logger=_quiet_logger())
         try:
             metadata = admin.list_topics(timeout=3)
         except KafkaException:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import subprocess
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from millstream.connectors.local.artifacts import MavenArtifacts
@@ -25,6 +25,7 @@ from millstream.connectors.local.process import (
     ServiceProcess,
     check_ports_free,
 )
+from millstream.connectors.local.security import SecureMaterial, secure_client_config
 from millstream.engine.config import MillstreamConfig
 
 __all__ = ["LOOPBACK", "LocalService", "Node", "ServiceStatus"]
@@ -39,11 +40,15 @@ class Node:
     ``Node()`` is the single-node stack: one node on 127.0.0.1, named after its backend
     (``kafka``) and kept in ``<home>/<backend>/``. A node of a replicated stack is named
     ``<backend>-<number>`` and kept in ``<home>/cluster/<backend>-<number>/``, so the two
-    stacks never share a directory, a pid file or an address.
+    stacks never share a directory, a pid file or an address. A ``secure`` node (of the
+    secured stack, ``millstream up --secure``) authenticates its clients and encrypts their
+    connections (:mod:`millstream.connectors.local.security`), and is kept in
+    ``<home>/secure/<backend>/``.
     """
 
     hosts: tuple[str, ...] = (LOOPBACK,)
     number: int = 1
+    secure: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.number <= len(self.hosts):
@@ -75,7 +80,16 @@ class Node:
 
     def cluster_dir(self, home: Path) -> Path:
         """The directory of the whole stack's nodes (and of what they share)."""
+        if self.secure:
+            return home / "secure"
         return home / "cluster" if self.replicated else home
+
+    def stack_option(self) -> str:
+        """The ``millstream up/down`` option that names this node's stack ("" for the
+        single node)."""
+        if self.secure:
+            return " --secure"
+        return f" --nodes {len(self.hosts)}" if self.replicated else ""
 
     def root(self, home: Path, backend: str) -> Path:
         return self.cluster_dir(home) / self.name(backend)
@@ -166,6 +180,21 @@ class LocalService(ABC):
 
     # -- shared behaviour --------------------------------------------------------
 
+    @property
+    def security(self) -> SecureMaterial:
+        """The CA, certificate and passwords of a secure node (see :class:`Node`)."""
+        return SecureMaterial(self.node.cluster_dir(self.config.home))
+
+    def client_config(self) -> MillstreamConfig:
+        """How a client reaches this node alone: its address, and for a secure node the
+        secured stack's credentials and CA (whose files :meth:`prepare` creates)."""
+        base = secure_client_config(self.config, self.host) if self.node.secure else self.config
+        return replace(
+            base,
+            kafka_bootstrap=f"{self.host}:{self.config.kafka_port}",
+            cassandra_hosts=(self.host,),
+        )
+
     def up(self) -> ServiceStatus:
         """Start the service unless ours already runs; return once it accepts clients."""
         pid = self.process.running_pid()
@@ -183,7 +212,7 @@ class LocalService(ABC):
         return self.status()
 
     def _wait_healthy(self, proc: subprocess.Popen[bytes] | None) -> None:
-        nodes = f" --nodes {len(self.node.hosts)}" if self.node.replicated else ""
+        nodes = self.node.stack_option()
         self.process.wait_healthy(
             proc,
             self.healthy,

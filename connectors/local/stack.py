@@ -5,10 +5,13 @@ stopped together.
 runs. ``LocalStack(config, progress, nodes=3)`` (or :class:`LocalCluster`) is the replicated
 one that ``millstream up --nodes 3`` runs: three Cassandra nodes and three Kafka brokers on
 127.0.0.2, 127.0.0.3 and 127.0.0.4, each node on the same ports as the single node, under
-``<home>/cluster/``. The two stacks share nothing but the artifact cache, so both can run at
-once. Every node is a :class:`~millstream.connectors.local.service.LocalService` of its
-own (``cassandra-1`` ... ``kafka-3``): a fault harness kills one by pid and brings it back
-with its ``up()``.
+``<home>/cluster/``. ``LocalStack(config, progress, secure=True)`` is the secured single
+node that ``millstream up --secure`` runs on 127.0.0.5, under ``<home>/secure/``: Kafka over
+SASL_SSL (SCRAM-SHA-512), Cassandra with a password and TLS
+(:mod:`~millstream.connectors.local.security`). The stacks share nothing but the artifact
+cache, so all can run at once. Every node is a
+:class:`~millstream.connectors.local.service.LocalService` of its own (``cassandra-1`` ...
+``kafka-3``): a fault harness kills one by pid and brings it back with its ``up()``.
 """
 
 from __future__ import annotations
@@ -23,10 +26,18 @@ from millstream.connectors.local.cassandra import CassandraService
 from millstream.connectors.local.java import find_java
 from millstream.connectors.local.kafka import KafkaService, create_offsets_topic
 from millstream.connectors.local.process import Progress
+from millstream.connectors.local.security import SECURE_HOST, secure_client_config
 from millstream.connectors.local.service import LOOPBACK, LocalService, Node, ServiceStatus
 from millstream.engine.config import MillstreamConfig
 
-__all__ = ["CLUSTER_HOSTS", "NODE_COUNTS", "LocalCluster", "LocalStack", "stack_hosts"]
+__all__ = [
+    "CLUSTER_HOSTS",
+    "NODE_COUNTS",
+    "SECURE_HOST",
+    "LocalCluster",
+    "LocalStack",
+    "stack_hosts",
+]
 
 # The stack sizes `millstream up --nodes` offers: one node, or three (replication factor 3,
 # which keeps quorums with one node down).
@@ -50,8 +61,9 @@ def stack_hosts(nodes: int) -> tuple[str, ...]:
 class LocalStack:
     """``up`` is idempotent: services already running under ``config.home`` are reused.
 
-    ``nodes`` (1 or 3) is the number of nodes of each backend. Only the ports of ``config``
-    matter for the nodes; where clients find them is :meth:`client_config`.
+    ``nodes`` (1 or 3) is the number of nodes of each backend; ``secure`` the secured single
+    node (on :data:`~millstream.connectors.local.security.SECURE_HOST`). Only the ports of
+    ``config`` matter for the nodes; where clients find them is :meth:`client_config`.
     """
 
     def __init__(
@@ -60,10 +72,14 @@ class LocalStack:
         progress: Progress,
         maven_repo_local: Path | None = None,
         nodes: int = 1,
+        secure: bool = False,
     ) -> None:
+        if secure and nodes != 1:
+            raise ValueError("the secured local stack has one node of each service")
         self.config = config
         self.progress = progress
-        self.hosts = stack_hosts(nodes)
+        self.secure = secure
+        self.hosts = (SECURE_HOST,) if secure else stack_hosts(nodes)
         self._maven_repo_local = maven_repo_local
         self._services: list[LocalService] | None = None
 
@@ -86,7 +102,13 @@ class LocalStack:
                 self.config.home / "artifacts", self.progress, repo_local=self._maven_repo_local
             )
             self._services = [
-                backend(self.config, java, artifacts, self.progress, Node(self.hosts, number))
+                backend(
+                    self.config,
+                    java,
+                    artifacts,
+                    self.progress,
+                    Node(self.hosts, number, secure=self.secure),
+                )
                 for backend in _BACKENDS
                 for number in range(1, self.nodes + 1)
             ]
@@ -94,7 +116,10 @@ class LocalStack:
 
     def client_config(self) -> MillstreamConfig:
         """``config`` pointed at this stack: every node as a contact point, and topics and
-        keyspaces created with the stack's replication factor."""
+        keyspaces created with the stack's replication factor; for the secured stack, with
+        its credentials and CA (created by its first :meth:`up`)."""
+        if self.secure:
+            return secure_client_config(self.config, SECURE_HOST)
         nodes = [s for s in self.services if isinstance(s, KafkaService)]
         return replace(
             self.config,
@@ -113,10 +138,43 @@ class LocalStack:
             "MILLSTREAM_CASSANDRA_HOSTS": ",".join(client.cassandra_hosts),
             "MILLSTREAM_CASSANDRA_REPLICATION": str(client.cassandra_replication),
             "MILLSTREAM_KAFKA_REPLICATION": str(client.kafka_replication),
+            **(self._secure_environment(client, reveal=True) if self.secure else {}),
+        }
+
+    def client_exports(self) -> list[str]:
+        """Shell lines that set :meth:`client_environment`; passwords are read from their
+        files when the line runs (``"$(cat ...)"``), never written out."""
+        client = self.client_config()
+        variables = {
+            **{k: v for k, v in self.client_environment().items() if "PASSWORD" not in k},
+            **(self._secure_environment(client, reveal=False) if self.secure else {}),
+        }
+        return [f"export {name}={value}" for name, value in variables.items()]
+
+    def _secure_environment(self, client: MillstreamConfig, reveal: bool) -> dict[str, str]:
+        material = next(iter(self.services)).security
+
+        def password(service: str) -> str:
+            if reveal:
+                return material.password(service).reveal()
+            return f'"$(cat {material.password_file(service)})"'
+
+        return {
+            "MILLSTREAM_KAFKA_SECURITY_PROTOCOL": client.kafka_security_protocol,
+            "MILLSTREAM_KAFKA_SASL_MECHANISM": client.kafka_sasl_mechanism,
+            "MILLSTREAM_KAFKA_USERNAME": str(client.kafka_username),
+            "MILLSTREAM_KAFKA_PASSWORD": password("kafka"),
+            "MILLSTREAM_KAFKA_CA_FILE": str(client.kafka_ca_file),
+            "MILLSTREAM_CASSANDRA_USERNAME": str(client.cassandra_username),
+            "MILLSTREAM_CASSANDRA_PASSWORD": password("cassandra"),
+            "MILLSTREAM_CASSANDRA_TLS": "true",
+            "MILLSTREAM_CASSANDRA_CA_FILE": str(client.cassandra_ca_file),
         }
 
     def up(self) -> list[ServiceStatus]:
         services = self.services
+        if self.secure:
+            services[0].security.ensure(SECURE_HOST)
         # Resolve artifacts one profile at a time (Maven's local repository is
         # not safe for concurrent writers), then start the backends in parallel:
         # Cassandra's start-up dominates and Kafka's fits inside it.

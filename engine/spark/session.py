@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SOURCE_OPTIONS",
+    "kafka_options",
     "kafka_stream",
     "local_connector_jars",
     "spark_conf",
@@ -114,6 +115,14 @@ SOURCE_OPTIONS: Mapping[str, str] = {
 """Kafka source options :func:`kafka_stream` sets unless ``options`` say otherwise."""
 
 
+def kafka_options(config: MillstreamConfig) -> dict[str, str]:
+    """The ``kafka.*`` options of every Spark Kafka source and sink: the bootstrap servers
+    and the security settings (:func:`~millstream.connectors.kafka.java_client_settings`)."""
+    from millstream.connectors.kafka import java_client_settings
+
+    return {f"kafka.{key}": value for key, value in java_client_settings(config).items()}
+
+
 def kafka_stream(
     spark: SparkSession,
     config: MillstreamConfig,
@@ -128,11 +137,10 @@ def kafka_stream(
     """
     reader = (
         spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", config.kafka_bootstrap)
         .option("subscribe", ",".join(topics))
         .option("startingOffsets", starting_offsets)
     )
-    for name, value in {**SOURCE_OPTIONS, **(options or {})}.items():
+    for name, value in {**kafka_options(config), **SOURCE_OPTIONS, **(options or {})}.items():
         reader = reader.option(name, value)
     return reader.load()
 
