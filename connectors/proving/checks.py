@@ -47,7 +47,7 @@ from millstream.engine.deadletters import decode_dead_letter
 from millstream.engine.errors import MillstreamError
 from millstream.engine.keys import key_interval
 from millstream.engine.records import Record, decode_record, injector_record_id
-from millstream.engine.watermarks import WatermarkReport
+from millstream.engine.watermarks import WatermarkReport, decode_watermark_message
 
 __all__ = ["CheckResult", "NonVacuity", "check_run", "read_messages"]
 
@@ -344,36 +344,43 @@ def _check_outputs(
 def _check_watermarks(
     config: MillstreamConfig, batches: list[dict[str, Any]], result: CheckResult
 ) -> None:
-    last: dict[str, int] = {}
-    reports = 0
+    # Readers order a source's reports by sequence and ignore older ones (a zombie's late
+    # report of a batch its successor ran past is such): a regression is a report that
+    # readers take, below one they took before.
+    last: dict[str, tuple[int, int]] = {}
+    reports = stale = 0
     for _, _, value in read_messages(config, config.kafka_watermark_topic):
-        from millstream.engine.watermarks import decode_watermark_message
-
         message = decode_watermark_message(value)
         if not isinstance(message, WatermarkReport):
             continue
         reports += 1
         previous = last.get(message.source)
-        if previous is not None and message.watermark < previous:
+        if previous is not None and message.sequence < previous[0]:
+            stale += 1
+            continue
+        if previous is not None and message.watermark < previous[1]:
             result.add(
                 "watermark regressions",
                 1,
-                f"{message.source} reported {message.watermark} after {previous}",
+                f"{message.source} reported {message.watermark} (sequence {message.sequence})"
+                f" after {previous[1]} (sequence {previous[0]})",
             )
-        last[message.source] = max(previous or message.watermark, message.watermark)
+        watermark = max(previous[1], message.watermark) if previous else message.watermark
+        last[message.source] = (message.sequence, watermark)
     result.figures["watermark reports"] = reports
+    result.figures["stale watermark reports (older sequence, ignored by readers)"] = stale
     seen: dict[str, int] = {}
     for batch in sorted(batches, key=lambda b: b["at"]):
         name = batch["computation"]
-        previous = seen.get(name)
-        if previous is not None and batch["input_watermark"] < previous:
+        before = seen.get(name)
+        if before is not None and batch["input_watermark"] < before:
             result.add(
                 "watermark regressions",
                 1,
                 f"{name}: driver {batch['pid']} ran batch {batch['batch_id']} under input "
-                f"watermark {batch['input_watermark']} after {previous}",
+                f"watermark {batch['input_watermark']} after {before}",
             )
-        seen[name] = max(previous or 0, batch["input_watermark"])
+        seen[name] = max(before or 0, batch["input_watermark"])
 
 
 def _non_vacuity(

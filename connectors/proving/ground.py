@@ -402,11 +402,19 @@ class _Run:
         written.write_text(str(records))
         written.replace(self.gate)
 
-    def nudge(self) -> None:
-        """Let another step of input through, never the last record: the injector must not
-        finish (and end the run) before the last fault."""
-        workload = self.description.workload
-        self.let_through(min(workload.records - 1, self.injected() + self.step))
+    @property
+    def cap(self) -> int:
+        """How much input may go out before the last fault: all but the last step, so that
+        the injector never finishes (and ends the run) while faults remain."""
+        return max(1, self.description.workload.records - self.step)
+
+    def nudge(self) -> bool:
+        """Let a quarter step more through (up to :attr:`cap`); whether there was room."""
+        injected = self.injected()
+        if injected >= self.cap:
+            return False
+        self.let_through(min(self.cap, injected + max(1, self.step // 4)))
+        return True
 
     def injected(self) -> int:
         try:
@@ -480,9 +488,12 @@ class _Run:
         else:
             raise MillstreamError(f"unknown fault {kind!r}; known: {', '.join(FAULTS)}")
         outcome.seconds = time.monotonic() - started
-        # The next fault meets a pipeline that works again.
+        # The next fault meets a pipeline that works again: input for a batch to run on (a
+        # replicated stack may have consumed all it had while the node was down).
         recovered = time.time()
-        if not self.wait(self.ran_batch(recovered), 300, "a batch after the fault"):
+        if self.nudge() and not self.wait(
+            self.ran_batch(recovered), 300, "a batch after the fault"
+        ):
             outcome.detail += "; no batch ran within 300 s after it"
         return outcome
 
@@ -542,7 +553,7 @@ class _Run:
         def fenced() -> bool:
             return "FencedError" in log.read_text(errors="replace")
 
-        was_fenced = self.wait(fenced, 60, "the zombie's write to be fenced")
+        was_fenced = self.wait(fenced, 180, "the zombie's write to be fenced")
         old.kill_all()
         outcome.applied = took_over and was_fenced
         outcome.detail = (
@@ -788,7 +799,7 @@ def prove(
                 progress(f"  {outcome.detail} ({outcome.seconds:.1f} s)")
                 report.outcomes.append(outcome)
                 run.let_through(
-                    min(tier.records - 1, max(run.injected(), tier.records * (number + 1) // steps))
+                    min(run.cap, max(run.injected(), tier.records * (number + 1) // steps))
                 )
             run.let_through(tier.records)
             if not run.wait(

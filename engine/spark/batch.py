@@ -25,7 +25,7 @@ import mmh3
 
 from millstream.connectors import kafka as kafka_connector
 from millstream.engine.clock import Clock
-from millstream.engine.errors import TopologyError
+from millstream.engine.errors import FencedError, TopologyError
 from millstream.engine.outages import DEFAULT_OUTAGE_TIMEOUT, Outage, is_outage
 from millstream.engine.pause_points import pause_point
 from millstream.engine.spark.driver_watermarks import DriverWatermarks
@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BatchHandler",
     "batch_offsets",
+    "fence_checkpoint",
     "interval_slots",
     "partition_representatives",
     "short_error",
@@ -128,6 +129,9 @@ class BatchHandler:
         failed = 0
         while has_data or ticks:
             pause_point("driver.batch", self.spec.name)
+            # A driver stopped for long (a zombie) must not take the intervals back from the
+            # one that replaced it: retrying, it would acquire their sequencers anew.
+            fence_checkpoint(checkpoint, batch_id, self.spec.name)
             try:
                 rows = self._run(batch, ticks, watermark, timer_watermark)
             except Exception as exc:
@@ -163,6 +167,9 @@ class BatchHandler:
                 ),
             )
         reporting = time.monotonic()
+        # Nor publish a report for a batch the other driver has run past: stale, and on the
+        # compacted topic it could outlive the newer report it follows.
+        fence_checkpoint(checkpoint, batch_id, self.spec.name)
         outage.retry(lambda: self.watermarks.after_batch(batch_id))
         bookkeeping += time.monotonic() - reporting
         if not rows and not failures:
@@ -229,6 +236,24 @@ def partition_representatives(partitions: int) -> list[int]:
         found.setdefault(spark_int_hash(value) % partitions, value)
         value += 1
     return [found[p] for p in range(partitions)]
+
+
+def fence_checkpoint(checkpoint: Path, batch_id: int, computation: str) -> None:
+    """Raise :class:`~millstream.engine.errors.FencedError` if another driver has taken the
+    query's checkpoint past ``batch_id``: it logged the next batch's offsets or committed
+    this one, which the driver running ``batch_id`` never does itself before it returns.
+
+    Spark's own fence (two writers of one batch's log entry) acts only when a zombie writes
+    its next entry, after its ``foreachBatch`` ran; this stops it before.
+    """
+    if (checkpoint / "offsets" / str(batch_id + 1)).exists() or (
+        checkpoint / "commits" / str(batch_id)
+    ).exists():
+        raise FencedError(
+            f"another driver runs computation {computation!r}: its checkpoint {checkpoint} "
+            f"has moved past batch {batch_id}, which this driver was running; this driver is "
+            "a zombie (it was stopped or cut off) and stops, leaving the work to the other"
+        )
 
 
 def batch_offsets(checkpoint: Path, batch_id: int) -> dict[str, dict[int, int]] | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -65,3 +66,26 @@ def test_a_failed_attempt_is_described_by_its_python_error_not_a_stack_frame() -
         "\tat org.apache.spark.sql.execution.QueryExecution$.withInternalError(QE.scala:903)"
     )
     assert "[INTERNAL_ERROR] broken" in short_error(internal)
+
+
+@pytest.mark.unit
+def test_a_driver_whose_checkpoint_another_driver_ran_past_is_fenced(tmp_path: Path) -> None:
+    """Found by the proving ground: a driver continued after a long SIGSTOP retried its batch
+    (taking the intervals' sequencers back from its successor) and published a stale
+    watermark report, which on the compacted topic can outlive the newer one."""
+    from millstream.engine.errors import FencedError
+    from millstream.engine.spark.batch import fence_checkpoint
+
+    (tmp_path / "offsets").mkdir()
+    (tmp_path / "commits").mkdir()
+    for batch in (33, 34):
+        (tmp_path / "offsets" / str(batch)).write_text("v1\n{}\n{}\n")
+    (tmp_path / "commits" / "33").write_text("v1\n{}\n")
+    fence_checkpoint(tmp_path, 34, "tally")  # running the latest batch: its own
+    (tmp_path / "commits" / "34").write_text("v1\n{}\n")  # the successor committed it
+    with pytest.raises(FencedError, match="moved past batch 34"):
+        fence_checkpoint(tmp_path, 34, "tally")
+    (tmp_path / "commits" / "34").unlink()
+    (tmp_path / "offsets" / "35").write_text("v1\n{}\n{}\n")  # ... or planned the next
+    with pytest.raises(FencedError, match="zombie"):
+        fence_checkpoint(tmp_path, 34, "tally")
