@@ -101,6 +101,15 @@ class ServiceProcess:
                 start_new_session=True,  # survives the CLI and ignores its Ctrl-C
             )
         self.pid_file.write_text(f"{proc.pid}\n")
+        # Until the child has exec'd, its command line is ours, without the marker, and
+        # running_pid() would disown it (and delete the pid file): wait for the exec.
+        deadline = time.monotonic() + 10.0
+        while (
+            not _cmdline_contains(proc.pid, self.marker)
+            and proc.poll() is None
+            and time.monotonic() < deadline
+        ):
+            time.sleep(0.01)
         return proc
 
     def wait_healthy(

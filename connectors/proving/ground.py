@@ -506,7 +506,19 @@ class _Run:
             stale.unlink(missing_ok=True)
         (self.pauses / f"arm.{point}").write_text("")
         self.nudge()  # input, so that a batch with work reaches the point
-        if not self.wait(at.exists, 120, f"a process at {point}"):
+        # Keep input coming while waiting: a window closes (and rollup gets work) only once
+        # enough event time went by.
+        nudged = [time.monotonic()]
+
+        def parked() -> bool:
+            if at.exists():
+                return True
+            if time.monotonic() - nudged[0] >= 5.0:
+                self.nudge()
+                nudged[0] = time.monotonic()
+            return False
+
+        if not self.wait(parked, 120, f"a process at {point}"):
             (self.pauses / f"arm.{point}").unlink(missing_ok=True)
             return None
         return int(at.read_text())
