@@ -22,6 +22,7 @@ from millstream.engine.errors import PortInUseError, ServiceStartError
 __all__ = [
     "Progress",
     "ServiceProcess",
+    "alive",
     "check_ports_free",
     "log_tail",
     "port_accepts",
@@ -158,11 +159,11 @@ class ServiceProcess:
             return False
         _signal(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        while _alive(pid) and time.monotonic() < deadline:
+        while alive(pid) and time.monotonic() < deadline:
             time.sleep(0.2)
-        if _alive(pid):
+        if alive(pid):
             _signal(pid, signal.SIGKILL)
-            while _alive(pid):
+            while alive(pid):
                 time.sleep(0.1)
         with contextlib.suppress(FileNotFoundError):
             self.pid_file.unlink()
@@ -174,7 +175,9 @@ def _signal(pid: int, sig: signal.Signals) -> None:
         os.kill(pid, sig)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, exited but not reaped, counts as dead; our own
+    children are reaped on the way)."""
     # A child that exited but was not reaped yet is a zombie: dead for our purposes.
     with contextlib.suppress(ChildProcessError):
         reaped, _ = os.waitpid(pid, os.WNOHANG)
@@ -188,7 +191,7 @@ def _alive(pid: int) -> bool:
 
 
 def _cmdline_contains(pid: int, marker: str) -> bool:
-    if not _alive(pid):
+    if not alive(pid):
         return False
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")

@@ -45,7 +45,7 @@ from typing import Any, Final
 
 from millstream.connectors import cassandra as cassandra_connector
 from millstream.connectors import kafka as kafka_connector
-from millstream.connectors.local.process import log_tail
+from millstream.connectors.local.process import alive, log_tail
 from millstream.connectors.proving.checks import CheckResult, NonVacuity, check_run
 from millstream.connectors.proving.processes import GATE_FILE, RunDescription, read_batches
 from millstream.connectors.proving.workload import ExpectedOutcome, Workload, expected_outcome
@@ -292,7 +292,7 @@ class _Role:
         """Every live process of the role: its process group, and the descendants that left
         it (Spark starts its Python worker daemons in sessions of their own)."""
         found = _descendants(self.pid) | _group(self.pid)
-        return {pid for pid in found if _alive(pid)}
+        return {pid for pid in found if alive(pid)}
 
     def signal_all(self, sig: signal.Signals) -> None:
         """``sig`` to every member, by pid: the whole machine's share of the role at once."""
@@ -311,10 +311,10 @@ class _Role:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout)
         deadline = time.monotonic() + timeout
-        while any(_alive(pid) for pid in members):
+        while any(alive(pid) for pid in members):
             if time.monotonic() > deadline:
                 raise MillstreamError(
-                    f"{self.role} processes {sorted(p for p in members if _alive(p))} still "
+                    f"{self.role} processes {sorted(p for p in members if alive(p))} still "
                     f"alive {timeout} s after kill -9"
                 )
             time.sleep(0.1)
@@ -333,13 +333,6 @@ def _stat(pid: int) -> list[str] | None:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
-
-
-def _alive(pid: int) -> bool:
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)  # reap our own children
-    fields = _stat(pid)
-    return fields is not None and fields[0] not in ("Z", "X")
 
 
 def _processes() -> dict[int, list[str]]:
@@ -714,7 +707,7 @@ def _mount_checkpoint_disk(directory: Path) -> Path:
 
 def _wait_pid_gone(pid: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
-    while _alive(pid) and time.monotonic() < deadline:
+    while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
 
 

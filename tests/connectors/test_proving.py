@@ -91,7 +91,8 @@ def test_a_roles_members_include_descendants_that_left_its_process_group(tmp_pat
     import signal
     import subprocess
 
-    from millstream.connectors.proving.ground import _alive, _Role
+    from millstream.connectors.local.process import alive
+    from millstream.connectors.proving.ground import _Role
 
     script = tmp_path / "tree.py"
     script.write_text(
@@ -111,8 +112,8 @@ def test_a_roles_members_include_descendants_that_left_its_process_group(tmp_pat
         assert os.getpgid(child) != role.pid  # it left the group
         assert {role.pid, child} <= role.members()
         role.kill_all(10)
-        assert not _alive(role.pid)
-        assert not _alive(child)
+        assert not alive(role.pid)
+        assert not alive(child)
     finally:
         for pid in (role.pid, child):
             with contextlib.suppress(ProcessLookupError):
