@@ -31,6 +31,7 @@ import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 
+from millstream.engine.authority import WatermarkAuthority
 from millstream.engine.clock import ManualClock
 from millstream.engine.computation import Computation
 from millstream.engine.deadletters import DeadLetter, Origin, decode_dead_letter
@@ -199,6 +200,8 @@ class TopologyHarness:
         self._queues: dict[str, list[Delivery | Rejected]] = {name: [] for name in self._specs}
         self._workers: dict[tuple[str, int], IntervalWorker] = {}
         self._reports = _ReportTopic()
+        for name in self._specs:
+            self._reports.reader(name)  # subscribed from the start: every report, in order
         self._watermarks = {
             name: ComputationWatermarks.of(topology, spec) for name, spec in self._specs.items()
         }
@@ -338,25 +341,23 @@ def _offsets(counts: Mapping[str, int]) -> dict[str, dict[int, int]]:
 
 
 class _ReportTopic:
-    """The harness's watermark topic: every report, read by each computation in order."""
+    """The harness's watermark topic, read once for every computation by a
+    :class:`~millstream.engine.authority.WatermarkAuthority` as on Spark."""
 
     def __init__(self) -> None:
         self.reports: list[WatermarkReport] = []
-        self._read: dict[str, int] = {}
+        self._read = 0
+        self.authority = WatermarkAuthority(self)
 
     def publish(self, report: WatermarkReport) -> None:
         self.reports.append(report)
 
+    def read(self, timeout: float = 0.0) -> list[tuple[str, WatermarkMessage | None]]:
+        new, self._read = self.reports[self._read :], len(self.reports)
+        return [(r.source, r) for r in new]
+
     def reader(self, computation: str) -> ReportReader:
-        topic = self
-
-        class Reader:
-            def read(self, timeout: float = 0.0) -> list[tuple[str, WatermarkMessage | None]]:
-                start = topic._read.get(computation, 0)
-                topic._read[computation] = len(topic.reports)
-                return [(r.source, r) for r in topic.reports[start:]]
-
-        return Reader()
+        return self.authority.subscribe(computation)
 
 
 def run_topology(

@@ -40,10 +40,13 @@ them at its last report), and a retired process holds nothing and is ignored for
 
 from __future__ import annotations
 
+import heapq
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
+
+from sortedcontainers import SortedList
 
 from millstream.engine.errors import WatermarkReportError
 from millstream.engine.records import MAX_EVENT_TIME, MIN_EVENT_TIME
@@ -57,6 +60,8 @@ __all__ = [
     "ExpectedSet",
     "Hold",
     "InputWatermark",
+    "IntervalLoad",
+    "IntervalMap",
     "IntervalProgress",
     "Offsets",
     "ReportReader",
@@ -494,6 +499,125 @@ class IntervalProgress:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class IntervalLoad:
+    """One interval's share of its computation's work: the records and seconds of its task
+    in the latest batch it ran in, and its pending work (oldest first)."""
+
+    interval: int
+    records: int
+    seconds: float
+    oldest_work: int | None
+
+
+class IntervalMap:
+    """What each key interval of one computation has left after its latest batch.
+
+    ``intervals`` is how many there are; until each reported once, the map is not
+    :attr:`complete` (their pending work is unknown, so no watermark can be said).
+    """
+
+    def __init__(self, intervals: int) -> None:
+        self.intervals = intervals
+        self._progress: dict[int, IntervalProgress] = {}
+        self._load: dict[int, tuple[int, float]] = {}
+        self._work: SortedList[tuple[int, int]] = SortedList()  # (oldest_work, interval)
+        self._event: SortedList[tuple[int, int]] = SortedList()  # (next_event_timer, interval)
+        self._wall: SortedList[tuple[int, int]] = SortedList()  # (next_wall_timer, interval)
+        self._pending: set[int] = set()
+        self._records = 0
+
+    def __len__(self) -> int:
+        return len(self._progress)
+
+    def __contains__(self, interval: object) -> bool:
+        return interval in self._progress
+
+    def get(self, interval: int) -> IntervalProgress | None:
+        return self._progress.get(interval)
+
+    @property
+    def complete(self) -> bool:
+        return len(self._progress) >= self.intervals
+
+    def record(
+        self, interval: int, progress: IntervalProgress, records: int = 0, seconds: float = 0.0
+    ) -> None:
+        """Apply one interval's report: its progress after a batch, and the load it carried."""
+        old = self._progress.get(interval)
+        if old is not None:
+            _discard(self._work, old.oldest_work, interval)
+            _discard(self._event, old.next_event_timer, interval)
+            _discard(self._wall, old.next_wall_timer, interval)
+        self._progress[interval] = progress
+        _add(self._work, progress.oldest_work, interval)
+        _add(self._event, progress.next_event_timer, interval)
+        _add(self._wall, progress.next_wall_timer, interval)
+        if progress.pending:
+            self._pending.add(interval)
+        else:
+            self._pending.discard(interval)
+        before, _ = self._load.get(interval, (0, 0.0))
+        self._load[interval] = (records, seconds)
+        self._records += records - before
+
+    def oldest_work(self) -> tuple[int, int] | None:
+        """The earliest pending work of any interval, and that interval."""
+        return self._work[0] if self._work else None
+
+    def next_event_timer(self) -> int | None:
+        return self._event[0][0] if self._event else None
+
+    def next_wall_timer(self) -> int | None:
+        return self._wall[0][0] if self._wall else None
+
+    def due(self, watermark: int, now: int) -> list[int]:
+        """Intervals with work but maybe no input (ascending): unknown ones, unacknowledged
+        productions, an event-time timer under ``watermark``, a wall-time timer at ``now``."""
+        due = set(self._pending)
+        due.update(i for _, i in self._event.irange(maximum=(watermark - 1, self.intervals)))
+        due.update(i for _, i in self._wall.irange(maximum=(now, self.intervals)))
+        if not self.complete:
+            due.update(i for i in range(self.intervals) if i not in self._progress)
+        return sorted(due)
+
+    def percentile_work(self, percentile: float) -> int | None:
+        """The pending work ``percentile`` % of the load has passed: the oldest work of the
+        intervals once the oldest ones carrying at most (100 - ``percentile``) % of the
+        records are set aside (paper 7.2: stragglers stripped away). Every interval weighs at
+        least one record, so a quiet interval with old work is set aside only when the rest
+        outweigh it. ``None`` when nothing is pending beyond that."""
+        total = self._records + len(self._progress)
+        allowance = total * (100.0 - percentile) / 100.0
+        skipped = 0.0
+        for work, interval in self._work:
+            skipped += self._load.get(interval, (0, 0.0))[0] + 1
+            if skipped > allowance:
+                return int(work)
+        return None
+
+    def hottest(self, limit: int = 5) -> list[IntervalLoad]:
+        """The intervals that carried the most records in their latest batch (then seconds)."""
+        ranked = heapq.nlargest(limit, self._load.items(), key=lambda item: item[1])
+        return [
+            IntervalLoad(interval, records, seconds, self._progress[interval].oldest_work)
+            for interval, (records, seconds) in ranked
+        ]
+
+    def values(self) -> Iterator[IntervalProgress]:
+        return iter(self._progress.values())
+
+
+def _add(index: SortedList[tuple[int, int]], at: int | None, interval: int) -> None:
+    if at is not None:
+        index.add((at, interval))
+
+
+def _discard(index: SortedList[tuple[int, int]], at: int | None, interval: int) -> None:
+    if at is not None:
+        index.discard((at, interval))
+
+
 def computation_watermark(
     input_watermark: int, intervals: Mapping[int, IntervalProgress]
 ) -> tuple[int, str]:
@@ -536,7 +660,7 @@ class ComputationWatermarks:
         self.outputs = tuple(outputs)
         self.key_intervals = key_intervals
         self.input = InputWatermark(inputs, expected=expected, own=source)
-        self.intervals: dict[int, IntervalProgress] = {}
+        self.intervals = IntervalMap(key_intervals)
         self.watermark = MIN_EVENT_TIME
         self.held_by = "not reported yet"
         self._published: tuple[int, int] | None = None
@@ -585,24 +709,26 @@ class ComputationWatermarks:
 
     @property
     def all_known(self) -> bool:
-        return len(self.intervals) == self.key_intervals
+        return self.intervals.complete
 
     def intervals_to_run(self, watermark: int, now: int) -> list[int]:
         """Intervals with work but maybe no input: due timers, resends, or unknown ones."""
-        return [
-            interval
-            for interval in range(self.key_intervals)
-            if interval not in self.intervals or self.intervals[interval].needs_run(watermark, now)
-        ]
+        return self.intervals.due(watermark, now)
 
-    def record(self, interval: int, progress: IntervalProgress) -> None:
-        self.intervals[interval] = progress
+    def record(
+        self, interval: int, progress: IntervalProgress, records: int = 0, seconds: float = 0.0
+    ) -> None:
+        """An interval's report after a batch: what it has left, and the load it carried."""
+        self.intervals.record(interval, progress, records, seconds)
 
     def report(self, sequence: int, offsets: Offsets) -> WatermarkReport | None:
         """The report to publish after a batch, or ``None`` if nothing changed (or unknown)."""
         if not self.all_known:
             return None
-        watermark, held_by = computation_watermark(self.input.current, self.intervals)
+        watermark, held_by = self.input.current, "input"
+        oldest = self.intervals.oldest_work()
+        if oldest is not None and oldest[0] < watermark:
+            watermark, held_by = oldest[0], f"interval {oldest[1]}"
         # Never backwards, also when a late production is pending below what we reported.
         self.watermark, self.held_by = max(self.watermark, watermark), held_by
         said = (self.watermark, self.input.current)

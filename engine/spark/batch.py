@@ -165,6 +165,8 @@ class BatchHandler:
                     next_wall_timer=row["next_wall_timer"],
                     pending=int(row["pending"]),
                 ),
+                records=int(row["inputs"]),
+                seconds=float(row["seconds"]),
             )
         reporting = time.monotonic()
         # Nor publish a report for a batch the other driver has run past: stale, and on the

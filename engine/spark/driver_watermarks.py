@@ -1,6 +1,8 @@
 """One computation's low-watermark bookkeeping on the driver (paper 4.5, 5.2).
 
-Every batch, the driver reads the new reports of the watermark topic, applies those that the
+Every batch, the driver reads the new reports of the watermark topic (through the run's
+:class:`~millstream.engine.authority.WatermarkAuthority`, which reads it once for every
+computation), applies those that the
 batch's consumed offsets have caught up with
 (:class:`~millstream.engine.watermarks.ComputationWatermarks`), and afterwards publishes the
 computation's own report, covering its output topics' end offsets, if it changed, which also
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from millstream.connectors import kafka as kafka_connector
+from millstream.engine.authority import WatermarkAuthority
 from millstream.engine.clock import Clock
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.pause_points import pause_point
@@ -57,6 +60,7 @@ class DriverWatermarks:
         spec: ComputationSpec,
         publisher: kafka_connector.WatermarkPublisher,
         clock: Clock,
+        authority: WatermarkAuthority,
     ) -> None:
         self.spec = spec
         self.publisher = publisher
@@ -66,7 +70,8 @@ class DriverWatermarks:
         self.state = ComputationWatermarks.of(topology, spec, kafka_connector.stream_topic)
         self.output_topics = sorted({kafka_connector.stream_topic(s) for s in self.state.outputs})
         self._config = config
-        self.reader = kafka_connector.WatermarkReader(config)
+        self.authority = authority
+        self.reader = authority.subscribe(self.state.source)
         self._offsets = offsets_consumer(config)
         self._alarm: threading.Timer | None = None
         self._alarm_at: int | None = None
@@ -88,26 +93,18 @@ class DriverWatermarks:
             pause_point("driver.report", self.spec.name)
             self.publisher.publish(self._unpublished)
             self._unpublished = None
-        watermark = self.state.input.current
-        if any(
-            p.next_event_timer is not None and p.next_event_timer < watermark
-            for p in self.state.intervals.values()
-        ):
+        next_event_timer = self.state.intervals.next_event_timer()
+        if next_event_timer is not None and next_event_timer < self.state.input.current:
             # Event-time timers still due: a batch fires at most max_timer_firings_per_key
             # per key, and once the input has ended nothing else would start the batch that
             # fires the rest.
             self._wake(self.clock.now())
-        due = [
-            p.next_wall_timer
-            for p in self.state.intervals.values()
-            if p.next_wall_timer is not None
-        ]
-        self._set_alarm(min(due) if due else None)
+        self._set_alarm(self.state.intervals.next_wall_timer())
 
     def reconnect(self) -> None:
         """New Kafka consumers for reports and end offsets (an outage can wedge the old ones);
         the reader goes on from the last report it returned."""
-        self.reader.reconnect()
+        self.authority.reconnect()
         old, self._offsets = self._offsets, offsets_consumer(self._config)
         old.close()
 

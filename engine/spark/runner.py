@@ -84,6 +84,7 @@ from typing import TYPE_CHECKING
 from millstream.connectors import cassandra as cassandra_connector
 from millstream.connectors import kafka as kafka_connector
 from millstream.connectors.prometheus import DEFAULT_METRICS_ADDRESS
+from millstream.engine.authority import WatermarkAuthority
 from millstream.engine.clock import Clock, SystemClock
 from millstream.engine.computation import Computation
 from millstream.engine.config import MillstreamConfig
@@ -312,6 +313,7 @@ class RunningTopology:
         # Per computation, kept across its query's restarts like the run tokens.
         self._watermarks: dict[str, DriverWatermarks] = {}
         self._publisher: kafka_connector.WatermarkPublisher | None = None
+        self._authority: WatermarkAuthority | None = None
         self.metrics_port = metrics_port
         self.metrics_address = metrics_address
         self.prometheus: TopologyMetrics | None = None
@@ -355,11 +357,14 @@ class RunningTopology:
             queries, self._queries = dict(self._queries), {}
             watermarks, self._watermarks = dict(self._watermarks), {}
             publisher, self._publisher = self._publisher, None
+            authority, self._authority = self._authority, None
             server, self.metrics_server = self.metrics_server, None
         for query in queries.values():
             query.stop()
         for tracker in watermarks.values():
             tracker.close()
+        if authority is not None:
+            authority.close()
         if publisher is not None:
             publisher.close()
         if server is not None:
@@ -547,7 +552,14 @@ class RunningTopology:
         with self._lock:
             tracker = self._watermarks.get(spec.name)
             if tracker is None:
-                tracker = DriverWatermarks(self.config, self.topology, spec, publisher, self.clock)
+                if self._authority is None:
+                    # One reader of the watermark topic for the whole run, not one per query.
+                    self._authority = WatermarkAuthority(
+                        kafka_connector.WatermarkReader(self.config)
+                    )
+                tracker = DriverWatermarks(
+                    self.config, self.topology, spec, publisher, self.clock, self._authority
+                )
                 self._watermarks[spec.name] = tracker
             return tracker
 

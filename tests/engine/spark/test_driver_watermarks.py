@@ -8,6 +8,7 @@ from typing import Any, cast
 import pytest
 
 from millstream.connectors import kafka as kafka_connector
+from millstream.engine.authority import WatermarkAuthority
 from millstream.engine.clock import ManualClock
 from millstream.engine.computation import Computation
 from millstream.engine.config import MillstreamConfig
@@ -16,7 +17,7 @@ from millstream.engine.records import Record
 from millstream.engine.spark import driver_watermarks
 from millstream.engine.spark.driver_watermarks import DriverWatermarks
 from millstream.engine.topology import Topology
-from millstream.engine.watermarks import WatermarkReport
+from millstream.engine.watermarks import WatermarkMessage, WatermarkReport
 
 pytestmark = pytest.mark.unit
 
@@ -31,6 +32,13 @@ class Unused:
 
     def close(self) -> None:
         pass
+
+
+class Nothing:
+    """A watermark topic without messages."""
+
+    def read(self, timeout: float = 0.0) -> list[tuple[str, WatermarkMessage | None]]:
+        return []
 
 
 class FlakyPublisher:
@@ -52,15 +60,15 @@ class FlakyPublisher:
 
 @pytest.fixture
 def driver(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[DriverWatermarks, FlakyPublisher]]:
-    monkeypatch.setattr(kafka_connector, "WatermarkReader", lambda config: Unused())
     monkeypatch.setattr(driver_watermarks, "offsets_consumer", lambda config: Unused())
     monkeypatch.setattr(kafka_connector, "end_offsets", lambda *_: {"out": {0: 7}})
     topology = Topology("flaky", streams=["in"])
     spec = topology.add_computation("forward", Forward(), inputs=["in"], outputs=["out"])
     publisher = FlakyPublisher(failures=1)
     kafka_publisher = cast(kafka_connector.WatermarkPublisher, publisher)
+    authority = WatermarkAuthority(Nothing())
     watermarks = DriverWatermarks(
-        MillstreamConfig(), topology, spec, kafka_publisher, ManualClock()
+        MillstreamConfig(), topology, spec, kafka_publisher, ManualClock(), authority
     )
     yield watermarks, publisher
     watermarks.close()
