@@ -413,8 +413,23 @@ def _watermarks(args: argparse.Namespace) -> int:
             else event_time_iso(row.watermark) or str(row.watermark)
         )
         lag = "" if row.lag is None else f"  lag {row.lag / 1e6:,.1f} s"
+        heuristic = "".join(
+            f"  p{p:g}: {event_time_iso(value) or value}"
+            for p, value in sorted(row.percentiles.items())
+        )
+        timers = (
+            ""
+            if row.timer_watermark is None
+            else f"  timers at: {event_time_iso(row.timer_watermark) or row.timer_watermark}"
+        )
+        hot = (
+            "  hot: " + ", ".join(f"interval {i} ({n:,} records)" for i, n in row.hot)
+            if row.hot
+            else ""
+        )
         print(
-            f"{row.source}: {when}{lag}  held by: {row.held_by}  streams: {', '.join(row.streams)}"
+            f"{row.source}: {when}{lag}{heuristic}{timers}  held by: {row.held_by}{hot}"
+            f"  streams: {', '.join(row.streams)}"
         )
     if not rows:
         print("no source has reported on the watermark topic yet", file=sys.stderr)

@@ -435,6 +435,12 @@ class _KeyRun:
             return
         if record.timestamp < self.watermark:
             self.result.late += 1
+            late_stream = self.spec.late_stream
+            if late_stream is not None:
+                # In the key's commit like any production: exactly once, as the record came.
+                self.changes.productions.append(Production(late_stream, record))
+                if not self.spec.options.process_late:
+                    return
         computation = self.spec.computation
         self._call(
             record.record_id,

@@ -76,6 +76,16 @@ class ComputationOptions:
       them warns, and they will be removed.
     * ``max_timer_firings_per_key``: per key and batch; the rest fire in the next batch, so a
       timer that keeps re-arming itself cannot stall an interval.
+    * ``watermark_percentile`` (paper 7.2): run records and event-time timers under this
+      percentile of the input low watermark (for example 99.0) instead of the exact one:
+      stragglers among the sources of an input (an injector process far behind, the oldest
+      work of a producing computation's intervals), weighing at most the rest of the records
+      (1 % for 99.0), no longer hold the timers back, and their records come late. ``None``
+      (the default): the exact watermark. The exact one is reported either way.
+    * ``late_stream``: a stream to which records behind the input watermark go, as they
+      are (same key, value, timestamp and record ID), in the commit of their key like any
+      production; ``process_late`` says whether user code still sees them (the default) or
+      only the late stream gets them.
     """
 
     exactly_once: bool = True
@@ -89,6 +99,9 @@ class ComputationOptions:
     bloom_expected_ids: int = _BLOOM_EXPECTED_IDS
     bloom_false_positive_rate: float = _BLOOM_FALSE_POSITIVE_RATE
     max_timer_firings_per_key: int = 1_000
+    watermark_percentile: float | None = None
+    late_stream: str | None = None
+    process_late: bool = True
 
     def __post_init__(self) -> None:
         if not 1 <= self.key_intervals <= MAX_KEY_INTERVALS:
@@ -105,6 +118,18 @@ class ComputationOptions:
             raise TopologyError("max_timer_firings_per_key must be at least 1")
         if self.dead_letter_stream is not None:
             _check_name("dead-letter stream", self.dead_letter_stream)
+        if self.watermark_percentile is not None and not 0.0 < self.watermark_percentile < 100.0:
+            raise TopologyError(
+                f"watermark_percentile must be in (0, 100) (None: the exact watermark), got "
+                f"{self.watermark_percentile}"
+            )
+        if self.late_stream is not None:
+            _check_name("late stream", self.late_stream)
+        elif not self.process_late:
+            raise TopologyError(
+                "process_late=False drops late records unless a late_stream takes them; "
+                "name a late_stream"
+            )
         if (self.bloom_expected_ids, self.bloom_false_positive_rate) != (
             _BLOOM_EXPECTED_IDS,
             _BLOOM_FALSE_POSITIVE_RATE,
@@ -148,6 +173,16 @@ class ComputationSpec:
     @property
     def dead_letter_stream(self) -> str:
         return self.options.dead_letter_stream or default_dead_letter_stream(self.name)
+
+    @property
+    def late_stream(self) -> str | None:
+        return self.options.late_stream
+
+    @property
+    def produced_streams(self) -> tuple[str, ...]:
+        """Every stream it writes: its outputs, its dead letters and its late stream."""
+        late = () if self.late_stream is None else (self.late_stream,)
+        return (*self.outputs, self.dead_letter_stream, *late)
 
     def key_extractor(self, stream: str) -> KeyExtractor:
         for input_stream in self.inputs:
@@ -223,6 +258,14 @@ class Topology:
                 f"computation {name!r} uses its dead-letter stream {spec.dead_letter_stream!r} "
                 "as a regular stream; name another dead_letter_stream in its options"
             )
+        late = spec.late_stream
+        if late is not None and (
+            late in spec.outputs or late in extractors or late == spec.dead_letter_stream
+        ):
+            raise TopologyError(
+                f"computation {name!r} uses its late stream {late!r} as another of its "
+                "streams; name another late_stream in its options"
+            )
         self._computations[name] = spec
         return spec
 
@@ -246,12 +289,17 @@ class Topology:
         """Every known stream: external ones, outputs and dead-letter streams."""
         known = set(self._external)
         for spec in self._computations.values():
-            known.update(spec.outputs)
-            known.add(spec.dead_letter_stream)
+            known.update(spec.produced_streams)
         return known
 
     def producers(self, stream: str) -> list[ComputationSpec]:
-        return [spec for spec in self._computations.values() if stream in spec.outputs]
+        """The computations whose reports a consumer of ``stream`` waits for: those that
+        write it as an output or as their late stream (dead letters hold nothing)."""
+        return [
+            spec
+            for spec in self._computations.values()
+            if stream in spec.outputs or stream == spec.late_stream
+        ]
 
     def consumers(self, stream: str) -> list[ComputationSpec]:
         return [

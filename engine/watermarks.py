@@ -117,6 +117,14 @@ class WatermarkReport:
     ``sequence`` orders the reports of one source (a computation uses its batch id); older
     ones are ignored. ``input_watermark`` is a computation's own input low watermark, which
     restores it after a restart. ``held_by`` says what holds ``watermark`` back.
+
+    Heuristic watermarks (paper 7.2), optional: ``percentiles`` maps a percentile (such as
+    99.0) to the watermark that that share of the source's work has passed, stragglers set
+    aside; ``records`` is how many records the source wrote (its weight against the other
+    sources of a stream); ``timer_watermark`` is the percentile input watermark a computation
+    fires its event-time timers under, when it opted in to one (restored after a restart).
+    ``hot`` names a computation's busiest key intervals, as ``(interval, records)`` in its
+    latest batches (for ``millstream watermarks``).
     """
 
     source: str
@@ -126,6 +134,10 @@ class WatermarkReport:
     offsets: Offsets = field(default_factory=dict)
     input_watermark: int | None = None
     held_by: str = ""
+    percentiles: Mapping[float, int] = field(default_factory=dict)
+    records: int | None = None
+    timer_watermark: int | None = None
+    hot: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.source:
@@ -135,6 +147,12 @@ class WatermarkReport:
                 f"watermark {self.watermark} of {self.source!r} is outside "
                 f"[{MIN_EVENT_TIME}, {MAX_EVENT_TIME}] µs"
             )
+        for percentile, watermark in self.percentiles.items():
+            if not 0.0 < percentile < 100.0 or not MIN_EVENT_TIME <= watermark <= MAX_EVENT_TIME:
+                raise WatermarkReportError(
+                    f"percentile watermark {percentile}: {watermark} of {self.source!r} is "
+                    f"outside (0, 100): [{MIN_EVENT_TIME}, {MAX_EVENT_TIME}] µs"
+                )
 
     def encode(self) -> bytes:
         """The message value (JSON, so the topic can be read with any Kafka tool)."""
@@ -152,6 +170,14 @@ class WatermarkReport:
         }
         if self.input_watermark is not None:
             document["input_watermark"] = self.input_watermark
+        if self.percentiles:
+            document["percentiles"] = {f"{p:g}": v for p, v in sorted(self.percentiles.items())}
+        if self.records is not None:
+            document["records"] = self.records
+        if self.timer_watermark is not None:
+            document["timer_watermark"] = self.timer_watermark
+        if self.hot:
+            document["hot"] = [list(pair) for pair in self.hot]
         return json.dumps(document, separators=(",", ":")).encode()
 
     @classmethod
@@ -165,6 +191,8 @@ class WatermarkReport:
                     f"{REPORT_VERSION}; upgrade millstream or fix the producer"
                 )
             input_watermark = document.get("input_watermark")
+            records = document.get("records")
+            timer_watermark = document.get("timer_watermark")
             return cls(
                 source=str(document["source"]),
                 streams=_streams(document["streams"]),
@@ -176,6 +204,13 @@ class WatermarkReport:
                 },
                 input_watermark=None if input_watermark is None else _int(input_watermark),
                 held_by=str(document.get("held_by", "")),
+                percentiles={
+                    _percentile(float(p)): _int(v)
+                    for p, v in document.get("percentiles", {}).items()
+                },
+                records=None if records is None else _int(records),
+                timer_watermark=None if timer_watermark is None else _int(timer_watermark),
+                hot=tuple((_int(i), _int(n)) for i, n in document.get("hot", [])),
             )
         except WatermarkReportError:
             raise
@@ -190,6 +225,12 @@ def _streams(value: Any) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
         raise TypeError(f"expected a list of stream names, got {value!r}")
     return tuple(value)
+
+
+def _percentile(value: float) -> float:
+    if not 0.0 < value < 100.0:
+        raise ValueError(f"a percentile must be in (0, 100), got {value}")
+    return value
 
 
 def _int(value: Any) -> int:
@@ -348,6 +389,9 @@ class _SourceState:
     sequence: int = -1
     pending: list[WatermarkReport] = field(default_factory=list)
     held_by: str = ""
+    # Of the latest applied report: its percentile watermarks (each only grows), its weight.
+    percentiles: dict[float, int] = field(default_factory=dict)
+    records: int | None = None
 
 
 class InputWatermark:
@@ -357,6 +401,13 @@ class InputWatermark:
     that must have reported before it can move (its producing computations); ``own`` is the
     computation's own source, ignored on its input. ``floor`` is the last input watermark it
     reported (a restart never goes below it).
+
+    ``percentiles`` are the heuristic input watermarks to keep besides the exact one (paper
+    7.2): per stream, the sources' watermarks (their own percentile watermark when their
+    report has one) weighted by the records each wrote, the lowest set aside while they
+    weigh at most (100 - p) % of the stream's records; the lowest stream's value, never below
+    the exact watermark, never moving back. A source the stream expects that has not
+    reported holds it as it holds the exact one: nothing is known to set aside.
     """
 
     def __init__(
@@ -366,6 +417,7 @@ class InputWatermark:
         expected: Mapping[str, Iterable[str]] | None = None,
         own: str | None = None,
         floor: int = MIN_EVENT_TIME,
+        percentiles: Iterable[float] = (),
     ) -> None:
         self.streams = dict(streams)
         self.expected = {s: frozenset(sources) for s, sources in (expected or {}).items()}
@@ -373,6 +425,7 @@ class InputWatermark:
         self._sources: dict[str, _SourceState] = {}
         self._declared: dict[str, ExpectedSet] = {}
         self._current = floor
+        self._percentiles = {_percentile(p): floor for p in percentiles}
         self.ignored = 0
 
     @property
@@ -381,6 +434,16 @@ class InputWatermark:
 
     def raise_floor(self, floor: int) -> None:
         self._current = max(self._current, floor)
+        for p, value in self._percentiles.items():
+            self._percentiles[p] = max(value, self._current)
+
+    def percentile(self, p: float) -> int:
+        """The ``p`` percentile input watermark as of the last :meth:`advance`."""
+        return self._percentiles[p]
+
+    def raise_percentile_floor(self, p: float, floor: int) -> None:
+        if p in self._percentiles:
+            self._percentiles[p] = max(self._percentiles[p], floor)
 
     def forget(self, source: str) -> None:
         """A source was retired: it holds nothing any more (unless the topology expects it).
@@ -436,12 +499,42 @@ class InputWatermark:
                         stream: max(state.applied.get(stream, report.watermark), report.watermark)
                         for stream in report.streams
                     }
+                    state.percentiles = {
+                        p: max(state.percentiles.get(p, value), value)
+                        for p, value in report.percentiles.items()
+                    }
+                    state.records = report.records
                     del state.pending[: index + 1]
                     break
         holds = self.explain()
         lowest = min((hold.watermark for hold in holds), default=MIN_EVENT_TIME)
         self._current = max(self._current, lowest)
+        for p, value in self._percentiles.items():
+            heuristic = min(
+                (self._stream_percentile(stream, p) for stream in self.streams),
+                default=MIN_EVENT_TIME,
+            )
+            self._percentiles[p] = max(value, self._current, heuristic)
         return self._current
+
+    def _stream_percentile(self, stream: str, p: float) -> int:
+        if any(
+            stream not in getattr(self._sources.get(name), "applied", {})
+            for name in self._expected(stream)
+        ):
+            return MIN_EVENT_TIME  # an expected source not heard from: nothing to set aside
+        weighted = sorted(
+            (max(applied, state.percentiles.get(p, applied)), max(1, state.records or 0))
+            for state in self._sources.values()
+            if (applied := state.applied.get(stream)) is not None
+        )
+        allowance = sum(weight for _, weight in weighted) * (100.0 - p) / 100.0
+        skipped = 0
+        for watermark, weight in weighted:
+            skipped += weight
+            if skipped > allowance:
+                return watermark
+        return MIN_EVENT_TIME  # no source reports this stream
 
     def applied(self) -> dict[str, int]:
         """Per source with an applied report, the lowest watermark it holds these inputs at.
@@ -645,6 +738,14 @@ class ComputationWatermarks:
 
     Until every interval ran once under this driver, their pending work is unknown: the first
     batch runs them all, and no report is made before it.
+
+    Percentile watermarks (paper 7.2), when asked for: ``timer_percentile`` makes the
+    computation's records and event-time timers run under its input's ``timer_percentile``
+    watermark instead of the exact one (:meth:`advance` returns it; records behind it count
+    as late); ``percentiles`` are those its reports carry (its consumers' choices), each the
+    lower of that percentile of its input and of its intervals' pending work weighted by their
+    load (:meth:`IntervalMap.percentile_work`). The exact watermark is kept and reported
+    either way.
     """
 
     def __init__(
@@ -655,15 +756,22 @@ class ComputationWatermarks:
         outputs: Sequence[str],
         expected: Mapping[str, Iterable[str]],
         key_intervals: int,
+        percentiles: Iterable[float] = (),
+        timer_percentile: float | None = None,
     ) -> None:
         self.source = source
         self.outputs = tuple(outputs)
         self.key_intervals = key_intervals
-        self.input = InputWatermark(inputs, expected=expected, own=source)
+        self.timer_percentile = timer_percentile
+        self.percentiles = tuple(sorted(set(percentiles)))
+        tracked = {*self.percentiles, *([timer_percentile] if timer_percentile else [])}
+        self.input = InputWatermark(inputs, expected=expected, own=source, percentiles=tracked)
         self.intervals = IntervalMap(key_intervals)
         self.watermark = MIN_EVENT_TIME
+        self.percentile_watermarks = dict.fromkeys(self.percentiles, MIN_EVENT_TIME)
         self.held_by = "not reported yet"
-        self._published: tuple[int, int] | None = None
+        self.records = 0
+        self._published: tuple[object, ...] | None = None
 
     @classmethod
     def of(
@@ -674,11 +782,13 @@ class ComputationWatermarks:
     ) -> ComputationWatermarks:
         """The bookkeeping of ``spec`` in ``topology``: its input streams (read from
         ``topic(stream)``) expect a report from each computation producing them, and its own
-        report speaks for its outputs and its dead-letter stream."""
+        report speaks for its outputs, its dead-letter stream and its late stream, with the
+        percentile watermarks the consumers of those streams run under."""
+        written = spec.produced_streams
         return cls(
             computation_source(topology.name, spec.name),
             inputs={i.stream: topic(i.stream) for i in spec.inputs},
-            outputs=(*spec.outputs, spec.dead_letter_stream),
+            outputs=written,
             expected={
                 i.stream: [
                     computation_source(topology.name, p.name) for p in topology.producers(i.stream)
@@ -686,6 +796,13 @@ class ComputationWatermarks:
                 for i in spec.inputs
             },
             key_intervals=spec.options.key_intervals,
+            percentiles={
+                p
+                for stream in written
+                for consumer in topology.consumers(stream)
+                if (p := consumer.options.watermark_percentile) is not None
+            },
+            timer_percentile=spec.options.watermark_percentile,
         )
 
     def read(self, reader: ReportReader) -> None:
@@ -699,13 +816,28 @@ class ComputationWatermarks:
                 if report.input_watermark is not None:
                     self.input.raise_floor(report.input_watermark)
                 self.watermark = max(self.watermark, report.watermark)
+                for p, value in report.percentiles.items():
+                    if p in self.percentile_watermarks:
+                        self.percentile_watermarks[p] = max(self.percentile_watermarks[p], value)
+                if self.timer_percentile is not None and report.timer_watermark is not None:
+                    self.input.raise_percentile_floor(self.timer_percentile, report.timer_watermark)
+                self.records = max(self.records, report.records or 0)
             else:
                 self.input.offer(report)
 
     def advance(self, consumed: Offsets) -> tuple[int, int]:
-        """The input watermark before and after consuming up to ``consumed``."""
-        before = self.input.current
-        return before, self.input.advance(consumed)
+        """The input watermark before and after consuming up to ``consumed``: the one records
+        and timers run under (the ``timer_percentile`` one when the computation chose it)."""
+        before = self.timer_watermark
+        self.input.advance(consumed)
+        return before, self.timer_watermark
+
+    @property
+    def timer_watermark(self) -> int:
+        """The input watermark records and event-time timers run under."""
+        if self.timer_percentile is None:
+            return self.input.current
+        return self.input.percentile(self.timer_percentile)
 
     @property
     def all_known(self) -> bool:
@@ -720,6 +852,7 @@ class ComputationWatermarks:
     ) -> None:
         """An interval's report after a batch: what it has left, and the load it carried."""
         self.intervals.record(interval, progress, records, seconds)
+        self.records += records
 
     def report(self, sequence: int, offsets: Offsets) -> WatermarkReport | None:
         """The report to publish after a batch, or ``None`` if nothing changed (or unknown)."""
@@ -731,7 +864,19 @@ class ComputationWatermarks:
             watermark, held_by = oldest[0], f"interval {oldest[1]}"
         # Never backwards, also when a late production is pending below what we reported.
         self.watermark, self.held_by = max(self.watermark, watermark), held_by
-        said = (self.watermark, self.input.current)
+        for p, before in self.percentile_watermarks.items():
+            work = self.intervals.percentile_work(p)
+            heuristic = (
+                self.input.percentile(p) if work is None else min(self.input.percentile(p), work)
+            )
+            self.percentile_watermarks[p] = max(before, self.watermark, heuristic)
+        timers = None if self.timer_percentile is None else self.timer_watermark
+        said = (
+            self.watermark,
+            self.input.current,
+            tuple(self.percentile_watermarks.items()),
+            timers,
+        )
         if said == self._published:
             return None
         self._published = said
@@ -743,6 +888,10 @@ class ComputationWatermarks:
             offsets=offsets,
             input_watermark=self.input.current,
             held_by=held_by,
+            percentiles=dict(self.percentile_watermarks),
+            records=self.records or None,
+            timer_watermark=timers,
+            hot=tuple((h.interval, h.records) for h in self.intervals.hottest(3) if h.records),
         )
 
 
@@ -761,6 +910,9 @@ class SourceStatus:
     held_by: str
     streams: tuple[str, ...]
     input_watermark: int | None = None
+    percentiles: Mapping[float, int] = field(default_factory=dict)
+    timer_watermark: int | None = None
+    hot: tuple[tuple[int, int], ...] = ()
 
 
 def watermark_overview(
@@ -787,6 +939,9 @@ def watermark_overview(
             report.held_by or "reported",
             report.streams,
             report.input_watermark,
+            report.percentiles,
+            report.timer_watermark,
+            report.hot,
         )
         for source, report in reports.items()
         if source not in retired

@@ -94,7 +94,7 @@ class DriverWatermarks:
             self.publisher.publish(self._unpublished)
             self._unpublished = None
         next_event_timer = self.state.intervals.next_event_timer()
-        if next_event_timer is not None and next_event_timer < self.state.input.current:
+        if next_event_timer is not None and next_event_timer < self.state.timer_watermark:
             # Event-time timers still due: a batch fires at most max_timer_firings_per_key
             # per key, and once the input has ended nothing else would start the batch that
             # fires the rest.

@@ -590,8 +590,7 @@ class RunningTopology:
         streams: set[str] = set()
         for spec in specs:
             streams.update(i.stream for i in spec.inputs)
-            streams.update(spec.outputs)
-            streams.add(spec.dead_letter_stream)
+            streams.update(spec.produced_streams)
         by_count: dict[int, list[str]] = {}
         for stream in sorted(streams):
             count = self.topic_partitions.get(stream, self.partitions)

@@ -415,7 +415,29 @@ def test_watermarks_shows_each_source_and_the_silent_expected_processes(
         assert rows[injector_source(injector, "1")]["watermark"] is None
         assert cli.main(["watermarks"]) == 0
         assert f"{injector_source(injector, '1')}: never reported" in capsys.readouterr().out
+
+        # A computation's report: its percentile watermark, its timers' and its hot intervals.
+        computation = f"computation/{injector}/count"
+        publisher.publish(
+            WatermarkReport(
+                computation,
+                ("counts",),
+                1_700_000_000_000_000,
+                1,
+                percentiles={99.0: 1_700_000_060_000_000},
+                timer_watermark=1_700_000_030_000_000,
+                hot=((3, 1_200), (0, 40)),
+            )
+        )
+        assert cli.main(["watermarks"]) == 0
+        line = next(
+            row for row in capsys.readouterr().out.splitlines() if row.startswith(computation)
+        )
+        assert "p99: 2023-11-14T22:14:20" in line
+        assert "timers at: 2023-11-14T22:13:50" in line
+        assert "hot: interval 3 (1,200 records), interval 0 (40 records)" in line
     finally:
+        publisher.retire(f"computation/{injector}/count")
         publisher.retire(injector_source(injector, "0"))
         publisher.retire(f"injector/{injector}")
         publisher.close()

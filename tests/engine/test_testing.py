@@ -205,3 +205,25 @@ def test_testing_sink_outcomes_and_crashes() -> None:
     sink.send([production(1), production(2)], timeout=1.0)
     assert sink.delivered() == [production(1), production(2)]
     assert len(sink.sent) == 3
+
+
+class Echo(Computation):
+    """Passes each record on, so a test sees which records user code got."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.produce("output", record.value, record.timestamp)
+
+
+@pytest.mark.parametrize("process_late", [True, False])
+def test_late_records_go_to_the_late_stream_and_to_user_code_if_asked(process_late: bool) -> None:
+    from millstream.engine.topology import ComputationOptions
+
+    behind = record("a", b"late", 120)
+    run = run_computation(
+        Echo(),
+        [record("a", b"on-time", 150), Watermark(200), behind],
+        options=ComputationOptions(late_stream="late", process_late=process_late),
+    )
+    assert run.records("late") == [behind]  # as it came, record ID included
+    expected = [b"on-time", b"late"] if process_late else [b"on-time"]
+    assert run.values("output") == expected

@@ -1,3 +1,5 @@
+from collections.abc import Callable
+
 import pytest
 
 from millstream.engine.computation import Computation
@@ -127,3 +129,38 @@ def test_a_named_dead_letter_stream_is_used() -> None:
 def test_the_bloom_options_are_deprecated() -> None:
     with pytest.warns(DeprecationWarning, match="ignored"):
         ComputationOptions(bloom_expected_ids=10)
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        (lambda: ComputationOptions(watermark_percentile=100.0), r"in \(0, 100\)"),
+        (lambda: ComputationOptions(watermark_percentile=0.0), r"in \(0, 100\)"),
+        (lambda: ComputationOptions(process_late=False), "name a late_stream"),
+        (lambda: ComputationOptions(late_stream="bad name"), "late stream"),
+    ],
+)
+def test_percentile_and_late_options_are_checked(
+    options: Callable[[], ComputationOptions], error: str
+) -> None:
+    with pytest.raises(TopologyError, match=error):
+        options()
+
+
+def test_a_late_stream_is_written_like_an_output_and_cannot_be_another_stream() -> None:
+    topology = Topology("t", streams=["in"])
+    late = ComputationOptions(late_stream="in.late")
+    spec = topology.add_computation("c", NOOP, inputs=["in"], outputs=["out"], options=late)
+    assert spec.produced_streams == ("out", "c.dead-letters", "in.late")
+    assert "in.late" in topology.streams()
+    # Its consumers wait for the computation's report, as for an output.
+    assert topology.producers("in.late") == [spec]
+    for clash in ("out", "in"):
+        with pytest.raises(TopologyError, match="late stream"):
+            topology.add_computation(
+                "d",
+                NOOP,
+                inputs=["in"],
+                outputs=["out"],
+                options=ComputationOptions(late_stream=clash),
+            )

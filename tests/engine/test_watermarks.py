@@ -813,3 +813,118 @@ def test_the_overview_lists_latest_reports_and_silent_expected_processes() -> No
         (CLICKS, 300, 700, "reported"),
         (UPSTREAM, 500, 500, "interval 2"),
     ]
+
+
+# -- percentile watermarks (paper 7.2) ----------------------------------------------------
+
+
+def _percentile_input(**extra: Any) -> InputWatermark:
+    return InputWatermark({"clicks": "clicks"}, percentiles=(99.0,), **extra)
+
+
+def test_a_percentile_sets_aside_a_straggler_that_writes_few_of_the_records() -> None:
+    straggler = injector_source("clicks", "late")
+    watermarks = _percentile_input()
+    watermarks.offer(report(CLICKS, 500, records=1_000))
+    watermarks.offer(report(CLICKS_1, 600, records=1_000))
+    watermarks.offer(report(straggler, 10, records=5))
+    assert watermarks.advance({}) == 10  # the exact watermark waits for the straggler
+    assert watermarks.percentile(99.0) == 500
+    # Once the straggler writes more than 1 % of the records, it holds the percentile too.
+    watermarks.offer(report(straggler, 20, sequence=2, records=100))
+    watermarks.advance({})
+    assert watermarks.percentile(99.0) == 500  # never back
+    watermarks.offer(report(CLICKS, 700, sequence=2, records=1_000))
+    watermarks.advance({})
+    assert watermarks.percentile(99.0) == 500  # held at the most it said: the straggler weighs in
+    watermarks.offer(report(straggler, 650, sequence=3, records=100))
+    watermarks.advance({})
+    assert (watermarks.current, watermarks.percentile(99.0)) == (600, 600)
+
+
+def test_an_expected_source_that_never_reported_holds_the_percentile_too() -> None:
+    watermarks = _percentile_input(expected={"clicks": [UPSTREAM]})
+    watermarks.offer(report(CLICKS, 500, records=1_000_000))
+    watermarks.advance({})
+    assert watermarks.percentile(99.0) == MIN_EVENT_TIME
+    # A producing computation's own percentile watermark counts for it.
+    watermarks.offer(report(UPSTREAM, 100, percentiles={99.0: 450}, records=1_000_000))
+    watermarks.advance({})
+    assert (watermarks.current, watermarks.percentile(99.0)) == (100, 450)
+
+
+def test_a_percentile_report_waits_for_its_offsets_like_the_exact_one() -> None:
+    watermarks = _percentile_input()
+    watermarks.offer(report(CLICKS, 500, offsets={"clicks": {0: 10}}, percentiles={99.0: 900}))
+    watermarks.advance({"clicks": {0: 9}})
+    assert watermarks.percentile(99.0) == MIN_EVENT_TIME
+    watermarks.advance({"clicks": {0: 10}})
+    assert (watermarks.current, watermarks.percentile(99.0)) == (500, 900)
+
+
+def test_a_report_carries_its_percentiles_records_and_timer_watermark() -> None:
+    full = report(UPSTREAM, 100, percentiles={99.0: 450, 99.9: 300}, records=7, timer_watermark=420)
+    assert WatermarkReport.decode(full.encode()) == full
+    assert b"percentiles" not in report().encode()  # nothing said when nothing is asked
+    with pytest.raises(WatermarkReportError, match="percentile"):
+        report(percentiles={100.0: 5})
+    bad = json.loads(full.encode())
+    bad["percentiles"] = {"0": 5}
+    with pytest.raises(WatermarkReportError, match="not a watermark report"):
+        WatermarkReport.decode(json.dumps(bad).encode())
+
+
+class Windows(Computation):
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.set_timer("end", record.timestamp)
+
+
+def _percentile_topology() -> Topology:
+    topology = Topology("topo", streams=["clicks"])
+    topology.add_computation(
+        "sessionize",
+        Windows(),
+        inputs=["clicks"],
+        outputs=["sessions"],
+        options=ComputationOptions(key_intervals=2),
+    )
+    topology.add_computation(
+        "count",
+        Windows(),
+        inputs=["sessions"],
+        outputs=["counts"],
+        options=ComputationOptions(key_intervals=2, watermark_percentile=99.0),
+    )
+    return topology
+
+
+def test_a_computation_that_opts_in_runs_under_its_percentile_and_reports_both() -> None:
+    topology = _percentile_topology()
+    upstream = ComputationWatermarks.of(topology, topology.computations["sessionize"])
+    downstream = ComputationWatermarks.of(topology, topology.computations["count"])
+    # The producer reports the percentile its consumer chose; the consumer none (no consumer).
+    assert (upstream.percentiles, upstream.timer_percentile) == ((99.0,), None)
+    assert (downstream.percentiles, downstream.timer_percentile) == ((), 99.0)
+
+    upstream.read(FakeReader([[(CLICKS, report(CLICKS, 1_000, records=100))]]))
+    assert upstream.advance({}) == (MIN_EVENT_TIME, 1_000)
+    # Interval 0 is a straggler with little load; interval 1 carries the records.
+    upstream.record(0, IntervalProgress(oldest_work=50), records=0)
+    upstream.record(1, IntervalProgress(oldest_work=900), records=500)
+    said = upstream.report(1, {"sessions": {0: 3}})
+    assert said is not None
+    assert (said.watermark, said.percentiles, said.records) == (50, {99.0: 900}, 500)
+
+    downstream.read(FakeReader([[(UPSTREAM, said)]]))
+    assert downstream.advance({"sessions": {0: 3}}) == (MIN_EVENT_TIME, 900)
+    assert downstream.input.current == 50  # the exact one, still kept
+    downstream.record(0, IntervalProgress())
+    downstream.record(1, IntervalProgress())
+    own = downstream.report(4, {})
+    assert own is not None
+    assert (own.input_watermark, own.timer_watermark) == (50, 900)
+
+    # A restart never runs the timers under less than it said.
+    restarted = ComputationWatermarks.of(topology, topology.computations["count"])
+    restarted.read(FakeReader([[(ME, own)]]))
+    assert restarted.timer_watermark == 900
