@@ -53,6 +53,7 @@ from millstream.engine.watermarks import (
     ReportReader,
     WatermarkMessage,
     WatermarkReport,
+    injector_source,
 )
 
 __all__ = [
@@ -72,7 +73,7 @@ END_OF_TIME = MAX_EVENT_TIME + 1
 """A watermark past every valid event time: every event-time timer fires (but one at exactly
 ``MAX_EVENT_TIME``, which no watermark report can pass, here as on the real runtime)."""
 
-_INJECTOR_SOURCE = "injector/millstream.testing/0"
+_INJECTOR = "millstream.testing"
 
 _INPUT_STREAM = "input"
 _COMPUTATION = "computation"
@@ -81,9 +82,17 @@ _record_numbers = itertools.count()
 
 @dataclass(frozen=True, slots=True)
 class Watermark:
-    """Move the low watermark of the injected streams to ``timestamp`` (never backwards)."""
+    """Move the low watermark of the injected streams to ``timestamp`` (never backwards).
+
+    Several injector processes: each ``process`` reports on its own and holds the streams
+    at its last report once it reported (as :class:`~millstream.engine.watermarks.
+    ExpectedSet` processes do); ``records`` is the weight its report carries for percentile
+    watermarks (``ComputationOptions.watermark_percentile``), the records it wrote.
+    """
 
     timestamp: int
+    process: str = "0"
+    records: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +204,8 @@ class TopologyHarness:
         self.store = MemoryIntervalStore(self.clock)
         self.sink = sink or TestingSink()
         self.watermark = MIN_EVENT_TIME
+        self.process_watermarks: dict[str, int] = {}
+        self._sequence = 0
         self.max_rounds = max_rounds
         self._specs = dict(topology.computations)
         self._queues: dict[str, list[Delivery | Rejected]] = {name: [] for name in self._specs}
@@ -226,7 +237,7 @@ class TopologyHarness:
     def step(self, item: Step) -> None:
         if isinstance(item, Watermark):
             self.run_until_idle()
-            self._inject_watermark(item.timestamp)
+            self._inject_watermark(item.timestamp, item.process, item.records)
             self.run_until_idle()
         elif isinstance(item, AdvanceClock):
             self.run_until_idle()
@@ -320,17 +331,22 @@ class TopologyHarness:
                 deliver(consumer, production.stream, production.record, origin)
             )
 
-    def _inject_watermark(self, watermark: int) -> None:
-        self.watermark = max(self.watermark, watermark)
+    def _inject_watermark(self, watermark: int, process: str, records: int | None) -> None:
+        said = max(self.process_watermarks.get(process, MIN_EVENT_TIME), watermark)
+        self.process_watermarks[process] = said
+        if process == "0":
+            self.watermark = said
+        self._sequence += 1
         # A report can say no more than MAX_EVENT_TIME: as on the real runtime, END_OF_TIME
         # fires every timer before it.
         self._reports.publish(
             WatermarkReport(
-                source=_INJECTOR_SOURCE,
+                source=injector_source(_INJECTOR, process),
                 streams=tuple(sorted(self.topology.external_streams)),
-                watermark=min(self.watermark, MAX_EVENT_TIME),
-                sequence=self._rounds,
+                watermark=min(said, MAX_EVENT_TIME),
+                sequence=self._sequence,
                 offsets=_offsets(self._written),
+                records=records,
             )
         )
 

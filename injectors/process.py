@@ -393,6 +393,8 @@ class InjectorProcess:
             sequence,
             self.watermarks.end_offsets(self.streams),
             held_by="heartbeat" if heartbeat else "",
+            # Its weight against the other sources of its streams in percentile watermarks.
+            records=self.stats.emitted,
         )
         self.watermarks.publish(report)
         self._last_report = self.clock.now()

@@ -227,3 +227,30 @@ def test_late_records_go_to_the_late_stream_and_to_user_code_if_asked(process_la
     assert run.records("late") == [behind]  # as it came, record ID included
     expected = [b"on-time", b"late"] if process_late else [b"on-time"]
     assert run.values("output") == expected
+
+
+@pytest.mark.parametrize(("percentile", "fired_at_200"), [(None, False), (99.0, True)])
+def test_a_percentile_watermark_does_not_wait_for_a_straggling_process(
+    percentile: float | None, fired_at_200: bool
+) -> None:
+    from millstream.engine.testing import TopologyHarness
+    from millstream.engine.topology import ComputationOptions
+
+    topology = Topology("skew", streams=["input"])
+    options = ComputationOptions(watermark_percentile=percentile, late_stream="late")
+    topology.add_computation(
+        "count", WindowCounter(), inputs=["input"], outputs=["counts"], options=options
+    )
+    harness = TopologyHarness(topology)
+    harness.step(record("cat", b"", 10))
+    harness.step(Watermark(5, process="slow", records=20))  # 0.2 % of the records
+    harness.step(Watermark(200, process="0", records=10_000))
+    fired = bool(harness.result("count").records("counts"))
+    assert fired is fired_at_200
+    # The straggler's record: late under the percentile, on time under the exact watermark.
+    harness.step(("input", record("dog", b"", 50)))
+    harness.step(Watermark(END_OF_TIME, process="slow", records=21))
+    harness.step(Watermark(END_OF_TIME, process="0", records=10_000))
+    run = harness.result("count")
+    assert [r.key for r in run.records("late")] == (["dog"] if fired_at_200 else [])
+    assert sorted(r.key for r in run.records("counts")) == ["cat", "dog"]
