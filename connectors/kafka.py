@@ -451,11 +451,16 @@ class WatermarkPublisher:
         watermark: int,
         sequence: int,
         timeout: float = 30.0,
+        *,
+        records: int | None = None,
     ) -> WatermarkReport:
         """Report that ``source`` writes nothing older than ``watermark`` to ``streams`` any
-        more; ``sequence`` must grow with every report of the source (e.g. wall-clock µs)."""
+        more; ``sequence`` must grow with every report of the source (e.g. wall-clock µs).
+        ``records``: how many records it wrote, its weight in percentile watermarks."""
         offsets = end_offsets(reader, [stream_topic(s) for s in streams], timeout)
-        report = WatermarkReport(source, tuple(streams), watermark, sequence, offsets)
+        report = WatermarkReport(
+            source, tuple(streams), watermark, sequence, offsets, records=records
+        )
         self.publish(report, timeout)
         return report
 

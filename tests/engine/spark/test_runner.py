@@ -619,8 +619,17 @@ class WindowsInjector:
     publisher: kafka_connector.WatermarkPublisher
     offsets: Any
 
-    def report(self, watermark: int, sequence: int) -> None:
-        self.publisher.report_streams(self.offsets, self.source, [self.stream], watermark, sequence)
+    def report(
+        self, watermark: int, sequence: int, *, source: str = "", records: int | None = None
+    ) -> None:
+        self.publisher.report_streams(
+            self.offsets,
+            source or self.source,
+            [self.stream],
+            watermark,
+            sequence,
+            records=records,
+        )
 
     def retire(self) -> None:
         self.publisher.retire(self.source)
@@ -701,6 +710,56 @@ def test_event_time_timers_fire_as_the_low_watermark_passes_them(
     assert hold.reason == "no source reports this stream"
     assert restarted.metrics()[pipeline.per_query].late == 0
     restarted.stop()
+
+
+def test_a_percentile_watermark_fires_past_a_straggler_whose_records_go_to_a_late_stream(
+    services: MillstreamConfig,
+    spark: SparkSession,
+    pipeline: Pipeline,
+    windows_injector: WindowsInjector,
+) -> None:
+    late_stream = f"late_{pipeline.suffix}"
+    topology = Topology(f"percentile_{pipeline.suffix}", streams=[pipeline.searches])
+    topology.add_computation(
+        pipeline.per_query,
+        WindowCounts(pipeline.hits),
+        inputs={pipeline.searches: lambda record: json.loads(record.value)["query"]},
+        outputs=[pipeline.hits],
+        options=ComputationOptions(
+            key_intervals=INTERVALS, watermark_percentile=99.0, late_stream=late_stream
+        ),
+    )
+    straggler = f"{windows_injector.source}-straggler"
+    first = [search(n, n % 3) for n in range(60)]
+    produce(services, pipeline.searches, [encode_record(r) for r in first])
+    # The straggler, with 0.1 % of the records, still at window 0; the others past window 1.
+    windows_injector.report(window_start(0), 1, source=straggler, records=10)
+    windows_injector.report(window_start(2), 1, records=10_000)
+    try:
+        running = start(pipeline, services, spark, topology=topology)
+        running.process_available(timeout=300)
+        # The exact watermark waits for the straggler; the 99th percentile does not.
+        assert running.input_watermark(pipeline.per_query) == window_start(0)
+        counted = {(v["query"], v["window"]): v["count"] for v in emitted(services, pipeline.hits)}
+        assert counted == {k: n for k, n in window_counts(first).items() if k[1] < 2}
+
+        # The straggler's record for window 0 is late: it goes to the late stream as it came,
+        # exactly once, and (process_late) is counted again in a window of its own.
+        behind = search(75, 0)
+        produce(services, pipeline.searches, [encode_record(behind)] * 2)
+        windows_injector.report(window_start(2), 2, source=straggler, records=11)
+        running.process_available(timeout=300)
+        late_topic = kafka_connector.stream_topic(late_stream)
+        late = [decode_record(value) for _, _, value in read_topic(services, late_topic)]
+        assert {r.record_id: r for r in late} == {behind.record_id: behind}
+        assert running.metrics()[pipeline.per_query].late == 1
+        late_count = (json.loads(behind.value)["query"], 0, 1)
+        hits = [(v["query"], v["window"], v["count"]) for v in emitted(services, pipeline.hits)]
+        assert late_count in hits
+        running.stop()
+    finally:
+        windows_injector.publisher.retire(straggler)
+        kafka_connector.delete_topics(services, [kafka_connector.stream_topic(late_stream)])
 
 
 def test_a_report_alone_wakes_the_consumers_of_its_streams_and_no_other_query(
