@@ -64,7 +64,13 @@ from millstream.engine.records import (
 from millstream.engine.sequencer import Lease
 from millstream.engine.state import UNCHANGED, KeyChanges, effective_timers
 from millstream.engine.store import IntervalStore, KeySnapshot, NextTimers
-from millstream.engine.timers import TimeDomain, Timer, due_timers
+from millstream.engine.timers import (
+    RESERVED_TAG_PREFIX,
+    STATE_TTL_TAG,
+    TimeDomain,
+    Timer,
+    due_timers,
+)
 from millstream.engine.topology import ComputationSpec
 from millstream.engine.watermarks import IntervalProgress
 
@@ -110,7 +116,8 @@ class BatchResult:
     ``resent`` counts checkpointed productions sent again as the batch began (left
     unacknowledged by this worker or by a previous owner of the interval), and
     ``unknown_outcomes`` the commits whose outcome was unknown, since the worker's last
-    finished batch (read back, or settled by this batch's takeover of the interval)."""
+    finished batch (read back, or settled by this batch's takeover of the interval).
+    ``expired``: keys whose state expired (``ComputationOptions.state_ttl``)."""
 
     lease: Lease
     rescanned: bool
@@ -124,6 +131,7 @@ class BatchResult:
     pending: int = 0
     resent: int = 0
     unknown_outcomes: int = 0
+    expired: int = 0
     progress: IntervalProgress = field(default_factory=IntervalProgress)
 
 
@@ -461,6 +469,12 @@ class _KeyRun:
             timer = due[0]
             # Deleted in the commit that holds its effects, even if the call fails.
             self.changes.timers[timer.tag] = None
+            if timer.tag == STATE_TTL_TAG:
+                # The input watermark passed the state's last update plus its TTL: the
+                # state goes in this commit, and nothing of the key is left after it.
+                self.changes.state = None
+                self.result.expired += 1
+                continue
             origin = Origin(key=self.key, timer_tag=timer.tag, timer_timestamp=timer.timestamp)
             self._call(
                 timer.identity,
@@ -494,6 +508,23 @@ class _KeyRun:
             self.weak_outbox.extend((self.changes, p) for p in call_changes.productions)
             call_changes.productions = []
         self.changes.merge(call_changes)
+        ttl = self.spec.options.state_ttl
+        if ttl is not None and call_changes.state is not UNCHANGED:
+            self._renew_ttl(call_changes.state, timestamp + ttl)
+
+    def _renew_ttl(self, state: bytes | None, expires: int) -> None:
+        """Move the state's expiry to ``expires`` (never earlier: a late record's update does
+        not shorten a newer one's), or drop it with the state."""
+        current = effective_timers(self.committed_timers, self.changes).get(STATE_TTL_TAG)
+        if state is None:
+            if current is not None:
+                self.changes.timers[STATE_TTL_TAG] = None
+            return
+        expires = min(max(expires, current.timestamp if current else expires), MAX_EVENT_TIME)
+        if current is None or current.timestamp != expires:
+            self.changes.timers[STATE_TTL_TAG] = Timer(
+                self.key, STATE_TTL_TAG, expires, TimeDomain.EVENT_TIME, b"state-ttl"
+            )
 
     def _dead_letter(
         self, origin: Origin, error: Exception, raw: bytes, cause_id: bytes, timestamp: int
@@ -552,9 +583,11 @@ class _CallContext(Context):
     def set_timer(
         self, tag: str, timestamp: int, domain: TimeDomain = TimeDomain.EVENT_TIME
     ) -> None:
+        _check_tag(tag)
         self.changes.timers[tag] = Timer(self.key, tag, timestamp, domain, self._cause_id)
 
     def delete_timer(self, tag: str) -> None:
+        _check_tag(tag)
         self.changes.timers[tag] = None
 
     def produce(self, stream: str, value: bytes, timestamp: int, key: str | None = None) -> Record:
@@ -576,6 +609,13 @@ class _CallContext(Context):
         self._next_index += 1
         self.changes.productions.append(Production(stream, record, encoded))
         return record
+
+
+def _check_tag(tag: str) -> None:
+    if isinstance(tag, str) and tag.startswith(RESERVED_TAG_PREFIX):
+        raise ValueError(
+            f"timer tag {tag!r}: tags starting with {RESERVED_TAG_PREFIX!r} are the engine's"
+        )
 
 
 def _plausible(timestamp: int) -> int:

@@ -61,6 +61,7 @@ __all__ = [
     "AdvanceClock",
     "ComputationRun",
     "SendOutcome",
+    "Step",
     "TestingSink",
     "TopologyHarness",
     "Watermark",

@@ -25,7 +25,20 @@ from dataclasses import dataclass
 
 from millstream.engine.records import timer_identity
 
-__all__ = ["TimeDomain", "Timer", "due_timers", "firing_order"]
+__all__ = [
+    "RESERVED_TAG_PREFIX",
+    "STATE_TTL_TAG",
+    "TimeDomain",
+    "Timer",
+    "due_timers",
+    "firing_order",
+]
+
+RESERVED_TAG_PREFIX = "millstream."
+"""Timer tags the engine keeps for itself; user code cannot set or delete them."""
+
+STATE_TTL_TAG = RESERVED_TAG_PREFIX + "state-ttl"
+"""The event-time timer that expires a key's state (``ComputationOptions.state_ttl``)."""
 
 
 class TimeDomain(enum.Enum):

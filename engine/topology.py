@@ -86,6 +86,11 @@ class ComputationOptions:
       are (same key, value, timestamp and record ID), in the commit of their key like any
       production; ``process_late`` says whether user code still sees them (the default) or
       only the late stream gets them.
+    * ``state_ttl`` (µs of event time): a key's state expires once the input watermark passes
+      its last update (the event time of the record or timer whose call set it) plus this;
+      it is deleted in a commit like any other change, with the engine's timer that expired
+      it, so a key without timers of its own leaves nothing behind. A late record's update
+      never brings the expiry forward. ``None`` (the default): state is kept until cleared.
     """
 
     exactly_once: bool = True
@@ -102,6 +107,7 @@ class ComputationOptions:
     watermark_percentile: float | None = None
     late_stream: str | None = None
     process_late: bool = True
+    state_ttl: int | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.key_intervals <= MAX_KEY_INTERVALS:
@@ -123,6 +129,8 @@ class ComputationOptions:
                 f"watermark_percentile must be in (0, 100) (None: the exact watermark), got "
                 f"{self.watermark_percentile}"
             )
+        if self.state_ttl is not None and self.state_ttl <= 0:
+            raise TopologyError(f"state_ttl must be positive (µs), got {self.state_ttl}")
         if self.late_stream is not None:
             _check_name("late stream", self.late_stream)
         elif not self.process_late:

@@ -37,7 +37,7 @@ class MetricCounts:
     state and ``cache_hits`` found their cached worker still valid; ``pending`` productions
     not yet acknowledged; ``resent`` checkpointed productions sent again as a batch began (a
     previous owner's or attempt's), ``unknown_outcomes`` commits whose outcome had to be read
-    back.
+    back, ``expired`` keys whose state expired (``ComputationOptions.state_ttl``).
     """
 
     inputs: int = 0
@@ -55,6 +55,7 @@ class MetricCounts:
     cache_hits: int = 0
     resent: int = 0
     unknown_outcomes: int = 0
+    expired: int = 0
 
     def __add__(self, other: MetricCounts) -> MetricCounts:
         return MetricCounts(
@@ -99,6 +100,7 @@ def interval_counts(inputs: int, rejected: int, result: BatchResult, cached: boo
         cache_hits=int(cached and not result.rescanned),
         resent=result.resent,
         unknown_outcomes=result.unknown_outcomes,
+        expired=result.expired,
     )
 
 

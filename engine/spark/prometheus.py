@@ -86,6 +86,10 @@ COUNTER_METRICS: Final[Mapping[str, tuple[str, str]]] = {
         "millstream_unknown_outcomes_total",
         "Commits whose outcome was unknown (a timeout) and was read back from the store.",
     ),
+    "expired": (
+        "millstream_state_expired_total",
+        "Keys whose state expired: the input watermark passed its last update plus its TTL.",
+    ),
 }
 """The Prometheus counter of each :class:`~millstream.engine.spark.metrics.MetricCounts`
 field that counts; ``pending``, a level, is the gauge ``millstream_productions_pending``."""

@@ -254,3 +254,60 @@ def test_a_percentile_watermark_does_not_wait_for_a_straggling_process(
     run = harness.result("count")
     assert [r.key for r in run.records("late")] == (["dog"] if fired_at_200 else [])
     assert sorted(r.key for r in run.records("counts")) == ["cat", "dog"]
+
+
+class Tally(Computation):
+    """Counts a key's records in state; a record with value ``clear`` clears it."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        if record.value == b"clear":
+            ctx.clear_state()
+            return
+        count = ctx.state(COUNT)
+        count.set(count.get(0) + 1)
+
+
+def test_state_expires_once_the_watermark_passes_its_last_update_plus_the_ttl() -> None:
+    from millstream.engine.testing import Step, TopologyHarness
+    from millstream.engine.timers import STATE_TTL_TAG
+    from millstream.engine.topology import ComputationOptions
+
+    topology = Topology("ttl", streams=["input"])
+    options = ComputationOptions(state_ttl=100)
+    topology.add_computation("tally", Tally(), inputs=["input"], outputs=[], options=options)
+    harness = TopologyHarness(topology)
+    steps: list[Step] = [
+        record("a", b"", 10),
+        record("b", b"", 20),
+        record("c", b"", 30),
+        Watermark(50),
+        record("a", b"", 60),  # a's expiry moves to 160
+        record("b", b"", 5),  # late: b's expiry stays at 120
+        record("c", b"clear", 55),  # cleared: its expiry goes with it
+    ]
+    for item in steps:
+        harness.step(item)
+    harness.run_until_idle()
+    run = harness.result("tally")
+    assert {k: COUNT.decode(v) for k, v in run.state.items()} == {"a": 2, "b": 2}
+    assert sorted((t.key, t.timestamp) for t in run.pending_timers) == [("a", 160), ("b", 120)]
+    assert {t.tag for t in run.pending_timers} == {STATE_TTL_TAG}
+
+    harness.step(Watermark(121))
+    run = harness.result("tally")
+    assert set(run.state) == {"a"}  # b expired: its state and its timer are gone
+    assert [t.key for t in run.pending_timers] == ["a"]
+    assert run.fired_timers == []  # user code saw no timer
+    harness.step(Watermark(161))
+    run = harness.result("tally")
+    assert (run.state, run.pending_timers) == ({}, [])
+
+
+def test_the_engines_timer_tags_are_reserved() -> None:
+    class Meddles(Computation):
+        def process_record(self, ctx: Context, record: Record) -> None:
+            ctx.set_timer("millstream.state-ttl", record.timestamp)
+
+    run = run_computation(Meddles(), [record("a", b"", 1)])
+    (letter,) = run.dead_letters
+    assert "are the engine's" in letter.error_message

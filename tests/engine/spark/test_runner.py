@@ -762,6 +762,60 @@ def test_a_percentile_watermark_fires_past_a_straggler_whose_records_go_to_a_lat
         kafka_connector.delete_topics(services, [kafka_connector.stream_topic(late_stream)])
 
 
+class QueryTally(Computation):
+    """Counts searches per query in state, with no timer of its own."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        count = ctx.state(JSON)
+        count.set(count.get(0) + 1)
+
+
+def test_state_expires_by_event_time_and_leaves_no_row_of_the_key(
+    services: MillstreamConfig,
+    spark: SparkSession,
+    cassandra: Session,
+    pipeline: Pipeline,
+    windows_injector: WindowsInjector,
+) -> None:
+    topology = Topology(f"ttl_{pipeline.suffix}", streams=[pipeline.searches])
+    topology.add_computation(
+        pipeline.per_query,
+        QueryTally(),
+        inputs={pipeline.searches: lambda record: json.loads(record.value)["query"]},
+        outputs=[],
+        options=ComputationOptions(key_intervals=INTERVALS, state_ttl=WINDOW),
+    )
+    # Window 0 for every query; then window 2 for two of them, which renews theirs.
+    first = [search(n, 0) for n in range(10)]
+    produce(services, pipeline.searches, [encode_record(r) for r in first])
+    windows_injector.report(window_start(1), 1)
+    running = start(pipeline, services, spark, topology=topology)
+    running.process_available(timeout=300)
+    assert states(cassandra, pipeline.keyspace, pipeline.per_query) == dict.fromkeys(QUERIES, 2)
+
+    renewed = [search(n, 2) for n in (10, 11)]  # weather, football
+    produce(services, pipeline.searches, [encode_record(r) for r in renewed])
+    windows_injector.report(window_start(2) + 100, 2)  # past window 0's updates + TTL
+    running.process_available(timeout=300)
+    assert states(cassandra, pipeline.keyspace, pipeline.per_query) == {
+        "weather": 3,
+        "football": 3,
+    }
+    assert running.metrics()[pipeline.per_query].expired == 3
+
+    windows_injector.report(window_start(4), 3)
+    running.process_available(timeout=300)
+    running.stop()
+    # Nothing of any key is left: no state, no timer, no index entry (dedup IDs age out).
+    for interval in range(INTERVALS):
+        rows = cassandra.execute(
+            f"SELECT kind, key FROM {pipeline.keyspace}.intervals "
+            "WHERE computation = %s AND interval = %s",
+            (pipeline.per_query, interval),
+        )
+        assert [(r.kind, r.key) for r in rows if r.kind != "dedup"] == []
+
+
 def test_a_report_alone_wakes_the_consumers_of_its_streams_and_no_other_query(
     services: MillstreamConfig,
     spark: SparkSession,
