@@ -22,6 +22,7 @@
     ├── CheckpointStorageError      the disk under a query's checkpoint is full or unwritable
     └── StoreError                  the interval store refused or lost track of a write
         ├── FencedError             another worker took the interval: stop, drop soft state
+        │   └── RetiredIntervalError the interval was split or merged away: route by the layout
         └── UnknownOutcomeError     a conditional write timed out: it may or may not have applied
 
 Every message says what was wrong and what to do about it.
@@ -46,6 +47,7 @@ __all__ = [
     "PortInUseError",
     "RecordDecodeError",
     "RecordError",
+    "RetiredIntervalError",
     "ServiceOutageError",
     "ServiceStartError",
     "StoreError",
@@ -130,6 +132,13 @@ class FencedError(StoreError):
     The write was not applied and no later write with this lease can be. The worker is a
     zombie for this interval: it must stop work on it, drop its soft state for it, and leave
     the inputs unacknowledged so that the current owner processes them.
+    """
+
+
+class RetiredIntervalError(FencedError):
+    """The interval was split or merged into others (:mod:`millstream.engine.layout`): its
+    keys live in new intervals now, and no worker can acquire it again. Read the
+    computation's current layout and route by it.
     """
 
 

@@ -33,6 +33,9 @@ PLACES: Final = {
     "driver.report": "the driver, after a batch ran, before it publishes the watermark report",
     "executor.commit": "an interval task, leased and its user code run, before it commits",
     "executor.send": "an interval task, committed, before it sends the checkpointed productions",
+    "rebalance.fence": "the driver, a split or merge journaled and its sources fenced",
+    "rebalance.copy": "the driver, the sources' keys copied into the new intervals",
+    "rebalance.retire": "the driver, the sources retired, before the layout is finished",
 }
 
 MAX_PARK_SECONDS: Final = 300.0

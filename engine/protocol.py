@@ -49,7 +49,7 @@ from millstream.engine.errors import (
     UndeclaredStreamError,
     UnknownOutcomeError,
 )
-from millstream.engine.keys import key_interval
+from millstream.engine.layout import IntervalLayout
 from millstream.engine.pause_points import pause_point
 from millstream.engine.productions import Production, ProductionSink
 from millstream.engine.records import (
@@ -152,7 +152,9 @@ class IntervalWorker:
     byte budget; the workers of one process share one (default: one of its own).
     ``user_code`` is held while the batch's user code runs: workers of one process running on
     several threads share a lock there, so a computation is called by one thread at a time
-    while their reads, commits and sends overlap.
+    while their reads, commits and sends overlap. ``layout`` is the computation's current
+    :class:`~millstream.engine.layout.IntervalLayout` once its intervals split or merged
+    (default: the ``key_intervals`` it started with).
     """
 
     def __init__(
@@ -165,10 +167,12 @@ class IntervalWorker:
         clock: Clock,
         cache: StateCache | None = None,
         user_code: AbstractContextManager[Any] | None = None,
+        layout: IntervalLayout | None = None,
     ) -> None:
-        if not 0 <= interval < spec.options.key_intervals:
+        self.layout = layout or IntervalLayout.initial(spec.options.key_intervals)
+        if interval not in self.layout.ids:
             raise ValueError(
-                f"interval {interval} is outside [0, {spec.options.key_intervals}) "
+                f"interval {interval} is outside the intervals {list(self.layout.ids)} "
                 f"of computation {spec.name!r}"
             )
         self.spec = spec
@@ -325,11 +329,11 @@ class IntervalWorker:
         return unseen(firsts, seen), fresh_rejected
 
     def _check_interval(self, key: str) -> None:
-        actual = key_interval(key, self.spec.options.key_intervals)
+        actual = self.layout.interval_of(key)
         if actual != self.interval:
             raise ValueError(
                 f"key {key!r} belongs to interval {actual} of {self.spec.name!r}, not "
-                f"{self.interval}; route deliveries with millstream.engine.keys.key_interval"
+                f"{self.interval}; route deliveries by the computation's IntervalLayout"
             )
 
     def _reject(

@@ -36,10 +36,11 @@ Times are integer microseconds from the store's injected clock.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Collection, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 
+from millstream.engine.layout import LayoutStore
 from millstream.engine.productions import Production
 from millstream.engine.sequencer import Lease
 from millstream.engine.state import KeyChanges
@@ -74,8 +75,9 @@ class NextTimers:
     wall_time: int | None = None
 
 
-class IntervalStore(ABC):
-    """Per-interval persistent state, written only under the interval's sequencer.
+class IntervalStore(LayoutStore):
+    """Per-interval persistent state, written only under the interval's sequencer, and each
+    computation's :class:`~millstream.engine.layout.IntervalLayout`.
 
     Reads may be served to a stale lease (they are not fenced); every write is conditional on
     ``sequencer == lease.token`` and raises :class:`~millstream.engine.errors.FencedError`,
@@ -179,6 +181,20 @@ class IntervalStore(ABC):
     @abstractmethod
     def delete_productions(self, lease: Lease, record_ids: Collection[bytes]) -> None:
         """Delete pending productions the sink acknowledged (conditional, like a commit)."""
+
+    @abstractmethod
+    def export(self, lease: Lease) -> list[KeyChanges]:
+        """Everything the interval holds, as change sets that recreate it: per key its state,
+        timers and unexpired dedup IDs; the pending productions under the key ``""``.
+        Committed to other intervals (by each key's new interval), they move the keys whole
+        (:mod:`millstream.engine.rebalance`). Reads the whole interval; never on a batch's path.
+        """
+
+    @abstractmethod
+    def retire(self, lease: Lease) -> None:
+        """Retire the interval for good, conditionally on the lease: no one can acquire it
+        again (:class:`~millstream.engine.errors.RetiredIntervalError`), so no write of a
+        worker that still thinks it owns it can land, and its rows are deleted."""
 
 
 def split_batches(changes: Sequence[KeyChanges], max_batch_bytes: int) -> list[list[KeyChanges]]:

@@ -603,15 +603,19 @@ class IntervalLoad:
     oldest_work: int | None
 
 
+_ANY_INTERVAL = 2**63  # above every interval ID: an index range bound on the time alone
+
+
 class IntervalMap:
     """What each key interval of one computation has left after its latest batch.
 
-    ``intervals`` is how many there are; until each reported once, the map is not
-    :attr:`complete` (their pending work is unknown, so no watermark can be said).
+    ``intervals`` is how many there are (IDs ``0 .. intervals-1``), or their IDs; until each
+    reported once, the map is not :attr:`complete` (their pending work is unknown, so no
+    watermark can be said). :meth:`replace` follows a split or merge.
     """
 
-    def __init__(self, intervals: int) -> None:
-        self.intervals = intervals
+    def __init__(self, intervals: int | Iterable[int]) -> None:
+        self._live = set(range(intervals) if isinstance(intervals, int) else intervals)
         self._progress: dict[int, IntervalProgress] = {}
         self._load: dict[int, tuple[int, float]] = {}
         self._work: SortedList[tuple[int, int]] = SortedList()  # (oldest_work, interval)
@@ -630,13 +634,41 @@ class IntervalMap:
         return self._progress.get(interval)
 
     @property
+    def intervals(self) -> int:
+        return len(self._live)
+
+    @property
+    def ids(self) -> frozenset[int]:
+        return frozenset(self._live)
+
+    @property
     def complete(self) -> bool:
-        return len(self._progress) >= self.intervals
+        return len(self._progress) >= len(self._live)
+
+    def replace(self, sources: Iterable[int], targets: Iterable[int]) -> None:
+        """``sources`` were split or merged into ``targets``, whose work is unknown yet."""
+        for interval in sources:
+            self._forget(interval)
+            self._live.discard(interval)
+        self._live.update(targets)
+
+    def _forget(self, interval: int) -> None:
+        old = self._progress.pop(interval, None)
+        if old is not None:
+            _discard(self._work, old.oldest_work, interval)
+            _discard(self._event, old.next_event_timer, interval)
+            _discard(self._wall, old.next_wall_timer, interval)
+        self._pending.discard(interval)
+        records, _ = self._load.pop(interval, (0, 0.0))
+        self._records -= records
 
     def record(
         self, interval: int, progress: IntervalProgress, records: int = 0, seconds: float = 0.0
     ) -> None:
-        """Apply one interval's report: its progress after a batch, and the load it carried."""
+        """Apply one interval's report: its progress after a batch, and the load it carried.
+        A report of an interval no longer in the map (split or merged away) is ignored."""
+        if interval not in self._live:
+            return
         old = self._progress.get(interval)
         if old is not None:
             _discard(self._work, old.oldest_work, interval)
@@ -668,10 +700,10 @@ class IntervalMap:
         """Intervals with work but maybe no input (ascending): unknown ones, unacknowledged
         productions, an event-time timer under ``watermark``, a wall-time timer at ``now``."""
         due = set(self._pending)
-        due.update(i for _, i in self._event.irange(maximum=(watermark - 1, self.intervals)))
-        due.update(i for _, i in self._wall.irange(maximum=(now, self.intervals)))
+        due.update(i for _, i in self._event.irange(maximum=(watermark - 1, _ANY_INTERVAL)))
+        due.update(i for _, i in self._wall.irange(maximum=(now, _ANY_INTERVAL)))
         if not self.complete:
-            due.update(i for i in range(self.intervals) if i not in self._progress)
+            due.update(i for i in self._live if i not in self._progress)
         return sorted(due)
 
     def percentile_work(self, percentile: float) -> int | None:
@@ -688,6 +720,10 @@ class IntervalMap:
             if skipped > allowance:
                 return int(work)
         return None
+
+    def records(self) -> dict[int, int]:
+        """Each interval's records in the latest batch it ran in (for rebalancing)."""
+        return {interval: records for interval, (records, _) in self._load.items()}
 
     def hottest(self, limit: int = 5) -> list[IntervalLoad]:
         """The intervals that carried the most records in their latest batch (then seconds)."""

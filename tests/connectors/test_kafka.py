@@ -16,9 +16,10 @@ import json
 import socket
 import time
 from collections.abc import Callable, Iterator, Sequence, Set
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import ConfigResource, ResourceType
 
 from millstream.connectors import kafka as kafka_connector
@@ -283,6 +284,54 @@ def test_published_reports_are_read_in_order_each_once(
     assert reader.read() == [(third.source, third)]
     # A new reader starts from the beginning.
     assert [r for _, r in make_reader().read()] == [first, second, third]
+
+
+class _ConsumerFailingOnce:
+    """A real consumer whose ``fail_at``-th delivered message is lost to a transport error,
+    as when the broker goes away in the middle of a read."""
+
+    def __init__(self, consumer: Any, fail_at: int) -> None:
+        self._consumer = consumer
+        self._fail_at = fail_at
+        self._delivered = 0
+
+    def poll(self, timeout: float) -> Any:
+        message = self._consumer.poll(timeout)
+        if message is not None and message.error() is None:
+            self._delivered += 1
+            if self._delivered == self._fail_at:
+                raise KafkaException(KafkaError(KafkaError._TRANSPORT))
+        return message
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._consumer, name)
+
+
+def test_a_read_that_fails_halfway_skips_nothing_and_a_reconnect_repeats_nothing(
+    watermarks: MillstreamConfig, publisher: WatermarkPublisher
+) -> None:
+    reports = [_report(injector_source(f"clicks-{n}"), 100 + n) for n in range(4)]
+    for report in reports[:3]:
+        publisher.publish(report)
+
+    class FailingReader(WatermarkReader):
+        def _new_consumer(self) -> Any:
+            return _ConsumerFailingOnce(super()._new_consumer(), fail_at=3)
+
+    reader = FailingReader(watermarks)
+    try:
+        # The first two reports were consumed when the third was lost: the read fails as a
+        # whole and the next one starts where it did.
+        with pytest.raises(KafkaException):
+            reader.read()
+        assert [r for _, r in reader.read()] == reports[:3]
+        # A new consumer (after an outage) goes on from the last report returned.
+        reader.reconnect()
+        publisher.publish(reports[3])
+        assert [r for _, r in reader.read()] == reports[3:]
+        assert reader.read() == []
+    finally:
+        reader.close()
 
 
 def test_an_expected_set_is_read_under_its_injector_key_and_can_be_retired(

@@ -17,6 +17,7 @@ from millstream.engine.codecs import JsonCodec
 from millstream.engine.computation import Computation
 from millstream.engine.protocol import IntervalWorker
 from millstream.engine.records import Record, injector_record_id
+from millstream.engine.store import IntervalStore
 from millstream.engine.stores.memory.store import MemoryIntervalStore
 from millstream.engine.testing import TestingSink
 from millstream.engine.topology import ComputationOptions, ComputationSpec, InputStream
@@ -113,3 +114,50 @@ def make_workers(
         return Workers(store_ or store, sink_ or sink, clock)
 
     return make
+
+
+START = 1_000_000  # the backends' manual clock
+
+
+@dataclass
+class Backend:
+    """A backend under test: ``store(max_batch_bytes)`` makes a store on ``clock``."""
+
+    name: str
+    clock: ManualClock
+    make: Callable[[int | None], IntervalStore]
+
+    def store(self, max_batch_bytes: int | None = None) -> IntervalStore:
+        return self.make(max_batch_bytes)
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("memory", marks=pytest.mark.unit),
+        pytest.param("cassandra", marks=pytest.mark.integration),
+    ]
+)
+def backend(request: pytest.FixtureRequest) -> Backend:
+    clock = ManualClock(START)
+    if request.param == "memory":
+
+        def memory(limit: int | None) -> IntervalStore:
+            if limit is None:
+                return MemoryIntervalStore(clock)
+            return MemoryIntervalStore(clock, max_batch_bytes=limit)
+
+        return Backend("memory", clock, memory)
+
+    # Only the Cassandra case needs the services, so unit runs never start them.
+    from millstream.engine.stores.cassandra import CassandraIntervalStore, create_schema
+
+    session = request.getfixturevalue("cassandra")
+    keyspace = request.getfixturevalue("cassandra_keyspace")()
+    create_schema(session, keyspace)
+
+    def cassandra(limit: int | None) -> IntervalStore:
+        if limit is None:
+            return CassandraIntervalStore(session, keyspace, clock)
+        return CassandraIntervalStore(session, keyspace, clock, max_batch_bytes=limit)
+
+    return Backend("cassandra", clock, cassandra)

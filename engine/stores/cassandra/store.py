@@ -114,7 +114,13 @@ from cassandra.protocol import ErrorMessage, ServerError
 from cassandra.query import BatchStatement, BatchType
 
 from millstream.engine.clock import Clock
-from millstream.engine.errors import FencedError, StoreError, UnknownOutcomeError
+from millstream.engine.errors import (
+    FencedError,
+    RetiredIntervalError,
+    StoreError,
+    UnknownOutcomeError,
+)
+from millstream.engine.layout import IntervalLayout
 from millstream.engine.productions import Production
 from millstream.engine.records import decode_record
 from millstream.engine.sequencer import INITIAL_SEQUENCER, Lease
@@ -174,6 +180,11 @@ _LENGTH32 = struct.Struct(">I")
 _DELETE_BYTES = 64
 # A commit that finds another head than expected under its own lease learns it and retries.
 _STALE_HEAD_ATTEMPTS = 3
+# The sequencer of a retired interval (split or merged away): no acquire moves past it.
+_RETIRED = 2**63 - 1
+# The partition holding a computation's interval layout, one LWT-written row.
+_LAYOUT_INTERVAL = -1
+_DATA_KINDS = ("state", "timer", "timer_event", "timer_wall", "dedup", "production")
 _IDENTIFIER = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
 
 # A statement of a batch with its parameters.
@@ -336,6 +347,11 @@ class CassandraIntervalStore(IntervalStore):
         last_error: BaseException | None = None
         self.stats.acquires += 1
         for attempt in range(self.acquire_attempts):
+            if expected == _RETIRED:
+                raise RetiredIntervalError(
+                    f"interval {interval} of {computation!r} in {self._name} was split or "
+                    "merged away; route by the computation's current layout"
+                )
             self.stats.acquire_attempts += 1
             token = INITIAL_SEQUENCER + 1 if expected is None else expected + 1
             head = _new_marker()
@@ -614,8 +630,77 @@ class CassandraIntervalStore(IntervalStore):
         """
         found: dict[str, list[int]] = {}
         for row in _rows(self._execute(self._statements.list_intervals, ())):
-            found.setdefault(row["computation"], []).append(row["interval"])
+            if row["interval"] != _LAYOUT_INTERVAL:
+                found.setdefault(row["computation"], []).append(row["interval"])
         return {name: sorted(intervals) for name, intervals in found.items()}
+
+    def export(self, lease: Lease) -> list[KeyChanges]:
+        statements = self._statements
+        partition = (lease.computation, lease.interval)
+        states, timers, productions, dedup = (
+            self._session.execute_async(statement, partition, timeout=self.request_timeout)
+            for statement in (
+                statements.scan_states,
+                statements.scan_timers,
+                statements.scan_productions,
+                statements.scan_dedup,
+            )
+        )
+        by_key: dict[str, KeyChanges] = {}
+        for row in _rows(states.result()):
+            by_key.setdefault(row["key"], KeyChanges(row["key"])).state = row["value"]
+        for row in _rows(timers.result()):
+            timer = _timer(row)
+            by_key.setdefault(timer.key, KeyChanges(timer.key)).timers[timer.tag] = timer
+        now = self.clock.now()
+        for row in _rows(dedup.result()):
+            if row["expires"] > now:
+                by_key.setdefault(row["key"], KeyChanges(row["key"])).dedup_ids.append(row["item"])
+        changes = [by_key[key] for key in sorted(by_key)]
+        pending = [
+            production
+            for row in _rows(productions.result())
+            for production in _unpack_productions(row["record"])
+        ]
+        if pending:
+            changes.append(KeyChanges("", productions=pending))
+        return changes
+
+    def retire(self, lease: Lease) -> None:
+        # The LWT fences every holder of an older lease and refuses every later acquire; the
+        # rows of a partition no one can write any more then go by plain range deletes.
+        result = self._execute(
+            self._statements.retire,
+            (_RETIRED, _new_marker(), lease.computation, lease.interval, lease.token),
+        )
+        if not _one(result)["[applied]"]:
+            raise FencedError(
+                f"interval {lease.interval} of {lease.computation!r} was acquired by another "
+                f"worker before it could be retired (lease {lease.token})"
+            )
+        for kind in _DATA_KINDS:
+            self._execute(self._statements.delete_kind, (lease.computation, lease.interval, kind))
+
+    def read_layout(self, computation: str) -> IntervalLayout | None:
+        row = _one_or_none(
+            self._execute(self._statements.read_layout, (computation, _LAYOUT_INTERVAL))
+        )
+        return None if row is None else IntervalLayout.decode(row["value"].decode("utf-8"))
+
+    def write_layout(
+        self, computation: str, layout: IntervalLayout, expected: IntervalLayout | None
+    ) -> bool:
+        value = layout.encode().encode("utf-8")
+        if expected is None:
+            result = self._execute(
+                self._statements.create_layout, (computation, _LAYOUT_INTERVAL, value)
+            )
+        else:
+            result = self._execute(
+                self._statements.change_layout,
+                (value, computation, _LAYOUT_INTERVAL, expected.encode().encode("utf-8")),
+            )
+        return bool(_one(result)["[applied]"])
 
     # -- internals -------------------------------------------------------------------------
 
@@ -837,7 +922,25 @@ class _Statements:
             f"{where} AND kind = 'timer'"
         )
         self.scan_dedup = self._prepare(
-            f"SELECT item, expires FROM {name} {where} AND kind = 'dedup'"
+            f"SELECT key, item, expires FROM {name} {where} AND kind = 'dedup'"
+        )
+        self.scan_states = self._prepare(
+            f"SELECT key, value FROM {name} {where} AND kind = 'state'"
+        )
+        self.retire = self._prepare(
+            f"UPDATE {name} SET sequencer = ?, last_commit = ? {where} IF sequencer = ?",
+            lwt=True,
+        )
+        self.delete_kind = self._prepare(f"DELETE FROM {name} {where} AND kind = ?")
+        layout_row = f"{where} AND kind = 'layout' AND key = '' AND item = 0x"
+        self.read_layout = self._prepare(f"SELECT value FROM {name} {layout_row}", serial_read=True)
+        self.create_layout = self._prepare(
+            f"INSERT INTO {name} ({columns}, value) VALUES (?, ?, 'layout', '', 0x, ?) "
+            "IF NOT EXISTS",
+            lwt=True,
+        )
+        self.change_layout = self._prepare(
+            f"UPDATE {name} SET value = ? {layout_row} IF value = ?", lwt=True
         )
         self.scan_productions = self._prepare(
             f"SELECT item, record FROM {name} {where} AND kind = 'production'"
@@ -884,6 +987,10 @@ def _rows(result: Any) -> Iterator[dict[str, Any]]:
     names = result.column_names
     for row in result:
         yield dict(row) if isinstance(row, dict) else dict(zip(names, row, strict=True))
+
+
+def _one_or_none(result: Any) -> dict[str, Any] | None:
+    return next(_rows(result), None)
 
 
 def _one(result: Any) -> dict[str, Any]:

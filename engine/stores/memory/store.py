@@ -30,7 +30,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 
 from millstream.engine.clock import Clock
-from millstream.engine.errors import FencedError, UnknownOutcomeError
+from millstream.engine.errors import FencedError, RetiredIntervalError, UnknownOutcomeError
+from millstream.engine.layout import IntervalLayout
 from millstream.engine.productions import Production
 from millstream.engine.sequencer import INITIAL_SEQUENCER, Lease
 from millstream.engine.state import UNCHANGED, KeyChanges
@@ -131,6 +132,7 @@ class _Partition:
     # Like the Cassandra rows: one per commit batch, by its marker; and the time index.
     productions: dict[bytes, _ProductionRow] = field(default_factory=dict)
     index: dict[tuple[TimeDomain, int, str, str], Timer] = field(default_factory=dict)
+    retired: bool = False
 
     def pending(self) -> list[Production]:
         return [p for row in self.productions.values() for p in row.productions.values()]
@@ -151,6 +153,7 @@ class MemoryIntervalStore(IntervalStore):
         self._faults: dict[FaultPoint, deque[Callable[[], object]]] = {}
         self._unknown_outcomes: deque[UnknownOutcome] = deque()
         self._markers = itertools.count(1)
+        self._layouts: dict[str, IntervalLayout] = {}
 
     # -- fault injection ------------------------------------------------------------------
 
@@ -171,6 +174,11 @@ class MemoryIntervalStore(IntervalStore):
     def acquire(self, computation: str, interval: int, previous: Lease | None = None) -> Lease:
         self._fault(FaultPoint.BEFORE_ACQUIRE)
         partition = self._round(computation, interval)
+        if partition.retired:
+            raise RetiredIntervalError(
+                f"interval {interval} of {computation!r} was split or merged away; route by "
+                "the computation's current layout"
+            )
         cache_valid = (
             previous is not None
             and (previous.computation, previous.interval) == (computation, interval)
@@ -284,6 +292,45 @@ class MemoryIntervalStore(IntervalStore):
                 del partition.productions[marker]
         partition.last_commit = self._marker()
         self._fault(FaultPoint.AFTER_DELETE)
+
+    def export(self, lease: Lease) -> list[KeyChanges]:
+        partition = self._partition(lease.computation, lease.interval)
+        now = self.clock.now()
+        keys = sorted(partition.states.keys() | partition.timers.keys() | partition.dedup.keys())
+        changes = [
+            KeyChanges(
+                key,
+                state=partition.states.get(key, UNCHANGED),
+                timers=dict(partition.timers.get(key, {})),
+                dedup_ids=[i for i, at in partition.dedup.get(key, {}).items() if at > now],
+            )
+            for key in keys
+        ]
+        pending = partition.pending()
+        if pending:
+            changes.append(KeyChanges("", productions=pending))
+        return changes
+
+    def retire(self, lease: Lease) -> None:
+        partition = self._fenced(lease)
+        partition.retired = True
+        partition.states.clear()
+        partition.timers.clear()
+        partition.dedup.clear()
+        partition.productions.clear()
+        partition.index.clear()
+        partition.last_commit = self._marker()
+
+    def read_layout(self, computation: str) -> IntervalLayout | None:
+        return self._layouts.get(computation)
+
+    def write_layout(
+        self, computation: str, layout: IntervalLayout, expected: IntervalLayout | None
+    ) -> bool:
+        if self._layouts.get(computation) != expected:
+            return False
+        self._layouts[computation] = layout
+        return True
 
     # -- inspection for tests ----------------------------------------------------------------
 

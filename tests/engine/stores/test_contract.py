@@ -8,68 +8,24 @@ backend alone are tested in that backend's own folder.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pytest
 
-from millstream.engine.clock import ManualClock
 from millstream.engine.errors import FencedError
 from millstream.engine.productions import Production
 from millstream.engine.records import Record, injector_record_id
 from millstream.engine.sequencer import Lease
 from millstream.engine.state import UNCHANGED, KeyChanges
-from millstream.engine.store import IntervalSnapshot, IntervalStore, KeySnapshot, NextTimers
-from millstream.engine.stores.cassandra import CassandraIntervalStore, create_schema
-from millstream.engine.stores.memory import MemoryIntervalStore
+from millstream.engine.store import IntervalSnapshot, KeySnapshot, NextTimers
 from millstream.engine.timers import TimeDomain, Timer
+
+if TYPE_CHECKING:
+    from tests.engine.conftest import Backend
 
 # Long enough that Cassandra's own TTL (real seconds) never fires during a test, so expiry is
 # decided by the manual clock alone, as the contract says.
 TTL = 60 * 1_000_000
-START = 1_000_000
-
-
-@dataclass
-class Backend:
-    """A backend under test: ``store(max_batch_bytes)`` makes a store on ``clock``."""
-
-    name: str
-    clock: ManualClock
-    make: Callable[[int | None], IntervalStore]
-
-    def store(self, max_batch_bytes: int | None = None) -> IntervalStore:
-        return self.make(max_batch_bytes)
-
-
-@pytest.fixture(
-    params=[
-        pytest.param("memory", marks=pytest.mark.unit),
-        pytest.param("cassandra", marks=pytest.mark.integration),
-    ]
-)
-def backend(request: pytest.FixtureRequest) -> Backend:
-    clock = ManualClock(START)
-    if request.param == "memory":
-
-        def memory(limit: int | None) -> IntervalStore:
-            if limit is None:
-                return MemoryIntervalStore(clock)
-            return MemoryIntervalStore(clock, max_batch_bytes=limit)
-
-        return Backend("memory", clock, memory)
-
-    # Only the Cassandra case needs the services, so unit runs never start them.
-    session = request.getfixturevalue("cassandra")
-    keyspace = request.getfixturevalue("cassandra_keyspace")()
-    create_schema(session, keyspace)
-
-    def cassandra(limit: int | None) -> IntervalStore:
-        if limit is None:
-            return CassandraIntervalStore(session, keyspace, clock)
-        return CassandraIntervalStore(session, keyspace, clock, max_batch_bytes=limit)
-
-    return Backend("cassandra", clock, cassandra)
 
 
 def rid(n: int) -> bytes:

@@ -1,0 +1,164 @@
+"""Key intervals that split and merge by load (paper 6.2, 7.1; 8.4 on why stability needs it).
+
+MillWheel's master moves, splits and merges key intervals as their load changes, each new
+interval with a fresh sequencer. Here the driver does it between two batches of a
+computation, when none of its interval tasks runs (only zombies may, and the sequencers fence
+them):
+
+1. **plan** (:func:`plan`): from each interval's records in its latest batches, split the
+   hottest one if it carried more than ``split_records``, else merge the coldest adjacent
+   pair if both carried fewer than ``merge_records``; one change at a time.
+2. **journal** (:func:`begin`): the change goes into the computation's layout by
+   compare-and-set, with new interval IDs. From here on it is rolled forward, never back;
+   a driver that finds a change in the layout finishes it before it runs a batch.
+3. **fence** the sources: acquire each one, which moves its sequencer past every lease a
+   task or zombie may hold, so nothing more lands in them.
+4. **copy**: every key of the sources, whole (state, timers, unexpired dedup IDs), and their
+   pending productions, committed into the target that owns the key's hash now (under the
+   target's sequencer). Targets are new and no one routes to them yet, so doing it again
+   after a crash writes the same rows.
+5. **retire** the sources (their sequencer is set past any acquire, their rows deleted);
+   a source found retired means its copy had finished before.
+6. **finish**: the layout without the change, the targets in the sources' place.
+
+A kill at any step loses and duplicates nothing: before 2 nothing happened; from 2 to 6 the
+next driver repeats 3-6 from the journal, each idempotent; after 6 the change is done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from millstream.engine.errors import FencedError, RetiredIntervalError, UnknownOutcomeError
+from millstream.engine.layout import IntervalLayout
+from millstream.engine.pause_points import pause_point
+from millstream.engine.state import KeyChanges
+from millstream.engine.store import IntervalStore
+
+__all__ = ["RebalancePolicy", "begin", "finish_change", "plan"]
+
+_COMMIT_ATTEMPTS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class RebalancePolicy:
+    """When a computation's intervals split and merge (``ComputationOptions.rebalance``).
+
+    ``split_records``: an interval that carried more records than this in its latest batch
+    splits in two. ``merge_records``: two adjacent intervals that each carried fewer merge
+    (0: never). ``max_intervals`` bounds the splits; ``min_intervals`` the merges.
+    """
+
+    split_records: int = 5_000
+    merge_records: int = 0
+    max_intervals: int = 256
+    min_intervals: int = 1
+
+    def __post_init__(self) -> None:
+        if self.split_records < 1 or self.merge_records < 0:
+            raise ValueError("split_records must be positive and merge_records non-negative")
+        if self.merge_records * 2 > self.split_records:
+            raise ValueError(
+                "merge_records must be at most half of split_records, or a merged interval "
+                "would split again at once"
+            )
+        if not 1 <= self.min_intervals <= self.max_intervals:
+            raise ValueError("need 1 <= min_intervals <= max_intervals")
+
+
+def plan(
+    layout: IntervalLayout, records: Mapping[int, int], policy: RebalancePolicy
+) -> IntervalLayout | None:
+    """The layout with the change to make journaled, or ``None`` (nothing to do).
+    ``records``: each interval's records in its latest batch (an interval not named: 0)."""
+    if layout.change is not None:
+        return None
+    count = len(layout.ids)
+    hottest = max(layout.ids, key=lambda i: (records.get(i, 0), -i))
+    if count < policy.max_intervals and records.get(hottest, 0) > policy.split_records:
+        low, high = layout.range_of(hottest)
+        if high - low >= 2:
+            return layout.begin_split(hottest)
+    if policy.merge_records and count > policy.min_intervals:
+        pairs = [
+            (records.get(a, 0) + records.get(b, 0), a, b)
+            for a, b in zip(layout.ids, layout.ids[1:], strict=False)
+            if max(records.get(a, 0), records.get(b, 0)) < policy.merge_records
+        ]
+        if pairs:
+            _, first, second = min(pairs)
+            return layout.begin_merge(first, second)
+    return None
+
+
+def begin(
+    store: IntervalStore, computation: str, layout: IntervalLayout, begun: IntervalLayout
+) -> None:
+    """Journal ``begun``'s change (step 2); ``FencedError`` if another driver changed the
+    layout since ``layout`` was read."""
+    if not store.write_layout(computation, begun, layout):
+        raise FencedError(
+            f"the interval layout of {computation!r} changed under this driver (another "
+            "driver runs the computation?); read it again"
+        )
+
+
+def finish_change(
+    store: IntervalStore, computation: str, layout: IntervalLayout, *, dedup_ttl: int
+) -> IntervalLayout:
+    """Roll ``layout``'s journaled change forward (steps 3-6); returns the layout after it."""
+    change = layout.change
+    if change is None:
+        return layout
+    leases = []
+    copied = False
+    for source in change.sources:
+        try:
+            leases.append(store.acquire(computation, source))
+        except RetiredIntervalError:
+            copied = True  # sources are retired only once the copy is complete
+    pause_point("rebalance.fence", computation)
+    if not copied:
+        moved: dict[int, dict[str, KeyChanges]] = {target[0]: {} for target in change.targets}
+        for lease in leases:
+            for key_changes in store.export(lease):
+                into = moved[change.target_of(key_changes.key)]
+                if key_changes.key in into:  # the pending productions of several sources
+                    into[key_changes.key].merge(key_changes)
+                else:
+                    into[key_changes.key] = key_changes
+        for target, changes in moved.items():
+            _commit(store, computation, target, list(changes.values()), dedup_ttl)
+        pause_point("rebalance.copy", computation)
+    for lease in leases:
+        store.retire(lease)
+    pause_point("rebalance.retire", computation)
+    finished = layout.finish()
+    if not store.write_layout(computation, finished, layout):
+        raise FencedError(
+            f"the interval layout of {computation!r} changed while this driver finished its "
+            f"{change.kind}; read it again"
+        )
+    return finished
+
+
+def _commit(
+    store: IntervalStore,
+    computation: str,
+    interval: int,
+    changes: list[KeyChanges],
+    dedup_ttl: int,
+) -> None:
+    # Every row is a put into an interval no one else writes yet: an uncertain commit is
+    # simply made again under a new lease.
+    for attempt in range(_COMMIT_ATTEMPTS):
+        lease = store.acquire(computation, interval)
+        if not changes:
+            return
+        try:
+            store.commit(lease, changes, dedup_ttl=dedup_ttl)
+            return
+        except UnknownOutcomeError:
+            if attempt == _COMMIT_ATTEMPTS - 1:
+                raise

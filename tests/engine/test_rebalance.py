@@ -1,0 +1,258 @@
+"""Key intervals that split and merge: the layout, the plan, and the protocol on each store
+backend, killed at every step and rolled forward by the next driver."""
+
+from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING
+
+import pytest
+
+from millstream.engine import rebalance
+from millstream.engine.clock import Clock
+from millstream.engine.codecs import IntCodec
+from millstream.engine.computation import Computation
+from millstream.engine.context import Context
+from millstream.engine.errors import FencedError, RetiredIntervalError, TopologyError
+from millstream.engine.keys import key_hash, key_interval
+from millstream.engine.layout import IntervalLayout
+from millstream.engine.productions import Production
+from millstream.engine.protocol import Delivery, IntervalWorker
+from millstream.engine.rebalance import RebalancePolicy, begin, finish_change, plan
+from millstream.engine.records import Record, injector_record_id
+from millstream.engine.state import KeyChanges
+from millstream.engine.store import IntervalStore
+from millstream.engine.testing import SendOutcome, TestingSink
+from millstream.engine.timers import Timer
+from millstream.engine.topology import ComputationOptions, ComputationSpec, InputStream
+
+if TYPE_CHECKING:
+    from tests.engine.conftest import Backend
+
+COUNT = IntCodec()
+KEYS = [f"user-{n}" for n in range(60)]
+
+
+@pytest.mark.unit
+def test_the_initial_layout_routes_as_key_interval_does() -> None:
+    for intervals in (1, 3, 16):
+        layout = IntervalLayout.initial(intervals)
+        for n in range(500):
+            assert layout.interval_of(f"k{n}") == key_interval(f"k{n}", intervals)
+    assert IntervalLayout.decode(layout.encode()) == layout
+
+
+@pytest.mark.unit
+def test_a_split_and_a_merge_make_new_intervals_over_the_same_hashes() -> None:
+    layout = IntervalLayout.initial(2)
+    begun = layout.begin_split(1)
+    assert begun.change is not None
+    assert (begun.version, begun.next_id, begun.change.sources) == (2, 4, (1,))
+    assert IntervalLayout.decode(begun.encode()) == begun
+    with pytest.raises(TopologyError, match="already in progress"):
+        begun.begin_split(0)
+    split = begun.finish()
+    assert (split.ids, split.change, split.version) == ((0, 2, 3), None, 3)
+    assert split.range_of(2)[0] == layout.range_of(1)[0]
+    assert split.range_of(3)[1] == layout.range_of(1)[1]
+    for key in KEYS:
+        was = layout.interval_of(key)
+        assert split.interval_of(key) == (was if was == 0 else begun.change.target_of(key))
+    with pytest.raises(TopologyError, match="not adjacent"):
+        split.begin_merge(0, 3)
+    merged = split.begin_merge(2, 3).finish()
+    assert merged.ids == (0, 4)
+    assert merged.range_of(4) == layout.range_of(1)
+
+
+@pytest.mark.unit
+def test_the_plan_splits_the_hottest_and_merges_the_coldest_pair() -> None:
+    layout = IntervalLayout.initial(4)
+    policy = RebalancePolicy(split_records=100, merge_records=10, max_intervals=5)
+    split = plan(layout, {0: 50, 1: 500, 2: 200, 3: 5}, policy)
+    assert split is not None
+    assert split.change is not None
+    assert (split.change.kind, split.change.sources) == ("split", (1,))
+    merge = plan(layout, {0: 50, 1: 60, 2: 3, 3: 5}, policy)
+    assert merge is not None
+    assert merge.change is not None
+    assert (merge.change.kind, merge.change.sources) == ("merge", (2, 3))
+    assert plan(layout, {0: 50, 1: 60, 2: 30, 3: 50}, policy) is None
+    full = IntervalLayout.initial(5)
+    assert plan(full, dict.fromkeys(range(5), 50) | {0: 1_000}, policy) is None  # at the max
+    with pytest.raises(ValueError, match="at most half"):
+        RebalancePolicy(split_records=100, merge_records=60)
+
+
+class Counts(Computation):
+    """Counts a key's records, keeps an event-time timer per key and produces each count."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        count = ctx.state(COUNT)
+        count.set(count.get(0) + 1)
+        ctx.set_timer("flush", record.timestamp + 1_000)
+        ctx.produce("out", COUNT.encode(count.get(0)), record.timestamp)
+
+
+def _unacknowledging() -> TestingSink:
+    """Acknowledges nothing: every production stays pending, to be moved and resent."""
+    return TestingSink(outcome=lambda production: SendOutcome.UNACKNOWLEDGED)
+
+
+def _spec() -> ComputationSpec:
+    return ComputationSpec(
+        "counts",
+        Counts(),
+        (InputStream("in", lambda r: r.key),),
+        ("out",),
+        ComputationOptions(key_intervals=2),
+    )
+
+
+def _deliveries(layout: IntervalLayout, numbers: range) -> dict[int, list[Delivery]]:
+    by_interval: dict[int, list[Delivery]] = {}
+    for n in numbers:
+        key = KEYS[n % len(KEYS)]
+        record = Record(key, b"", 1_000_000 + n, injector_record_id("rb", 0, n))
+        by_interval.setdefault(layout.interval_of(key), []).append(Delivery(key, record))
+    return by_interval
+
+
+def _run(
+    store: IntervalStore, clock: Clock, layout: IntervalLayout, numbers: range, sink: TestingSink
+) -> None:
+    for interval, deliveries in _deliveries(layout, numbers).items():
+        worker = IntervalWorker(
+            _spec(), interval, store=store, sink=sink, clock=clock, layout=layout
+        )
+        worker.process(deliveries, 0)
+
+
+Contents = tuple[dict[str, bytes], set[Timer], set[tuple[str, bytes]], set[bytes]]
+
+
+def _everything(store: IntervalStore, layout: IntervalLayout) -> Contents:
+    """Every key's state, timers and dedup IDs, and the pending productions, by content."""
+    states: dict[str, bytes] = {}
+    timers: set[Timer] = set()
+    dedup: set[tuple[str, bytes]] = set()
+    productions: set[bytes] = set()
+    for interval in layout.ids:
+        lease = store.acquire("counts", interval)
+        for changes in store.export(lease):
+            assert changes.key == "" or layout.interval_of(changes.key) == interval
+            if isinstance(changes.state, bytes):
+                states[changes.key] = changes.state
+            timers.update(t for t in changes.timers.values() if t is not None)
+            dedup.update((changes.key, i) for i in changes.dedup_ids)
+            productions.update(p.record_id for p in changes.productions)
+    return states, timers, dedup, productions
+
+
+class Crash(Exception):  # noqa: N818 - a kill -9, not an error
+    pass
+
+
+@pytest.mark.parametrize(
+    "crash_at", [None, "rebalance.fence", "rebalance.copy", "rebalance.retire"]
+)
+@pytest.mark.parametrize("kind", ["split", "merge"])
+def test_a_change_killed_at_any_step_is_finished_by_the_next_driver_whole(
+    backend: Backend, kind: str, crash_at: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = backend.store()
+    sink = _unacknowledging()
+    layout = store.layout("counts", 2)
+    _run(store, backend.clock, layout, range(300), sink)
+    before = _everything(store, layout)
+    assert all(before)
+    # A zombie: a worker of interval 0 that will try to commit after the change.
+    zombie = IntervalWorker(_spec(), 0, store=store, sink=sink, clock=backend.clock, layout=layout)
+    zombie_input = _deliveries(layout, range(300, 400))[0]
+
+    begun = layout.begin_split(0) if kind == "split" else layout.begin_merge(0, 1)
+    begin(store, "counts", layout, begun)
+    if crash_at is not None:
+
+        def crash(place: str, computation: str) -> None:
+            if place == crash_at:
+                raise Crash(place)
+
+        monkeypatch.setattr(rebalance, "pause_point", crash)
+        with pytest.raises(Crash):
+            finish_change(store, "counts", begun, dedup_ttl=60_000_000)
+        monkeypatch.undo()
+    # The next driver finds the change journaled and rolls it forward.
+    journaled = store.read_layout("counts")
+    assert journaled == begun
+    finished = finish_change(store, "counts", journaled, dedup_ttl=60_000_000)
+    assert store.read_layout("counts") == finished
+    assert begun.change is not None
+    assert finished.change is None
+    assert set(finished.ids).isdisjoint(begun.change.sources)
+
+    assert _everything(store, finished) == before  # every key whole, nothing twice
+    with pytest.raises(FencedError):
+        zombie.process(zombie_input, 0)
+    for source in begun.change.sources:
+        with pytest.raises(RetiredIntervalError):
+            store.acquire("counts", source)
+
+    # The new intervals go on: repeats are dropped, counts continue, productions resent.
+    sent_before = len(sink.sent)
+    _run(store, backend.clock, finished, range(250, 360), sink)
+    states = _everything(store, finished)[0]
+    expected = {key: len({n for n in range(360) if KEYS[n % len(KEYS)] == key}) for key in KEYS}
+    assert {k: COUNT.decode(v) for k, v in states.items()} == expected
+    resent = {p.record_id for p in sink.sent[sent_before:]}
+    assert before[3] <= resent
+
+
+@pytest.mark.unit
+def test_a_split_of_a_random_layout_keeps_every_key_in_exactly_one_interval() -> None:
+    rng = random.Random(5)
+    layout = IntervalLayout.initial(3)
+    for _ in range(40):
+        if rng.random() < 0.6 or len(layout.ids) == 1:
+            layout = layout.begin_split(rng.choice(layout.ids)).finish()
+        else:
+            at = rng.randrange(len(layout.ids) - 1)
+            layout = layout.begin_merge(layout.ids[at], layout.ids[at + 1]).finish()
+        for key in KEYS:
+            owner = layout.interval_of(key)
+            assert [i for i in layout.ids if layout.owns(i, key)] == [owner]
+            low, high = layout.range_of(owner)
+            assert low <= key_hash(key) < high
+
+
+def test_changes_of_another_driver_are_refused(backend: Backend) -> None:
+    store = backend.store()
+    layout = store.layout("c", 2)
+    assert store.layout("c", 8) == layout  # written once; the first one stays
+    begin(store, "c", layout, layout.begin_split(0))
+    with pytest.raises(FencedError, match="changed under this driver"):
+        begin(store, "c", layout, layout.begin_split(1))
+
+
+def test_an_exported_interval_recreates_its_keys(backend: Backend) -> None:
+    store = backend.store()
+    lease = store.acquire("c", 0)
+    timer = Timer("a", "t", 5, set_by=b"x")
+    pending = Production("out", Record("z", b"v", 3, injector_record_id("e", 0, 1)))
+    store.commit(
+        lease,
+        [
+            KeyChanges("a", state=b"1", timers={"t": timer}, dedup_ids=[b"i" * 16]),
+            KeyChanges("b", state=b"2", productions=[pending]),
+        ],
+        dedup_ttl=60_000_000,
+    )
+    exported = store.export(lease)
+    assert [(c.key, c.state, c.timers, c.dedup_ids) for c in exported[:2]] == [
+        ("a", b"1", {"t": timer}, [b"i" * 16]),
+        ("b", b"2", {}, []),
+    ]
+    assert (exported[2].key, exported[2].productions) == ("", [pending])
+    store.retire(lease)
+    with pytest.raises(RetiredIntervalError):
+        store.acquire("c", 0)
