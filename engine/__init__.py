@@ -9,6 +9,7 @@ are in :mod:`millstream.engine.testing`, the Spark runtime in :mod:`millstream.e
 from millstream.engine.codecs import AvroCodec, BytesCodec, Codec, IntCodec, JsonCodec
 from millstream.engine.computation import Computation
 from millstream.engine.context import Context, TypedState
+from millstream.engine.rebalance import RebalancePolicy
 from millstream.engine.records import Record
 from millstream.engine.timers import TimeDomain, Timer
 from millstream.engine.topology import ComputationOptions, InputStream, Topology, record_key
@@ -23,6 +24,7 @@ __all__ = [
     "InputStream",
     "IntCodec",
     "JsonCodec",
+    "RebalancePolicy",
     "Record",
     "TimeDomain",
     "Timer",

@@ -27,7 +27,8 @@ next driver repeats 3-6 from the journal, each idempotent; after 6 the change is
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import heapq
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from millstream.engine.errors import FencedError, RetiredIntervalError, UnknownOutcomeError
@@ -36,7 +37,7 @@ from millstream.engine.pause_points import pause_point
 from millstream.engine.state import KeyChanges
 from millstream.engine.store import IntervalStore
 
-__all__ = ["RebalancePolicy", "begin", "finish_change", "plan"]
+__all__ = ["RebalancePolicy", "assign_slots", "begin", "finish_change", "plan"]
 
 _COMMIT_ATTEMPTS = 5
 
@@ -162,3 +163,19 @@ def _commit(
         except UnknownOutcomeError:
             if attempt == _COMMIT_ATTEMPTS - 1:
                 raise
+
+
+def assign_slots(
+    intervals: Iterable[int], records: Mapping[int, int], slots: int
+) -> dict[int, int]:
+    """Intervals to ``slots`` (a batch's interval tasks) so that no slot is hot: the
+    heaviest interval first, each to the slot with the fewest records so far (then the
+    fewest intervals): the longest-processing-time rule, within 4/3 of the best."""
+    totals = [(0, 0, slot) for slot in range(slots)]
+    heapq.heapify(totals)
+    assigned: dict[int, int] = {}
+    for interval in sorted(intervals, key=lambda i: (-records.get(i, 0), i)):
+        load, count, slot = heapq.heappop(totals)
+        assigned[interval] = slot
+        heapq.heappush(totals, (load + records.get(interval, 0), count + 1, slot))
+    return assigned

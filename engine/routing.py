@@ -16,6 +16,7 @@ from collections.abc import Iterable
 
 from millstream.engine.deadletters import Origin
 from millstream.engine.keys import key_interval
+from millstream.engine.layout import IntervalLayout
 from millstream.engine.protocol import Delivery, Rejected
 from millstream.engine.records import Record, check_record_size, decode_record, encode_record
 from millstream.engine.topology import ComputationSpec
@@ -77,8 +78,11 @@ def deliver(
     return Delivery(key, record, origin)
 
 
-def rejected_interval(spec: ComputationSpec) -> int:
-    """The key interval that works rejected input: the empty key's."""
+def rejected_interval(spec: ComputationSpec, layout: IntervalLayout | None = None) -> int:
+    """The key interval that works rejected input: the empty key's (in ``layout``, default:
+    the intervals the computation starts with)."""
+    if layout is not None:
+        return layout.interval_of("")
     return key_interval("", spec.options.key_intervals)
 
 

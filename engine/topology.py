@@ -28,6 +28,7 @@ from millstream.engine.deadletters import default_dead_letter_stream
 from millstream.engine.errors import TopologyError
 from millstream.engine.keys import MAX_KEY_INTERVALS
 from millstream.engine.productions import ProductionPolicy
+from millstream.engine.rebalance import RebalancePolicy
 from millstream.engine.records import Record
 
 __all__ = [
@@ -91,6 +92,10 @@ class ComputationOptions:
       it is deleted in a commit like any other change, with the engine's timer that expired
       it, so a key without timers of its own leaves nothing behind. A late record's update
       never brings the expiry forward. ``None`` (the default): state is kept until cleared.
+    * ``rebalance`` (paper 6.2, 7.1): split key intervals that carry too many records per
+      batch and merge cold neighbours (:class:`~millstream.engine.rebalance.RebalancePolicy`),
+      and spread the intervals over the batch's tasks by load; ``key_intervals`` is then
+      where the computation starts. ``None`` (the default): the intervals stay as they are.
     """
 
     exactly_once: bool = True
@@ -108,6 +113,7 @@ class ComputationOptions:
     late_stream: str | None = None
     process_late: bool = True
     state_ttl: int | None = None
+    rebalance: RebalancePolicy | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.key_intervals <= MAX_KEY_INTERVALS:

@@ -652,6 +652,11 @@ class IntervalMap:
             self._live.discard(interval)
         self._live.update(targets)
 
+    def track(self, ids: Iterable[int]) -> None:
+        """Follow exactly the intervals ``ids`` (a layout read at start)."""
+        wanted = set(ids)
+        self.replace(self._live - wanted, wanted - self._live)
+
     def _forget(self, interval: int) -> None:
         old = self._progress.pop(interval, None)
         if old is not None:

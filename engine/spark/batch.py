@@ -16,7 +16,7 @@ import logging
 import re
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -26,17 +26,21 @@ import mmh3
 from millstream.connectors import kafka as kafka_connector
 from millstream.engine.clock import Clock
 from millstream.engine.errors import FencedError, TopologyError
+from millstream.engine.layout import IntervalLayout
 from millstream.engine.outages import DEFAULT_OUTAGE_TIMEOUT, Outage, is_outage
 from millstream.engine.pause_points import pause_point
+from millstream.engine.rebalance import assign_slots, begin, finish_change, plan
 from millstream.engine.spark.driver_watermarks import DriverWatermarks
 from millstream.engine.spark.executor import (
     ROUTED_SCHEMA,
     TaskSettings,
     interval_task,
+    process_store,
     router,
     tick_rows,
 )
 from millstream.engine.spark.metrics import RESULT_SCHEMA, BatchMetrics, summarize
+from millstream.engine.store import IntervalStore
 from millstream.engine.topology import ComputationSpec
 from millstream.engine.watermarks import IntervalProgress
 
@@ -96,8 +100,13 @@ class BatchHandler:
         # One interval task per core, each running its share of the intervals in one Python
         # call: a wave of tasks, not one Python round trip per interval.
         cores = spark.sparkContext.defaultParallelism
-        self.tasks = max(1, min(spec.options.key_intervals, cores))
+        rebalanced = spec.options.rebalance is not None
+        self.tasks = max(1, cores if rebalanced else min(spec.options.key_intervals, cores))
         self._slots = interval_slots(self.tasks)  # the interval → shuffle partition column
+        # The computation's key intervals, read from the store at the first batch.
+        self.layout: IntervalLayout | None = None
+        self._assignment: dict[int, int] | None = None
+        self.rebalances = 0
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
@@ -120,6 +129,8 @@ class BatchHandler:
             reconnect=self.watermarks.reconnect,
         )
         state = self.watermarks.state
+        if self.layout is None:
+            self.layout = outage.retry(self._current_layout)
         outage.retry(lambda: state.read(self.watermarks.reader))
         watermark, timer_watermark = state.advance(consumed)
         ticks = state.intervals_to_run(timer_watermark, self.clock.now())
@@ -172,6 +183,8 @@ class BatchHandler:
         # Nor publish a report for a batch the other driver has run past: stale, and on the
         # compacted topic it could outlive the newer report it follows.
         fence_checkpoint(checkpoint, batch_id, self.spec.name)
+        if self.spec.options.rebalance is not None and rows:
+            self._rebalance(outage)
         outage.retry(lambda: self.watermarks.after_batch(batch_id))
         bookkeeping += time.monotonic() - reporting
         if not rows and not failures:
@@ -186,6 +199,72 @@ class BatchHandler:
             )
         )
 
+    def _store(self) -> IntervalStore:
+        # The executors' store of this process (one session for the driver's few LWTs).
+        return process_store(self.settings)
+
+    def _current_layout(self) -> IntervalLayout:
+        """The computation's layout, a change a killed driver left journaled finished."""
+        store = self._store()
+        layout = store.layout(self.spec.name, self.spec.options.key_intervals)
+        if layout.change is not None:
+            _log.info("computation %r: finishing a %s", self.spec.name, layout.change.kind)
+            layout = finish_change(
+                store, self.spec.name, layout, dedup_ttl=self.spec.options.dedup_ttl
+            )
+        self.watermarks.state.intervals.track(layout.ids)
+        return layout
+
+    def _rebalance(self, outage: Outage) -> None:
+        """Split or merge one interval if the latest loads ask for it (between batches: no
+        task of this computation runs), and spread the intervals over the tasks by load."""
+        policy = self.spec.options.rebalance
+        layout = self.layout
+        assert policy is not None
+        assert layout is not None
+        records = self.watermarks.state.intervals.records()
+        begun = plan(layout, records, policy)
+        if begun is not None and begun.change is not None:
+            change = begun.change
+            store = self._store()
+            outage.retry(lambda: _journal(store, self.spec.name, layout, begun))
+            self.layout = begun
+            self.layout = outage.retry(
+                lambda: finish_change(
+                    store, self.spec.name, begun, dedup_ttl=self.spec.options.dedup_ttl
+                )
+            )
+            targets = [target[0] for target in change.targets]
+            self.watermarks.state.intervals.replace(change.sources, targets)
+            self.rebalances += 1
+            _log.info(
+                "computation %r: %s of intervals %s into %s (records per batch: %s)",
+                self.spec.name,
+                change.kind,
+                list(change.sources),
+                targets,
+                [records.get(s, 0) for s in change.sources],
+            )
+            # The new intervals have run no batch yet: one without input finds their work.
+            self.watermarks.wake_now()
+        self._spread(records)
+
+    def _spread(self, records: Mapping[int, int]) -> None:
+        layout = self.layout
+        assert layout is not None
+        current = self._assignment or {i: i % self.tasks for i in layout.ids}
+        loads = [0] * self.tasks
+        for interval in layout.ids:
+            loads[current.get(interval, interval % self.tasks)] += records.get(interval, 0)
+        balanced = assign_slots(layout.ids, records, self.tasks)
+        best = [0] * self.tasks
+        for interval, slot in balanced.items():
+            best[slot] += records.get(interval, 0)
+        # Moving intervals costs their tasks' cached state: only for a clear gain.
+        if set(current) != set(layout.ids) or max(best) < 0.8 * max(loads):
+            self._assignment = balanced
+            self._slots = interval_slots(self.tasks, balanced)
+
     def _run(
         self, batch: DataFrame, ticks: list[int], watermark: int, timer_watermark: int
     ) -> list[Any]:
@@ -193,7 +272,7 @@ class BatchHandler:
 
         # Wake-up messages only started the batch.
         routed = batch.where(F.col("topic").isin(self.data_topics))
-        routed = routed.mapInArrow(router(self.spec), ROUTED_SCHEMA)
+        routed = routed.mapInArrow(router(self.spec, self.layout), ROUTED_SCHEMA)
         if ticks:
             routed = routed.unionByName(self.spark.createDataFrame(tick_rows(ticks), ROUTED_SCHEMA))
         # An explicit partition count: adaptive execution would otherwise coalesce the few
@@ -201,16 +280,16 @@ class BatchHandler:
         return (
             routed.repartition(self.tasks, self._slots)
             .mapInArrow(
-                interval_task(self.spec, self.settings, watermark, timer_watermark),
+                interval_task(self.spec, self.settings, watermark, timer_watermark, self.layout),
                 RESULT_SCHEMA,
             )
             .collect()
         )
 
 
-def interval_slots(tasks: int) -> Any:
+def interval_slots(tasks: int, assignment: Mapping[int, int] | None = None) -> Any:
     """A column to repartition by that sends interval ``i`` to shuffle partition
-    ``i mod tasks``: whole intervals, evenly spread.
+    ``assignment[i]``, or ``i mod tasks``: whole intervals, evenly spread.
 
     Hash partitioning by the interval itself spreads 16 intervals over 2 tasks as unevenly
     as 11 and 5; instead each interval maps to an integer that Spark's partitioning hash
@@ -220,7 +299,21 @@ def interval_slots(tasks: int) -> Any:
 
     found = partition_representatives(tasks)
     pairs = [F.lit(x) for p in range(tasks) for x in (p, found[p])]
-    return F.element_at(F.create_map(*pairs), F.pmod(F.col("interval"), F.lit(tasks)))
+    by_slot = F.element_at(F.create_map(*pairs), F.pmod(F.col("interval"), F.lit(tasks)))
+    if not assignment:
+        return by_slot
+    chosen = [F.lit(x) for i, slot in sorted(assignment.items()) for x in (i, found[slot])]
+    return F.coalesce(F.element_at(F.create_map(*chosen), F.col("interval")), by_slot)
+
+
+def _journal(
+    store: IntervalStore, computation: str, layout: IntervalLayout, begun: IntervalLayout
+) -> None:
+    """Journal ``begun``'s change; an earlier attempt whose outcome was unknown may have."""
+    if not store.write_layout(computation, begun, layout) and (
+        store.read_layout(computation) != begun
+    ):
+        begin(store, computation, layout, begun)  # raises: another driver changed it
 
 
 def spark_int_hash(value: int) -> int:

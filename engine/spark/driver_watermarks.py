@@ -101,6 +101,10 @@ class DriverWatermarks:
             self._wake(self.clock.now())
         self._set_alarm(self.state.intervals.next_wall_timer())
 
+    def wake_now(self) -> None:
+        """Start a batch of the computation's query soon, even without new input."""
+        self._wake(self.clock.now())
+
     def reconnect(self) -> None:
         """New Kafka consumers for reports and end offsets (an outage can wedge the old ones);
         the reader goes on from the last report it returned."""

@@ -58,11 +58,12 @@ from millstream.engine.cache import StateCache
 from millstream.engine.clock import SystemClock
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.deadletters import Origin
-from millstream.engine.keys import key_interval
+from millstream.engine.layout import IntervalLayout
 from millstream.engine.protocol import Delivery, IntervalWorker, Rejected
 from millstream.engine.records import Record
 from millstream.engine.routing import decode_delivery, rejected_interval
 from millstream.engine.spark.metrics import RESULT_SCHEMA, interval_counts
+from millstream.engine.store import IntervalStore
 from millstream.engine.topology import ComputationSpec
 
 if TYPE_CHECKING:
@@ -76,6 +77,7 @@ __all__ = [
     "clear_process_cache",
     "decode_delivery",
     "interval_task",
+    "process_store",
     "router",
     "tick_rows",
 ]
@@ -189,17 +191,23 @@ def _resources(settings: TaskSettings) -> _Resources:
     return resources
 
 
+def process_store(settings: TaskSettings) -> IntervalStore:
+    """This process's interval store for ``settings`` (the driver's, for its layout LWTs)."""
+    return _resources(settings).store
+
+
 def router(
-    spec: ComputationSpec,
+    spec: ComputationSpec, layout: IntervalLayout | None = None
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The ``mapInArrow`` function that decodes, keys and routes ``spec``'s input.
+    """The ``mapInArrow`` function that decodes, keys and routes ``spec``'s input to the
+    intervals of ``layout`` (default: those the computation starts with).
 
     Input columns: ``value`` (bytes), ``topic``, ``partition``, ``offset``, ``kafka_ts``
     (the Kafka message timestamp in µs). Output: :data:`ROUTED_SCHEMA`, column by column (no
     pandas, no per-row objects beyond the decoded record).
     """
-    intervals = spec.options.key_intervals
-    reject_interval = rejected_interval(spec)
+    layout = layout or IntervalLayout.initial(spec.options.key_intervals)
+    reject_interval = rejected_interval(spec, layout)
     streams = _streams_by_topic(spec)
 
     def route(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -219,7 +227,7 @@ def router(
                 if error is None:
                     assert record is not None
                     assert key is not None
-                    interval_c.append(key_interval(key, intervals))
+                    interval_c.append(layout.interval_of(key))
                     key_c.append(key)
                     r_key_c.append(record.key)
                     r_value_c.append(record.value)
@@ -255,7 +263,11 @@ def tick_rows(intervals: Iterable[int]) -> list[tuple[Any, ...]]:
 
 
 def interval_task(
-    spec: ComputationSpec, settings: TaskSettings, watermark: int, timer_watermark: int
+    spec: ComputationSpec,
+    settings: TaskSettings,
+    watermark: int,
+    timer_watermark: int,
+    layout: IntervalLayout | None = None,
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The ``mapInArrow`` function that runs the key intervals of one partition of a batch
     (the partitions are by interval, so each interval is in exactly one).
@@ -288,6 +300,7 @@ def interval_task(
                 interval_rows,
                 watermark,
                 timer_watermark,
+                layout,
             )
             for interval, interval_rows in sorted(by_interval.items())
         ]
@@ -307,6 +320,7 @@ def _run_interval(
     rows: list[tuple[Any, ...]],
     watermark: int,
     timer_watermark: int,
+    layout: IntervalLayout | None,
 ) -> tuple[Any, ...]:
     started = time.monotonic()
     # Ticks (no stream) first; they carry no input.
@@ -324,8 +338,11 @@ def _run_interval(
             clock=SystemClock(),
             cache=resources.cache,
             user_code=resources.user_code,
+            layout=layout,
         )
         resources.workers[worker_key] = worker
+    elif layout is not None:
+        worker.layout = layout  # its own range is the same; the others may have split
     result = worker.process(inputs, watermark, timer_watermark=timer_watermark)
     progress = result.progress
     rejected = sum(isinstance(item, Rejected) for item in inputs)

@@ -256,3 +256,36 @@ def test_an_exported_interval_recreates_its_keys(backend: Backend) -> None:
     store.retire(lease)
     with pytest.raises(RetiredIntervalError):
         store.acquire("c", 0)
+
+
+@pytest.mark.unit
+def test_slots_are_assigned_heaviest_first_to_the_lightest_slot() -> None:
+    from millstream.engine.rebalance import assign_slots
+
+    records = {0: 900, 2: 500, 3: 400, 1: 10, 4: 0, 5: 0}
+    assigned = assign_slots(records, records, 2)
+    loads = [sum(records[i] for i, slot in assigned.items() if slot == s) for s in range(2)]
+    assert sorted(loads) == [900, 910]  # 900 alone; 500 + 400 + 10 on the other
+    assert sorted(assigned) == sorted(records)  # every interval placed once
+    # With equal loads, the fewer intervals win: idle ones spread over the slots.
+    idle = assign_slots(range(6), {}, 3)
+    assert sorted(idle.values()) == [0, 0, 1, 1, 2, 2]
+
+
+@pytest.mark.unit
+def test_the_interval_map_follows_a_split() -> None:
+    from millstream.engine.watermarks import IntervalMap, IntervalProgress
+
+    intervals = IntervalMap(2)
+    intervals.record(0, IntervalProgress(oldest_work=5, pending=1), records=900)
+    intervals.record(1, IntervalProgress(oldest_work=9), records=10)
+    assert intervals.complete
+    intervals.replace([0], [2, 3])
+    assert (intervals.ids, intervals.complete) == (frozenset({1, 2, 3}), False)
+    assert intervals.oldest_work() == (9, 1)
+    assert intervals.due(0, 0) == [2, 3]  # unknown: they run once to say what they hold
+    assert intervals.records() == {1: 10}
+    intervals.record(0, IntervalProgress(oldest_work=1))  # a late row of a retired interval
+    assert intervals.oldest_work() == (9, 1)
+    intervals.track([1, 3])
+    assert intervals.ids == frozenset({1, 3})

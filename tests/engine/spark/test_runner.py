@@ -816,6 +816,64 @@ def test_state_expires_by_event_time_and_leaves_no_row_of_the_key(
         assert [(r.kind, r.key) for r in rows if r.kind != "dedup"] == []
 
 
+def test_a_hot_interval_splits_between_batches_and_every_key_keeps_its_exact_count(
+    services: MillstreamConfig, spark: SparkSession, cassandra: Session, pipeline: Pipeline
+) -> None:
+    from millstream.engine.keys import key_interval
+    from millstream.engine.rebalance import RebalancePolicy
+    from millstream.engine.stores.cassandra import CassandraIntervalStore
+
+    topology = Topology(f"skew_{pipeline.suffix}", streams=[pipeline.searches])
+    policy = RebalancePolicy(split_records=60, max_intervals=6)
+    topology.add_computation(
+        pipeline.per_user,
+        QueryTally(),
+        inputs=[pipeline.searches],
+        outputs=[],
+        options=ComputationOptions(key_intervals=2, rebalance=policy),
+    )
+    # Skewed: 9 of 10 records on keys of interval 0's hash range, the rest on interval 1's.
+    hot = [k for k in (f"hot-{n}" for n in range(400)) if key_interval(k, 2) == 0][:40]
+    cold = [k for k in (f"cold-{n}" for n in range(400)) if key_interval(k, 2) == 1][:5]
+    records = [
+        Record(
+            hot[n % 40] if n % 10 else cold[n % 5],
+            b"",
+            BASE_TIME + n,
+            injector_record_id("skew", 0, n),
+        )
+        for n in range(1_200)
+    ]
+    kafka_connector.create_topics(services, [pipeline.searches], partitions=2)
+    running = start(pipeline, services, spark, topology=topology, max_offsets_per_trigger=150)
+    for chunk in range(4):
+        part = records[chunk * 300 : (chunk + 1) * 300]
+        # Every seventh record twice: the repeats of split intervals' keys are dropped too.
+        produce(services, pipeline.searches, [encode_record(r) for r in part + part[::7]])
+        running.process_available(timeout=300)
+    metrics = running.metrics()[pipeline.per_user]
+    running.stop()
+
+    store = CassandraIntervalStore(cassandra, pipeline.keyspace, SystemClock())
+    layout = store.read_layout(pipeline.per_user)
+    assert layout is not None
+    assert layout.change is None
+    assert len(layout.ids) > 2  # the hot interval split (maybe more than once)
+    assert 0 not in layout.ids  # the hot one is retired
+    counted: dict[str, int] = {}
+    for interval in layout.ids:
+        rows = cassandra.execute(
+            f"SELECT key, value FROM {pipeline.keyspace}.intervals "
+            "WHERE computation = %s AND interval = %s AND kind = 'state'",
+            (pipeline.per_user, interval),
+        )
+        for row in rows:
+            assert layout.interval_of(row.key) == interval
+            counted[row.key] = JSON.decode(row.value)
+    assert counted == dict(Counter(r.key for r in records))
+    assert metrics.duplicates == sum(len(records[c * 300 : (c + 1) * 300][::7]) for c in range(4))
+
+
 def test_a_report_alone_wakes_the_consumers_of_its_streams_and_no_other_query(
     services: MillstreamConfig,
     spark: SparkSession,
