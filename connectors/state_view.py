@@ -301,6 +301,14 @@ def _find(
     With ``intervals`` the key's interval is computed; without, every interval of the
     computation in the table is read for the key's rows, and the one holding them is shown.
     """
+    layout = store.read_layout(computation)
+    if layout is not None and layout.ids != tuple(range(len(layout.ids))):
+        # Its intervals split or merged: the layout, not a count, says where the key is.
+        interval = layout.interval_of(key)
+        sequencer = store.sequencer(computation, interval)
+        view = read_view(store, computation, interval, key, sequencer=sequencer)
+        where = f"looked in its interval {interval} of the layout {list(layout.ids)}"
+        return (None if view.is_empty else view), where
     if intervals is not None:
         interval = key_interval(key, intervals)
         sequencer = store.sequencer(computation, interval)

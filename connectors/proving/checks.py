@@ -51,6 +51,9 @@ from millstream.engine.watermarks import WatermarkReport, decode_watermark_messa
 
 __all__ = ["CheckResult", "NonVacuity", "check_run", "read_messages"]
 
+# The driver's log lines of a split or merge it made, and of one it found journaled.
+_CHANGED = re.compile(r": (split|merge) of intervals \[")
+_FINISHING = re.compile(r": finishing a (split|merge)$")
 _FENCED = re.compile(r"^millstream\.engine\.errors\.FencedError: ")
 # Spark's own fence: a second query on one checkpoint fails to write the same batch's log.
 _SPARK_FENCED = "CONCURRENT_STREAM_LOG_UPDATE"
@@ -102,6 +105,8 @@ class NonVacuity:
     failed_attempts: int = 0
     spark_fenced_queries: int = 0
     outage_waits: int = 0
+    interval_changes: int = 0
+    changes_finished_after_a_kill: int = 0
 
     def rows(self) -> list[tuple[str, int]]:
         return [
@@ -113,6 +118,8 @@ class NonVacuity:
             ("unknown LWT outcomes resolved", self.unknown_outcomes),
             ("batch attempts failed and retried", self.failed_attempts),
             ("batch attempts that waited out an outage", self.outage_waits),
+            ("key intervals split or merged", self.interval_changes),
+            ("splits and merges a new driver finished", self.changes_finished_after_a_kill),
         ]
 
 
@@ -306,8 +313,11 @@ def _check_rollup(
 
 
 def _view(store: Any, computation: str, key: str, key_intervals: int) -> Any:
-    interval = key_interval(key, key_intervals)
-    return read_view(store, computation, interval, key, sequencer=None, intervals=key_intervals)
+    # Where the computation's intervals are now: they may have split or merged in the run.
+    layout = store.read_layout(computation)
+    interval = key_interval(key, key_intervals) if layout is None else layout.interval_of(key)
+    intervals = key_intervals if layout is None else len(layout.ids)
+    return read_view(store, computation, interval, key, sequencer=None, intervals=intervals)
 
 
 def _check_outputs(
@@ -408,6 +418,10 @@ def _non_vacuity(
             continue
         counts.failed_attempts += sum("failed, retrying" in line for line in lines)
         counts.outage_waits += sum("waiting for Kafka or Cassandra" in line for line in lines)
+        counts.interval_changes += sum(_CHANGED.search(line) is not None for line in lines)
+        counts.changes_finished_after_a_kill += sum(
+            _FINISHING.search(line) is not None for line in lines
+        )
         # A fenced attempt's error names its interval, sequencer and lease: one message per
         # write refused, however often Spark's logs repeat it.
         counts.fenced_attempts += len({line for line in lines if _FENCED.match(line)})

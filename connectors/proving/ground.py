@@ -81,6 +81,7 @@ FAULTS: Final = {
     "kafka": "kill -9 of the Kafka broker, then restart",
     "cassandra": "kill -9 of the Cassandra node, then restart",
     "injector": "kill -9 of the injector, then restart from its checkpoint",
+    "split": "kill -9 of the driver amid a split or merge of intervals (fenced, copied, retired)",
     "kafka-outage": "the Kafka broker unreachable (SIGSTOP) for a minute, then SIGCONT",
     "cassandra-outage": "the Cassandra node unreachable (SIGSTOP) for a minute, then SIGCONT",
     "disk-full": "the disk under the driver's checkpoints full, then space again (needs root)",
@@ -102,12 +103,18 @@ _PAUSES: Final = {
     "driver-report": "driver.report",
     "worker": "executor.commit",
     "zombie": "executor.commit",
+    "split": "rebalance.copy",  # or the step the schedule names (Fault.place)
 }
+_SPLIT_STEPS: Final = ("rebalance.fence", "rebalance.copy", "rebalance.retire")
 
 
 # The Cassandra driver's default request timeout (Session.default_timeout), which the store
 # keeps: after it, a request to a stopped node is an unknown outcome.
 _CLIENT_TIMEOUT: Final = 10.0
+
+
+def _place(fault: Fault) -> str:
+    return fault.place or _PAUSES[fault.kind]
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +145,7 @@ class Fault:
     kind: str
     computation: str
     delay: float
+    place: str = ""  # the pause point's place, when the kind has several
 
 
 def schedule(seed: int, tier: Tier, kinds: tuple[str, ...] | None = None) -> list[Fault]:
@@ -148,9 +156,12 @@ def schedule(seed: int, tier: Tier, kinds: tuple[str, ...] | None = None) -> lis
     for kind in tier.kinds if kinds is None else kinds:
         for _ in range(tier.faults):
             computation = (
-                "tally" if kind in ("driver-send", "zombie") else rng.choice(("tally", "rollup"))
+                "tally"
+                if kind in ("driver-send", "zombie", "split")
+                else rng.choice(("tally", "rollup"))
             )
-            faults.append(Fault(kind, computation, round(rng.uniform(0.5, 3.0), 2)))
+            place = rng.choice(_SPLIT_STEPS) if kind == "split" else ""
+            faults.append(Fault(kind, computation, round(rng.uniform(0.5, 3.0), 2), place))
     rng.shuffle(faults)
     return faults
 
@@ -492,7 +503,7 @@ class _Run:
 
     def _park(self, fault: Fault) -> int | None:
         """Arm the fault's pause point and wait for a process to park there: its pid."""
-        point = f"{_PAUSES[fault.kind]}.{fault.computation}"
+        point = f"{_place(fault)}.{fault.computation}"
         at = self.pauses / f"at.{point}"
         release = self.pauses / f"release.{point}"
         for stale in (at, release):
@@ -517,11 +528,11 @@ class _Run:
         return int(at.read_text())
 
     def _release(self, fault: Fault) -> None:
-        (self.pauses / f"release.{_PAUSES[fault.kind]}.{fault.computation}").write_text("")
+        (self.pauses / f"release.{_place(fault)}.{fault.computation}").write_text("")
 
     def _paused_fault(self, fault: Fault, outcome: FaultOutcome) -> None:
         parked = self._park(fault)
-        point = f"{_PAUSES[fault.kind]}.{fault.computation}"
+        point = f"{_place(fault)}.{fault.computation}"
         if parked is None:
             outcome.detail = f"no process reached {point} within 120 s"
             return
@@ -562,7 +573,7 @@ class _Run:
         old.kill_all()
         outcome.applied = took_over and was_fenced
         outcome.detail = (
-            f"parked pid {parked} at {_PAUSES[fault.kind]}.{fault.computation}; new driver "
+            f"parked pid {parked} at {_place(fault)}.{fault.computation}; new driver "
             f"{'took over' if took_over else 'did NOT take over'}; zombie "
             f"{'fenced' if was_fenced else 'NOT seen fenced'}, then killed"
         )
@@ -777,9 +788,11 @@ def prove(
     directory.mkdir(parents=True)
     base_config, config = config, run_config(config, run_name)
     workload = Workload(records=tier.records, keys=tier.keys, seed=seed, rate=tier.rate)
-    description = RunDescription(run_name, workload, tier.key_intervals, 20_000)
-    description.write(directory)
     faults = schedule(seed, tier, kinds)
+    # tally's intervals split and merge in a run that kills the driver amid a change.
+    rebalance = any(fault.kind == "split" for fault in faults)
+    description = RunDescription(run_name, workload, tier.key_intervals, 20_000, rebalance)
+    description.write(directory)
     report = GroundReport(run_name, seed, tier, directory)
     started = time.monotonic()
     run = _Run(config, description, directory, services, progress, environment)

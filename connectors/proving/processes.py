@@ -25,6 +25,7 @@ from millstream.connectors.proving.workload import (
     ProvingSource,
     Workload,
     proving_topology,
+    rebalance_policy,
 )
 from millstream.engine.config import load_config
 from millstream.engine.errors import MillstreamError
@@ -54,6 +55,7 @@ class RunDescription:
     workload: Workload
     key_intervals: int
     max_offsets_per_trigger: int
+    rebalance: bool = False
 
     @property
     def names(self) -> ProvingNames:
@@ -65,6 +67,7 @@ class RunDescription:
             "workload": self.workload.to_json(),
             "key_intervals": self.key_intervals,
             "max_offsets_per_trigger": self.max_offsets_per_trigger,
+            "rebalance": self.rebalance,
         }
         (directory / RUN_FILE).write_text(json.dumps(document, indent=2))
 
@@ -76,6 +79,7 @@ class RunDescription:
             workload=Workload.from_json(document["workload"]),
             key_intervals=int(document["key_intervals"]),
             max_offsets_per_trigger=int(document["max_offsets_per_trigger"]),
+            rebalance=bool(document.get("rebalance", False)),
         )
 
 
@@ -100,7 +104,8 @@ def run_driver(directory: Path) -> int:
 
     run = RunDescription.read(directory)
     names = run.names
-    topology = proving_topology(names, run.workload, run.key_intervals)
+    policy = rebalance_policy(run.workload) if run.rebalance else None
+    topology = proving_topology(names, run.workload, run.key_intervals, policy)
     log = (directory / BATCHES_FILE).open("a", encoding="utf-8")
     pid = os.getpid()
 

@@ -40,6 +40,7 @@ import mmh3
 from millstream.engine.codecs import JsonCodec
 from millstream.engine.computation import Computation
 from millstream.engine.context import Context
+from millstream.engine.rebalance import RebalancePolicy
 from millstream.engine.records import Record
 from millstream.engine.timers import Timer
 from millstream.engine.topology import ComputationOptions, Topology
@@ -301,8 +302,25 @@ class Rollup(Computation):
         ctx.produce(self.rollups_stream, record.value, record.timestamp, key=key)
 
 
-def proving_topology(names: ProvingNames, workload: Workload, key_intervals: int = 4) -> Topology:
-    """``tally`` and ``rollup`` over ``names``' streams; see the module docstring."""
+def rebalance_policy(workload: Workload) -> RebalancePolicy:
+    """How ``tally``'s intervals split and merge in a run with the ``split`` fault: often,
+    as input comes in steps (split as a step arrives, merge while the gate is shut)."""
+    return RebalancePolicy(
+        split_records=max(10, int(workload.rate / 8)),
+        merge_records=max(2, int(workload.rate / 32)),
+        max_intervals=8,
+        min_intervals=2,
+    )
+
+
+def proving_topology(
+    names: ProvingNames,
+    workload: Workload,
+    key_intervals: int = 4,
+    rebalance: RebalancePolicy | None = None,
+) -> Topology:
+    """``tally`` and ``rollup`` over ``names``' streams; see the module docstring.
+    ``rebalance``: ``tally``'s intervals split and merge by it."""
     topology = Topology(names.topology, streams=[names.events])
     topology.add_computation(
         "tally",
@@ -310,7 +328,9 @@ def proving_topology(names: ProvingNames, workload: Workload, key_intervals: int
         inputs=[names.events],
         outputs=[names.windows],
         options=ComputationOptions(
-            key_intervals=key_intervals, dead_letter_stream=names.dead_letters("tally")
+            key_intervals=key_intervals,
+            dead_letter_stream=names.dead_letters("tally"),
+            rebalance=rebalance,
         ),
     )
     topology.add_computation(

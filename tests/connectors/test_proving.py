@@ -209,6 +209,10 @@ def test_the_ci_tier_loses_and_duplicates_nothing_under_a_fault_of_every_kind(
     assert provoked.fenced_attempts >= 1, text
     assert provoked.resent_productions >= 1, text
     assert provoked.duplicates_absorbed >= 1, text
+    # tally's intervals split and merged, and the driver killed amid one was followed by a
+    # driver that finished the change it found journaled.
+    assert provoked.interval_changes >= 1, text
+    assert provoked.changes_finished_after_a_kill >= 1, text
     if not EXTERNAL:
         assert provoked.unknown_outcomes >= 1, text
         assert provoked.outage_waits >= 1, text
