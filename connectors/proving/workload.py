@@ -57,6 +57,7 @@ __all__ = [
     "bitmap_members",
     "expected_outcome",
     "proving_topology",
+    "rebalance_policy",
 ]
 
 EPOCH: Final = 1_767_225_600_000_000  # 2026-01-01T00:00:00Z in µs: event time is fixed

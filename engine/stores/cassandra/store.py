@@ -670,7 +670,7 @@ class CassandraIntervalStore(IntervalStore):
         # The LWT fences every holder of an older lease and refuses every later acquire; the
         # rows of a partition no one can write any more then go by plain range deletes.
         result = self._execute(
-            self._statements.retire,
+            self._statements.acquire_next,  # moving the sequencer to the retired value
             (_RETIRED, _new_marker(), lease.computation, lease.interval, lease.token),
         )
         if not _one(result)["[applied]"]:
@@ -926,10 +926,6 @@ class _Statements:
         )
         self.scan_states = self._prepare(
             f"SELECT key, value FROM {name} {where} AND kind = 'state'"
-        )
-        self.retire = self._prepare(
-            f"UPDATE {name} SET sequencer = ?, last_commit = ? {where} IF sequencer = ?",
-            lwt=True,
         )
         self.delete_kind = self._prepare(f"DELETE FROM {name} {where} AND kind = ?")
         layout_row = f"{where} AND kind = 'layout' AND key = '' AND item = 0x"
