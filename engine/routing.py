@@ -86,18 +86,25 @@ def rejected_interval(spec: ComputationSpec, layout: IntervalLayout | None = Non
     return key_interval("", spec.options.key_intervals)
 
 
-def interval_of(spec: ComputationSpec, item: Delivery | Rejected) -> int:
-    """The key interval that works ``item``: its key's, or :func:`rejected_interval`."""
+def interval_of(
+    spec: ComputationSpec, item: Delivery | Rejected, layout: IntervalLayout | None = None
+) -> int:
+    """The key interval that works ``item``: its key's, or :func:`rejected_interval` (in
+    ``layout``, default: the intervals the computation starts with)."""
     if isinstance(item, Delivery):
+        if layout is not None:
+            return layout.interval_of(item.key)
         return key_interval(item.key, spec.options.key_intervals)
-    return rejected_interval(spec)
+    return rejected_interval(spec, layout)
 
 
 def split_by_interval(
-    spec: ComputationSpec, items: Iterable[Delivery | Rejected]
+    spec: ComputationSpec,
+    items: Iterable[Delivery | Rejected],
+    layout: IntervalLayout | None = None,
 ) -> dict[int, list[Delivery | Rejected]]:
     """``items`` per key interval, each interval's in their given order."""
     split: dict[int, list[Delivery | Rejected]] = {}
     for item in items:
-        split.setdefault(interval_of(spec, item), []).append(item)
+        split.setdefault(interval_of(spec, item, layout), []).append(item)
     return split

@@ -38,6 +38,7 @@ from millstream.engine.deadletters import DeadLetter, Origin, decode_dead_letter
 from millstream.engine.errors import TopologyError
 from millstream.engine.productions import Production
 from millstream.engine.protocol import Delivery, IntervalWorker, Rejected
+from millstream.engine.rebalance import begin, finish_change, plan
 from millstream.engine.records import (
     MAX_EVENT_TIME,
     MIN_EVENT_TIME,
@@ -47,7 +48,12 @@ from millstream.engine.records import (
 from millstream.engine.routing import deliver, split_by_interval
 from millstream.engine.stores.memory.store import InjectedCrash, MemoryIntervalStore
 from millstream.engine.timers import Timer
-from millstream.engine.topology import ComputationOptions, KeyExtractor, Topology
+from millstream.engine.topology import (
+    ComputationOptions,
+    ComputationSpec,
+    KeyExtractor,
+    Topology,
+)
 from millstream.engine.watermarks import (
     ComputationWatermarks,
     ReportReader,
@@ -217,6 +223,11 @@ class TopologyHarness:
         self._watermarks = {
             name: ComputationWatermarks.of(topology, spec) for name, spec in self._specs.items()
         }
+        # Each computation's key intervals (they split and merge with options.rebalance).
+        self.layouts = {
+            name: self.store.layout(name, spec.options.key_intervals)
+            for name, spec in self._specs.items()
+        }
         # Messages written per stream, and consumed per computation and stream: the offsets
         # that reports cover and that decide when a consumer applies them.
         self._written: dict[str, int] = {}
@@ -291,30 +302,54 @@ class TopologyHarness:
             # up with them; records under the watermark before, timers under the one after.
             watermarks.read(self._reports.reader(name))
             watermark, timer_watermark = watermarks.advance(consumed)
-            by_interval = split_by_interval(spec, inputs)
+            layout = self.layouts[name]
+            by_interval = split_by_interval(spec, inputs, layout)
             ticks = watermarks.intervals_to_run(timer_watermark, self.clock.now())
             for interval in sorted(by_interval.keys() | set(ticks)):
                 worker = self._workers.get((name, interval))
                 if worker is None:
                     worker = IntervalWorker(
-                        spec, interval, store=self.store, sink=self.sink, clock=self.clock
+                        spec,
+                        interval,
+                        store=self.store,
+                        sink=self.sink,
+                        clock=self.clock,
+                        layout=layout,
                     )
                     self._workers[name, interval] = worker
+                worker.layout = layout
                 sent_before = len(self.sink.sent)
-                result = worker.process(
-                    by_interval.get(interval, []), watermark, timer_watermark=timer_watermark
-                )
-                watermarks.record(interval, result.progress)
+                batch = by_interval.get(interval, [])
+                result = worker.process(batch, watermark, timer_watermark=timer_watermark)
+                watermarks.record(interval, result.progress, records=len(batch))
                 self._fired[name].extend(result.fired_timers)
                 self._produced[name].update(p.record_id for p in self.sink.sent[sent_before:])
                 busy = busy or bool(by_interval.get(interval)) or bool(result.fired_timers)
             busy = self._route_sent() or busy
+            busy = self._rebalance(name, spec) or busy
             report = watermarks.report(self._rounds, _offsets(self._written))
             if report is not None:
                 self._reports.publish(report)
                 busy = True
         self._rounds += 1
         return busy
+
+    def _rebalance(self, name: str, spec: ComputationSpec) -> bool:
+        """As the driver does between batches: split or merge one interval by the loads."""
+        policy = spec.options.rebalance
+        if policy is None:
+            return False
+        layout = self.layouts[name]
+        begun = plan(layout, self._watermarks[name].intervals.records(), policy)
+        if begun is None or begun.change is None:
+            return False
+        begin(self.store, name, layout, begun)
+        finished = finish_change(self.store, name, begun, dedup_ttl=spec.options.dedup_ttl)
+        self.layouts[name] = finished
+        self._watermarks[name].intervals.replace(
+            begun.change.sources, [target[0] for target in begun.change.targets]
+        )
+        return True  # the new intervals run once to say what they hold
 
     def _route_sent(self) -> bool:
         new = self.sink.sent[self._routed :]

@@ -311,3 +311,37 @@ def test_the_engines_timer_tags_are_reserved() -> None:
     run = run_computation(Meddles(), [record("a", b"", 1)])
     (letter,) = run.dead_letters
     assert "are the engine's" in letter.error_message
+
+
+def test_intervals_split_and_merge_in_the_harness_and_every_window_is_counted_once() -> None:
+    from millstream.engine.rebalance import RebalancePolicy
+    from millstream.engine.testing import TopologyHarness
+    from millstream.engine.topology import ComputationOptions
+
+    topology = Topology("skew", streams=["input"])
+    policy = RebalancePolicy(split_records=8, merge_records=2, max_intervals=8)
+    options = ComputationOptions(key_intervals=2, rebalance=policy)
+    topology.add_computation(
+        "count", WindowCounter(), inputs=["input"], outputs=["counts"], options=options
+    )
+    harness = TopologyHarness(topology)
+    keys = [f"k{n}" for n in range(12)]
+    expected: dict[tuple[str, int], int] = {}
+    changes = set()
+    for step in range(20):
+        for n in range(30):
+            key = keys[n % 3] if n % 4 else keys[n % 12]  # three hot keys
+            timestamp = step * WINDOW + n
+            harness.step(("input", record(key, b"", timestamp)))
+            end = timestamp // WINDOW * WINDOW + WINDOW - 1
+            expected[(key, end)] = expected.get((key, end), 0) + 1
+        harness.step(Watermark((step + 1) * WINDOW))
+        changes.add(harness.layouts["count"].ids)
+    harness.step(Watermark(END_OF_TIME))
+    run = harness.result("count")
+    assert len(changes) > 2  # the layout changed more than once: splits, then merges
+    counted = {(r.key, r.timestamp): COUNT.decode(r.value) for r in run.records("counts")}
+    assert counted == expected
+    assert len(run.records("counts")) == len(expected)  # each window fired once
+    assert run.state == {}
+    assert run.pending_timers == []
