@@ -412,12 +412,15 @@ class _Run:
         the injector never finishes (and ends the run) while faults remain."""
         return max(1, self.description.workload.records - self.step)
 
-    def nudge(self) -> bool:
-        """Let a quarter step more through (up to :attr:`cap`); whether there was room."""
+    def nudge(self, into_last_step: bool = False) -> bool:
+        """Let a quarter step more through (up to :attr:`cap`, or ``into_last_step`` up to
+        all but a quarter of the last step); whether there was room."""
+        quarter = max(1, self.step // 4)
+        cap = self.description.workload.records - quarter if into_last_step else self.cap
         injected = self.injected()
-        if injected >= self.cap:
+        if injected >= cap:
             return False
-        self.let_through(min(self.cap, injected + max(1, self.step // 4)))
+        self.let_through(min(cap, injected + quarter))
         return True
 
     def injected(self) -> int:
@@ -509,7 +512,10 @@ class _Run:
         for stale in (at, release):
             stale.unlink(missing_ok=True)
         (self.pauses / f"arm.{point}").write_text("")
-        self.nudge()  # input, so that a batch with work reaches the point
+        # A split or merge follows a change of load: pulses of input, even at the end (the
+        # layout settles under steady input, and merges while idle).
+        into_last_step = fault.kind == "split"
+        self.nudge(into_last_step)  # input, so that a batch with work reaches the point
         # Keep input coming while waiting: a window closes (and rollup gets work) only once
         # enough event time went by.
         nudged = [time.monotonic()]
@@ -518,7 +524,7 @@ class _Run:
             if at.exists():
                 return True
             if time.monotonic() - nudged[0] >= 5.0:
-                self.nudge()
+                self.nudge(into_last_step)
                 nudged[0] = time.monotonic()
             return False
 
