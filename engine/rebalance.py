@@ -5,9 +5,10 @@ interval with a fresh sequencer. Here the driver does it between two batches of 
 computation, when none of its interval tasks runs (only zombies may, and the sequencers fence
 them):
 
-1. **plan** (:func:`plan`): from each interval's records in its latest batches, split the
-   hottest one if it carried more than ``split_records``, else merge the coldest adjacent
-   pair if both carried fewer than ``merge_records``; one change at a time.
+1. **plan** (:func:`plan`): from each interval's load in the latest batch with input (its
+   records, and the CPU seconds its task spent on it), split the hottest one if it carried
+   more than ``split_records`` or used more than ``split_cpu_seconds``, else merge the
+   coldest adjacent pair if both carried fewer than ``merge_records``; one change at a time.
 2. **journal** (:func:`begin`): the change goes into the computation's layout by
    compare-and-set, with new interval IDs. From here on it is rolled forward, never back;
    a driver that finds a change in the layout finishes it before it runs a batch.
@@ -46,19 +47,25 @@ _COMMIT_ATTEMPTS = 5
 class RebalancePolicy:
     """When a computation's intervals split and merge (``ComputationOptions.rebalance``).
 
-    ``split_records``: an interval that carried more records than this in its latest batch
-    splits in two. ``merge_records``: two adjacent intervals that each carried fewer merge
-    (0: never). ``max_intervals`` bounds the splits; ``min_intervals`` the merges.
+    ``split_records``: an interval that carried more records than this in the latest batch
+    with input splits in two; so does one whose task spent more than ``split_cpu_seconds`` of
+    CPU on it (``None``: records alone decide), for costly records. ``merge_records``: two
+    adjacent intervals that each carried fewer merge (0: never), and with
+    ``split_cpu_seconds`` each also used less than a quarter of it. ``max_intervals`` bounds
+    the splits; ``min_intervals`` the merges.
     """
 
     split_records: int = 5_000
     merge_records: int = 0
     max_intervals: int = 256
     min_intervals: int = 1
+    split_cpu_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if self.split_records < 1 or self.merge_records < 0:
             raise ValueError("split_records must be positive and merge_records non-negative")
+        if self.split_cpu_seconds is not None and not self.split_cpu_seconds > 0:
+            raise ValueError("split_cpu_seconds must be positive (or None)")
         if self.merge_records * 2 > self.split_records:
             raise ValueError(
                 "merge_records must be at most half of split_records, or a merged interval "
@@ -69,15 +76,34 @@ class RebalancePolicy:
 
 
 def plan(
-    layout: IntervalLayout, records: Mapping[int, int], policy: RebalancePolicy
+    layout: IntervalLayout,
+    records: Mapping[int, int],
+    policy: RebalancePolicy,
+    cpu_seconds: Mapping[int, float] | None = None,
 ) -> IntervalLayout | None:
     """The layout with the change to make journaled, or ``None`` (nothing to do).
-    ``records``: each interval's records in its latest batch (an interval not named: 0)."""
+    ``records`` and ``cpu_seconds``: each interval's load in the latest batch with input (an
+    interval not named: none)."""
     if layout.change is not None:
         return None
+    cpu = cpu_seconds or {}
+    cpu_limit = policy.split_cpu_seconds
+
+    def load(interval: int) -> float:
+        # Of its split threshold: above 1 splits.
+        share = records.get(interval, 0) / policy.split_records
+        if cpu_limit is not None:
+            share = max(share, cpu.get(interval, 0.0) / cpu_limit)
+        return share
+
+    def cold(interval: int) -> bool:
+        return records.get(interval, 0) < policy.merge_records and (
+            cpu_limit is None or cpu.get(interval, 0.0) < cpu_limit / 4
+        )
+
     count = len(layout.ids)
-    hottest = max(layout.ids, key=lambda i: (records.get(i, 0), -i))
-    if count < policy.max_intervals and records.get(hottest, 0) > policy.split_records:
+    hottest = max(layout.ids, key=lambda i: (load(i), -i))
+    if count < policy.max_intervals and load(hottest) > 1:
         low, high = layout.range_of(hottest)
         if high - low >= 2:
             return layout.begin_split(hottest)
@@ -85,7 +111,7 @@ def plan(
         pairs = [
             (records.get(a, 0) + records.get(b, 0), a, b)
             for a, b in zip(layout.ids, layout.ids[1:], strict=False)
-            if max(records.get(a, 0), records.get(b, 0)) < policy.merge_records
+            if cold(a) and cold(b)
         ]
         if pairs:
             _, first, second = min(pairs)

@@ -321,10 +321,13 @@ class TopologyHarness:
                 sent_before = len(self.sink.sent)
                 batch = by_interval.get(interval, [])
                 result = worker.process(batch, watermark, timer_watermark=timer_watermark)
-                watermarks.record(interval, result.progress, records=len(batch))
+                # As on Spark: a round without input says nothing of the load.
+                watermarks.record(interval, result.progress, records=len(batch) if inputs else None)
                 self._fired[name].extend(result.fired_timers)
                 self._produced[name].update(p.record_id for p in self.sink.sent[sent_before:])
                 busy = busy or bool(by_interval.get(interval)) or bool(result.fired_timers)
+            if inputs:
+                watermarks.intervals.idle_except(by_interval)
             busy = self._route_sent() or busy
             busy = self._rebalance(name, spec) or busy
             report = watermarks.report(self._rounds, _offsets(self._written))

@@ -594,13 +594,14 @@ class IntervalProgress:
 
 @dataclass(frozen=True, slots=True)
 class IntervalLoad:
-    """One interval's share of its computation's work: the records and seconds of its task
-    in the latest batch it ran in, and its pending work (oldest first)."""
+    """One interval's share of its computation's work in the latest batch with input: its
+    records, the wall and CPU seconds of its task, and its pending work (oldest first)."""
 
     interval: int
     records: int
     seconds: float
     oldest_work: int | None
+    cpu_seconds: float = 0.0
 
 
 _ANY_INTERVAL = 2**63  # above every interval ID: an index range bound on the time alone
@@ -617,7 +618,7 @@ class IntervalMap:
     def __init__(self, intervals: int | Iterable[int]) -> None:
         self._live = set(range(intervals) if isinstance(intervals, int) else intervals)
         self._progress: dict[int, IntervalProgress] = {}
-        self._load: dict[int, tuple[int, float]] = {}
+        self._load: dict[int, tuple[int, float, float]] = {}  # records, seconds, CPU seconds
         self._work: SortedList[tuple[int, int]] = SortedList()  # (oldest_work, interval)
         self._event: SortedList[tuple[int, int]] = SortedList()  # (next_event_timer, interval)
         self._wall: SortedList[tuple[int, int]] = SortedList()  # (next_wall_timer, interval)
@@ -664,14 +665,21 @@ class IntervalMap:
             _discard(self._event, old.next_event_timer, interval)
             _discard(self._wall, old.next_wall_timer, interval)
         self._pending.discard(interval)
-        records, _ = self._load.pop(interval, (0, 0.0))
+        records, _, _ = self._load.pop(interval, (0, 0.0, 0.0))
         self._records -= records
 
     def record(
-        self, interval: int, progress: IntervalProgress, records: int = 0, seconds: float = 0.0
+        self,
+        interval: int,
+        progress: IntervalProgress,
+        records: int | None = 0,
+        seconds: float = 0.0,
+        cpu_seconds: float = 0.0,
     ) -> None:
-        """Apply one interval's report: its progress after a batch, and the load it carried.
-        A report of an interval no longer in the map (split or merged away) is ignored."""
+        """Apply one interval's report: its progress after a batch, and the load it carried
+        (``records=None``: a batch without input, which says nothing of its load, keeps the
+        load it had). A report of an interval no longer in the map (split or merged away) is
+        ignored."""
         if interval not in self._live:
             return
         old = self._progress.get(interval)
@@ -687,9 +695,20 @@ class IntervalMap:
             self._pending.add(interval)
         else:
             self._pending.discard(interval)
-        before, _ = self._load.get(interval, (0, 0.0))
-        self._load[interval] = (records, seconds)
-        self._records += records - before
+        if records is not None:
+            self._set_load(interval, (records, seconds, cpu_seconds))
+
+    def idle_except(self, ran: Iterable[int]) -> None:
+        """A batch with input ran only the intervals ``ran``: every other one carried no
+        records in it (so a load it carried long ago neither splits it nor keeps it from
+        merging)."""
+        for interval in self._load.keys() - set(ran):
+            self._set_load(interval, (0, 0.0, 0.0))
+
+    def _set_load(self, interval: int, load: tuple[int, float, float]) -> None:
+        before = self._load.get(interval, (0, 0.0, 0.0))[0]
+        self._load[interval] = load
+        self._records += load[0] - before
 
     def oldest_work(self) -> tuple[int, int] | None:
         """The earliest pending work of any interval, and that interval."""
@@ -721,22 +740,31 @@ class IntervalMap:
         allowance = total * (100.0 - percentile) / 100.0
         skipped = 0.0
         for work, interval in self._work:
-            skipped += self._load.get(interval, (0, 0.0))[0] + 1
+            skipped += self._load.get(interval, (0, 0.0, 0.0))[0] + 1
             if skipped > allowance:
                 return int(work)
         return None
 
     def records(self) -> dict[int, int]:
-        """Each interval's records in the latest batch it ran in (for rebalancing)."""
-        return {interval: records for interval, (records, _) in self._load.items()}
+        """Each interval's records in the latest batch with input (for rebalancing)."""
+        return {interval: load[0] for interval, load in self._load.items()}
+
+    def cpu_seconds(self) -> dict[int, float]:
+        """Each interval's CPU seconds in the latest batch with input (for rebalancing)."""
+        return {interval: load[2] for interval, load in self._load.items()}
 
     def hottest(self, limit: int = 5) -> list[IntervalLoad]:
-        """The intervals that carried the most records in their latest batch (then seconds)."""
+        """The intervals that carried the most records in the latest batch with input (then
+        seconds)."""
         ranked = heapq.nlargest(limit, self._load.items(), key=lambda item: item[1])
         return [
-            IntervalLoad(interval, records, seconds, self._progress[interval].oldest_work)
-            for interval, (records, seconds) in ranked
+            IntervalLoad(interval, records, seconds, self._oldest_work(interval), cpu)
+            for interval, (records, seconds, cpu) in ranked
         ]
+
+    def _oldest_work(self, interval: int) -> int | None:
+        progress = self._progress.get(interval)
+        return None if progress is None else progress.oldest_work
 
     def values(self) -> Iterator[IntervalProgress]:
         return iter(self._progress.values())
@@ -756,11 +784,18 @@ def computation_watermark(
     input_watermark: int, intervals: Mapping[int, IntervalProgress]
 ) -> tuple[int, str]:
     """A computation's low watermark and what holds it: see the module docstring."""
-    watermark, held_by = input_watermark, "input"
-    for interval, progress in sorted(intervals.items()):
-        if progress.oldest_work is not None and progress.oldest_work < watermark:
-            watermark, held_by = progress.oldest_work, f"interval {interval}"
-    return watermark, held_by
+    oldest = min(
+        ((p.oldest_work, i) for i, p in intervals.items() if p.oldest_work is not None),
+        default=None,
+    )
+    return _held(input_watermark, oldest)
+
+
+def _held(input_watermark: int, oldest_work: tuple[int, int] | None) -> tuple[int, str]:
+    """The lower of the input watermark and the oldest pending work (and its interval)."""
+    if oldest_work is not None and oldest_work[0] < input_watermark:
+        return oldest_work[0], f"interval {oldest_work[1]}"
+    return input_watermark, "input"
 
 
 class ReportReader(Protocol):
@@ -889,20 +924,23 @@ class ComputationWatermarks:
         return self.intervals.due(watermark, now)
 
     def record(
-        self, interval: int, progress: IntervalProgress, records: int = 0, seconds: float = 0.0
+        self,
+        interval: int,
+        progress: IntervalProgress,
+        records: int | None = 0,
+        seconds: float = 0.0,
+        cpu_seconds: float = 0.0,
     ) -> None:
-        """An interval's report after a batch: what it has left, and the load it carried."""
-        self.intervals.record(interval, progress, records, seconds)
-        self.records += records
+        """An interval's report after a batch: what it has left, and the load it carried
+        (``None``: a batch without input; see :meth:`IntervalMap.record`)."""
+        self.intervals.record(interval, progress, records, seconds, cpu_seconds)
+        self.records += records or 0
 
     def report(self, sequence: int, offsets: Offsets) -> WatermarkReport | None:
         """The report to publish after a batch, or ``None`` if nothing changed (or unknown)."""
         if not self.all_known:
             return None
-        watermark, held_by = self.input.current, "input"
-        oldest = self.intervals.oldest_work()
-        if oldest is not None and oldest[0] < watermark:
-            watermark, held_by = oldest[0], f"interval {oldest[1]}"
+        watermark, held_by = _held(self.input.current, self.intervals.oldest_work())
         # Never backwards, also when a late production is pending below what we reported.
         self.watermark, self.held_by = max(self.watermark, watermark), held_by
         for p, before in self.percentile_watermarks.items():

@@ -35,7 +35,6 @@ from millstream.engine.spark.executor import (
     ROUTED_SCHEMA,
     TaskSettings,
     interval_task,
-    process_store,
     router,
     tick_rows,
 )
@@ -71,7 +70,8 @@ class BatchHandler:
     range); ``record`` receives the metrics of every batch that ran anything. A batch whose
     attempt fails for another reason than an outage is tried ``attempts`` times; an outage
     of Kafka or Cassandra (:mod:`millstream.engine.outages`) is waited out, for up to
-    ``outage_timeout`` seconds.
+    ``outage_timeout`` seconds. ``layout_store`` gives the driver's own store (the runner's
+    Cassandra session) for the layout: reading it, and splitting and merging intervals.
     """
 
     def __init__(
@@ -85,9 +85,11 @@ class BatchHandler:
         attempts: int,
         clock: Clock,
         record: Callable[[BatchMetrics], None],
+        layout_store: Callable[[], IntervalStore],
         outage_timeout: float = DEFAULT_OUTAGE_TIMEOUT,
     ):
         self.spec = spec
+        self.layout_store = layout_store
         self.spark = spark
         self.settings = settings
         self.watermarks = watermarks
@@ -176,9 +178,13 @@ class BatchHandler:
                     next_wall_timer=row["next_wall_timer"],
                     pending=int(row["pending"]),
                 ),
-                records=int(row["inputs"]),
+                # A batch of ticks alone says nothing of the intervals' load.
+                records=int(row["inputs"]) if has_data else None,
                 seconds=float(row["seconds"]),
+                cpu_seconds=float(row["cpu_seconds"]),
             )
+        if has_data and rows:
+            state.intervals.idle_except(int(row["interval"]) for row in rows)
         reporting = time.monotonic()
         # Nor publish a report for a batch the other driver has run past: stale, and on the
         # compacted topic it could outlive the newer report it follows.
@@ -199,13 +205,9 @@ class BatchHandler:
             )
         )
 
-    def _store(self) -> IntervalStore:
-        # The executors' store of this process (one session for the driver's few LWTs).
-        return process_store(self.settings)
-
     def _current_layout(self) -> IntervalLayout:
         """The computation's layout, a change a killed driver left journaled finished."""
-        store = self._store()
+        store = self.layout_store()
         layout = store.layout(self.spec.name, self.spec.options.key_intervals)
         if layout.change is not None:
             _log.info("computation %r: finishing a %s", self.spec.name, layout.change.kind)
@@ -222,11 +224,12 @@ class BatchHandler:
         layout = self.layout
         assert policy is not None
         assert layout is not None
-        records = self.watermarks.state.intervals.records()
-        begun = plan(layout, records, policy)
+        intervals = self.watermarks.state.intervals
+        records = intervals.records()
+        begun = plan(layout, records, policy, intervals.cpu_seconds())
         if begun is not None and begun.change is not None:
             change = begun.change
-            store = self._store()
+            store = self.layout_store()
             outage.retry(lambda: _journal(store, self.spec.name, layout, begun))
             self.layout = begun
             self.layout = outage.retry(

@@ -63,7 +63,6 @@ from millstream.engine.protocol import Delivery, IntervalWorker, Rejected
 from millstream.engine.records import Record
 from millstream.engine.routing import decode_delivery, rejected_interval
 from millstream.engine.spark.metrics import RESULT_SCHEMA, interval_counts
-from millstream.engine.store import IntervalStore
 from millstream.engine.topology import ComputationSpec
 
 if TYPE_CHECKING:
@@ -77,7 +76,6 @@ __all__ = [
     "clear_process_cache",
     "decode_delivery",
     "interval_task",
-    "process_store",
     "router",
     "tick_rows",
 ]
@@ -189,11 +187,6 @@ def _resources(settings: TaskSettings) -> _Resources:
         )
         _CACHE[settings.endpoints] = resources
     return resources
-
-
-def process_store(settings: TaskSettings) -> IntervalStore:
-    """This process's interval store for ``settings`` (the driver's, for its layout LWTs)."""
-    return _resources(settings).store
 
 
 def router(
@@ -322,7 +315,7 @@ def _run_interval(
     timer_watermark: int,
     layout: IntervalLayout | None,
 ) -> tuple[Any, ...]:
-    started = time.monotonic()
+    started, cpu_started = time.monotonic(), time.thread_time()
     # Ticks (no stream) first; they carry no input.
     rows.sort(key=lambda row: (row[1] or "", row[2] or 0, row[3] or 0))
     inputs = _inputs(spec, rows)
@@ -353,6 +346,7 @@ def _run_interval(
         *counts.counts().values(),
         os.getpid(),
         time.monotonic() - started,
+        time.thread_time() - cpu_started,
         progress.oldest_work,
         progress.next_event_timer,
         progress.next_wall_timer,

@@ -74,11 +74,12 @@ _PROGRESS: Final = "oldest_work long, next_event_timer long, next_wall_timer lon
 RESULT_SCHEMA: Final = (
     "computation string, interval int, "
     + ", ".join(f"{name} long" for name in COUNTERS)
-    + f", pid int, seconds double, {_PROGRESS}"
+    + f", pid int, seconds double, cpu_seconds double, {_PROGRESS}"
 )
 """One row per interval and batch attempt, from the interval task: the interval's
 :class:`MetricCounts` (``intervals`` 1; ``cache_hits`` 1 when this process had a worker for the
-interval and its soft state was still valid), the Python worker's pid and the task's seconds,
+interval and its soft state was still valid), the Python worker's pid, the wall seconds of the
+interval's work and the CPU seconds of the thread that did it (the load rebalancing weighs),
 then the interval's :class:`~millstream.engine.watermarks.IntervalProgress` (null: none)."""
 
 

@@ -79,7 +79,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from millstream.connectors import cassandra as cassandra_connector
 from millstream.connectors import kafka as kafka_connector
@@ -104,7 +104,13 @@ from millstream.engine.spark.metrics import (
     describe,
     totals,
 )
-from millstream.engine.stores.cassandra import DEFAULT_KEYSPACE, DEFAULT_TABLE, create_schema
+from millstream.engine.store import IntervalStore
+from millstream.engine.stores.cassandra import (
+    DEFAULT_KEYSPACE,
+    DEFAULT_TABLE,
+    CassandraIntervalStore,
+    create_schema,
+)
 from millstream.engine.topology import (
     ComputationOptions,
     ComputationSpec,
@@ -314,6 +320,9 @@ class RunningTopology:
         self._watermarks: dict[str, DriverWatermarks] = {}
         self._publisher: kafka_connector.WatermarkPublisher | None = None
         self._authority: WatermarkAuthority | None = None
+        # The driver's own Cassandra session, for interval layouts (made at first use).
+        self._layout_store: tuple[Any, CassandraIntervalStore] | None = None
+        self._layout_store_lock = threading.Lock()
         self.metrics_port = metrics_port
         self.metrics_address = metrics_address
         self.prometheus: TopologyMetrics | None = None
@@ -361,6 +370,10 @@ class RunningTopology:
             server, self.metrics_server = self.metrics_server, None
         for query in queries.values():
             query.stop()
+        with self._layout_store_lock:
+            layout_store, self._layout_store = self._layout_store, None
+        if layout_store is not None:
+            layout_store[0].shutdown()
         for tracker in watermarks.values():
             tracker.close()
         if authority is not None:
@@ -563,6 +576,24 @@ class RunningTopology:
                 self._watermarks[spec.name] = tracker
             return tracker
 
+    def _driver_store(self) -> IntervalStore:
+        """The driver's store for layouts: its own session, not an executor's resources.
+        Its own lock: connecting may wait out an outage while batches record metrics."""
+        with self._layout_store_lock:
+            if self._layout_store is None:
+                cluster, session = cassandra_connector.connect(self.config)
+                try:
+                    # Dedup expiry on the executors' clock: the copy of a split keeps
+                    # exactly the IDs they still count as seen.
+                    store = CassandraIntervalStore(
+                        session, self.keyspace, SystemClock(), table=self.table
+                    )
+                except BaseException:
+                    cluster.shutdown()
+                    raise
+                self._layout_store = (cluster, store)
+            return self._layout_store[1]
+
     # -- metrics ---------------------------------------------------------------------------
 
     def batches(self, computation: str | None = None) -> list[BatchMetrics]:
@@ -668,6 +699,7 @@ class RunningTopology:
                     outage_timeout=self.outage_timeout,
                     clock=self.clock,
                     record=self._record,
+                    layout_store=self._driver_store,
                 )
             )
             .option("checkpointLocation", str(self.checkpoint(spec.name)))

@@ -84,6 +84,30 @@ def test_the_plan_splits_the_hottest_and_merges_the_coldest_pair() -> None:
         RebalancePolicy(split_records=100, merge_records=60)
 
 
+@pytest.mark.unit
+def test_the_plan_weighs_cpu_seconds_when_asked_to() -> None:
+    layout = IntervalLayout.initial(3)
+    records = {0: 40, 1: 50, 2: 5}
+    cpu = {0: 2.5, 1: 0.2, 2: 0.3}
+    by_records = RebalancePolicy(split_records=100, merge_records=10)
+    assert plan(layout, records, by_records, cpu) is None  # CPU ignored without a limit
+    by_cpu = RebalancePolicy(split_records=100, merge_records=10, split_cpu_seconds=1.0)
+    split = plan(layout, records, by_cpu, cpu)
+    assert split is not None
+    assert split.change is not None
+    # Interval 0 carried fewer records than 1 but cost 2.5 times the CPU limit.
+    assert (split.change.kind, split.change.sources) == ("split", (0,))
+    # Two cold ones by records merge only if each also used under a quarter of the limit.
+    cold = {0: 60, 1: 5, 2: 5}
+    assert plan(layout, cold, by_cpu, {0: 0.1, 1: 0.1, 2: 0.3}) is None
+    merge = plan(layout, cold, by_cpu, {0: 0.1, 1: 0.1, 2: 0.2})
+    assert merge is not None
+    assert merge.change is not None
+    assert (merge.change.kind, merge.change.sources) == ("merge", (1, 2))
+    with pytest.raises(ValueError, match="split_cpu_seconds"):
+        RebalancePolicy(split_cpu_seconds=0.0)
+
+
 class Counts(Computation):
     """Counts a key's records, keeps an event-time timer per key and produces each count."""
 
@@ -289,3 +313,23 @@ def test_the_interval_map_follows_a_split() -> None:
     assert intervals.oldest_work() == (9, 1)
     intervals.track([1, 3])
     assert intervals.ids == frozenset({1, 3})
+
+
+@pytest.mark.unit
+def test_an_interval_load_is_that_of_the_latest_batch_with_input() -> None:
+    from millstream.engine.watermarks import IntervalMap, IntervalProgress
+
+    intervals = IntervalMap(3)
+    for interval, records in ((0, 900), (1, 10), (2, 20)):
+        intervals.record(interval, IntervalProgress(), records=records, cpu_seconds=0.5)
+    # A batch of ticks alone (no input) runs interval 0 for a timer: its load stays.
+    intervals.record(0, IntervalProgress(next_event_timer=50), records=None)
+    assert intervals.records() == {0: 900, 1: 10, 2: 20}
+    # A batch with input for interval 1 alone: the others carried nothing in it, and a
+    # load from long ago no longer splits interval 0.
+    intervals.record(1, IntervalProgress(), records=30, cpu_seconds=0.1)
+    intervals.idle_except([1])
+    assert intervals.records() == {0: 0, 1: 30, 2: 0}
+    assert intervals.cpu_seconds() == {0: 0.0, 1: 0.1, 2: 0.0}
+    assert [h.interval for h in intervals.hottest(1)] == [1]
+    assert plan(IntervalLayout.initial(3), intervals.records(), RebalancePolicy(100)) is None
