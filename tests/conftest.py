@@ -13,6 +13,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING
 
 import pytest
@@ -24,6 +25,8 @@ from millstream.engine.config import MillstreamConfig, load_config
 if TYPE_CHECKING:
     from cassandra.cluster import Session
     from pyspark.sql import SparkSession
+
+    from millstream.connectors.local.stack import LocalStack
 
 
 def _progress(message: str) -> None:
@@ -39,6 +42,41 @@ def unique_name(prefix: str) -> str:
 def unique() -> Callable[[str], str]:
     """Factory of unique names (for topics, keyspaces, checkpoints) for this test."""
     return unique_name
+
+
+@contextmanager
+def running_stack(
+    pytestconfig: pytest.Config, stack: LocalStack, progress: Callable[[str], None]
+) -> Iterator[None]:
+    """``stack`` up (reusing services that already run), its progress shown live (a first
+    run fetches ~200 MB). At the end, what this started is stopped, also when ``up`` failed
+    half way, and a service that ran before and a test left dead is brought back."""
+    already_running = {status.name for status in stack.status() if status.pid is not None}
+    capture = pytestconfig.pluginmanager.getplugin("capturemanager")
+    started = time.monotonic()
+    try:
+        with capture.global_and_fixture_disabled():
+            stack.up()
+            progress(f"up in {time.monotonic() - started:.0f}s")
+        yield
+    finally:
+        with capture.global_and_fixture_disabled():
+            if not already_running:
+                stack.down()  # all nodes of a backend at once (see LocalStack.down)
+            else:
+                for service in stack.services:
+                    if service.name not in already_running:
+                        service.down()
+                    elif service.process.running_pid() is None:
+                        service.up()
+
+
+@pytest.fixture(scope="session")
+def start_stack(
+    pytestconfig: pytest.Config,
+) -> Callable[[LocalStack, Callable[[str], None]], AbstractContextManager[None]]:
+    """:func:`running_stack` for module fixtures of other stacks (replicated, secured)."""
+    return lambda stack, progress: running_stack(pytestconfig, stack, progress)
 
 
 @pytest.fixture(scope="session")
@@ -58,20 +96,10 @@ def services(pytestconfig: pytest.Config) -> Iterator[MillstreamConfig]:
             return
         from millstream.connectors.local.stack import LocalStack
 
-        stack = LocalStack(config, _progress)
-        already_running = {status.name for status in stack.status() if status.pid is not None}
-        # Show download and start-up progress live: a first run fetches ~200 MB.
-        capture = pytestconfig.pluginmanager.getplugin("capturemanager")
-        with capture.global_and_fixture_disabled():
-            stack.up()
-        try:
+        with running_stack(pytestconfig, LocalStack(config, _progress), _progress):
             yield config
             kafka_connector.delete_wake_topics(config)
             kafka_connector.delete_topics(config, [config.kafka_watermark_topic])
-        finally:
-            for service in stack.services:
-                if service.name not in already_running:
-                    service.down()
 
 
 @pytest.fixture

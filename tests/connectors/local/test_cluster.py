@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -335,28 +335,14 @@ def test_node_addresses_are_checked() -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster(pytestconfig: pytest.Config) -> Iterator[LocalCluster]:
+def cluster(
+    start_stack: Callable[[LocalCluster, Callable[[str], None]], AbstractContextManager[None]],
+) -> Iterator[LocalCluster]:
     """The three-node stack, started unless it runs; what this module started is stopped,
     and a node that was running and a failed test left dead is brought back."""
     stack = LocalCluster(load_config(), _progress)
-    already_running = {status.name for status in stack.status() if status.pid is not None}
-    capture = pytestconfig.pluginmanager.getplugin("capturemanager")
-    started = time.monotonic()
-    try:
-        with capture.global_and_fixture_disabled():
-            stack.up()
-            _progress(f"cluster up in {time.monotonic() - started:.0f}s")
+    with start_stack(stack, _progress):
         yield stack
-    finally:  # also when `up` failed half way: stop the nodes it started
-        with capture.global_and_fixture_disabled():
-            if not already_running:
-                stack.down()  # all nodes of a backend at once (see LocalStack.down)
-            else:
-                for service in stack.services:
-                    if service.name not in already_running:
-                        service.down()
-                    elif service.process.running_pid() is None:
-                        service.up()
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,8 @@ import stat
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -324,22 +325,13 @@ def test_up_secure_prints_password_references_not_passwords(tmp_path: Path) -> N
 
 
 @pytest.fixture(scope="module")
-def secure_stack(pytestconfig: pytest.Config) -> Iterator[LocalStack]:
+def secure_stack(
+    start_stack: Callable[[LocalStack, Callable[[str], None]], AbstractContextManager[None]],
+) -> Iterator[LocalStack]:
     """The secured stack, started unless it runs; what this fixture started is stopped."""
     stack = LocalStack(load_config(), _progress, secure=True)
-    already_running = {status.name for status in stack.status() if status.pid is not None}
-    capture = pytestconfig.pluginmanager.getplugin("capturemanager")
-    started = time.monotonic()
-    try:
-        with capture.global_and_fixture_disabled():
-            stack.up()
-            _progress(f"secured stack up in {time.monotonic() - started:.0f}s")
+    with start_stack(stack, _progress):
         yield stack
-    finally:
-        with capture.global_and_fixture_disabled():
-            for service in stack.services:
-                if service.name not in already_running:
-                    service.down()
 
 
 @pytest.fixture(scope="module")
