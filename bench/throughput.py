@@ -81,6 +81,7 @@ import sys
 import tempfile
 import time
 import venv
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -661,7 +662,7 @@ def measure(bench: Bench, system: System) -> RunResult:
         if system.name.startswith(("spark", "millstream")):
             result.notes.append(cpu_note(cpu_before, python_worker_cpu(), done - started))
         time.sleep(0.5)  # let stragglers (duplicates) show before checking
-        result.check = check_outputs(system, watcher.messages, args.records, args.keys)
+        result.check = check_outputs(system, watcher.messages, args.records, backlog_key(args.keys))
         if isinstance(handle, MillstreamHandle):
             batches = handle.running.batches(handle.computation)
             busy = sum(b.seconds for b in batches)
@@ -689,11 +690,18 @@ def latency_phases(
     topics: Topics,
     watcher: OutputWatcher,
     handle: Handle,
+    *,
+    rates: list[float] | None = None,
+    first: int | None = None,
+    key_of: Callable[[int], str] | None = None,
 ) -> dict[float, list[float]]:
+    """Paced input at each of ``rates`` (default ``--rates``) for ``--latency-seconds``,
+    numbered on from ``first`` (default: after the backlog); the latencies (ms) per rate."""
     args = bench.args
     samples: dict[float, list[float]] = {}
-    first = args.records
-    for rate in args.rates:
+    first = args.records if first is None else first
+    key_of = key_of or backlog_key(args.keys)
+    for rate in args.rates if rates is None else rates:
         count = max(1, int(rate * args.latency_seconds))
         before = watcher.count()
         phase_start = time.time_ns() // 1_000
@@ -704,7 +712,7 @@ def latency_phases(
             rate,
             keyspace=f"tp_{topics.suffix}",
             first=first,
-            key_of=backlog_key(args.keys),
+            key_of=key_of,
             value_of=no_value,
         )
         watcher.wait(before + count, max(120.0, count / 20), handle.check)
@@ -721,7 +729,11 @@ def latency_phases(
     return samples
 
 
-def check_outputs(system: System, messages: list[Any], records: int, keys: int) -> str:
+def check_outputs(
+    system: System, messages: list[Any], records: int, key_of: Callable[[int], str]
+) -> str:
+    """ "ok", or what is wrong: each key of input ``0 .. records-1`` (``key_of``) counted
+    1..n exactly once; for the floors, one output per input."""
     if system.name in ("kafka-loop", "spark-floor"):
         values = {m.value for m in messages}
         if len(messages) == records and len(values) == records:
@@ -734,11 +746,8 @@ def check_outputs(system: System, messages: list[Any], records: int, keys: int) 
             pairs.append((record.key, int(record.value)))
         else:
             pairs.append(((message.key or b"").decode(), int(message.value)))
-    expected = {
-        (f"k{key}", n)
-        for key in range(min(keys, records))
-        for n in range(1, records // keys + (1 if key < records % keys else 0) + 1)
-    }
+    per_key = Counter(key_of(n) for n in range(records))
+    expected = {(key, n) for key, count in per_key.items() for n in range(1, count + 1)}
     distinct = set(pairs)
     problems = []
     if len(pairs) > len(distinct):

@@ -89,6 +89,7 @@ from millstream.engine.clock import Clock, SystemClock
 from millstream.engine.computation import Computation
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.errors import CheckpointStorageError, TopologyError
+from millstream.engine.layout import IntervalLayout
 from millstream.engine.outages import DEFAULT_OUTAGE_TIMEOUT
 from millstream.engine.spark.batch import BatchHandler, batch_offsets
 from millstream.engine.spark.driver_watermarks import (
@@ -536,6 +537,14 @@ class RunningTopology:
         lines = [str(hold) for hold in state.input.explain()]
         lines.append(f"{computation}: {state.watermark} held by {state.held_by}")
         return lines
+
+    def layout(self, computation: str) -> IntervalLayout:
+        """A computation's key intervals as the store holds them now (they split and merge
+        with ``ComputationOptions.rebalance``)."""
+        spec = self.topology.computations.get(computation)
+        if spec is None:
+            raise TopologyError(f"no computation {computation!r} in {self.topology.name!r}")
+        return self._driver_store().layout(computation, spec.options.key_intervals)
 
     def holds(self, computation: str) -> list[Hold]:
         return self._tracker(computation).state.input.explain()

@@ -852,12 +852,14 @@ def test_a_hot_interval_splits_between_batches_and_every_key_keeps_its_exact_cou
         produce(services, pipeline.searches, [encode_record(r) for r in part + part[::7]])
         running.process_available(timeout=300)
     metrics = running.metrics()[pipeline.per_user]
+    live = running.layout(pipeline.per_user)
     running.stop()
 
     store = CassandraIntervalStore(cassandra, pipeline.keyspace, SystemClock())
     layout = store.read_layout(pipeline.per_user)
     assert layout is not None
     assert layout.change is None
+    assert live == layout
     assert len(layout.ids) > 2  # the hot interval split (maybe more than once)
     assert 0 not in layout.ids  # the hot one is retired
     counted: dict[str, int] = {}

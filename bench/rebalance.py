@@ -1,0 +1,411 @@
+"""Key intervals by load: a skewed keyed count before and after millstream balances it.
+
+**Workload.** Records over ``--keys`` (2,000) keys drawn from a Zipf distribution (exponent
+``--zipf``, 1.1) whose head is *one hot key range*: the most popular ranks go to the keys that
+hash into interval 0 of ``--intervals`` (8) starting intervals, so about four fifths of the
+records land in that one interval (printed). Each is a millstream record as in
+``bench/throughput.py`` (same injector, same ``Count`` computation: one output per input, with
+the key's new count), on a fresh 2-partition topic; the same sequence of keys every run.
+
+| row | what |
+|---|---|
+| ``spark-floor`` | Spark Kafka → ``foreachBatch`` → Kafka, no state (at-least-once) |
+| ``spark-tws`` | ``transformWithStateInPandas``, RocksDB state, Kafka sink (at-least-once) |
+| ``quix`` | Quix Streams 3, exactly-once, RocksDB |
+| ``millstream-static`` | exactly-once, strong productions, ``--intervals`` fixed intervals |
+| ``millstream-balanced`` | the same, ``ComputationOptions.rebalance`` on (below) |
+
+With ``rebalance`` the hot interval splits by load, cold neighbours merge, and intervals are
+spread over the tasks by load.
+
+Peers drain one backlog of ``--records``; their records/s is measured as in
+``bench/throughput.py`` (from the first batch that read input to the last output in the
+output topic). Each millstream row drains **two** backlogs of ``--records`` in one run, its
+micro-batches capped at ``--batch`` records (``maxOffsetsPerTrigger``, so that there are batches
+between which to rebalance; the peers take a backlog in one batch): *phase 1* is the fresh
+layout (the balanced row splits as it goes), *phase 2* the layout phase 1 left (settled:
+balanced). Phase 2's records/s runs from the start of its injection to its last output.
+Then **latency**: paced input at ``--rate`` records/s (default: 80 % of the static row's
+phase-2 throughput, so the static layout runs near its limit) for ``--latency-seconds``;
+latency = output append time - event time (injection time), p50 and p95. The *check* column
+says whether each key's counts 1..n came exactly once (the peers' too); the notes give the
+layout each millstream row ended with and the Python workers' CPU (how evenly the two cores
+worked).
+
+Run with Kafka and Cassandra up (``millstream up``) and the bench extras installed::
+
+    .venv/bin/python -m pip install -e '.[test,bench]'
+    .venv/bin/python bench/rebalance.py [--records 20000] [--batch 2000] [--only ...]
+        [--json out.json]
+
+About 5 minutes on 2 cores (plus a minute the first time for Quix's virtualenv).
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import hashlib
+import json
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make `bench.*` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.harness import (
+    OutputWatcher,
+    cpu_note,
+    create_topic_pair,
+    delete_topics_containing,
+    drop_keyspace,
+    inject_events,
+    percentile,
+    python_worker_cpu,
+    unique_suffix,
+)
+from bench.throughput import (
+    BY_NAME,
+    PARTITIONS,
+    TRIGGER_SECONDS,
+    Bench,
+    Count,
+    Handle,
+    MillstreamHandle,
+    Topics,
+    check_outputs,
+    latency_phases,
+    no_value,
+    output_size,
+    quix_python,
+    run_all,
+    start_floor,
+    start_peer,
+    start_tws,
+)
+from millstream.engine.config import MillstreamConfig, load_config
+from millstream.engine.layout import IntervalLayout
+from millstream.engine.rebalance import RebalancePolicy
+from millstream.engine.spark.runner import ProcessingTime, run_topology
+from millstream.engine.topology import ComputationOptions, Topology
+
+PEERS = ("spark-floor", "spark-tws", "quix")
+MILLSTREAM = ("millstream-static", "millstream-balanced")
+NAMES = (*PEERS, *MILLSTREAM)
+
+
+class SkewedKeys:
+    """``key_of(n)`` for the injector: a Zipf draw whose popular ranks are the keys of one
+    hash range (interval 0 of ``intervals``), deterministic in ``n``."""
+
+    def __init__(self, keys: int, exponent: float, intervals: int) -> None:
+        layout = IntervalLayout.initial(intervals)
+        names = [f"k{n}" for n in range(keys)]
+        hot = [k for k in names if layout.interval_of(k) == 0]
+        ranked = hot + [k for k in names if layout.interval_of(k) != 0]
+        weights = [1.0 / (rank + 1) ** exponent for rank in range(keys)]
+        total = sum(weights)
+        self.names = ranked
+        self.cumulative: list[float] = []
+        running = 0.0
+        for weight in weights:
+            running += weight / total
+            self.cumulative.append(running)
+        self.hot_keys = len(hot)
+        self.hot_share = self.cumulative[len(hot) - 1] if hot else 0.0
+
+    def __call__(self, n: int) -> str:
+        digest = hashlib.blake2b(n.to_bytes(8, "little"), digest_size=8).digest()
+        u = int.from_bytes(digest, "little") / 2**64
+        return self.names[min(bisect.bisect_left(self.cumulative, u), len(self.names) - 1)]
+
+
+@dataclass
+class Result:
+    system: str
+    phases: list[float] = field(default_factory=list)  # records/s per backlog
+    latency_ms: list[float] = field(default_factory=list)
+    rate: float | None = None
+    check: str = ""
+    error: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def options(balanced: bool, args: argparse.Namespace) -> ComputationOptions:
+    if not balanced:
+        return ComputationOptions(key_intervals=args.intervals)
+    # Split until no interval carries more than an eighth of a batch; merge what carries
+    # less than a sixty-fourth.
+    return ComputationOptions(
+        key_intervals=args.intervals,
+        rebalance=RebalancePolicy(
+            split_records=max(1, args.batch // 8),
+            merge_records=args.batch // 64,
+            max_intervals=64,
+        ),
+    )
+
+
+def measure_millstream(bench: Bench, name: str, keys: SkewedKeys, rate: float | None) -> Result:
+    args = bench.args
+    result = Result(name)
+    suffix = unique_suffix()
+    topics = Topics(suffix, f"tp_in_{suffix}", f"tp_out_{suffix}")
+    config = replace(bench.config, kafka_watermark_topic=f"tp_watermarks_{suffix}")
+    keyspace = f"tp_{suffix}"
+    watcher: OutputWatcher | None = None
+    handle: MillstreamHandle | None = None
+    computation = f"count_{suffix}"
+    try:
+        create_topic_pair(config, topics.source, topics.sink, PARTITIONS)
+        inject(config, topics.source, keyspace, 0, args.records, keys)
+        bench.spark()
+        watcher = OutputWatcher(config, topics.sink, PARTITIONS)
+        topology = Topology(f"tp_{suffix}", streams=[topics.source])
+        topology.add_computation(
+            computation,
+            Count(topics.sink),
+            inputs=[topics.source],
+            outputs=[topics.sink],
+            options=options(name == "millstream-balanced", args),
+        )
+        cpu_before = python_worker_cpu()
+        started = time.time()
+        running = run_topology(
+            topology,
+            config,
+            trigger=ProcessingTime(TRIGGER_SECONDS),
+            spark=bench.spark(),
+            keyspace=keyspace,
+            checkpoint_root=bench.root / f"millstream-{suffix}",
+            partitions=PARTITIONS,
+            max_offsets_per_trigger=args.batch,
+        )
+        handle = MillstreamHandle(running, computation)
+        done = watcher.wait(args.records, max(300.0, args.records / 20), handle.check)
+        first = handle.first_data_at()
+        if first is None:
+            raise RuntimeError("could not tell when millstream began reading its input")
+        result.phases.append(args.records / (done - first))
+        after_first = running.layout(computation)
+        second = time.time()
+        inject(config, topics.source, keyspace, args.records, args.records, keys)
+        done = watcher.wait(2 * args.records, max(300.0, args.records / 20), handle.check)
+        result.phases.append(args.records / (done - second))
+        result.notes.append(cpu_note(cpu_before, python_worker_cpu(), done - started))
+        result.notes.append(
+            f"{len(running.batches(computation))} batches; intervals: {args.intervals} at the "
+            f"start, {len(after_first.ids)} after backlog 1, "
+            f"{len(running.layout(computation).ids)} after backlog 2"
+        )
+        time.sleep(0.5)
+        result.check = check_outputs(
+            BY_NAME["millstream-strong"], watcher.messages, 2 * args.records, keys
+        )
+        # Without --rate: 80 % of the row's own phase-2 throughput (the static row's is
+        # then used for the balanced row too, which runs after it).
+        rate = rate or round(0.8 * result.phases[1])
+        if rate > 0:
+            samples = latency_phases(
+                bench,
+                config,
+                topics,
+                watcher,
+                handle,
+                rates=[rate],
+                first=2 * args.records,
+                key_of=keys,
+            )
+            result.rate, result.latency_ms = rate, samples[rate]
+    except Exception as exc:
+        result.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
+        print(f"  {name} failed: {result.error}", flush=True)
+    finally:
+        cleanup: list[Callable[[], None]] = []
+        if handle is not None:
+            cleanup.append(handle.stop)
+        if watcher is not None:
+            cleanup.append(watcher.close)
+        cleanup.append(lambda: delete_topics_containing(config, suffix))
+        cleanup.append(lambda: drop_keyspace(config, keyspace))
+        run_all(cleanup)
+    return result
+
+
+def measure_peer(bench: Bench, name: str, keys: SkewedKeys) -> Result:
+    args = bench.args
+    result = Result(name)
+    suffix = unique_suffix()
+    topics = Topics(suffix, f"tp_in_{suffix}", f"tp_out_{suffix}")
+    config = replace(bench.config, kafka_watermark_topic=f"tp_watermarks_{suffix}")
+    keyspace = f"tp_{suffix}"
+    watcher: OutputWatcher | None = None
+    handle: Handle | None = None
+    try:
+        create_topic_pair(config, topics.source, topics.sink, PARTITIONS)
+        inject(config, topics.source, keyspace, 0, args.records, keys)
+        python = quix_python(bench) if name == "quix" else Path(sys.executable)
+        if name.startswith("spark"):
+            bench.spark()
+        watcher = OutputWatcher(config, topics.sink, PARTITIONS)
+        cpu_before = python_worker_cpu()
+        started = time.time()
+        if name == "spark-floor":
+            handle = start_floor(bench, topics)
+        elif name == "spark-tws":
+            handle = start_tws(bench, topics)
+        else:
+            handle = start_peer(bench, topics, "quix", python)
+        done = watcher.wait(args.records, max(300.0, args.records / 20), handle.check)
+        first = handle.first_data_at()
+        if first is None:
+            raise RuntimeError("could not tell when the system began reading its input")
+        result.phases.append(args.records / (done - first))
+        if name.startswith("spark"):
+            result.notes.append(cpu_note(cpu_before, python_worker_cpu(), done - started))
+        time.sleep(0.5)
+        result.check = check_outputs(BY_NAME[name], watcher.messages, args.records, keys)
+    except Exception as exc:
+        result.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
+        print(f"  {name} failed: {result.error}", flush=True)
+    finally:
+        cleanup: list[Callable[[], None]] = []
+        if handle is not None:
+            cleanup.append(handle.stop)
+        if watcher is not None:
+            cleanup.append(watcher.close)
+        cleanup.append(lambda: delete_topics_containing(config, suffix))
+        cleanup.append(lambda: drop_keyspace(config, keyspace))
+        run_all(cleanup)
+    return result
+
+
+def inject(
+    config: MillstreamConfig, topic: str, keyspace: str, first: int, count: int, keys: SkewedKeys
+) -> None:
+    inject_events(
+        config, topic, count, None, keyspace=keyspace, first=first, key_of=keys, value_of=no_value
+    )
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--records", type=int, default=20_000, help="records per backlog")
+    parser.add_argument("--keys", type=int, default=2_000, help="distinct keys")
+    parser.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent of the keys")
+    parser.add_argument("--intervals", type=int, default=8, help="starting key intervals")
+    parser.add_argument("--batch", type=int, default=2_000, help="records per micro-batch")
+    parser.add_argument("--rate", type=float, help="records/s of the latency phase")
+    parser.add_argument("--latency-seconds", type=float, default=10.0)
+    parser.add_argument("--only", default="", help=f"comma-separated subset of {NAMES}")
+    parser.add_argument("--json", type=Path, help="write the figures to this JSON file")
+    parser.add_argument("--quix-python", help="Python of a virtualenv with quixstreams 3")
+    args = parser.parse_args(argv)
+    args.only = [n.strip() for n in args.only.split(",") if n.strip()] or list(NAMES)
+    unknown = sorted(set(args.only) - set(NAMES))
+    if unknown:
+        parser.error(f"unknown --only names {unknown}; choose from {NAMES}")
+    if min(args.records, args.keys, args.intervals, args.batch) < 1 or args.zipf <= 0:
+        parser.error("--records, --keys, --intervals, --batch and --zipf must be positive")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    began = time.monotonic()
+    keys = SkewedKeys(args.keys, args.zipf, args.intervals)
+    print(
+        f"{args.keys:,} keys, Zipf {args.zipf}: the {keys.hot_keys} keys of interval 0 of "
+        f"{args.intervals} carry {keys.hot_share:.0%} of the records",
+        flush=True,
+    )
+    bench = Bench(
+        load_config(), args, Path(tempfile.mkdtemp(prefix="millstream-rebalance-")), output_size()
+    )
+    results: dict[str, Result] = {}
+    try:
+        rate = args.rate
+        for name in [n for n in NAMES if n in args.only]:
+            print(name, flush=True)
+            if name in MILLSTREAM:
+                result = measure_millstream(bench, name, keys, rate)
+                rate = rate or result.rate  # the static row's sets the balanced row's
+            else:
+                result = measure_peer(bench, name, keys)
+            results[name] = result
+            print(
+                f"  records/s: {', '.join(f'{p:,.0f}' for p in result.phases) or '-'}; "
+                f"check: {result.error or result.check}"
+                + "".join(f"; {note}" for note in result.notes),
+                flush=True,
+            )
+    finally:
+        run_all([bench.close, lambda: shutil.rmtree(bench.root, ignore_errors=True)])
+    rows = report(args, results)
+    print(f"\n(whole run: {time.monotonic() - began:.0f} s)")
+    if args.json is not None:
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 1 if any(r.error or r.check != "ok" for r in results.values()) else 0
+
+
+def report(args: argparse.Namespace, results: dict[str, Result]) -> list[dict[str, Any]]:
+    """Print the table (records/s of each backlog, ratios to the peers and to the static
+    row, latency) and return its rows."""
+    final = {name: r.phases[-1] for name, r in results.items() if r.phases}
+    print(
+        f"\nskewed keyed count: {args.records:,} records per backlog over {args.keys:,} keys; "
+        f"millstream batches of {args.batch:,}; x<row> = records/s of the last backlog / that "
+        "row's"
+    )
+    columns = [n for n in NAMES if n in final]
+    header = (
+        f"{'system':<20} {'backlog 1':>10} {'backlog 2':>10} "
+        + " ".join(f"{'x' + n.split('-')[-1]:>9}" for n in columns)
+        + f" {'rate/s':>7} {'p50 ms':>7} {'p95 ms':>7}  check"
+    )
+    print(header)
+    print("-" * len(header))
+    rows = []
+    for name, result in results.items():
+        phases = [f"{p:>10,.0f}" for p in result.phases] + [f"{'-':>10}"] * 2
+        value = final.get(name)
+        ratios = " ".join(
+            f"{value / final[c]:>9.2f}" if value is not None else f"{'-':>9}" for c in columns
+        )
+        p50 = percentile(result.latency_ms, 50) if result.latency_ms else None
+        p95 = percentile(result.latency_ms, 95) if result.latency_ms else None
+        latency = (
+            f"{result.rate:>7,.0f} {p50:>7,.0f} {p95:>7,.0f}"
+            if p50 is not None and p95 is not None and result.rate is not None
+            else f"{'-':>7} {'-':>7} {'-':>7}"
+        )
+        print(
+            f"{name:<20} {phases[0]} {phases[1]} {ratios} {latency}  {result.error or result.check}"
+        )
+        rows.append(
+            {
+                "system": name,
+                "records_per_s": result.phases,
+                "rate": result.rate,
+                "p50_ms": p50,
+                "p95_ms": p95,
+                "check": result.check,
+                "error": result.error,
+                "notes": result.notes,
+            }
+        )
+    static, balanced = final.get("millstream-static"), final.get("millstream-balanced")
+    if static and balanced:
+        print(f"\nbalanced / static, backlog 2: {balanced / static:.2f}x records/s")
+    return rows
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
