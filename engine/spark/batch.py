@@ -14,14 +14,11 @@ from __future__ import annotations
 import json
 import logging
 import re
-import struct
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
-
-import mmh3
 
 from millstream.connectors import kafka as kafka_connector
 from millstream.engine.clock import Clock
@@ -33,6 +30,7 @@ from millstream.engine.rebalance import assign_slots, begin, finish_change, plan
 from millstream.engine.spark.driver_watermarks import DriverWatermarks
 from millstream.engine.spark.executor import (
     ROUTED_SCHEMA,
+    IntervalSlots,
     TaskSettings,
     interval_task,
     router,
@@ -50,17 +48,12 @@ __all__ = [
     "BatchHandler",
     "batch_offsets",
     "fence_checkpoint",
-    "interval_slots",
-    "partition_representatives",
     "short_error",
-    "spark_int_hash",
 ]
 
 _log = logging.getLogger(__name__)
 
-_INT: Final = struct.Struct("<i")
 _ERROR_LINE: Final = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b.*")
-_SPARK_HASH_SEED: Final = 42
 
 
 class BatchHandler:
@@ -104,7 +97,7 @@ class BatchHandler:
         cores = spark.sparkContext.defaultParallelism
         rebalanced = spec.options.rebalance is not None
         self.tasks = max(1, cores if rebalanced else min(spec.options.key_intervals, cores))
-        self._slots = interval_slots(self.tasks)  # the interval → shuffle partition column
+        self._slots = IntervalSlots(self.tasks)  # each interval's task
         # The computation's key intervals, read from the store at the first batch.
         self.layout: IntervalLayout | None = None
         self._assignment: dict[int, int] | None = None
@@ -266,7 +259,7 @@ class BatchHandler:
         # Moving intervals costs their tasks' cached state: only for a clear gain.
         if set(current) != set(layout.ids) or max(best) < 0.8 * max(loads):
             self._assignment = balanced
-            self._slots = interval_slots(self.tasks, balanced)
+            self._slots = IntervalSlots(self.tasks, balanced)
 
     def _run(
         self, batch: DataFrame, ticks: list[int], watermark: int, timer_watermark: int
@@ -275,38 +268,20 @@ class BatchHandler:
 
         # Wake-up messages only started the batch.
         routed = batch.where(F.col("topic").isin(self.data_topics))
-        routed = routed.mapInArrow(router(self.spec, self.layout), ROUTED_SCHEMA)
+        routed = routed.mapInArrow(router(self.spec, self.layout, self._slots), ROUTED_SCHEMA)
         if ticks:
-            routed = routed.unionByName(self.spark.createDataFrame(tick_rows(ticks), ROUTED_SCHEMA))
+            ticking = self.spark.createDataFrame(tick_rows(ticks, self._slots), ROUTED_SCHEMA)
+            routed = routed.unionByName(ticking)
         # An explicit partition count: adaptive execution would otherwise coalesce the few
         # small shuffle partitions of a micro-batch into one task and leave cores idle.
         return (
-            routed.repartition(self.tasks, self._slots)
+            routed.repartition(self.tasks, "slot")
             .mapInArrow(
                 interval_task(self.spec, self.settings, watermark, timer_watermark, self.layout),
                 RESULT_SCHEMA,
             )
             .collect()
         )
-
-
-def interval_slots(tasks: int, assignment: Mapping[int, int] | None = None) -> Any:
-    """A column to repartition by that sends interval ``i`` to shuffle partition
-    ``assignment[i]``, or ``i mod tasks``: whole intervals, evenly spread.
-
-    Hash partitioning by the interval itself spreads 16 intervals over 2 tasks as unevenly
-    as 11 and 5; instead each interval maps to an integer that Spark's partitioning hash
-    sends to the intended partition (:func:`partition_representatives`).
-    """
-    from pyspark.sql import functions as F  # noqa: N812  (pyspark's convention)
-
-    found = partition_representatives(tasks)
-    pairs = [F.lit(x) for p in range(tasks) for x in (p, found[p])]
-    by_slot = F.element_at(F.create_map(*pairs), F.pmod(F.col("interval"), F.lit(tasks)))
-    if not assignment:
-        return by_slot
-    chosen = [F.lit(x) for i, slot in sorted(assignment.items()) for x in (i, found[slot])]
-    return F.coalesce(F.element_at(F.create_map(*chosen), F.col("interval")), by_slot)
 
 
 def _journal(
@@ -317,23 +292,6 @@ def _journal(
         store.read_layout(computation) != begun
     ):
         begin(store, computation, layout, begun)  # raises: another driver changed it
-
-
-def spark_int_hash(value: int) -> int:
-    """Spark's ``hash()`` of an ``int`` column (Murmur3 x86 32-bit, seed 42), which its hash
-    partitioning takes modulo the partition count."""
-    return int(mmh3.hash(_INT.pack(value), _SPARK_HASH_SEED))
-
-
-def partition_representatives(partitions: int) -> list[int]:
-    """For each partition ``p`` of ``partitions``, the smallest non-negative int that Spark's
-    ``repartition(partitions, column)`` sends to ``p``."""
-    found: dict[int, int] = {}
-    value = 0
-    while len(found) < partitions:
-        found.setdefault(spark_int_hash(value) % partitions, value)
-        value += 1
-    return [found[p] for p in range(partitions)]
 
 
 def fence_checkpoint(checkpoint: Path, batch_id: int, computation: str) -> None:

@@ -44,13 +44,15 @@ shipped as an exception object: user exceptions need not be picklable, and re-ru
 from __future__ import annotations
 
 import os
+import struct
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
+import mmh3
 import pyarrow as pa
 
 from millstream.connectors.kafka import stream_topic
@@ -72,21 +74,71 @@ if TYPE_CHECKING:
 __all__ = [
     "RESULT_SCHEMA",
     "ROUTED_SCHEMA",
+    "IntervalSlots",
     "TaskSettings",
     "clear_process_cache",
     "decode_delivery",
     "interval_task",
+    "partition_representatives",
     "router",
+    "spark_int_hash",
     "tick_rows",
 ]
 
 ROUTED_SCHEMA: Final = (
     "interval int, stream string, partition int, offset long, kafka_ts long, "
     "key string, record_key string, record_value binary, record_ts long, record_id binary, "
-    "raw binary, error string"
+    "raw binary, error string, slot int"
 )
 """The rows :func:`router` emits: a delivery has ``key`` and the ``record_*`` fields, a
-rejected message ``raw`` and ``error`` (a description; the exception is rebuilt later)."""
+rejected message ``raw`` and ``error`` (a description; the exception is rebuilt later);
+``slot`` is the value to repartition by that sends the row to its interval's task
+(:class:`IntervalSlots`)."""
+
+_INT: Final = struct.Struct("<i")
+_SPARK_HASH_SEED: Final = 42
+
+
+def spark_int_hash(value: int) -> int:
+    """Spark's ``hash()`` of an ``int`` column (Murmur3 x86 32-bit, seed 42), which its hash
+    partitioning takes modulo the partition count."""
+    return int(mmh3.hash(_INT.pack(value), _SPARK_HASH_SEED))
+
+
+def partition_representatives(partitions: int) -> list[int]:
+    """For each partition ``p`` of ``partitions``, the smallest non-negative int that Spark's
+    ``repartition(partitions, column)`` sends to ``p``."""
+    found: dict[int, int] = {}
+    value = 0
+    while len(found) < partitions:
+        found.setdefault(spark_int_hash(value) % partitions, value)
+        value += 1
+    return [found[p] for p in range(partitions)]
+
+
+class IntervalSlots:
+    """Which of a batch's ``tasks`` works each key interval: ``assignment[i]``, else
+    ``i mod tasks``, whole intervals.
+
+    Hash partitioning by the interval itself spreads 16 intervals over 2 tasks as unevenly
+    as 11 and 5; instead each row carries, as ``slot``, an integer that Spark's partitioning
+    hash sends to the intended task (:func:`partition_representatives`). Computed where the
+    rows are made, so the plan stays the same size however many intervals there are.
+    """
+
+    def __init__(self, tasks: int, assignment: Mapping[int, int] | None = None) -> None:
+        self.tasks = tasks
+        self.assignment = dict(assignment or {})
+        self._representatives = partition_representatives(tasks)
+
+    def task_of(self, interval: int) -> int:
+        return self.assignment.get(interval, interval % self.tasks)
+
+    def slot(self, interval: int) -> int:
+        """The value of the row's ``slot`` column: ``repartition(tasks, "slot")`` sends it
+        to :meth:`task_of`."""
+        return self._representatives[self.task_of(interval)]
+
 
 _ARROW_TYPES: Final = {
     "int": pa.int32(),
@@ -190,16 +242,20 @@ def _resources(settings: TaskSettings) -> _Resources:
 
 
 def router(
-    spec: ComputationSpec, layout: IntervalLayout | None = None
+    spec: ComputationSpec,
+    layout: IntervalLayout | None = None,
+    slots: IntervalSlots | None = None,
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The ``mapInArrow`` function that decodes, keys and routes ``spec``'s input to the
-    intervals of ``layout`` (default: those the computation starts with).
+    intervals of ``layout`` (default: those the computation starts with), and their tasks
+    (``slots``; default: one task).
 
     Input columns: ``value`` (bytes), ``topic``, ``partition``, ``offset``, ``kafka_ts``
     (the Kafka message timestamp in µs). Output: :data:`ROUTED_SCHEMA`, column by column (no
     pandas, no per-row objects beyond the decoded record).
     """
     layout = layout or IntervalLayout.initial(spec.options.key_intervals)
+    slots = slots or IntervalSlots(1)
     reject_interval = rejected_interval(spec, layout)
     streams = _streams_by_topic(spec)
 
@@ -207,7 +263,7 @@ def router(
         for batch in batches:
             columns: list[list[Any]] = [[] for _ in _ROUTED_COLUMNS]
             (interval_c, stream_c, partition_c, offset_c, kafka_ts_c, key_c, r_key_c,
-             r_value_c, r_ts_c, r_id_c, raw_c, error_c) = columns  # fmt: skip
+             r_value_c, r_ts_c, r_id_c, raw_c, error_c, slot_c) = columns  # fmt: skip
             for value, topic, partition, offset, kafka_ts in zip(
                 *(batch.column(name).to_pylist() for name in _SOURCE_COLUMNS), strict=True
             ):
@@ -234,6 +290,7 @@ def router(
                         column.append(None)
                     raw_c.append(value)
                     error_c.append(f"{type(error).__qualname__}: {error}")
+                slot_c.append(slots.slot(interval_c[-1]))
             yield _record_batch(columns, _ROUTED_ARROW)
 
     return route
@@ -249,10 +306,14 @@ def _streams_by_topic(spec: ComputationSpec) -> dict[str, str]:
     return {stream_topic(i.stream): i.stream for i in spec.inputs}
 
 
-def tick_rows(intervals: Iterable[int]) -> list[tuple[Any, ...]]:
+def tick_rows(
+    intervals: Iterable[int], slots: IntervalSlots | None = None
+) -> list[tuple[Any, ...]]:
     """:data:`ROUTED_SCHEMA` rows that make an interval run without input (a *tick*): for its
     due timers and unacknowledged productions."""
-    return [(interval, *(None,) * (len(_ROUTED_COLUMNS) - 1)) for interval in intervals]
+    slots = slots or IntervalSlots(1)
+    blank = (None,) * (len(_ROUTED_COLUMNS) - 2)
+    return [(interval, *blank, slots.slot(interval)) for interval in intervals]
 
 
 def interval_task(
@@ -355,7 +416,7 @@ def _run_interval(
 
 def _inputs(spec: ComputationSpec, rows: list[tuple[Any, ...]]) -> list[Delivery | Rejected]:
     inputs: list[Delivery | Rejected] = []
-    for _, stream, partition, offset, kafka_ts, key, r_key, r_value, r_ts, r_id, raw, _ in rows:
+    for _, stream, partition, offset, kafka_ts, key, r_key, r_value, r_ts, r_id, raw, *_ in rows:
         if stream is None:
             continue  # a tick: the interval runs for its timers and resends only
         origin = Origin(stream=stream, partition=partition, offset=offset)

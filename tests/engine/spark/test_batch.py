@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from millstream.engine.spark.batch import (
-    interval_slots,
+from millstream.engine.spark.batch import short_error
+from millstream.engine.spark.executor import (
+    IntervalSlots,
     partition_representatives,
-    short_error,
     spark_int_hash,
 )
 
@@ -35,16 +35,35 @@ def test_the_hash_is_sparks_and_intervals_spread_evenly(spark: SparkSession) -> 
     assert hashes == {v: spark_int_hash(v) for v in range(-500, 500)}
 
     # 16 intervals over 2 tasks, as the handler partitions them: 8 and 8, whole.
-    rows = spark.createDataFrame([(i % 16,) for i in range(160)], "interval int")
-    placed = (
-        rows.repartition(2, interval_slots(2))
+    even = IntervalSlots(2)
+    placed = _placed(spark, 2, [(i % 16, even.slot(i % 16)) for i in range(160)])
+    assert len(placed) == 16  # every interval in one task
+    assert sorted(Counter(placed.values()).values()) == [8, 8]
+    assert placed == {i: even.task_of(i) for i in range(16)}
+
+    # An assignment by load (rebalancing): the named intervals go where it says.
+    chosen = IntervalSlots(3, {5: 2, 7: 2, 40: 0})
+    intervals = [5, 7, 40, 1, 2, 3]
+    placed = _placed(spark, 3, [(i, chosen.slot(i)) for i in intervals for _ in range(5)])
+    assert placed == {5: 2, 7: 2, 40: 0, 1: 1, 2: 2, 3: 0}
+
+
+def _placed(spark: SparkSession, tasks: int, rows: list[tuple[int, int]]) -> dict[int, int]:
+    """Each interval's task once ``rows`` (interval, slot) are repartitioned by the slot."""
+    from pyspark.sql import functions as F  # noqa: N812  (pyspark's convention)
+
+    found = (
+        spark.createDataFrame(rows, "interval int, slot int")
+        .repartition(tasks, "slot")
         .select("interval", F.spark_partition_id().alias("task"))
         .distinct()
         .collect()
     )
-    tasks_of = Counter(r["interval"] for r in placed)
-    assert set(tasks_of.values()) == {1}  # every interval in one task
-    assert sorted(Counter(r["task"] for r in placed).values()) == [8, 8]
+    placed: dict[int, int] = {}
+    for row in found:
+        assert row["interval"] not in placed, "an interval was split over tasks"
+        placed[row["interval"]] = row["task"]
+    return placed
 
 
 @pytest.mark.unit
