@@ -59,6 +59,7 @@ __all__ = [
     "FAULTS",
     "OUTAGE_SECONDS",
     "RESOURCE_FAULTS",
+    "SPLIT_HOT_SHARE",
     "TIERS",
     "Fault",
     "FaultOutcome",
@@ -106,6 +107,8 @@ _PAUSES: Final = {
     "split": "rebalance.copy",  # or the step the schedule names (Fault.place)
 }
 _SPLIT_STEPS: Final = ("rebalance.fence", "rebalance.copy", "rebalance.retire")
+SPLIT_HOT_SHARE: Final = 0.8
+"""The share of a run's records on one hash range's keys when it has the ``split`` fault."""
 
 
 # The Cassandra driver's default request timeout (Session.default_timeout), which the store
@@ -793,10 +796,17 @@ def prove(
     directory = (home or config.home / "proving") / run_name
     directory.mkdir(parents=True)
     base_config, config = config, run_config(config, run_name)
-    workload = Workload(records=tier.records, keys=tier.keys, seed=seed, rate=tier.rate)
     faults = schedule(seed, tier, kinds)
-    # tally's intervals split and merge in a run that kills the driver amid a change.
+    # tally's intervals split and merge in a run that kills the driver amid a change, on
+    # skewed input: most records on the keys of one hash range, as a hot spot makes them.
     rebalance = any(fault.kind == "split" for fault in faults)
+    workload = Workload(
+        records=tier.records,
+        keys=tier.keys,
+        seed=seed,
+        rate=tier.rate,
+        hot_share=SPLIT_HOT_SHARE if rebalance else 0.0,
+    )
     description = RunDescription(run_name, workload, tier.key_intervals, 20_000, rebalance)
     description.write(directory)
     report = GroundReport(run_name, seed, tier, directory)

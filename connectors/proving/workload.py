@@ -3,7 +3,10 @@ a lost or doubled effect apart from a correct one.
 
 Input (:class:`ProvingSource`): record ``i`` goes to key ``k{i mod keys}`` with the key's
 sequence number ``i div keys`` and event time ``EPOCH + i * step``; a few records, chosen by
-the seed, carry a value that is not JSON (user code raises on it: a dead letter).
+the seed, carry a value that is not JSON (user code raises on it: a dead letter). A skewed
+workload (``hot_share``) instead draws each record's key by the seed: that share of the
+records goes to the keys of one hash range (the first quarter: ``tally``'s interval 0 of its
+starting 4), the rest to any key; a key's sequence numbers still count its records 0, 1, ...
 
 Topology (:func:`proving_topology`)::
 
@@ -28,6 +31,7 @@ Topology (:func:`proving_topology`)::
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Iterator
@@ -40,6 +44,7 @@ import mmh3
 from millstream.engine.codecs import JsonCodec
 from millstream.engine.computation import Computation
 from millstream.engine.context import Context
+from millstream.engine.keys import key_interval
 from millstream.engine.rebalance import RebalancePolicy
 from millstream.engine.records import Record
 from millstream.engine.timers import Timer
@@ -63,13 +68,16 @@ __all__ = [
 EPOCH: Final = 1_767_225_600_000_000  # 2026-01-01T00:00:00Z in µs: event time is fixed
 _STATE: Final = JsonCodec()
 _MALFORMED: Final = b"\xff not json"
+_SKEW_SALT: Final = 0x5BD1E995
+_HOT_RANGE_OF: Final = 4  # a skewed workload's hot keys: interval 0 of this many
 
 
 @dataclass(frozen=True, slots=True)
 class Workload:
     """The input's shape: ``records`` over ``keys``, one every ``step`` µs of event time,
     windows of ``window`` µs, sent at ``rate`` records per second of wall time, about one
-    in ``malformed_every`` malformed (0: none)."""
+    in ``malformed_every`` malformed (0: none); ``hot_share`` of the records on the keys of
+    one hash range (0: every key alike)."""
 
     records: int
     keys: int
@@ -78,11 +86,20 @@ class Workload:
     step: int = 10_000
     window: int = 5_000_000
     malformed_every: int = 97
+    hot_share: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.hot_share < 1.0:
+            raise ValueError(f"hot_share must be in [0, 1), got {self.hot_share}")
 
     def key(self, index: int) -> str:
+        if self.hot_share:
+            return _skewed(self)[0][index]
         return f"k{index % self.keys:04d}"
 
     def sequence(self, index: int) -> int:
+        if self.hot_share:
+            return _skewed(self)[1][index]
         return index // self.keys
 
     def malformed(self, index: int) -> bool:
@@ -113,11 +130,30 @@ class Workload:
             "step": self.step,
             "window": self.window,
             "malformed_every": self.malformed_every,
+            "hot_share": self.hot_share,
         }
 
     @classmethod
     def from_json(cls, document: dict[str, Any]) -> Workload:
         return cls(**document)
+
+
+@functools.lru_cache(maxsize=4)
+def _skewed(workload: Workload) -> tuple[list[str], list[int]]:
+    """Each record's key and the key's sequence number, for a skewed workload."""
+    names = [f"k{n:04d}" for n in range(workload.keys)]
+    hot = [k for k in names if key_interval(k, _HOT_RANGE_OF) == 0] or names[:1]
+    keys: list[str] = []
+    sequences: list[int] = []
+    seen: dict[str, int] = {}
+    for index in range(workload.records):
+        draw = mmh3.hash(index.to_bytes(8, "little"), workload.seed ^ _SKEW_SALT, signed=False)
+        pool = hot if (draw & 0xFFFF) < workload.hot_share * 0x10000 else names
+        key = pool[(draw >> 16) % len(pool)]
+        keys.append(key)
+        sequences.append(seen.get(key, 0))
+        seen[key] = sequences[-1] + 1
+    return keys, sequences
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,6 +85,29 @@ def test_the_source_is_a_pure_function_of_its_index_and_honours_its_gate(tmp_pat
 
 
 @pytest.mark.unit
+def test_a_skewed_workload_puts_its_share_on_one_hash_range_and_counts_each_key_on() -> None:
+    from collections import Counter
+
+    from millstream.engine.keys import key_interval
+
+    workload = Workload(records=4_000, keys=20, seed=3, rate=100.0, hot_share=0.8)
+    assert Workload.from_json(workload.to_json()) == workload
+    keys = [workload.key(i) for i in range(workload.records)]
+    hot = sum(key_interval(k, 4) == 0 for k in keys) / len(keys)
+    assert 0.8 <= hot <= 0.9  # the hot share, plus the uniform rest's part of that range
+    per_key: Counter[str] = Counter()
+    for index, key in enumerate(keys):
+        assert workload.sequence(index) == per_key[key]
+        per_key[key] += 1
+    assert len(per_key) == 20  # the cold keys still get records
+    expected = expected_outcome(workload)
+    assert sum(len(s) for s in expected.sequences.values()) == 4_000 - len(expected.malformed)
+    assert keys == [Workload.from_json(workload.to_json()).key(i) for i in range(4_000)]
+    with pytest.raises(ValueError, match="hot_share"):
+        Workload(records=1, keys=1, seed=1, rate=1.0, hot_share=1.0)
+
+
+@pytest.mark.unit
 def test_a_roles_members_include_descendants_that_left_its_process_group(tmp_path: Path) -> None:
     """Spark starts its Python daemons in sessions of their own: killing the driver's process
     group alone would leave a parked worker running on (found by the proving ground)."""
