@@ -51,35 +51,24 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make `bench.*` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.harness import (
-    OutputWatcher,
-    cpu_note,
-    create_topic_pair,
-    delete_topics_containing,
-    drop_keyspace,
-    inject_events,
-    percentile,
-    python_worker_cpu,
-    unique_suffix,
-)
+from bench.harness import cpu_note, inject_events, percentile, python_worker_cpu
 from bench.throughput import (
     BY_NAME,
     PARTITIONS,
     TRIGGER_SECONDS,
     Bench,
     Count,
-    Handle,
     MillstreamHandle,
-    Topics,
+    backlog_run,
     check_outputs,
+    failure,
     latency_phases,
     no_value,
     output_size,
@@ -89,7 +78,7 @@ from bench.throughput import (
     start_peer,
     start_tws,
 )
-from millstream.engine.config import MillstreamConfig, load_config
+from millstream.engine.config import load_config
 from millstream.engine.layout import IntervalLayout
 from millstream.engine.rebalance import RebalancePolicy
 from millstream.engine.spark.runner import ProcessingTime, run_topology
@@ -153,145 +142,93 @@ def options(balanced: bool, args: argparse.Namespace) -> ComputationOptions:
 
 
 def measure_millstream(bench: Bench, name: str, keys: SkewedKeys, rate: float | None) -> Result:
+    """Two backlogs through one run of the topology, then the latency phase."""
     args = bench.args
     result = Result(name)
-    suffix = unique_suffix()
-    topics = Topics(suffix, f"tp_in_{suffix}", f"tp_out_{suffix}")
-    config = replace(bench.config, kafka_watermark_topic=f"tp_watermarks_{suffix}")
-    keyspace = f"tp_{suffix}"
-    watcher: OutputWatcher | None = None
-    handle: MillstreamHandle | None = None
-    computation = f"count_{suffix}"
     try:
-        create_topic_pair(config, topics.source, topics.sink, PARTITIONS)
-        inject(config, topics.source, keyspace, 0, args.records, keys)
-        bench.spark()
-        watcher = OutputWatcher(config, topics.sink, PARTITIONS)
-        topology = Topology(f"tp_{suffix}", streams=[topics.source])
-        topology.add_computation(
-            computation,
-            Count(topics.sink),
-            inputs=[topics.source],
-            outputs=[topics.sink],
-            options=options(name == "millstream-balanced", args),
-        )
-        cpu_before = python_worker_cpu()
-        started = time.time()
-        running = run_topology(
-            topology,
-            config,
-            trigger=ProcessingTime(TRIGGER_SECONDS),
-            spark=bench.spark(),
-            keyspace=keyspace,
-            checkpoint_root=bench.root / f"millstream-{suffix}",
-            partitions=PARTITIONS,
-            max_offsets_per_trigger=args.batch,
-        )
-        handle = MillstreamHandle(running, computation)
-        done = watcher.wait(args.records, max(300.0, args.records / 20), handle.check)
-        first = handle.first_data_at()
-        if first is None:
-            raise RuntimeError("could not tell when millstream began reading its input")
-        result.phases.append(args.records / (done - first))
-        after_first = running.layout(computation)
-        second = time.time()
-        inject(config, topics.source, keyspace, args.records, args.records, keys)
-        done = watcher.wait(2 * args.records, max(300.0, args.records / 20), handle.check)
-        result.phases.append(args.records / (done - second))
-        result.notes.append(cpu_note(cpu_before, python_worker_cpu(), done - started))
-        result.notes.append(
-            f"{len(running.batches(computation))} batches; intervals: {args.intervals} at the "
-            f"start, {len(after_first.ids)} after backlog 1, "
-            f"{len(running.layout(computation).ids)} after backlog 2"
-        )
-        time.sleep(0.5)
-        result.check = check_outputs(
-            BY_NAME["millstream-strong"], watcher.messages, 2 * args.records, keys
-        )
-        # Without --rate: 80 % of the row's own phase-2 throughput (the static row's is
-        # then used for the balanced row too, which runs after it).
-        rate = rate or round(0.8 * result.phases[1])
-        if rate > 0:
-            samples = latency_phases(
-                bench,
-                config,
-                topics,
-                watcher,
-                handle,
-                rates=[rate],
-                first=2 * args.records,
-                key_of=keys,
+        with backlog_run(bench, args.records, keys) as run:
+            bench.spark()
+            suffix = run.topics.suffix
+            computation = f"count_{suffix}"
+            topology = Topology(f"tp_{suffix}", streams=[run.topics.source])
+            topology.add_computation(
+                computation,
+                Count(run.topics.sink),
+                inputs=[run.topics.source],
+                outputs=[run.topics.sink],
+                options=options(name == "millstream-balanced", args),
             )
+            cpu_before = python_worker_cpu()
+            started = time.time()
+            running = run_topology(
+                topology,
+                run.config,
+                trigger=ProcessingTime(TRIGGER_SECONDS),
+                spark=bench.spark(),
+                keyspace=run.keyspace,
+                checkpoint_root=bench.root / f"millstream-{suffix}",
+                partitions=PARTITIONS,
+                max_offsets_per_trigger=args.batch,
+            )
+            run.handle = handle = MillstreamHandle(running, computation)
+            result.phases.append(run.drain(args.records)[0])
+            after_first = running.layout(computation)
+            second = time.time()
+            inject_events(
+                run.config, run.topics.source, args.records, None, keyspace=run.keyspace,
+                first=args.records, key_of=keys, value_of=no_value,
+            )  # fmt: skip
+            done = run.watcher.wait(2 * args.records, max(300.0, args.records / 20), handle.check)
+            result.phases.append(args.records / (done - second))
+            result.notes.append(cpu_note(cpu_before, python_worker_cpu(), done - started))
+            result.notes.append(
+                f"{len(running.batches(computation))} batches; intervals: {args.intervals} at "
+                f"the start, {len(after_first.ids)} after backlog 1, "
+                f"{len(running.layout(computation).ids)} after backlog 2"
+            )
+            time.sleep(0.5)  # let stragglers (duplicates) show before checking
+            result.check = check_outputs(
+                BY_NAME["millstream-strong"], run.watcher.messages, 2 * args.records, keys
+            )
+            # Without --rate: 80 % of the row's own backlog-2 throughput (the static row's is
+            # then used for the balanced row too, which runs after it).
+            rate = rate or round(0.8 * result.phases[1])
+            samples = latency_phases(
+                bench, run.config, run.topics, run.watcher, handle,
+                rates=[rate], first=2 * args.records, key_of=keys,
+            )  # fmt: skip
             result.rate, result.latency_ms = rate, samples[rate]
     except Exception as exc:
-        result.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
-        print(f"  {name} failed: {result.error}", flush=True)
-    finally:
-        cleanup: list[Callable[[], None]] = []
-        if handle is not None:
-            cleanup.append(handle.stop)
-        if watcher is not None:
-            cleanup.append(watcher.close)
-        cleanup.append(lambda: delete_topics_containing(config, suffix))
-        cleanup.append(lambda: drop_keyspace(config, keyspace))
-        run_all(cleanup)
+        result.error = failure(name, exc)
     return result
 
 
 def measure_peer(bench: Bench, name: str, keys: SkewedKeys) -> Result:
+    """One backlog, as ``bench/throughput.py`` measures the peers."""
     args = bench.args
     result = Result(name)
-    suffix = unique_suffix()
-    topics = Topics(suffix, f"tp_in_{suffix}", f"tp_out_{suffix}")
-    config = replace(bench.config, kafka_watermark_topic=f"tp_watermarks_{suffix}")
-    keyspace = f"tp_{suffix}"
-    watcher: OutputWatcher | None = None
-    handle: Handle | None = None
     try:
-        create_topic_pair(config, topics.source, topics.sink, PARTITIONS)
-        inject(config, topics.source, keyspace, 0, args.records, keys)
-        python = quix_python(bench) if name == "quix" else Path(sys.executable)
-        if name.startswith("spark"):
-            bench.spark()
-        watcher = OutputWatcher(config, topics.sink, PARTITIONS)
-        cpu_before = python_worker_cpu()
-        started = time.time()
-        if name == "spark-floor":
-            handle = start_floor(bench, topics)
-        elif name == "spark-tws":
-            handle = start_tws(bench, topics)
-        else:
-            handle = start_peer(bench, topics, "quix", python)
-        done = watcher.wait(args.records, max(300.0, args.records / 20), handle.check)
-        first = handle.first_data_at()
-        if first is None:
-            raise RuntimeError("could not tell when the system began reading its input")
-        result.phases.append(args.records / (done - first))
-        if name.startswith("spark"):
-            result.notes.append(cpu_note(cpu_before, python_worker_cpu(), done - started))
-        time.sleep(0.5)
-        result.check = check_outputs(BY_NAME[name], watcher.messages, args.records, keys)
+        with backlog_run(bench, args.records, keys) as run:
+            python = quix_python(bench) if name == "quix" else Path(sys.executable)
+            if name.startswith("spark"):
+                bench.spark()
+            cpu_before = python_worker_cpu()
+            started = time.time()
+            if name == "spark-floor":
+                run.handle = start_floor(bench, run.topics)
+            elif name == "spark-tws":
+                run.handle = start_tws(bench, run.topics)
+            else:
+                run.handle = start_peer(bench, run.topics, "quix", python)
+            records_per_s, _, done = run.drain(args.records)
+            result.phases.append(records_per_s)
+            if name.startswith("spark"):
+                result.notes.append(cpu_note(cpu_before, python_worker_cpu(), done - started))
+            time.sleep(0.5)
+            result.check = check_outputs(BY_NAME[name], run.watcher.messages, args.records, keys)
     except Exception as exc:
-        result.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
-        print(f"  {name} failed: {result.error}", flush=True)
-    finally:
-        cleanup: list[Callable[[], None]] = []
-        if handle is not None:
-            cleanup.append(handle.stop)
-        if watcher is not None:
-            cleanup.append(watcher.close)
-        cleanup.append(lambda: delete_topics_containing(config, suffix))
-        cleanup.append(lambda: drop_keyspace(config, keyspace))
-        run_all(cleanup)
+        result.error = failure(name, exc)
     return result
-
-
-def inject(
-    config: MillstreamConfig, topic: str, keyspace: str, first: int, count: int, keys: SkewedKeys
-) -> None:
-    inject_events(
-        config, topic, count, None, keyspace=keyspace, first=first, key_of=keys, value_of=no_value
-    )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -83,6 +83,7 @@ import time
 import venv
 from collections import Counter
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -91,6 +92,7 @@ if __package__ in (None, ""):  # run as a script: make `bench.harness` importabl
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.harness import (
+    Injection,
     OutputWatcher,
     cpu_note,
     create_topic_pair,
@@ -612,76 +614,114 @@ def no_value(record_id: bytes) -> bytes:
     return b""
 
 
-def measure(bench: Bench, system: System) -> RunResult:
-    """One run of ``system``: drain the backlog, check the outputs, then the latency phases."""
-    args = bench.args
+@dataclass
+class BacklogRun:
+    """One system's run over a backlog in topics, a watermark topic and a keyspace of its
+    own (see :func:`backlog_run`); ``handle`` is the system once started."""
+
+    topics: Topics
+    config: MillstreamConfig
+    keyspace: str
+    injection: Injection
+    watcher: OutputWatcher
+    handle: Handle | None = None
+
+    def drain(self, records: int) -> tuple[float, float, float]:
+        """Wait until ``records`` outputs are in; the records/s from the system's first batch
+        that read input to the last output, and those two wall-clock times."""
+        handle = self.handle
+        assert handle is not None, "start the system first"
+        done = self.watcher.wait(records, max(300.0, records / 50), handle.check)
+        first = handle.first_data_at()
+        if first is None:
+            raise RuntimeError("could not tell when the system began reading its input")
+        return records / (done - first), first, done
+
+
+@contextmanager
+def backlog_run(bench: Bench, records: int, key_of: Callable[[int], str]) -> Iterator[BacklogRun]:
+    """Fresh topics (2 partitions; the output's timestamps are append times), a watermark
+    topic of the run's own (only millstream reads it) and a keyspace (the injector's
+    checkpoint, millstream's state), ``records`` injected with keys ``key_of(n)``;
+    everything is removed at the end."""
     suffix = unique_suffix()
     topics = Topics(suffix, f"tp_in_{suffix}", f"tp_out_{suffix}")
-    # A watermark topic of the run's own (only millstream reads it), removed with the others;
-    # the keyspace holds the injector's checkpoint, and millstream's state.
     config = replace(bench.config, kafka_watermark_topic=f"tp_watermarks_{suffix}")
     keyspace = f"tp_{suffix}"
-    result = RunResult(system.name)
-    handle: Handle | None = None
+    run: BacklogRun | None = None
     watcher: OutputWatcher | None = None
     try:
         create_topic_pair(config, topics.source, topics.sink, PARTITIONS)
         injection = inject_events(
-            config,
-            topics.source,
-            args.records,
-            None,
-            keyspace=keyspace,
-            key_of=backlog_key(args.keys),
+            config, topics.source, records, None, keyspace=keyspace, key_of=key_of,
             value_of=no_value,
-        )
-        result.notes.append(f"injected at {injection.rate:,.0f} records/s")
-        python = quix_python(bench) if system.name == "quix" else Path(sys.executable)
-        if system.name.startswith(("spark", "millstream")):
-            bench.spark()  # before the clock starts
+        )  # fmt: skip
         watcher = OutputWatcher(config, topics.sink, PARTITIONS)
-        cpu_before = python_worker_cpu()
-        started = time.time()
-        if system.name == "kafka-loop":
-            handle = start_peer(bench, topics, "loop", python)
-        elif system.name == "quix":
-            handle = start_peer(bench, topics, "quix", python)
-        elif system.name == "spark-floor":
-            handle = start_floor(bench, topics)
-        elif system.name == "spark-tws":
-            handle = start_tws(bench, topics)
-        else:
-            handle = start_millstream(bench, topics, config, system.name == "millstream-strong")
-        timeout = max(300.0, args.records / 50)
-        done = watcher.wait(args.records, timeout, handle.check)
-        first = handle.first_data_at()
-        if first is None:
-            raise RuntimeError("could not tell when the system began reading its input")
-        result.records_per_s = args.records / (done - first)
-        result.startup_s = first - started
-        if system.name.startswith(("spark", "millstream")):
-            result.notes.append(cpu_note(cpu_before, python_worker_cpu(), done - started))
-        time.sleep(0.5)  # let stragglers (duplicates) show before checking
-        result.check = check_outputs(system, watcher.messages, args.records, backlog_key(args.keys))
-        if isinstance(handle, MillstreamHandle):
-            batches = handle.running.batches(handle.computation)
-            busy = sum(b.seconds for b in batches)
-            result.notes.append(f"{len(batches)} batches, {busy:.1f} s in batches")
-        if system.latency:
-            result.latency = latency_phases(bench, config, topics, watcher, handle)
-    except Exception as exc:
-        result.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
-        print(f"  {system.name} failed: {result.error}", flush=True)
+        run = BacklogRun(topics, config, keyspace, injection, watcher)
+        yield run
     finally:
         cleanup: list[Callable[[], None]] = []
-        if handle is not None:
-            cleanup.append(handle.stop)
+        if run is not None and run.handle is not None:
+            cleanup.append(run.handle.stop)
         if watcher is not None:
             cleanup.append(watcher.close)
         cleanup.append(lambda: delete_topics_containing(config, suffix))
         cleanup.append(lambda: drop_keyspace(config, keyspace))
         run_all(cleanup)
+
+
+def measure(bench: Bench, system: System) -> RunResult:
+    """One run of ``system``: drain the backlog, check the outputs, then the latency phases."""
+    args = bench.args
+    result = RunResult(system.name)
+    key_of = backlog_key(args.keys)
+    try:
+        with backlog_run(bench, args.records, key_of) as run:
+            measure_backlog(bench, system, run, result, key_of)
+    except Exception as exc:
+        result.error = failure(system.name, exc)
     return result
+
+
+def failure(name: str, exc: Exception) -> str:
+    """A failed run's error, printed: the benchmark goes on with the next row."""
+    error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
+    print(f"  {name} failed: {error}", flush=True)
+    return error
+
+
+def measure_backlog(
+    bench: Bench, system: System, run: BacklogRun, result: RunResult, key_of: Callable[[int], str]
+) -> None:
+    args = bench.args
+    result.notes.append(f"injected at {run.injection.rate:,.0f} records/s")
+    python = quix_python(bench) if system.name == "quix" else Path(sys.executable)
+    if system.name.startswith(("spark", "millstream")):
+        bench.spark()  # before the clock starts
+    cpu_before = python_worker_cpu()
+    started = time.time()
+    if system.name in ("kafka-loop", "quix"):
+        run.handle = start_peer(bench, run.topics, system.short, python)
+    elif system.name == "spark-floor":
+        run.handle = start_floor(bench, run.topics)
+    elif system.name == "spark-tws":
+        run.handle = start_tws(bench, run.topics)
+    else:
+        strong = system.name == "millstream-strong"
+        run.handle = start_millstream(bench, run.topics, run.config, strong)
+    handle = run.handle
+    result.records_per_s, first, done = run.drain(args.records)
+    result.startup_s = first - started
+    if system.name.startswith(("spark", "millstream")):
+        result.notes.append(cpu_note(cpu_before, python_worker_cpu(), done - started))
+    time.sleep(0.5)  # let stragglers (duplicates) show before checking
+    result.check = check_outputs(system, run.watcher.messages, args.records, key_of)
+    if isinstance(handle, MillstreamHandle):
+        batches = handle.running.batches(handle.computation)
+        busy = sum(b.seconds for b in batches)
+        result.notes.append(f"{len(batches)} batches, {busy:.1f} s in batches")
+    if system.latency:
+        result.latency = latency_phases(bench, run.config, run.topics, run.watcher, handle)
 
 
 def latency_phases(
