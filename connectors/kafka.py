@@ -268,6 +268,16 @@ _NOT_READY = frozenset(
         KafkaError.UNKNOWN_TOPIC_OR_PART,
         KafkaError._UNKNOWN_PARTITION,
         KafkaError._UNKNOWN_TOPIC,
+        # Between two leaders of a partition (a broker of a replicated cluster restarted and
+        # took its partitions back): a new leader whose high watermark has not caught up
+        # answers ListOffsets with OFFSET_NOT_AVAILABLE, and epochs are briefly out of step.
+        # These carry no retriable flag from get_watermark_offsets (found by the proving
+        # ground on the 3-broker cluster: a driver died as the killed broker came back).
+        KafkaError.OFFSET_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.REPLICA_NOT_AVAILABLE,
+        KafkaError.REQUEST_TIMED_OUT,
     }
 )
 

@@ -47,6 +47,12 @@ OUTAGE_MARKERS: Final = (
     "_TIMED_OUT",
     "NOT_LEADER_FOR_PARTITION",
     "LEADER_NOT_AVAILABLE",
+    # A partition between two leaders, for longer than a call's own retries.
+    "OFFSET_NOT_AVAILABLE",
+    "UNKNOWN_LEADER_EPOCH",
+    "FENCED_LEADER_EPOCH",
+    "REPLICA_NOT_AVAILABLE",
+    "REQUEST_TIMED_OUT",
     "NotLeaderOrFollowerException",
     "org.apache.kafka.common.errors.TimeoutException",
     "DisconnectException",

@@ -32,6 +32,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -106,6 +107,7 @@ _PAUSES: Final = {
     "zombie": "executor.commit",
     "split": "rebalance.copy",  # or the step the schedule names (Fault.place)
 }
+_ERROR_LINE: Final = re.compile(r"^([\w.$]+\.)?\w*(Error|Exception)\b")
 _SPLIT_STEPS: Final = ("rebalance.fence", "rebalance.copy", "rebalance.retire")
 SPLIT_HOT_SHARE: Final = 0.8
 """The share of a run's records on one hash range's keys when it has the ``split`` fault."""
@@ -186,6 +188,13 @@ class Unplanned:
     code: int | None
     log: str
 
+    @property
+    def error(self) -> str:
+        """The log's last line that names an error (a Python or Java one), else its last."""
+        lines = [line.strip() for line in self.log.strip().splitlines()]
+        named = [line for line in lines if _ERROR_LINE.match(line)]
+        return (named or lines[-1:] or [""])[-1]
+
 
 @dataclass
 class GroundReport:
@@ -231,8 +240,7 @@ class GroundReport:
         if self.unplanned:
             lines += ["", f"unplanned exits: {len(self.unplanned)}"]
             for exit in self.unplanned:
-                last = exit.log.strip().splitlines()[-1:] or [""]
-                lines.append(f"  {exit.role} exited with {exit.code}: {last[0][:200]}")
+                lines.append(f"  {exit.role} exited with {exit.code}: {exit.error[:300]}")
         lines += ["", "PASSED" if self.passed else "FAILED"]
         return "\n".join(lines)
 
@@ -446,7 +454,8 @@ class _Run:
                 continue
             log = log_tail(role.logs[-1], 30)
             self.unplanned.append(Unplanned(role.role, code, log))
-            self.progress(f"{role.role} exited with {code} unplanned; restarting it")
+            error = Unplanned(role.role, code, log).error
+            self.progress(f"{role.role} exited with {code} unplanned ({error}); restarting it")
             with contextlib.suppress(MillstreamError):
                 role.kill_all(30)  # what is left of it: its Spark workers
             role.start()

@@ -41,6 +41,24 @@ def test_end_offsets_wait_for_a_new_topic_to_get_its_leader() -> None:
     assert reader.calls == 4
 
 
+@pytest.mark.parametrize(
+    "code",
+    [
+        KafkaError.OFFSET_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.REPLICA_NOT_AVAILABLE,
+    ],
+)
+def test_end_offsets_wait_while_a_partition_moves_between_leaders(code: int) -> None:
+    """Found by the proving ground on the 3-broker cluster: as a killed broker came back and
+    took its partitions back, the new leader answered OFFSET_NOT_AVAILABLE (its high
+    watermark not caught up yet), which killed the driver's watermark report."""
+    reader = _LeaderlessReader(failures=2, code=code)
+    assert kafka_connector.end_offsets(cast(Any, reader), ["t"], timeout=5) == {"t": {0: 7}}
+    assert reader.calls == 3
+
+
 def test_end_offsets_raise_other_errors_and_give_up_in_time() -> None:
     denied = _LeaderlessReader(failures=1, code=KafkaError.TOPIC_AUTHORIZATION_FAILED)
     with pytest.raises(KafkaException):

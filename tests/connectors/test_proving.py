@@ -108,6 +108,20 @@ def test_a_skewed_workload_puts_its_share_on_one_hash_range_and_counts_each_key_
 
 
 @pytest.mark.unit
+def test_an_unplanned_exit_is_reported_by_the_line_naming_its_error() -> None:
+    from millstream.connectors.proving.ground import Unplanned
+
+    log = (
+        "Traceback (most recent call last):\n"
+        '  File "kafka.py", line 290, in _when_ready\n'
+        "confluent_kafka.error.KafkaException: KafkaError{code=OFFSET_NOT_AVAILABLE}\n"
+        "   +- ~StreamingDataSourceV2ScanRelation[key#27] KafkaTable\n"
+    )
+    assert Unplanned("driver", 1, log).error.startswith("confluent_kafka.error.KafkaException")
+    assert Unplanned("driver", 1, "no error named\nlast line").error == "last line"
+
+
+@pytest.mark.unit
 def test_a_roles_members_include_descendants_that_left_its_process_group(tmp_path: Path) -> None:
     """Spark starts its Python daemons in sessions of their own: killing the driver's process
     group alone would leave a parked worker running on (found by the proving ground)."""

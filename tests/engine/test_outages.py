@@ -23,6 +23,8 @@ class NoHostAvailable(Exception):  # noqa: N818  (the Cassandra driver's name)
         UnknownOutcomeError("commit timed out", marker=b"m"),
         TimeoutError("could not read the watermark topic within 30 s"),
         RuntimeError('KafkaError{code=_TRANSPORT,val=-195,str="Connection refused"}'),
+        # A partition between leaders as a broker of a cluster comes back (ListOffsets).
+        RuntimeError('KafkaError{code=OFFSET_NOT_AVAILABLE,val=78,str="Broker: Leader..."}'),
         # A Python worker's error as the driver sees it: text inside a Py4J error.
         RuntimeError(
             "PythonException: An exception was thrown from the Python worker: Traceback ...\n"
