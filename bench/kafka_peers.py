@@ -88,7 +88,7 @@ def run_quix(args: argparse.Namespace) -> dict[str, Any]:
     )
     source = app.topic(args.source, key_deserializer="bytes", value_deserializer="bytes")
     sink = app.topic(args.sink, key_serializer="bytes", value_serializer="bytes")
-    counter = _QuixCounter(args.pad)
+    counter = _QuixCounter(args.pad, args.work_us)
     frame = app.dataframe(source)
     frame = frame.apply(counter, stateful=True)
     frame.to_topic(sink)
@@ -99,8 +99,9 @@ def run_quix(args: argparse.Namespace) -> dict[str, Any]:
 class _QuixCounter:
     """The stateful step: the key's new count, zero-padded to ``pad`` bytes."""
 
-    def __init__(self, pad: int) -> None:
+    def __init__(self, pad: int, work_us: float = 0.0) -> None:
         self.pad = pad
+        self.work_us = work_us
         self.first: float | None = None
         self.handled = 0
 
@@ -108,9 +109,18 @@ class _QuixCounter:
         if self.first is None:
             self.first = time.time()
         self.handled += 1
+        spend_cpu(self.work_us)
         total = int(state.get("count", 0)) + 1
         state.set("count", total)
         return str(total).encode().rjust(self.pad, b"0")
+
+
+def spend_cpu(microseconds: float) -> None:
+    """Busy for ``microseconds`` of this thread's CPU: a record's costly work (a model)."""
+    if microseconds > 0:
+        until = time.thread_time() + microseconds / 1e6
+        while time.thread_time() < until:
+            pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group", default="")
     parser.add_argument("--state-dir", default="")
     parser.add_argument("--pad", type=int, default=0, help="bytes of each output value (quix)")
+    parser.add_argument(
+        "--work-us", type=float, default=0.0, help="CPU µs of work per record (quix)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     result = run_loop(args) if args.peer == "loop" else run_quix(args)

@@ -6,6 +6,12 @@ hash into interval 0 of ``--intervals`` (8) starting intervals, so about four fi
 records land in that one interval (printed). Each is a millstream record as in
 ``bench/throughput.py`` (same injector, same ``Count`` computation: one output per input, with
 the key's new count), on a fresh 2-partition topic; the same sequence of keys every run.
+Every system spends ``--work-us`` (5,000) µs of CPU on each record besides, as a costly
+computation (a model) would: that is the load a hot range concentrates on one core. The less
+work per record, the less balancing gains on 2 cores, where Cassandra, Kafka and Spark's JVM
+take the rest of the CPU (measured: 1.34x at 5 ms, 1.09x at 2 ms, 1.06x at 0.5 ms); with
+``--work-us 0`` (a bare count) a batch costs its round trips, not its records, and splitting
+only adds intervals, each with its LWTs per batch: balancing lost there (0.71x).
 
 | row | what |
 |---|---|
@@ -15,8 +21,9 @@ the key's new count), on a fresh 2-partition topic; the same sequence of keys ev
 | ``millstream-static`` | exactly-once, strong productions, ``--intervals`` fixed intervals |
 | ``millstream-balanced`` | the same, ``ComputationOptions.rebalance`` on (below) |
 
-With ``rebalance`` the hot interval splits by load, cold neighbours merge, and intervals are
-spread over the tasks by load.
+With ``rebalance`` an interval whose task spent more than a quarter of a batch's CPU on it
+splits (``split_cpu_seconds``), cold neighbours merge, and intervals are spread over the
+tasks by load.
 
 Peers drain one backlog of ``--records``; their records/s is measured as in
 ``bench/throughput.py`` (from the first batch that read input to the last output in the
@@ -35,10 +42,10 @@ worked).
 Run with Kafka and Cassandra up (``millstream up``) and the bench extras installed::
 
     .venv/bin/python -m pip install -e '.[test,bench]'
-    .venv/bin/python bench/rebalance.py [--records 20000] [--batch 2000] [--only ...]
-        [--json out.json]
+    .venv/bin/python bench/rebalance.py [--records 4000] [--batch 500] [--work-us 5000]
+        [--only ...] [--json out.json]
 
-About 5 minutes on 2 cores (plus a minute the first time for Quix's virtualenv).
+About 3½ minutes on 2 cores (plus a minute the first time for Quix's virtualenv).
 """
 
 from __future__ import annotations
@@ -129,14 +136,18 @@ class Result:
 def options(balanced: bool, args: argparse.Namespace) -> ComputationOptions:
     if not balanced:
         return ComputationOptions(key_intervals=args.intervals)
-    # Split until no interval carries more than an eighth of a batch; merge what carries
-    # less than a sixty-fourth.
+    # Split an interval that took more than a quarter of a batch's CPU (so the two cores'
+    # tasks can share the hot range), or, without costly records, an eighth of its records;
+    # merge what carries less than a sixty-fourth. Every interval costs its LWTs per batch,
+    # so splitting further than the cores can use only adds them.
+    batch_cpu = args.work_us * args.batch / 1e6
     return ComputationOptions(
         key_intervals=args.intervals,
         rebalance=RebalancePolicy(
-            split_records=max(1, args.batch // 8),
+            split_records=args.batch if batch_cpu else max(1, args.batch // 8),
             merge_records=args.batch // 64,
             max_intervals=64,
+            split_cpu_seconds=batch_cpu / 4 if batch_cpu else None,
         ),
     )
 
@@ -153,7 +164,7 @@ def measure_millstream(bench: Bench, name: str, keys: SkewedKeys, rate: float | 
             topology = Topology(f"tp_{suffix}", streams=[run.topics.source])
             topology.add_computation(
                 computation,
-                Count(run.topics.sink),
+                Count(run.topics.sink, args.work_us),
                 inputs=[run.topics.source],
                 outputs=[run.topics.sink],
                 options=options(name == "millstream-balanced", args),
@@ -217,9 +228,9 @@ def measure_peer(bench: Bench, name: str, keys: SkewedKeys) -> Result:
             if name == "spark-floor":
                 run.handle = start_floor(bench, run.topics)
             elif name == "spark-tws":
-                run.handle = start_tws(bench, run.topics)
+                run.handle = start_tws(bench, run.topics, args.work_us)
             else:
-                run.handle = start_peer(bench, run.topics, "quix", python)
+                run.handle = start_peer(bench, run.topics, "quix", python, args.work_us)
             records_per_s, _, done = run.drain(args.records)
             result.phases.append(records_per_s)
             if name.startswith("spark"):
@@ -233,11 +244,14 @@ def measure_peer(bench: Bench, name: str, keys: SkewedKeys) -> Result:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--records", type=int, default=20_000, help="records per backlog")
+    parser.add_argument("--records", type=int, default=4_000, help="records per backlog")
     parser.add_argument("--keys", type=int, default=2_000, help="distinct keys")
     parser.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent of the keys")
     parser.add_argument("--intervals", type=int, default=8, help="starting key intervals")
-    parser.add_argument("--batch", type=int, default=2_000, help="records per micro-batch")
+    parser.add_argument("--batch", type=int, default=500, help="records per micro-batch")
+    parser.add_argument(
+        "--work-us", type=float, default=5_000, help="CPU µs of work per record (0: a bare count)"
+    )
     parser.add_argument("--rate", type=float, help="records/s of the latency phase")
     parser.add_argument("--latency-seconds", type=float, default=10.0)
     parser.add_argument("--only", default="", help=f"comma-separated subset of {NAMES}")
@@ -250,6 +264,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"unknown --only names {unknown}; choose from {NAMES}")
     if min(args.records, args.keys, args.intervals, args.batch) < 1 or args.zipf <= 0:
         parser.error("--records, --keys, --intervals, --batch and --zipf must be positive")
+    if args.work_us < 0:
+        parser.error("--work-us must not be negative")
     return args
 
 

@@ -105,7 +105,7 @@ from bench.harness import (
     python_worker_cpu,
     unique_suffix,
 )
-from bench.kafka_peers import QUIX_REQUIREMENT
+from bench.kafka_peers import QUIX_REQUIREMENT, spend_cpu
 from millstream.connectors import cassandra as cassandra_connector
 from millstream.engine.clock import SystemClock
 from millstream.engine.codecs import IntCodec
@@ -193,12 +193,15 @@ BY_NAME = {system.name: system for system in SYSTEMS}
 
 
 class Count(Computation):
-    """Counts records per key; for each, produces the key's new count."""
+    """Counts records per key; for each, produces the key's new count. ``work_us``: CPU µs
+    spent per record besides (a costly computation, as a model's would be)."""
 
-    def __init__(self, output: str) -> None:
+    def __init__(self, output: str, work_us: float = 0.0) -> None:
         self.output = output
+        self.work_us = work_us
 
     def process_record(self, ctx: Context, record: Record) -> None:
+        spend_cpu(self.work_us)
         state = ctx.state(IntCodec())
         count = state.get(0) + 1
         state.set(count)
@@ -394,7 +397,9 @@ def quix_python(bench: Bench) -> Path:
     return python
 
 
-def start_peer(bench: Bench, topics: Topics, peer: str, python: Path) -> Handle:
+def start_peer(
+    bench: Bench, topics: Topics, peer: str, python: Path, work_us: float = 0.0
+) -> Handle:
     command = [
         str(python),
         str(PEERS_SCRIPT),
@@ -413,6 +418,8 @@ def start_peer(bench: Bench, topics: Topics, peer: str, python: Path) -> Handle:
         str(bench.root / f"quix-state-{topics.suffix}"),
         "--pad",
         str(bench.output_bytes),
+        "--work-us",
+        str(work_us),
     ]
     return ProcessHandle(peer, command, bench.root / f"{peer}-{topics.suffix}")
 
@@ -429,7 +436,7 @@ def start_floor(bench: Bench, topics: Topics) -> Handle:
     return QueryHandle(query)
 
 
-def start_tws(bench: Bench, topics: Topics) -> Handle:
+def start_tws(bench: Bench, topics: Topics, work_us: float = 0.0) -> Handle:
     from pyspark.sql import functions as F  # noqa: N812  (pyspark's convention)
     from pyspark.sql.streaming.stateful_processor import (
         StatefulProcessor,
@@ -455,6 +462,7 @@ def start_tws(bench: Bench, topics: Topics) -> Handle:
             import pandas as pd
 
             received = sum(len(frame) for frame in rows)
+            spend_cpu(work_us * received)
             stored = self.count.get()  # None for a new key: one state round trip, not two
             before = int(stored[0]) if stored is not None else 0
             self.count.update((before + received,))
