@@ -278,6 +278,10 @@ _NOT_READY = frozenset(
         KafkaError.FENCED_LEADER_EPOCH,
         KafkaError.REPLICA_NOT_AVAILABLE,
         KafkaError.REQUEST_TIMED_OUT,
+        # A killed broker of a replicated cluster drops out of the metadata and librdkafka
+        # decommissions its handle, failing what was in flight on it; the next call goes to
+        # the partition's new leader (found by the proving ground on the 3-broker cluster).
+        KafkaError._DESTROY_BROKER,
     }
 )
 

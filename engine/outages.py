@@ -53,6 +53,8 @@ OUTAGE_MARKERS: Final = (
     "FENCED_LEADER_EPOCH",
     "REPLICA_NOT_AVAILABLE",
     "REQUEST_TIMED_OUT",
+    # A broker dropped out of the metadata (killed): librdkafka destroyed its handle.
+    "_DESTROY_BROKER",
     "NotLeaderOrFollowerException",
     "org.apache.kafka.common.errors.TimeoutException",
     "DisconnectException",

@@ -48,12 +48,15 @@ def test_end_offsets_wait_for_a_new_topic_to_get_its_leader() -> None:
         KafkaError.UNKNOWN_LEADER_EPOCH,
         KafkaError.FENCED_LEADER_EPOCH,
         KafkaError.REPLICA_NOT_AVAILABLE,
+        KafkaError._DESTROY_BROKER,
     ],
 )
 def test_end_offsets_wait_while_a_partition_moves_between_leaders(code: int) -> None:
     """Found by the proving ground on the 3-broker cluster: as a killed broker came back and
     took its partitions back, the new leader answered OFFSET_NOT_AVAILABLE (its high
-    watermark not caught up yet), which killed the driver's watermark report."""
+    watermark not caught up yet), which killed the driver's watermark report; and as a
+    broker was killed, librdkafka destroyed its handle (_DESTROY_BROKER) under a
+    get_watermark_offsets in flight, which killed a driver's batch."""
     reader = _LeaderlessReader(failures=2, code=code)
     assert kafka_connector.end_offsets(cast(Any, reader), ["t"], timeout=5) == {"t": {0: 7}}
     assert reader.calls == 3

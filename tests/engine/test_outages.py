@@ -25,6 +25,11 @@ class NoHostAvailable(Exception):  # noqa: N818  (the Cassandra driver's name)
         RuntimeError('KafkaError{code=_TRANSPORT,val=-195,str="Connection refused"}'),
         # A partition between leaders as a broker of a cluster comes back (ListOffsets).
         RuntimeError('KafkaError{code=OFFSET_NOT_AVAILABLE,val=78,str="Broker: Leader..."}'),
+        # A killed broker's handle destroyed under a request (the CI's 3-broker cluster run).
+        RuntimeError(
+            'cimpl.KafkaException: KafkaError{code=_DESTROY_BROKER,val=-137,str="Failed to get'
+            ' watermark offsets: Local: Broker handle destroyed without termination"}'
+        ),
         # A Python worker's error as the driver sees it: text inside a Py4J error.
         RuntimeError(
             "PythonException: An exception was thrown from the Python worker: Traceback ...\n"
