@@ -263,8 +263,11 @@ def create_offsets_topic(bootstrap: str, replicas: int, timeout: float = 60.0) -
             partitions = topic.partitions.values()
             if partitions and all(len(p.isrs) >= replicas for p in partitions):
                 return
-        except KafkaException:
-            pass  # not yet: the coordinator or the topic's leaders are still being set up
+        except (KafkaException, TimeoutError):
+            # Not yet: the coordinator or the topic's leaders are still being set up. A
+            # request unanswered within its own 10 s (a cluster's first boot on a loaded
+            # machine) is no reason to give up before ``timeout`` either.
+            pass
         if time.monotonic() >= deadline:
             raise ServiceStartError(
                 f"the Kafka brokers at {bootstrap} did not create {_OFFSETS_TOPIC} with "
