@@ -38,7 +38,7 @@ from millstream.engine.pause_points import pause_point
 from millstream.engine.state import KeyChanges
 from millstream.engine.store import IntervalStore
 
-__all__ = ["RebalancePolicy", "assign_slots", "begin", "finish_change", "plan"]
+__all__ = ["RebalancePolicy", "assign_slots", "begin", "finish_change", "load_shares", "plan"]
 
 _COMMIT_ATTEMPTS = 5
 
@@ -75,6 +75,26 @@ class RebalancePolicy:
             raise ValueError("need 1 <= min_intervals <= max_intervals")
 
 
+def load_shares(
+    intervals: Iterable[int],
+    records: Mapping[int, int],
+    policy: RebalancePolicy,
+    cpu_seconds: Mapping[int, float] | None = None,
+) -> dict[int, float]:
+    """Each interval's load in the latest batch with input as a share of its split
+    threshold (above 1 splits): its records, or its CPU seconds where the policy splits on
+    them and they weigh more. The one measure splits, and spreads intervals over tasks."""
+    cpu = cpu_seconds or {}
+    limit = policy.split_cpu_seconds
+    shares: dict[int, float] = {}
+    for interval in intervals:
+        share = records.get(interval, 0) / policy.split_records
+        if limit is not None:
+            share = max(share, cpu.get(interval, 0.0) / limit)
+        shares[interval] = share
+    return shares
+
+
 def plan(
     layout: IntervalLayout,
     records: Mapping[int, int],
@@ -88,13 +108,7 @@ def plan(
         return None
     cpu = cpu_seconds or {}
     cpu_limit = policy.split_cpu_seconds
-
-    def load(interval: int) -> float:
-        # Of its split threshold: above 1 splits.
-        share = records.get(interval, 0) / policy.split_records
-        if cpu_limit is not None:
-            share = max(share, cpu.get(interval, 0.0) / cpu_limit)
-        return share
+    load = load_shares(layout.ids, records, policy, cpu).__getitem__
 
     def cold(interval: int) -> bool:
         return records.get(interval, 0) < policy.merge_records and (
@@ -192,16 +206,17 @@ def _commit(
 
 
 def assign_slots(
-    intervals: Iterable[int], records: Mapping[int, int], slots: int
+    intervals: Iterable[int], loads: Mapping[int, float], slots: int
 ) -> dict[int, int]:
     """Intervals to ``slots`` (a batch's interval tasks) so that no slot is hot: the
-    heaviest interval first, each to the slot with the fewest records so far (then the
-    fewest intervals): the longest-processing-time rule, within 4/3 of the best."""
-    totals = [(0, 0, slot) for slot in range(slots)]
+    heaviest interval first (by ``loads``: records, or :func:`load_shares`), each to the
+    slot with the least load so far (then the fewest intervals): the
+    longest-processing-time rule, within 4/3 of the best."""
+    totals: list[tuple[float, int, int]] = [(0.0, 0, slot) for slot in range(slots)]
     heapq.heapify(totals)
     assigned: dict[int, int] = {}
-    for interval in sorted(intervals, key=lambda i: (-records.get(i, 0), i)):
+    for interval in sorted(intervals, key=lambda i: (-loads.get(i, 0), i)):
         load, count, slot = heapq.heappop(totals)
         assigned[interval] = slot
-        heapq.heappush(totals, (load + records.get(interval, 0), count + 1, slot))
+        heapq.heappush(totals, (load + loads.get(interval, 0), count + 1, slot))
     return assigned

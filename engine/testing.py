@@ -338,7 +338,8 @@ class TopologyHarness:
         return busy
 
     def _rebalance(self, name: str, spec: ComputationSpec) -> bool:
-        """As the driver does between batches: split or merge one interval by the loads."""
+        """As the driver does between batches: split or merge one interval by the loads
+        (records only: CPU seconds would make a test's layout differ from run to run)."""
         policy = spec.options.rebalance
         if policy is None:
             return False
@@ -350,7 +351,7 @@ class TopologyHarness:
         finished = finish_change(self.store, name, begun, dedup_ttl=spec.options.dedup_ttl)
         self.layouts[name] = finished
         self._watermarks[name].intervals.replace(
-            begun.change.sources, [target[0] for target in begun.change.targets]
+            begun.change.sources, [target[0] for target in begun.change.targets], carry_load=True
         )
         return True  # the new intervals run once to say what they hold
 

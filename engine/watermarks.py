@@ -44,7 +44,7 @@ import heapq
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from sortedcontainers import SortedList
 
@@ -605,6 +605,7 @@ class IntervalLoad:
 
 
 _ANY_INTERVAL = 2**63  # above every interval ID: an index range bound on the time alone
+_NO_LOAD: Final = (0, 0.0, 0.0)
 
 
 class IntervalMap:
@@ -618,7 +619,10 @@ class IntervalMap:
     def __init__(self, intervals: int | Iterable[int]) -> None:
         self._live = set(range(intervals) if isinstance(intervals, int) else intervals)
         self._progress: dict[int, IntervalProgress] = {}
-        self._load: dict[int, tuple[int, float, float]] = {}  # records, seconds, CPU seconds
+        # Records, seconds and CPU seconds of the latest batch with input each ran in (the
+        # percentile's weights); those in _idle carried nothing in the latest one.
+        self._load: dict[int, tuple[int, float, float]] = {}
+        self._idle: set[int] = set()
         self._work: SortedList[tuple[int, int]] = SortedList()  # (oldest_work, interval)
         self._event: SortedList[tuple[int, int]] = SortedList()  # (next_event_timer, interval)
         self._wall: SortedList[tuple[int, int]] = SortedList()  # (next_wall_timer, interval)
@@ -646,12 +650,29 @@ class IntervalMap:
     def complete(self) -> bool:
         return len(self._progress) >= len(self._live)
 
-    def replace(self, sources: Iterable[int], targets: Iterable[int]) -> None:
-        """``sources`` were split or merged into ``targets``, whose work is unknown yet."""
+    def replace(
+        self, sources: Iterable[int], targets: Iterable[int], *, carry_load: bool = False
+    ) -> None:
+        """``sources`` were split or merged into ``targets``, whose work is unknown yet.
+
+        With ``carry_load`` the targets share the load the sources carried in the latest
+        batch with input, evenly (a split halves it, a merge sums it), until they carry their
+        own: taken for idle, the halves of a hot interval would share one task and merge
+        again at once, to split at the next input."""
+        sources, targets = list(sources), list(targets)
+        carried = [self._latest(interval) for interval in sources]
         for interval in sources:
             self._forget(interval)
             self._live.discard(interval)
         self._live.update(targets)
+        if carry_load and targets:
+            records = sum(load[0] for load in carried)
+            seconds = sum(load[1] for load in carried)
+            cpu = sum(load[2] for load in carried)
+            whole, rest = divmod(records, len(targets))
+            for index, interval in enumerate(targets):
+                share = (whole + (index < rest), seconds / len(targets), cpu / len(targets))
+                self._set_load(interval, share)
 
     def track(self, ids: Iterable[int]) -> None:
         """Follow exactly the intervals ``ids`` (a layout read at start)."""
@@ -665,7 +686,8 @@ class IntervalMap:
             _discard(self._event, old.next_event_timer, interval)
             _discard(self._wall, old.next_wall_timer, interval)
         self._pending.discard(interval)
-        records, _, _ = self._load.pop(interval, (0, 0.0, 0.0))
+        self._idle.discard(interval)
+        records, _, _ = self._load.pop(interval, _NO_LOAD)
         self._records -= records
 
     def record(
@@ -701,14 +723,20 @@ class IntervalMap:
     def idle_except(self, ran: Iterable[int]) -> None:
         """A batch with input ran only the intervals ``ran``: every other one carried no
         records in it (so a load it carried long ago neither splits it nor keeps it from
-        merging)."""
-        for interval in self._load.keys() - set(ran):
-            self._set_load(interval, (0, 0.0, 0.0))
+        merging). Their weight in :meth:`percentile_work` stays that of the latest batch
+        with input they ran in: a small batch that missed an interval says little of the
+        share of the data behind it."""
+        self._idle = self._load.keys() - set(ran)
 
     def _set_load(self, interval: int, load: tuple[int, float, float]) -> None:
-        before = self._load.get(interval, (0, 0.0, 0.0))[0]
+        before = self._load.get(interval, _NO_LOAD)[0]
         self._load[interval] = load
+        self._idle.discard(interval)
         self._records += load[0] - before
+
+    def _latest(self, interval: int) -> tuple[int, float, float]:
+        """The load ``interval`` carried in the latest batch with input."""
+        return _NO_LOAD if interval in self._idle else self._load.get(interval, _NO_LOAD)
 
     def oldest_work(self) -> tuple[int, int] | None:
         """The earliest pending work of any interval, and that interval."""
@@ -740,23 +768,24 @@ class IntervalMap:
         allowance = total * (100.0 - percentile) / 100.0
         skipped = 0.0
         for work, interval in self._work:
-            skipped += self._load.get(interval, (0, 0.0, 0.0))[0] + 1
+            skipped += self._load.get(interval, _NO_LOAD)[0] + 1
             if skipped > allowance:
                 return int(work)
         return None
 
     def records(self) -> dict[int, int]:
         """Each interval's records in the latest batch with input (for rebalancing)."""
-        return {interval: load[0] for interval, load in self._load.items()}
+        return {interval: self._latest(interval)[0] for interval in self._load}
 
     def cpu_seconds(self) -> dict[int, float]:
         """Each interval's CPU seconds in the latest batch with input (for rebalancing)."""
-        return {interval: load[2] for interval, load in self._load.items()}
+        return {interval: self._latest(interval)[2] for interval in self._load}
 
     def hottest(self, limit: int = 5) -> list[IntervalLoad]:
         """The intervals that carried the most records in the latest batch with input (then
         seconds)."""
-        ranked = heapq.nlargest(limit, self._load.items(), key=lambda item: item[1])
+        latest = ((interval, self._latest(interval)) for interval in self._load)
+        ranked = heapq.nlargest(limit, latest, key=lambda item: item[1])
         return [
             IntervalLoad(interval, records, seconds, self._oldest_work(interval), cpu)
             for interval, (records, seconds, cpu) in ranked

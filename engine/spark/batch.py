@@ -26,7 +26,7 @@ from millstream.engine.errors import FencedError, TopologyError
 from millstream.engine.layout import IntervalLayout
 from millstream.engine.outages import DEFAULT_OUTAGE_TIMEOUT, Outage, is_outage
 from millstream.engine.pause_points import pause_point
-from millstream.engine.rebalance import assign_slots, begin, finish_change, plan
+from millstream.engine.rebalance import assign_slots, begin, finish_change, load_shares, plan
 from millstream.engine.spark.driver_watermarks import DriverWatermarks
 from millstream.engine.spark.executor import (
     ROUTED_SCHEMA,
@@ -231,7 +231,7 @@ class BatchHandler:
                 )
             )
             targets = [target[0] for target in change.targets]
-            self.watermarks.state.intervals.replace(change.sources, targets)
+            intervals.replace(change.sources, targets, carry_load=True)
             self.rebalances += 1
             _log.info(
                 "computation %r: %s of intervals %s into %s (records per batch: %s)",
@@ -243,19 +243,22 @@ class BatchHandler:
             )
             # The new intervals have run no batch yet: one without input finds their work.
             self.watermarks.wake_now()
-        self._spread(records)
+        assert self.layout is not None
+        self._spread(
+            load_shares(self.layout.ids, intervals.records(), policy, intervals.cpu_seconds())
+        )
 
-    def _spread(self, records: Mapping[int, int]) -> None:
+    def _spread(self, shares: Mapping[int, float]) -> None:
         layout = self.layout
         assert layout is not None
         current = self._assignment or {i: i % self.tasks for i in layout.ids}
-        loads = [0] * self.tasks
+        loads = [0.0] * self.tasks
         for interval in layout.ids:
-            loads[current.get(interval, interval % self.tasks)] += records.get(interval, 0)
-        balanced = assign_slots(layout.ids, records, self.tasks)
-        best = [0] * self.tasks
+            loads[current.get(interval, interval % self.tasks)] += shares.get(interval, 0.0)
+        balanced = assign_slots(layout.ids, shares, self.tasks)
+        best = [0.0] * self.tasks
         for interval, slot in balanced.items():
-            best[slot] += records.get(interval, 0)
+            best[slot] += shares.get(interval, 0.0)
         # Moving intervals costs their tasks' cached state: only for a clear gain.
         if set(current) != set(layout.ids) or max(best) < 0.8 * max(loads):
             self._assignment = balanced

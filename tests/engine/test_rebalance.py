@@ -316,6 +316,85 @@ def test_the_interval_map_follows_a_split() -> None:
 
 
 @pytest.mark.unit
+def test_new_intervals_share_their_sources_load_until_they_carry_their_own() -> None:
+    """Found in review: new intervals counted as idle, so the halves of a hot interval went
+    to one task, and intervals just merged merged again at once, before any input."""
+    from millstream.engine.rebalance import assign_slots, load_shares
+    from millstream.engine.watermarks import IntervalMap, IntervalProgress
+
+    intervals = IntervalMap(2)
+    intervals.record(0, IntervalProgress(), records=901, seconds=2.0, cpu_seconds=1.0)
+    intervals.record(1, IntervalProgress(), records=10)
+    intervals.replace([0], [2, 3], carry_load=True)
+    assert intervals.records() == {1: 10, 2: 451, 3: 450}
+    assert intervals.cpu_seconds() == {1: 0.0, 2: 0.5, 3: 0.5}
+    shares = load_shares(intervals.ids, intervals.records(), RebalancePolicy(500))
+    slots = assign_slots(intervals.ids, shares, 2)
+    assert slots[2] != slots[3]  # the halves of the hot interval on different tasks
+    intervals.replace([1, 3], [4], carry_load=True)
+    assert intervals.records() == {2: 451, 4: 460}
+    # Its own batch with input replaces the carried load.
+    intervals.record(4, IntervalProgress(), records=7)
+    assert intervals.records()[4] == 7
+
+
+@pytest.mark.unit
+def test_cold_intervals_merge_in_pairs_and_stop_without_new_input() -> None:
+    from millstream.engine.watermarks import IntervalMap, IntervalProgress
+
+    policy = RebalancePolicy(split_records=20, merge_records=10)
+    layout = IntervalLayout.initial(8)
+    intervals = IntervalMap(8)
+    for interval in range(8):
+        intervals.record(interval, IntervalProgress(), records=9)
+    changes = 0
+    while (begun := plan(layout, intervals.records(), policy)) is not None:
+        assert begun.change is not None
+        sources = begun.change.sources
+        targets = [target[0] for target in begun.change.targets]
+        layout = begun.finish()
+        intervals.replace(sources, targets, carry_load=True)
+        changes += 1
+        assert changes <= 8, "merges cascade"
+    # Each pair of 9-record intervals merged once (18 records: no longer cold), and none of
+    # the merged ones is hot enough to split: the layout settles with the load it measured.
+    assert changes == 4
+    assert sorted(intervals.records().values()) == [18, 18, 18, 18]
+
+
+@pytest.mark.unit
+def test_an_idle_interval_keeps_its_weight_in_the_percentile() -> None:
+    """Found in review: a batch with input that missed an interval made its weight one
+    record, so the percentile set aside intervals that carry most of the data."""
+    from millstream.engine.watermarks import IntervalMap, IntervalProgress
+
+    intervals = IntervalMap(16)
+    for interval in range(16):
+        intervals.record(interval, IntervalProgress(oldest_work=100 + interval), records=60)
+    before = intervals.percentile_work(99.0)
+    intervals.record(14, IntervalProgress(oldest_work=114), records=60)
+    intervals.record(15, IntervalProgress(oldest_work=115), records=60)
+    intervals.idle_except([14, 15])
+    assert intervals.percentile_work(99.0) == before == 100
+    assert intervals.records()[0] == 0  # for rebalancing, it carried nothing in that batch
+
+
+@pytest.mark.unit
+def test_intervals_spread_by_the_load_that_splits_them() -> None:
+    from millstream.engine.rebalance import assign_slots, load_shares
+
+    policy = RebalancePolicy(split_records=1_000, split_cpu_seconds=1.0)
+    records = {0: 10, 1: 400, 2: 300, 3: 10}
+    cpu = {0: 0.9, 1: 0.1, 2: 0.1, 3: 0.9}  # intervals 0 and 3: few records, costly ones
+    shares = load_shares(range(4), records, policy, cpu)
+    assert shares == {0: 0.9, 1: 0.4, 2: 0.3, 3: 0.9}
+    slots = assign_slots(range(4), shares, 2)
+    assert slots[0] != slots[3]
+    by_records = assign_slots(range(4), records, 2)
+    assert by_records[0] == by_records[3]  # what records alone would do
+
+
+@pytest.mark.unit
 def test_an_interval_load_is_that_of_the_latest_batch_with_input() -> None:
     from millstream.engine.watermarks import IntervalMap, IntervalProgress
 
