@@ -540,11 +540,13 @@ class RunningTopology:
 
     def layout(self, computation: str) -> IntervalLayout:
         """A computation's key intervals as the store holds them now (they split and merge
-        with ``ComputationOptions.rebalance``)."""
+        with ``ComputationOptions.rebalance``); before its first batch, the ones it starts
+        with. Only reads: the first batch writes the layout."""
         spec = self.topology.computations.get(computation)
         if spec is None:
             raise TopologyError(f"no computation {computation!r} in {self.topology.name!r}")
-        return self._driver_store().layout(computation, spec.options.key_intervals)
+        stored = self._driver_store().read_layout(computation)
+        return stored or IntervalLayout.initial(spec.options.key_intervals)
 
     def holds(self, computation: str) -> list[Hold]:
         return self._tracker(computation).state.input.explain()
