@@ -344,13 +344,16 @@ class TopologyHarness:
         if policy is None:
             return False
         layout = self.layouts[name]
-        begun = plan(layout, self._watermarks[name].intervals.records(), policy)
+        intervals = self._watermarks[name].intervals
+        if not intervals.measured:
+            return False  # as on Spark: one change per batch with input
+        begun = plan(layout, intervals.records(), policy)
         if begun is None or begun.change is None:
             return False
         begin(self.store, name, layout, begun)
         finished = finish_change(self.store, name, begun, dedup_ttl=spec.options.dedup_ttl)
         self.layouts[name] = finished
-        self._watermarks[name].intervals.replace(
+        intervals.replace(
             begun.change.sources, [target[0] for target in begun.change.targets], carry_load=True
         )
         return True  # the new intervals run once to say what they hold

@@ -623,6 +623,7 @@ class IntervalMap:
         # percentile's weights); those in _idle carried nothing in the latest one.
         self._load: dict[int, tuple[int, float, float]] = {}
         self._idle: set[int] = set()
+        self._estimated: set[int] = set()  # loads carried over by replace, not measured
         self._work: SortedList[tuple[int, int]] = SortedList()  # (oldest_work, interval)
         self._event: SortedList[tuple[int, int]] = SortedList()  # (next_event_timer, interval)
         self._wall: SortedList[tuple[int, int]] = SortedList()  # (next_wall_timer, interval)
@@ -658,7 +659,8 @@ class IntervalMap:
         With ``carry_load`` the targets share the load the sources carried in the latest
         batch with input, evenly (a split halves it, a merge sums it), until they carry their
         own: taken for idle, the halves of a hot interval would share one task and merge
-        again at once, to split at the next input."""
+        again at once, to split at the next input. Until then the map is not
+        :attr:`measured`."""
         sources, targets = list(sources), list(targets)
         carried = [self._latest(interval) for interval in sources]
         for interval in sources:
@@ -673,6 +675,7 @@ class IntervalMap:
             for index, interval in enumerate(targets):
                 share = (whole + (index < rest), seconds / len(targets), cpu / len(targets))
                 self._set_load(interval, share)
+                self._estimated.add(interval)
 
     def track(self, ids: Iterable[int]) -> None:
         """Follow exactly the intervals ``ids`` (a layout read at start)."""
@@ -687,6 +690,7 @@ class IntervalMap:
             _discard(self._wall, old.next_wall_timer, interval)
         self._pending.discard(interval)
         self._idle.discard(interval)
+        self._estimated.discard(interval)
         records, _, _ = self._load.pop(interval, _NO_LOAD)
         self._records -= records
 
@@ -719,6 +723,7 @@ class IntervalMap:
             self._pending.discard(interval)
         if records is not None:
             self._set_load(interval, (records, seconds, cpu_seconds))
+            self._estimated.discard(interval)
 
     def idle_except(self, ran: Iterable[int]) -> None:
         """A batch with input ran only the intervals ``ran``: every other one carried no
@@ -727,6 +732,13 @@ class IntervalMap:
         with input they ran in: a small batch that missed an interval says little of the
         share of the data behind it."""
         self._idle = self._load.keys() - set(ran)
+        self._estimated -= self._idle
+
+    @property
+    def measured(self) -> bool:
+        """Whether every load is one a batch with input measured, none carried over from a
+        split or merge: a plan on estimates would split halves a hot key leaves cold."""
+        return not self._estimated
 
     def _set_load(self, interval: int, load: tuple[int, float, float]) -> None:
         before = self._load.get(interval, _NO_LOAD)[0]

@@ -219,7 +219,10 @@ class BatchHandler:
         assert layout is not None
         intervals = self.watermarks.state.intervals
         records = intervals.records()
-        begun = plan(layout, records, policy, intervals.cpu_seconds())
+        # One change per measurement: the next waits for a batch with input under this one.
+        begun = (
+            plan(layout, records, policy, intervals.cpu_seconds()) if intervals.measured else None
+        )
         if begun is not None and begun.change is not None:
             change = begun.change
             store = self.layout_store()

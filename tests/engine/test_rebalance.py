@@ -333,9 +333,17 @@ def test_new_intervals_share_their_sources_load_until_they_carry_their_own() -> 
     assert slots[2] != slots[3]  # the halves of the hot interval on different tasks
     intervals.replace([1, 3], [4], carry_load=True)
     assert intervals.records() == {2: 451, 4: 460}
-    # Its own batch with input replaces the carried load.
+    # Estimates: no plan is made on them (the hot half of a hot key's interval may be the
+    # whole of its load), and a batch of ticks alone does not measure them.
+    measured = [intervals.measured]
+    intervals.record(4, IntervalProgress(), records=None)
+    measured.append(intervals.measured)
+    # A batch with input measures them all: its own load, or none.
     intervals.record(4, IntervalProgress(), records=7)
-    assert intervals.records()[4] == 7
+    intervals.idle_except([4])
+    measured.append(intervals.measured)
+    assert measured == [False, False, True]
+    assert intervals.records() == {2: 0, 4: 7}
 
 
 @pytest.mark.unit
