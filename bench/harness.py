@@ -26,9 +26,9 @@ from millstream.connectors import kafka as kafka_connector
 from millstream.engine.clock import Clock, SystemClock
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.records import Record, decode_record, injector_record_id
-from millstream.engine.spark.session import kafka_options, kafka_stream
 from millstream.injectors import InjectorStats, Poll, Position, Source, SourceRecord
 from millstream.injectors.connect import connect_injector
+from millstream.spark.session import kafka_options, kafka_stream
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -88,8 +88,8 @@ from bench.throughput import (
 from millstream.engine.config import load_config
 from millstream.engine.layout import IntervalLayout
 from millstream.engine.rebalance import RebalancePolicy
-from millstream.engine.spark.runner import ProcessingTime, run_topology
 from millstream.engine.topology import ComputationOptions, Topology
+from millstream.spark.runner import ProcessingTime, run_topology
 
 PEERS = ("spark-floor", "spark-tws", "quix")
 MILLSTREAM = ("millstream-static", "millstream-balanced")

@@ -53,9 +53,9 @@ from millstream.engine.computation import Computation
 from millstream.engine.config import MillstreamConfig, load_config
 from millstream.engine.context import Context
 from millstream.engine.records import Record
-from millstream.engine.spark.runner import ProcessingTime, RunningTopology, run_topology
-from millstream.engine.spark.session import spark_session
 from millstream.engine.topology import ComputationOptions, Topology
+from millstream.spark.runner import ProcessingTime, RunningTopology, run_topology
+from millstream.spark.session import spark_session
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

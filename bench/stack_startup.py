@@ -17,8 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from millstream.connectors.local.service import ServiceStatus
-from millstream.connectors.local.stack import LocalStack
+from millstream.devtools.local.service import ServiceStatus
+from millstream.devtools.local.stack import LocalStack
 from millstream.engine.config import MillstreamConfig
 
 

@@ -119,16 +119,16 @@ from millstream.engine.records import (
     injector_record_id,
     production_record_id,
 )
-from millstream.engine.spark.runner import (
+from millstream.engine.state import KeyChanges
+from millstream.engine.stores.cassandra import CassandraIntervalStore, create_schema
+from millstream.engine.topology import ComputationOptions, Topology
+from millstream.spark.runner import (
     AvailableNow,
     ProcessingTime,
     RunningTopology,
     run_topology,
 )
-from millstream.engine.spark.session import kafka_options, kafka_stream, spark_session
-from millstream.engine.state import KeyChanges
-from millstream.engine.stores.cassandra import CassandraIntervalStore, create_schema
-from millstream.engine.topology import ComputationOptions, Topology
+from millstream.spark.session import kafka_options, kafka_stream, spark_session
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -1,6 +1,6 @@
 """Serving metrics to Prometheus: one HTTP endpoint per registry.
 
-A driver (:mod:`millstream.engine.spark.prometheus`) and an injector process
+A driver (:mod:`millstream.spark.prometheus`) and an injector process
 (:mod:`millstream.injectors.prometheus`) each fill a ``prometheus_client.CollectorRegistry``
 of their own, never the library's global one, so several topologies or injectors in one
 Python process (tests, notebooks) do not clash; :func:`serve_metrics` exposes one at

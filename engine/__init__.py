@@ -3,7 +3,7 @@
 The names a computation needs are importable from here (the front door); the rest lives in
 one module per concept (:mod:`~millstream.engine.records`, :mod:`~millstream.engine.state`,
 :mod:`~millstream.engine.timers`, :mod:`~millstream.engine.watermarks`, ...). Testing helpers
-are in :mod:`millstream.engine.testing`, the Spark runtime in :mod:`millstream.engine.spark`.
+are in :mod:`millstream.engine.testing`, the Spark runtime in :mod:`millstream.spark`.
 """
 
 from millstream.engine.codecs import AvroCodec, BytesCodec, Codec, IntCodec, JsonCodec

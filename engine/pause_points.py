@@ -1,6 +1,6 @@
 """Named places in the commit path where a fault harness can park a process.
 
-The proving ground (:mod:`millstream.connectors.proving`) must kill a driver *between a commit
+The proving ground (:mod:`millstream.devtools.proving`) must kill a driver *between a commit
 and the send of its productions*, stop one *while it holds a lease and has not committed*, and
 so on: moments a timer could only hit by luck. The engine therefore names those moments, and a
 harness that set ``MILLSTREAM_PAUSE_POINTS`` to a directory can ask the first process that

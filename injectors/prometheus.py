@@ -14,7 +14,7 @@ carries the labels ``injector`` and ``process``:
   (the process's clock) minus it.
 
 A topology's driver exports the same watermark gauges as its consumers applied them, with a
-``topology`` label (:mod:`millstream.engine.spark.prometheus`).
+``topology`` label (:mod:`millstream.spark.prometheus`).
 """
 
 from __future__ import annotations

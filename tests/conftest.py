@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from cassandra.cluster import Session
     from pyspark.sql import SparkSession
 
-    from millstream.connectors.local.stack import LocalStack
+    from millstream.devtools.local.stack import LocalStack
 
 
 def _progress(message: str) -> None:
@@ -94,7 +94,7 @@ def services(pytestconfig: pytest.Config) -> Iterator[MillstreamConfig]:
             kafka_connector.delete_wake_topics(config)
             kafka_connector.delete_topics(config, [config.kafka_watermark_topic])
             return
-        from millstream.connectors.local.stack import LocalStack
+        from millstream.devtools.local.stack import LocalStack
 
         with running_stack(pytestconfig, LocalStack(config, _progress), _progress):
             yield config
@@ -146,7 +146,7 @@ def cassandra_keyspace(
 
 @pytest.fixture(scope="session")
 def spark(services: MillstreamConfig) -> Iterator[SparkSession]:
-    from millstream.engine.spark.session import spark_session
+    from millstream.spark.session import spark_session
 
     session = spark_session(services, app_name="millstream-tests", progress=_progress)
     try:

@@ -8,19 +8,17 @@ from types import ModuleType
 
 import pytest
 
-import millstream.connectors
 import millstream.engine
-import millstream.injectors
+from tests.test_packaging import installed_packages
 
 pytestmark = pytest.mark.unit
 
 
 def public_modules() -> list[str]:
-    return sorted(
-        info.name
-        for package in (millstream.engine, millstream.connectors, millstream.injectors)
-        for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}.")
-    )
+    names = installed_packages()
+    for package in map(importlib.import_module, installed_packages()):
+        names += [i.name for i in pkgutil.walk_packages(package.__path__, f"{package.__name__}.")]
+    return sorted(names)
 
 
 def defined_here(module: ModuleType) -> set[str]:
@@ -36,7 +34,7 @@ def defined_here(module: ModuleType) -> set[str]:
 @pytest.mark.parametrize("name", public_modules())
 def test_all_is_honest(name: str) -> None:
     with warnings.catch_warnings():
-        # The deprecated aliases warn on import; tests/engine/spark/test_layout.py checks that.
+        # The deprecated aliases warn on import; tests/spark/test_layout.py checks that.
         warnings.simplefilter("ignore", DeprecationWarning)
         module = importlib.import_module(name)
     exported = getattr(module, "__all__", None)

@@ -12,7 +12,7 @@ from millstream.connectors import cassandra as cassandra_connector
 from millstream.connectors.kafka import producer
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.records import Record, decode_record, encode_record, injector_record_id
-from millstream.engine.spark.session import kafka_stream
+from millstream.spark.session import kafka_stream
 
 if TYPE_CHECKING:
     from cassandra.cluster import Session

@@ -1,6 +1,12 @@
-"""The proving ground: crash every role of a running topology on the real stack and count
-what was lost or duplicated (``millstream prove``); see :mod:`.ground`."""
+"""Deprecated: moved to :mod:`millstream.devtools.proving`; this alias goes in 0.3."""
 
-from millstream.connectors.proving.ground import FAULTS, TIERS, GroundReport, Tier, prove
+import warnings
 
-__all__ = ["FAULTS", "TIERS", "GroundReport", "Tier", "prove"]
+from millstream.devtools.proving import *  # noqa: F403
+from millstream.devtools.proving import __all__ as __all__
+
+warnings.warn(
+    "millstream.connectors.proving moved to millstream.devtools.proving",
+    DeprecationWarning,
+    stacklevel=2,
+)

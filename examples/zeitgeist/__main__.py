@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
 
     config = load_config()
     register_for_spark()
-    from millstream.engine.spark.session import spark_session
+    from millstream.spark.session import spark_session
 
     spark = spark_session(config, app_name=f"zeitgeist-{run}")
     reports: list[Report] = []

@@ -23,10 +23,10 @@ from millstream.connectors.kafka import create_topics, stream_topic
 from millstream.connectors.streams import tail_stream
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.records import MAX_EVENT_TIME
-from millstream.engine.spark.runner import ProcessingTime, RunningTopology, run_topology
 from millstream.injectors.connect import connect_injector
 from millstream.injectors.logfile import LogFileSource
 from millstream.injectors.process import InjectorOptions, InjectorProcess, InjectorStats
+from millstream.spark.runner import ProcessingTime, RunningTopology, run_topology
 from zeitgeist.model import BUCKET_MICROS, ModelParams
 from zeitgeist.pipeline import Names, zeitgeist_topology
 from zeitgeist.replay import parse_search

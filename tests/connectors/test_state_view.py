@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from millstream import cli
 from millstream.connectors.state_view import (
     KeyView,
     decode_state,
@@ -18,7 +19,6 @@ from millstream.connectors.state_view import (
     view_document,
     view_text,
 )
-from millstream.engine import cli
 from millstream.engine.clock import ManualClock, SystemClock
 from millstream.engine.codecs import AvroCodec, IntCodec, JsonCodec
 from millstream.engine.computation import Computation

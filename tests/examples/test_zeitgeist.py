@@ -302,7 +302,7 @@ def test_a_slice_of_real_traffic_finds_its_anomaly_and_a_killed_driver_changes_n
         [
             sys.executable,
             "-m",
-            "millstream.engine.cli",
+            "millstream.cli",
             "tail",
             names.anomalies,
             "--from-beginning",

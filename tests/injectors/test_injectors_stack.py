@@ -28,19 +28,19 @@ from millstream.engine.config import MillstreamConfig
 from millstream.engine.context import Context
 from millstream.engine.errors import InjectorFencedError
 from millstream.engine.records import Record, decode_record
-from millstream.engine.spark.runner import (
-    AvailableNow,
-    ProcessingTime,
-    RunningTopology,
-    run_topology,
-)
 from millstream.engine.timers import Timer
 from millstream.engine.topology import ComputationOptions, Topology
 from millstream.engine.watermarks import injector_source
 from millstream.injectors import InjectorOptions, LogFileSource
 from millstream.injectors.connect import connect_injector
-from tests.engine.spark.test_runner import read_topic
+from millstream.spark.runner import (
+    AvailableNow,
+    ProcessingTime,
+    RunningTopology,
+    run_topology,
+)
 from tests.injectors.logfile_app import parse
+from tests.spark.test_runner import read_topic
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -1,0 +1,199 @@
+"""Start, find, watch and stop one local server process, by pid file.
+
+A service's pid file is trusted only while the pid is alive *and* its command
+line still names the service's data directory, so a recycled pid is never
+mistaken for ours (and never signalled).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from millstream.connectors.maven import Progress
+from millstream.engine.errors import PortInUseError, ServiceStartError
+
+__all__ = [
+    "Progress",
+    "ServiceProcess",
+    "alive",
+    "check_ports_free",
+    "log_tail",
+    "port_accepts",
+]
+
+
+def port_accepts(host: str, port: int, timeout: float = 0.5) -> bool:
+    """Whether something accepts TCP connections on host:port."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def check_ports_free(service: str, host: str, ports: Sequence[tuple[str, int]]) -> None:
+    """Raise :class:`PortInUseError` naming the first port another process holds."""
+    for role, port in ports:
+        if port_accepts(host, port):
+            raise PortInUseError(
+                f"{service} cannot start: its {role} port {host}:{port} is already in use by "
+                f"another process. Stop that process (see `ss -ltnp 'sport = :{port}'`) or "
+                f"choose another port in millstream.toml / MILLSTREAM_* variables."
+            )
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    """The last lines of a log file, for error messages."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - 64 * 1024))
+            text = handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return f"(no log at {path})"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass(frozen=True)
+class ServiceProcess:
+    """The pid file, log file and identity marker of one service."""
+
+    name: str
+    pid_file: Path
+    log_file: Path
+    marker: str  # a string the service's command line must contain
+
+    def running_pid(self) -> int | None:
+        """The pid of our live process, or None (clearing a stale pid file)."""
+        try:
+            pid = int(self.pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return None
+        if _cmdline_contains(pid, self.marker):
+            return pid
+        with contextlib.suppress(FileNotFoundError):
+            self.pid_file.unlink()
+        return None
+
+    def start(
+        self, argv: Sequence[str], env: Mapping[str, str] | None = None, cwd: Path | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Start argv detached from our session, output appended to the log file."""
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        self.pid_file.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_file.open("ab") as log:
+            proc = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=dict(env) if env is not None else None,
+                cwd=cwd,
+                start_new_session=True,  # survives the CLI and ignores its Ctrl-C
+            )
+        self.pid_file.write_text(f"{proc.pid}\n")
+        # Until the child has exec'd, its command line is ours, without the marker, and
+        # running_pid() would disown it (and delete the pid file): wait for the exec.
+        deadline = time.monotonic() + 10.0
+        while (
+            not _cmdline_contains(proc.pid, self.marker)
+            and proc.poll() is None
+            and time.monotonic() < deadline
+        ):
+            time.sleep(0.01)
+        return proc
+
+    def wait_healthy(
+        self,
+        proc: subprocess.Popen[bytes] | None,
+        healthy: Callable[[], bool],
+        timeout: float,
+        progress: Progress,
+        interval: float = 1.0,
+        *,
+        retry: str = "run `millstream up` again",
+        stop: str = "`millstream down` stops it",
+    ) -> None:
+        """Poll ``healthy`` until it holds; fail with the log tail on exit or timeout.
+
+        ``retry`` and ``stop`` tell the user, in the error, how to start and stop it again.
+        """
+        deadline = time.monotonic() + timeout
+        next_note = time.monotonic() + 10
+        while True:
+            if proc is not None and proc.poll() is not None:
+                raise ServiceStartError(
+                    f"{self.name} exited with code {proc.returncode} while starting. "
+                    f"Last lines of {self.log_file}:\n{log_tail(self.log_file)}\n"
+                    f"Fix the cause above, then {retry}."
+                )
+            if healthy():
+                return
+            now = time.monotonic()
+            if now >= deadline:
+                raise ServiceStartError(
+                    f"{self.name} did not accept clients within {timeout:.0f}s. "
+                    f"Last lines of {self.log_file}:\n{log_tail(self.log_file)}\n"
+                    f"If the machine is just slow, {retry}; "
+                    f"otherwise fix the cause above ({stop})."
+                )
+            if now >= next_note:
+                progress(f"{self.name}: still starting ({now - deadline + timeout:.0f}s)")
+                next_note = now + 10
+            time.sleep(interval)
+
+    def stop(self, timeout: float = 60.0) -> bool:
+        """SIGTERM our process, SIGKILL it after ``timeout``; False if it was not running."""
+        pid = self.running_pid()
+        if pid is None:
+            return False
+        _signal(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if alive(pid):
+            _signal(pid, signal.SIGKILL)
+            while alive(pid):
+                time.sleep(0.1)
+        with contextlib.suppress(FileNotFoundError):
+            self.pid_file.unlink()
+        return True
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, exited but not reaped, counts as dead; our own
+    children are reaped on the way)."""
+    # A child that exited but was not reaped yet is a zombie: dead for our purposes.
+    with contextlib.suppress(ChildProcessError):
+        reaped, _ = os.waitpid(pid, os.WNOHANG)
+        if reaped == pid:
+            return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in {"Z", "X"}
+
+
+def _cmdline_contains(pid: int, marker: str) -> bool:
+    if not alive(pid):
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+    except OSError:
+        return False
+    return marker.encode() in cmdline

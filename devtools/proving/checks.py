@@ -1,0 +1,434 @@
+"""The proving ground's checks, in Jepsen's vocabulary, against what a run left behind.
+
+Everything is read from the real services once the run settled: the computations' state
+from Cassandra (through the store's own reads), the streams from Kafka, the watermark
+reports from the watermark topic, and the drivers' batch log. Each check counts; a run
+passes when every count is zero:
+
+* **lost**: an effect an exact run has and this one lacks: a sequence number missing from a
+  key's bitmap, a window record, a rollup entry, an output record or a dead letter missing;
+* **duplicated**: an effect applied twice: a sequence number processed twice (``dups``), a
+  window whose timer fired twice, two records with different IDs for one window;
+* **unexpected**: an effect an exact run does not have (a wrong count, a record of no input);
+* **unseen**: records the source generated that never reached the input stream;
+* **watermark regressions**: a source's report on the watermark topic, or a computation's
+  input watermark across the batches of every driver, that went back;
+* **timers**: windows still open or timers still stored at the end, windows never fired;
+* **accounting**: input records that are neither processed, dead letters nor counted drops.
+
+Alongside, the *non-vacuity* counts say whether the faults provoked what they are meant to:
+fenced (zombie) attempts, checkpointed productions re-sent, duplicates absorbed downstream,
+unknown commit outcomes resolved.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from millstream.connectors import cassandra as cassandra_connector
+from millstream.connectors import kafka as kafka_connector
+from millstream.connectors.state_view import read_view
+from millstream.devtools.proving.workload import (
+    ExpectedOutcome,
+    ProvingNames,
+    Workload,
+    bitmap_members,
+)
+from millstream.engine.clock import SystemClock
+from millstream.engine.config import MillstreamConfig
+from millstream.engine.deadletters import decode_dead_letter
+from millstream.engine.errors import MillstreamError
+from millstream.engine.keys import key_interval
+from millstream.engine.records import Record, decode_record, injector_record_id
+from millstream.engine.watermarks import WatermarkReport, decode_watermark_message
+
+__all__ = ["CheckResult", "NonVacuity", "check_run", "read_messages"]
+
+# The driver's log lines of a split or merge it made, and of one it found journaled.
+_CHANGED = re.compile(r": (split|merge) of intervals \[")
+_FINISHING = re.compile(r": finishing a (split|merge)$")
+_FENCED = re.compile(r"^millstream\.engine\.errors\.FencedError: ")
+# Spark's own fence: a second query on one checkpoint fails to write the same batch's log.
+_SPARK_FENCED = "CONCURRENT_STREAM_LOG_UPDATE"
+
+
+@dataclass
+class CheckResult:
+    """The counts of every check (all zero: the run passed) and what each found first."""
+
+    counts: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(
+            (
+                "lost",
+                "duplicated",
+                "unexpected",
+                "unseen",
+                "watermark regressions",
+                "timers not fired exactly once",
+                "accounting mismatch",
+            ),
+            0,
+        )
+    )
+    examples: dict[str, list[str]] = field(default_factory=dict)
+    figures: dict[str, int] = field(default_factory=dict)
+
+    def add(self, check: str, count: int, example: str) -> None:
+        if count <= 0:
+            return
+        self.counts[check] += count
+        found = self.examples.setdefault(check, [])
+        if len(found) < 5:
+            found.append(example)
+
+    @property
+    def passed(self) -> bool:
+        return not any(self.counts.values())
+
+
+@dataclass
+class NonVacuity:
+    """What the faults provoked: the counts that show the guarantees were exercised."""
+
+    fenced_attempts: int = 0
+    resent_productions: int = 0
+    duplicates_absorbed: int = 0
+    reprocessed_downstream: int = 0
+    unknown_outcomes: int = 0
+    failed_attempts: int = 0
+    spark_fenced_queries: int = 0
+    outage_waits: int = 0
+    interval_changes: int = 0
+    changes_finished_after_a_kill: int = 0
+
+    def rows(self) -> list[tuple[str, int]]:
+        return [
+            ("zombie or stale writes fenced", self.fenced_attempts),
+            ("zombie queries stopped by Spark's checkpoint", self.spark_fenced_queries),
+            ("strong productions re-sent", self.resent_productions),
+            ("duplicates dropped by exactly-once", self.duplicates_absorbed),
+            ("inputs rerun by the stage without exactly-once", self.reprocessed_downstream),
+            ("unknown LWT outcomes resolved", self.unknown_outcomes),
+            ("batch attempts failed and retried", self.failed_attempts),
+            ("batch attempts that waited out an outage", self.outage_waits),
+            ("key intervals split or merged", self.interval_changes),
+            ("splits and merges a new driver finished", self.changes_finished_after_a_kill),
+        ]
+
+
+def read_messages(
+    config: MillstreamConfig, topic: str, timeout: float = 60.0
+) -> list[tuple[int, int, bytes]]:
+    """Every message of ``topic`` as (partition, offset, value), up to its end now."""
+    from confluent_kafka import TopicPartition
+
+    consumer = kafka_connector.consumer(config, "millstream-proving")
+    try:
+        ends = kafka_connector.end_offsets(consumer, [topic])[topic]
+        consumer.assign([TopicPartition(topic, p, 0) for p in ends])
+        position = dict.fromkeys(ends, 0)
+        messages: list[tuple[int, int, bytes]] = []
+        deadline = time.monotonic() + timeout
+        while any(position[p] < end for p, end in ends.items()):
+            if time.monotonic() > deadline:
+                raise MillstreamError(f"could not read {topic!r} to its end within {timeout} s")
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            if message.error() is not None:
+                raise MillstreamError(f"reading {topic!r}: {message.error()}")
+            partition, offset = message.partition() or 0, message.offset() or 0
+            position[partition] = offset + 1
+            messages.append((partition, offset, message.value() or b""))
+        return messages
+    finally:
+        consumer.close()
+
+
+def _records(config: MillstreamConfig, stream: str) -> list[Record]:
+    topic = kafka_connector.stream_topic(stream)
+    return [decode_record(value) for _, _, value in read_messages(config, topic)]
+
+
+def check_run(
+    config: MillstreamConfig,
+    names: ProvingNames,
+    workload: Workload,
+    expected: ExpectedOutcome,
+    key_intervals: int,
+    batches: Iterable[dict[str, Any]],
+    driver_logs: Iterable[Path],
+) -> tuple[CheckResult, NonVacuity]:
+    """Run every check on a settled run; see the module docstring."""
+    result = CheckResult()
+    batch_list = list(batches)
+    _check_input(config, names, workload, expected, result)
+    cluster, session = cassandra_connector.connect(config)
+    try:
+        from millstream.engine.stores.cassandra import CassandraIntervalStore
+
+        store = CassandraIntervalStore(session, names.keyspace, SystemClock())
+        _check_tally(store, expected, key_intervals, result)
+        _check_rollup(store, expected, key_intervals, result)
+    finally:
+        cluster.shutdown()
+    _check_outputs(config, names, expected, result)
+    _check_watermarks(config, batch_list, result)
+    return result, _non_vacuity(batch_list, driver_logs, config, names)
+
+
+def _check_input(
+    config: MillstreamConfig,
+    names: ProvingNames,
+    workload: Workload,
+    expected: ExpectedOutcome,
+    result: CheckResult,
+) -> None:
+    records = _records(config, names.events)
+    ids = {record.record_id for record in records}
+    result.figures["input records on the stream"] = len(records)
+    result.figures["distinct input records"] = len(ids)
+    wanted = {injector_record_id(names.injector, "proving", i): i for i in range(workload.records)}
+    missing = [i for record_id, i in wanted.items() if record_id not in ids]
+    result.add(
+        "unseen",
+        len(missing),
+        f"record {missing[0]} never reached {names.events}" if missing else "",
+    )
+    strangers = ids - wanted.keys()
+    result.add("unexpected", len(strangers), f"{len(strangers)} input records of no index")
+    # Accounting: every distinct input is processed, a dead letter, or a counted drop.
+    dead = {
+        decode_dead_letter(record.value).origin.cause_id()
+        for record in _records(config, names.dead_letters("tally"))
+    }
+    injector_dead = len(_records(config, names.injector_dead_letters))
+    result.figures["dead letters (distinct)"] = len(dead)
+    result.figures["injector dead letters"] = injector_dead
+    malformed_ids = {injector_record_id(names.injector, "proving", i) for i in expected.malformed}
+    lost_dead = malformed_ids - dead
+    result.add("lost", len(lost_dead), f"{len(lost_dead)} malformed records without a dead letter")
+    result.add("unexpected", len(dead - malformed_ids), "a dead letter for a well-formed record")
+    processed = sum(len(s) for s in expected.sequences.values())
+    result.figures["expected processed"] = processed
+    mismatch = len(ids) - (processed + len(dead & malformed_ids) + injector_dead)
+    result.add(
+        "accounting mismatch",
+        abs(mismatch),
+        f"{len(ids)} distinct inputs != {processed} processed + {len(dead)} dead letters "
+        f"+ {injector_dead} drops",
+    )
+
+
+def _check_tally(
+    store: Any, expected: ExpectedOutcome, key_intervals: int, result: CheckResult
+) -> None:
+    seen_total = 0
+    for key, sequences in sorted(expected.sequences.items()):
+        view = _view(store, "tally", key, key_intervals)
+        if view.state is None:
+            result.add("lost", len(sequences), f"tally has no state for {key}")
+            continue
+        doc = json.loads(view.state)
+        members = bitmap_members(doc["seen"])
+        seen_total += len(members)
+        missing = sequences - set(members)
+        extra = set(members) - sequences
+        result.add(
+            "lost", len(missing), f"tally {key}: sequence numbers {sorted(missing)[:5]} missing"
+        )
+        result.add(
+            "unexpected",
+            len(extra),
+            f"tally {key}: sequence numbers {sorted(extra)[:5]} of no input",
+        )
+        result.add(
+            "duplicated",
+            int(doc["dups"]),
+            f"tally {key}: {doc['dups']} sequence numbers processed twice",
+        )
+        fired = Counter(int(w) for w in doc["fired"])
+        windows = set(expected.windows[key])
+        twice = {w: n for w, n in fired.items() if n > 1}
+        result.add(
+            "timers not fired exactly once",
+            sum(n - 1 for n in twice.values()),
+            f"tally {key}: windows {sorted(twice)[:5]} fired more than once",
+        )
+        result.add(
+            "duplicated", sum(n - 1 for n in twice.values()), f"tally {key}: a window fired twice"
+        )
+        never = windows - fired.keys()
+        result.add(
+            "timers not fired exactly once",
+            len(never),
+            f"tally {key}: windows {sorted(never)[:5]} never fired",
+        )
+        result.add(
+            "unexpected", len(fired.keys() - windows), f"tally {key}: a window of no input fired"
+        )
+        result.add(
+            "timers not fired exactly once",
+            len(doc["open"]),
+            f"tally {key}: windows {sorted(doc['open'])[:5]} still open",
+        )
+        result.add(
+            "timers not fired exactly once",
+            len(view.timers),
+            f"tally {key}: {len(view.timers)} timers still stored",
+        )
+    result.figures["processed (distinct, from state)"] = seen_total
+
+
+def _check_rollup(
+    store: Any, expected: ExpectedOutcome, key_intervals: int, result: CheckResult
+) -> None:
+    for window, counts in sorted(expected.rollups().items()):
+        view = _view(store, "rollup", window, key_intervals)
+        if view.state is None:
+            result.add("lost", len(counts), f"rollup has no state for {window}")
+            continue
+        doc = json.loads(view.state)
+        found = {k: int(v) for k, v in doc["counts"].items()}
+        missing = counts.keys() - found.keys()
+        result.add("lost", len(missing), f"rollup {window}: keys {sorted(missing)[:5]} missing")
+        wrong = [k for k in counts.keys() & found.keys() if counts[k] != found[k]]
+        result.add(
+            "unexpected",
+            len(wrong) + len(found.keys() - counts.keys()),
+            f"rollup {window}: wrong or extra counts {sorted(wrong)[:5]}",
+        )
+        result.add(
+            "duplicated",
+            int(doc["conflicts"]),
+            f"rollup {window}: {doc['conflicts']} conflicting counts",
+        )
+
+
+def _view(store: Any, computation: str, key: str, key_intervals: int) -> Any:
+    # Where the computation's intervals are now: they may have split or merged in the run.
+    layout = store.read_layout(computation)
+    interval = key_interval(key, key_intervals) if layout is None else layout.interval_of(key)
+    intervals = key_intervals if layout is None else len(layout.ids)
+    return read_view(store, computation, interval, key, sequencer=None, intervals=intervals)
+
+
+def _check_outputs(
+    config: MillstreamConfig, names: ProvingNames, expected: ExpectedOutcome, result: CheckResult
+) -> None:
+    wanted = {(key, window): count for key, window, count in expected.window_records()}
+    for stream in (names.windows, names.rollups):
+        records = _records(config, stream)
+        distinct: dict[bytes, Record] = {}
+        for record in records:
+            distinct.setdefault(record.record_id, record)
+        result.figures[f"{stream.rsplit('.', 1)[1]} records (raw / distinct)"] = len(records)
+        result.figures[f"{stream.rsplit('.', 1)[1]} distinct"] = len(distinct)
+        effects: dict[tuple[str, int], list[int]] = {}
+        for record in distinct.values():
+            document = json.loads(record.value)
+            effects.setdefault((document["key"], int(document["window"])), []).append(
+                int(document["count"])
+            )
+        missing = wanted.keys() - effects.keys()
+        result.add("lost", len(missing), f"{stream}: no record for {sorted(missing)[:3]}")
+        doubled = {e: c for e, c in effects.items() if len(c) > 1}
+        result.add(
+            "duplicated",
+            sum(len(c) - 1 for c in doubled.values()),
+            f"{stream}: {sorted(doubled)[:3]} written under several IDs",
+        )
+        wrong = [e for e, c in effects.items() if e not in wanted or c[0] != wanted[e]]
+        result.add(
+            "unexpected", len(wrong), f"{stream}: wrong or extra records {sorted(wrong)[:3]}"
+        )
+
+
+def _check_watermarks(
+    config: MillstreamConfig, batches: list[dict[str, Any]], result: CheckResult
+) -> None:
+    # Readers order a source's reports by sequence and ignore older ones (a zombie's late
+    # report of a batch its successor ran past is such): a regression is a report that
+    # readers take, below one they took before.
+    last: dict[str, tuple[int, int]] = {}
+    reports = stale = 0
+    for _, _, value in read_messages(config, config.kafka_watermark_topic):
+        message = decode_watermark_message(value)
+        if not isinstance(message, WatermarkReport):
+            continue
+        reports += 1
+        previous = last.get(message.source)
+        if previous is not None and message.sequence < previous[0]:
+            stale += 1
+            continue
+        if previous is not None and message.watermark < previous[1]:
+            result.add(
+                "watermark regressions",
+                1,
+                f"{message.source} reported {message.watermark} (sequence {message.sequence})"
+                f" after {previous[1]} (sequence {previous[0]})",
+            )
+        watermark = max(previous[1], message.watermark) if previous else message.watermark
+        last[message.source] = (message.sequence, watermark)
+    result.figures["watermark reports"] = reports
+    result.figures["stale watermark reports (older sequence, ignored by readers)"] = stale
+    seen: dict[str, int] = {}
+    for batch in sorted(batches, key=lambda b: b["at"]):
+        name = batch["computation"]
+        before = seen.get(name)
+        if before is not None and batch["input_watermark"] < before:
+            result.add(
+                "watermark regressions",
+                1,
+                f"{name}: driver {batch['pid']} ran batch {batch['batch_id']} under input "
+                f"watermark {batch['input_watermark']} after {before}",
+            )
+        seen[name] = max(before or 0, batch["input_watermark"])
+
+
+def _non_vacuity(
+    batches: list[dict[str, Any]],
+    driver_logs: Iterable[Path],
+    config: MillstreamConfig,
+    names: ProvingNames,
+) -> NonVacuity:
+    counts = NonVacuity()
+    for batch in batches:
+        counts.resent_productions += int(batch["resent"])
+        # Resolved within the batch, or left by an attempt that failed on it (a failed task
+        # ends its Python worker, counters and all) and settled by the next attempt's
+        # takeover of the interval.
+        counts.unknown_outcomes += int(batch["unknown_outcomes"])
+        counts.unknown_outcomes += sum(
+            "UnknownOutcomeError" in failure for failure in batch["failed_attempts"]
+        )
+        if batch["computation"] == "tally":
+            counts.duplicates_absorbed += int(batch["duplicates"])
+    for log in driver_logs:
+        try:
+            lines = log.read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            continue
+        counts.failed_attempts += sum("failed, retrying" in line for line in lines)
+        counts.outage_waits += sum("waiting for Kafka or Cassandra" in line for line in lines)
+        counts.interval_changes += sum(_CHANGED.search(line) is not None for line in lines)
+        counts.changes_finished_after_a_kill += sum(
+            _FINISHING.search(line) is not None for line in lines
+        )
+        # A fenced attempt's error names its interval, sequencer and lease: one message per
+        # write refused, however often Spark's logs repeat it.
+        counts.fenced_attempts += len({line for line in lines if _FENCED.match(line)})
+        counts.spark_fenced_queries += sum(_SPARK_FENCED in line for line in lines)
+    # The rollup stage runs without exactly-once: an input it ran again (a replayed batch)
+    # sent its weak productions again, under the same record IDs; its state, which sets,
+    # absorbed the rerun.
+    rollups = _records(config, names.rollups)
+    counts.reprocessed_downstream = len(rollups) - len({r.record_id for r in rollups})
+    return counts

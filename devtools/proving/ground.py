@@ -1,0 +1,865 @@
+"""The proving ground: run the workload on the local stack under a seeded fault schedule,
+then check that nothing was lost or duplicated (``millstream prove``).
+
+One run, step by step:
+
+1. a run directory, streams and keyspace of its own, and a watermark topic of its own (so
+   the checker reads every report of this run and nothing else);
+2. the injector and the driver start as processes of their own
+   (:mod:`~millstream.devtools.proving.processes`), each in its own process group;
+3. the schedule, drawn from the seed, applies its faults one after the other, by pid, never
+   by name. Input is let through in steps (the source's *gate*), one step per fault, so that
+   every fault meets a pipeline with work in hand. A fault waits until the pipeline ran a
+   batch again before the next one starts;
+4. once every fault is applied, the rest of the input goes out; the driver exits by itself
+   when every input watermark reached the end of time and everything was processed;
+5. the checks (:mod:`~millstream.devtools.proving.checks`) run on what the services hold.
+
+The faults (:data:`FAULTS`): the driver killed (``kill -9`` of its process group: the Python
+driver, its JVM and the Spark Python workers) at three moments the engine names as pause
+points (:mod:`millstream.engine.pause_points`), a Python worker killed while it holds an
+interval's lease, the driver stopped (``SIGSTOP``) with a lease in hand while a second driver
+takes over (the first is then continued, a zombie whose writes must be fenced), the Kafka
+broker and the Cassandra node killed and restarted, and the injector killed and restarted.
+
+A process that exits when no fault meant it to (a driver whose query failed while Kafka was
+down, say) is restarted and reported as an *unplanned exit*.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Final
+
+from millstream.connectors import cassandra as cassandra_connector
+from millstream.connectors import kafka as kafka_connector
+from millstream.devtools.local.process import alive, log_tail
+from millstream.devtools.proving.checks import CheckResult, NonVacuity, check_run
+from millstream.devtools.proving.processes import GATE_FILE, RunDescription, read_batches
+from millstream.devtools.proving.workload import ExpectedOutcome, Workload, expected_outcome
+from millstream.engine.config import MillstreamConfig
+from millstream.engine.errors import MillstreamError
+from millstream.engine.pause_points import ENVIRONMENT_VARIABLE
+
+__all__ = [
+    "CHECKPOINT_DISK",
+    "CRASHES",
+    "FAULTS",
+    "OUTAGE_SECONDS",
+    "RESOURCE_FAULTS",
+    "SPLIT_HOT_SHARE",
+    "TIERS",
+    "Fault",
+    "FaultOutcome",
+    "GroundReport",
+    "Tier",
+    "Unplanned",
+    "discard",
+    "prove",
+    "recheck",
+    "run_config",
+    "schedule",
+]
+
+FAULTS: Final = {
+    "driver-batch": "kill -9 of the driver as a micro-batch starts",
+    "driver-send": "kill -9 of the driver between a commit and the send of its productions",
+    "driver-report": "kill -9 of the driver before it publishes a watermark report",
+    "worker": "kill -9 of a Spark Python worker holding an interval's lease",
+    "zombie": "SIGSTOP of the driver holding a lease; a new driver takes over; SIGCONT",
+    "kafka": "kill -9 of the Kafka broker, then restart",
+    "cassandra": "kill -9 of the Cassandra node, then restart",
+    "injector": "kill -9 of the injector, then restart from its checkpoint",
+    "split": "kill -9 of the driver amid a split or merge of intervals (fenced, copied, retired)",
+    "kafka-outage": "the Kafka broker unreachable (SIGSTOP) for a minute, then SIGCONT",
+    "cassandra-outage": "the Cassandra node unreachable (SIGSTOP) for a minute, then SIGCONT",
+    "disk-full": "the disk under the driver's checkpoints full, then space again (needs root)",
+}
+
+# Resource faults: slow (an outage lasts a minute) or needing root (a tmpfs to fill).
+RESOURCE_FAULTS: Final = ("kafka-outage", "cassandra-outage", "disk-full")
+# The crashes every tier runs; the CI tier leaves the resource faults out.
+CRASHES: Final = tuple(kind for kind in FAULTS if kind not in RESOURCE_FAULTS)
+# The checkpoint disk of a run with the disk-full fault: small, so that filling it is quick.
+CHECKPOINT_DISK: Final = "256m"
+
+OUTAGE_SECONDS: Final = 60.0
+
+# Where each pause-point fault parks a process, and which computation it waits in.
+_PAUSES: Final = {
+    "driver-batch": "driver.batch",
+    "driver-send": "executor.send",
+    "driver-report": "driver.report",
+    "worker": "executor.commit",
+    "zombie": "executor.commit",
+    "split": "rebalance.copy",  # or the step the schedule names (Fault.place)
+}
+_ERROR_LINE: Final = re.compile(r"^([\w.$]+\.)?\w*(Error|Exception)\b")
+_SPLIT_STEPS: Final = ("rebalance.fence", "rebalance.copy", "rebalance.retire")
+SPLIT_HOT_SHARE: Final = 0.8
+"""The share of a run's records on one hash range's keys when it has the ``split`` fault."""
+
+
+# The Cassandra driver's default request timeout (Session.default_timeout), which the store
+# keeps: after it, a request to a stopped node is an unknown outcome.
+_CLIENT_TIMEOUT: Final = 10.0
+
+
+def _place(fault: Fault) -> str:
+    return fault.place or _PAUSES[fault.kind]
+
+
+@dataclass(frozen=True, slots=True)
+class Tier:
+    """A size of run: ``records`` over ``keys`` at ``rate`` per second, ``faults`` of each
+    kind."""
+
+    records: int
+    keys: int
+    rate: float
+    faults: int
+    kinds: tuple[str, ...] = tuple(FAULTS)
+    key_intervals: int = 4
+
+
+TIERS: Final = {
+    "ci": Tier(records=4_000, keys=20, rate=150.0, faults=1, kinds=CRASHES),
+    "t1": Tier(records=100_000, keys=100, rate=2_000.0, faults=3),
+    # About ten minutes and thirty faults: the crashes and the full disk, three of each.
+    "t2": Tier(records=60_000, keys=100, rate=1_000.0, faults=3, kinds=(*CRASHES, "disk-full")),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """One scheduled fault: its kind, the computation it aims at, the pause before it."""
+
+    kind: str
+    computation: str
+    delay: float
+    place: str = ""  # the pause point's place, when the kind has several
+
+
+def schedule(seed: int, tier: Tier, kinds: tuple[str, ...] | None = None) -> list[Fault]:
+    """The seed's fault schedule: ``tier.faults`` of each kind (default: the tier's), in a
+    shuffled order."""
+    rng = random.Random(seed)
+    faults: list[Fault] = []
+    for kind in tier.kinds if kinds is None else kinds:
+        for _ in range(tier.faults):
+            computation = (
+                "tally"
+                if kind in ("driver-send", "zombie", "split")
+                else rng.choice(("tally", "rollup"))
+            )
+            place = rng.choice(_SPLIT_STEPS) if kind == "split" else ""
+            faults.append(Fault(kind, computation, round(rng.uniform(0.5, 3.0), 2), place))
+    rng.shuffle(faults)
+    return faults
+
+
+@dataclass
+class FaultOutcome:
+    """What applying a fault did: whom it hit, what it saw, and whether it took effect."""
+
+    fault: Fault
+    target: str = ""
+    detail: str = ""
+    applied: bool = False
+    seconds: float = 0.0
+
+
+@dataclass
+class Unplanned:
+    role: str
+    code: int | None
+    log: str
+
+    @property
+    def error(self) -> str:
+        """The log's last line that names an error (a Python or Java one), else its last."""
+        lines = [line.strip() for line in self.log.strip().splitlines()]
+        named = [line for line in lines if _ERROR_LINE.match(line)]
+        return (named or lines[-1:] or [""])[-1]
+
+
+@dataclass
+class GroundReport:
+    """A run's result: faults, checks, non-vacuity counts and unplanned exits."""
+
+    run: str
+    seed: int
+    tier: Tier
+    directory: Path
+    outcomes: list[FaultOutcome] = field(default_factory=list)
+    unplanned: list[Unplanned] = field(default_factory=list)
+    checks: CheckResult = field(default_factory=CheckResult)
+    provoked: NonVacuity = field(default_factory=NonVacuity)
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.checks.passed and all(o.applied for o in self.outcomes)
+
+    def render(self) -> str:
+        lines = [
+            f"proving ground run {self.run}: seed {self.seed}, {self.tier.records} records "
+            f"over {self.tier.keys} keys, {len(self.outcomes)} faults, {self.seconds:.0f} s",
+            "",
+            f"{'#':>3}  {'fault':<14} {'target':<22} {'s':>5}  result",
+        ]
+        for number, outcome in enumerate(self.outcomes, 1):
+            state = "applied" if outcome.applied else "NOT APPLIED"
+            lines.append(
+                f"{number:>3}  {outcome.fault.kind:<14} {outcome.target:<22} "
+                f"{outcome.seconds:>5.1f}  {state}: {outcome.detail}"
+            )
+        lines += ["", f"{'check':<36} count"]
+        for check, count in self.checks.counts.items():
+            lines.append(f"{check:<36} {count:>5}  {'ok' if count == 0 else 'FAILED'}")
+            lines.extend(f"      {example}" for example in self.checks.examples.get(check, []))
+        lines += ["", f"{'provoked (non-vacuity)':<46} count"]
+        lines.extend(f"{name:<46} {count:>5}" for name, count in self.provoked.rows())
+        if not any(count for _, count in self.provoked.rows()):
+            lines.append("the faults provoked none of these: the run proves little")
+        lines += ["", "figures"]
+        lines.extend(f"  {name}: {value}" for name, value in self.checks.figures.items())
+        if self.unplanned:
+            lines += ["", f"unplanned exits: {len(self.unplanned)}"]
+            for exit in self.unplanned:
+                lines.append(f"  {exit.role} exited with {exit.code}: {exit.error[:300]}")
+        lines += ["", "PASSED" if self.passed else "FAILED"]
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run": self.run,
+            "seed": self.seed,
+            "passed": self.passed,
+            "seconds": self.seconds,
+            "faults": [
+                {
+                    "kind": o.fault.kind,
+                    "computation": o.fault.computation,
+                    "target": o.target,
+                    "applied": o.applied,
+                    "detail": o.detail,
+                    "seconds": o.seconds,
+                }
+                for o in self.outcomes
+            ],
+            "checks": self.checks.counts,
+            "examples": self.checks.examples,
+            "figures": self.checks.figures,
+            "provoked": dict(self.provoked.rows()),
+            "unplanned": [{"role": u.role, "code": u.code} for u in self.unplanned],
+        }
+
+
+class _Role:
+    """One of the run's processes (driver or injector), restartable, in its own group."""
+
+    def __init__(self, role: str, directory: Path, env: dict[str, str]) -> None:
+        self.role = role
+        self.directory = directory
+        self.env = env
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.generation = 0
+        self.finished = False
+        self.held = False  # a fault stops it on purpose: no restart, no unplanned exit
+        self.logs: list[Path] = []
+
+    def start(self) -> None:
+        self.generation += 1
+        log = self.directory / f"{self.role}-{self.generation}.log"
+        self.logs.append(log)
+        with log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "millstream.devtools.proving.processes",
+                    self.role,
+                    str(self.directory),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,  # its own process group: its JVM and workers with it
+            )
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def exited(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def members(self) -> set[int]:
+        """Every live process of the role: its process group, and the descendants that left
+        it (Spark starts its Python worker daemons in sessions of their own)."""
+        found = _descendants(self.pid) | _group(self.pid)
+        return {pid for pid in found if alive(pid)}
+
+    def signal_all(self, sig: signal.Signals) -> None:
+        """``sig`` to every member, by pid: the whole machine's share of the role at once."""
+        members = self.members()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, sig)
+        for pid in members:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
+    def kill_all(self, timeout: float = 60.0) -> None:
+        """kill -9 every member and wait until none of them is left."""
+        members = self.members()
+        self.signal_all(signal.SIGKILL)
+        assert self.proc is not None
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout)
+        deadline = time.monotonic() + timeout
+        while any(alive(pid) for pid in members):
+            if time.monotonic() > deadline:
+                raise MillstreamError(
+                    f"{self.role} processes {sorted(p for p in members if alive(p))} still "
+                    f"alive {timeout} s after kill -9"
+                )
+            time.sleep(0.1)
+
+    def detach(self) -> _Role:
+        """A handle on the current process alone (a zombie-to-be), this one to start anew."""
+        old = _Role(self.role, self.directory, self.env)
+        old.proc, old.generation, old.logs = self.proc, self.generation, [self.logs[-1]]
+        self.proc = None
+        return old
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (state, ppid, pgrp, ...)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _processes() -> dict[int, list[str]]:
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (fields := _stat(int(entry.name))) is not None:
+            found[int(entry.name)] = fields
+    return found
+
+
+def _descendants(root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for pid, fields in _processes().items():
+        children.setdefault(int(fields[1]), []).append(pid)
+    found, todo = {root}, [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _group(pgid: int) -> set[int]:
+    return {pid for pid, fields in _processes().items() if int(fields[2]) == pgid}
+
+
+class _Run:
+    def __init__(
+        self,
+        config: MillstreamConfig,
+        description: RunDescription,
+        directory: Path,
+        services: Any,
+        progress: Callable[[str], None],
+        environment: Mapping[str, str],
+    ) -> None:
+        self.config = config
+        self.description = description
+        self.directory = directory
+        self.services = services
+        self.progress = progress
+        self.pauses = directory / "pauses"
+        self.pauses.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **environment}
+        env["MILLSTREAM_KAFKA_WATERMARK_TOPIC"] = config.kafka_watermark_topic
+        env[ENVIRONMENT_VARIABLE] = str(self.pauses)
+        self.driver = _Role("driver", directory, env)
+        self.injector = _Role("injector", directory, env)
+        self.zombies: list[_Role] = []
+        self.unplanned: list[Unplanned] = []
+        self.rng = random.Random(description.workload.seed)
+        self.gate = directory / GATE_FILE
+        self.step = 1
+
+    # -- the gate: how much input may go out ----------------------------------------------
+
+    def let_through(self, records: int) -> None:
+        written = self.gate.with_suffix(".tmp")
+        written.write_text(str(records))
+        written.replace(self.gate)
+
+    @property
+    def cap(self) -> int:
+        """How much input may go out before the last fault: all but the last step, so that
+        the injector never finishes (and ends the run) while faults remain."""
+        return max(1, self.description.workload.records - self.step)
+
+    def nudge(self, into_last_step: bool = False) -> bool:
+        """Let a quarter step more through (up to :attr:`cap`, or ``into_last_step`` up to
+        all but a quarter of the last step); whether there was room."""
+        quarter = max(1, self.step // 4)
+        cap = self.description.workload.records - quarter if into_last_step else self.cap
+        injected = self.injected()
+        if injected >= cap:
+            return False
+        self.let_through(min(cap, injected + quarter))
+        return True
+
+    def injected(self) -> int:
+        try:
+            return int(self.gate.with_suffix(".position").read_text())
+        except (FileNotFoundError, ValueError):
+            return 0
+
+    # -- supervision ------------------------------------------------------------------------
+
+    def supervise(self) -> None:
+        """Restart a process that exited though no fault meant it to."""
+        for role in (self.driver, self.injector):
+            code = role.exited()
+            if code is None or role.finished or role.held:
+                continue
+            if code == 0:
+                role.finished = True
+                self.progress(f"{role.role} finished")
+                continue
+            log = log_tail(role.logs[-1], 30)
+            self.unplanned.append(Unplanned(role.role, code, log))
+            error = Unplanned(role.role, code, log).error
+            self.progress(f"{role.role} exited with {code} unplanned ({error}); restarting it")
+            with contextlib.suppress(MillstreamError):
+                role.kill_all(30)  # what is left of it: its Spark workers
+            role.start()
+
+    def wait(self, condition: Callable[[], bool], timeout: float, what: str) -> bool:
+        """Supervise until ``condition`` holds or ``timeout`` passed (then say so, if ``what``
+        names what was awaited)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.supervise()
+            if condition():
+                return True
+            time.sleep(0.2)
+        if what:
+            self.progress(f"gave up waiting {timeout:.0f} s for {what}")
+        return False
+
+    def batches(self) -> list[dict[str, Any]]:
+        return read_batches(self.directory)
+
+    def ran_batch(self, since: float, computation: str | None = None) -> Callable[[], bool]:
+        def check() -> bool:
+            return any(
+                b["at"] >= since
+                and b["pid"] == self.driver.pid
+                and computation in (None, b["computation"])
+                for b in self.batches()
+            )
+
+        return check
+
+    # -- faults ------------------------------------------------------------------------------
+
+    def apply(self, fault: Fault) -> FaultOutcome:
+        outcome = FaultOutcome(fault)
+        started = time.monotonic()
+        time.sleep(fault.delay)
+        kind = fault.kind
+        if kind in _PAUSES:
+            self._paused_fault(fault, outcome)
+        elif kind in ("kafka", "cassandra"):
+            self._service_fault(fault, outcome)
+        elif kind in ("kafka-outage", "cassandra-outage"):
+            self._outage_fault(fault, outcome)
+        elif kind == "disk-full":
+            self._disk_full_fault(outcome)
+        elif kind == "injector":
+            self._injector_fault(outcome)
+        else:
+            raise MillstreamError(f"unknown fault {kind!r}; known: {', '.join(FAULTS)}")
+        outcome.seconds = time.monotonic() - started
+        # The next fault meets a pipeline that works again: input for a batch to run on (a
+        # replicated stack may have consumed all it had while the node was down).
+        recovered = time.time()
+        if self.nudge() and not self.wait(
+            self.ran_batch(recovered), 300, "a batch after the fault"
+        ):
+            outcome.detail += "; no batch ran within 300 s after it"
+        return outcome
+
+    def _park(self, fault: Fault) -> int | None:
+        """Arm the fault's pause point and wait for a process to park there: its pid."""
+        point = f"{_place(fault)}.{fault.computation}"
+        at = self.pauses / f"at.{point}"
+        release = self.pauses / f"release.{point}"
+        for stale in (at, release):
+            stale.unlink(missing_ok=True)
+        (self.pauses / f"arm.{point}").write_text("")
+        # A split or merge follows a change of load: pulses of input, even at the end (the
+        # layout settles under steady input, and merges while idle).
+        into_last_step = fault.kind == "split"
+        self.nudge(into_last_step)  # input, so that a batch with work reaches the point
+        # Keep input coming while waiting: a window closes (and rollup gets work) only once
+        # enough event time went by.
+        nudged = [time.monotonic()]
+
+        def parked() -> bool:
+            if at.exists():
+                return True
+            if time.monotonic() - nudged[0] >= 5.0:
+                self.nudge(into_last_step)
+                nudged[0] = time.monotonic()
+            return False
+
+        if not self.wait(parked, 120, f"a process at {point}"):
+            (self.pauses / f"arm.{point}").unlink(missing_ok=True)
+            return None
+        return int(at.read_text())
+
+    def _release(self, fault: Fault) -> None:
+        (self.pauses / f"release.{_place(fault)}.{fault.computation}").write_text("")
+
+    def _paused_fault(self, fault: Fault, outcome: FaultOutcome) -> None:
+        parked = self._park(fault)
+        point = f"{_place(fault)}.{fault.computation}"
+        if parked is None:
+            outcome.detail = f"no process reached {point} within 120 s"
+            return
+        if fault.kind == "worker":
+            outcome.target = f"worker pid {parked}"
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(parked, signal.SIGKILL)
+            self._release(fault)
+            outcome.applied = True
+            outcome.detail = f"killed at {point}; the driver retries the batch"
+            return
+        if fault.kind == "zombie":
+            self._zombie(fault, parked, outcome)
+            return
+        outcome.target = f"driver group {self.driver.pid}"
+        self.driver.kill_all()
+        self._release(fault)
+        self.driver.start()
+        outcome.applied = True
+        outcome.detail = f"killed at {point} (pid {parked} parked); driver restarted"
+
+    def _zombie(self, fault: Fault, parked: int, outcome: FaultOutcome) -> None:
+        old = self.driver.detach()
+        outcome.target = f"driver group {old.pid}"
+        old.signal_all(signal.SIGSTOP)
+        self.zombies.append(old)
+        since = time.time()
+        self.driver.start()
+        took_over = self.wait(self.ran_batch(since, fault.computation), 300, "the new driver")
+        self._release(fault)
+        old.signal_all(signal.SIGCONT)
+        log = old.logs[-1]
+
+        def fenced() -> bool:
+            return "FencedError" in log.read_text(errors="replace")
+
+        was_fenced = self.wait(fenced, 180, "the zombie's write to be fenced")
+        old.kill_all()
+        outcome.applied = took_over and was_fenced
+        outcome.detail = (
+            f"parked pid {parked} at {_place(fault)}.{fault.computation}; new driver "
+            f"{'took over' if took_over else 'did NOT take over'}; zombie "
+            f"{'fenced' if was_fenced else 'NOT seen fenced'}, then killed"
+        )
+
+    def _running_service(self, backend: str, outcome: FaultOutcome) -> tuple[Any, int] | None:
+        """One running node of ``backend`` (``kafka``, ``cassandra``; on a replicated stack
+        one of its nodes, drawn from the seed) and its pid, made the outcome's target."""
+        nodes = [s for s in self.services if s.name == backend or s.name.startswith(f"{backend}-")]
+        running = [(s, pid) for s in nodes if (pid := s.process.running_pid()) is not None]
+        if not running:
+            outcome.detail = f"no {backend} node was running"
+            return None
+        service, pid = self.rng.choice(running)
+        outcome.target = f"{service.name} pid {pid}"
+        self.nudge()
+        return service, pid
+
+    @property
+    def replicated(self) -> bool:
+        names = [str(s.name) for s in self.services]
+        return sum(name.startswith("cassandra") for name in names) > 1
+
+    def _service_fault(self, fault: Fault, outcome: FaultOutcome) -> None:
+        kind = fault.kind
+        found = self._running_service(kind, outcome)
+        if found is None:
+            return
+        service, pid = found
+        in_flight = ""
+        if kind == "cassandra":
+            # LWTs in flight when the node dies: a worker about to commit is let go against a
+            # stopped node, so its commit (and the read that would resolve it) time out on
+            # the client, unknown outcomes, before the kill.
+            parked = self._park(replace(fault, kind="worker"))
+            os.kill(pid, signal.SIGSTOP)
+            if parked is not None:
+                self._release(replace(fault, kind="worker"))
+                self.wait(lambda: False, _CLIENT_TIMEOUT + 2.0, "")
+                in_flight = f"; a commit of pid {parked} in flight against the stopped node"
+        os.kill(pid, signal.SIGKILL)
+        _wait_pid_gone(pid, 60)
+        down, since = time.monotonic(), time.time()
+        went_on = ""
+        if self.replicated:
+            # Two of three nodes left: the pipeline must go on committing meanwhile.
+            if not self.wait(self.ran_batch(since), 120, "a batch with a node down"):
+                outcome.detail = f"no batch committed within 120 s with {service.name} down"
+                service.up()
+                return
+            went_on = "; batches committed meanwhile"
+        else:
+            time.sleep(self.rng.uniform(1.0, 5.0))
+        service.up()
+        outcome.applied = True
+        outcome.detail = f"killed, back after {time.monotonic() - down:.0f} s{in_flight}{went_on}"
+
+    def _outage_fault(self, fault: Fault, outcome: FaultOutcome) -> None:
+        found = self._running_service(fault.kind.removesuffix("-outage"), outcome)
+        if found is None:
+            return
+        _, pid = found
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            # The driver and injector must wait it out: no exit, no lost input.
+            self.wait(lambda: False, OUTAGE_SECONDS, "")
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        outcome.applied = True
+        outcome.detail = f"stopped for {OUTAGE_SECONDS:.0f} s, then continued"
+
+    def _disk_full_fault(self, outcome: FaultOutcome) -> None:
+        checkpoints = self.directory / "checkpoints"
+        filler = checkpoints / "filler"
+        outcome.target = f"tmpfs {checkpoints}"
+        self.nudge()
+        self.driver.held = True
+        try:
+            with filler.open("wb") as out:
+                block = bytes(1 << 20)
+                with contextlib.suppress(OSError):  # ENOSPC: the disk is full, as meant
+                    while True:
+                        out.write(block)
+                        out.flush()
+            stopped = self.wait(lambda: self.driver.exited() is not None, 180, "the driver to stop")
+            said = [
+                line
+                for line in log_tail(self.driver.logs[-1], 60).splitlines()
+                if "CheckpointStorageError" in line
+            ]
+        finally:
+            filler.unlink(missing_ok=True)
+            self.driver.held = False
+        if not stopped:
+            outcome.detail = "the driver went on with its checkpoint disk full"
+            return
+        self.driver.start()
+        outcome.applied = bool(said)
+        outcome.detail = (
+            f"driver stopped: {said[-1].strip()[:160]}; space freed, driver restarted"
+            if said
+            else "the driver stopped without saying that the checkpoint disk was full"
+        )
+
+    def _injector_fault(self, outcome: FaultOutcome) -> None:
+        if self.injector.finished:
+            outcome.detail = "the injector had finished"
+            return
+        self.nudge()
+        before = self.injected()
+        self.wait(lambda: self.injected() > before, 30, "the injector to send")
+        outcome.target = f"injector pid {self.injector.pid}"
+        self.injector.kill_all()
+        self.injector.start()
+        outcome.applied = True
+        outcome.detail = f"killed after {self.injected()} records read; restarted"
+
+    def stop_everything(self) -> None:
+        for role in (self.driver, self.injector, *self.zombies):
+            if role.proc is not None and role.exited() is None:
+                with contextlib.suppress(MillstreamError):
+                    role.kill_all(30)
+
+
+def _mount_checkpoint_disk(directory: Path) -> Path:
+    """A small tmpfs under the run's checkpoints, for the disk-full fault to fill."""
+    checkpoints = directory / "checkpoints"
+    checkpoints.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={CHECKPOINT_DISK}", "tmpfs", str(checkpoints)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        raise MillstreamError(
+            f"the disk-full fault mounts a {CHECKPOINT_DISK} tmpfs under {checkpoints} and "
+            f"could not ({mounted.stderr.strip() or mounted.returncode}); run as root, or "
+            "leave the fault out with --faults"
+        )
+    return checkpoints
+
+
+def _wait_pid_gone(pid: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def run_config(config: MillstreamConfig, run: str) -> MillstreamConfig:
+    """``config`` as the processes of run ``run`` see it: with the run's own watermark topic."""
+    return replace(config, kafka_watermark_topic=f"proving_{run}.watermarks")
+
+
+def discard(config: MillstreamConfig, directory: Path) -> None:
+    """Remove a run's topics (its watermark and wake topics too), keyspace and directory."""
+    run = RunDescription.read(directory)
+    config = run_config(config, run.run)
+    names = run.names
+    kafka_connector.delete_wake_topics(config)
+    topics = [kafka_connector.stream_topic(s) for s in names.streams()]
+    kafka_connector.delete_topics(config, [*topics, config.kafka_watermark_topic])
+    cluster, session = cassandra_connector.connect(config)
+    try:
+        cassandra_connector.drop_keyspace(session, names.keyspace)
+    finally:
+        cluster.shutdown()
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def recheck(
+    config: MillstreamConfig, directory: Path, expected: ExpectedOutcome | None = None
+) -> tuple[CheckResult, NonVacuity]:
+    """Run the checks again on a kept run (``expected``: what to hold it against, by default
+    the fold of its workload)."""
+    run = RunDescription.read(directory)
+    return check_run(
+        run_config(config, run.run),
+        run.names,
+        run.workload,
+        expected or expected_outcome(run.workload),
+        run.key_intervals,
+        read_batches(directory),
+        sorted(directory.glob("driver-*.log")),
+    )
+
+
+def prove(
+    config: MillstreamConfig,
+    tier: Tier,
+    seed: int,
+    *,
+    services: Any,
+    home: Path | None = None,
+    kinds: tuple[str, ...] | None = None,
+    keep: bool = False,
+    progress: Callable[[str], None] = lambda _: None,
+    environment: Mapping[str, str] | None = None,
+) -> GroundReport:
+    """One run of the proving ground; see the module docstring. ``services`` are the local
+    stack's (:attr:`~millstream.devtools.local.stack.LocalStack.services`): the Kafka and
+    Cassandra faults kill and restart them by pid (on a replicated stack, one node each time,
+    and the pipeline must commit while it is down). ``environment`` goes to the driver and
+    injector processes besides this one's (the ``MILLSTREAM_*`` endpoints of ``config``, when
+    they differ from what the environment says). ``keep`` leaves the run's topics, keyspace
+    and directory for inspection."""
+    environment = environment or {}
+    unknown = set(kinds or ()) - FAULTS.keys()
+    if unknown:
+        raise MillstreamError(f"unknown faults {sorted(unknown)}; known: {', '.join(FAULTS)}")
+    run_name = f"s{seed}_{uuid.uuid4().hex[:8]}"
+    directory = (home or config.home / "proving") / run_name
+    directory.mkdir(parents=True)
+    base_config, config = config, run_config(config, run_name)
+    faults = schedule(seed, tier, kinds)
+    # tally's intervals split and merge in a run that kills the driver amid a change, on
+    # skewed input: most records on the keys of one hash range, as a hot spot makes them.
+    rebalance = any(fault.kind == "split" for fault in faults)
+    workload = Workload(
+        records=tier.records,
+        keys=tier.keys,
+        seed=seed,
+        rate=tier.rate,
+        hot_share=SPLIT_HOT_SHARE if rebalance else 0.0,
+    )
+    description = RunDescription(run_name, workload, tier.key_intervals, 20_000, rebalance)
+    description.write(directory)
+    report = GroundReport(run_name, seed, tier, directory)
+    started = time.monotonic()
+    run = _Run(config, description, directory, services, progress, environment)
+    steps = len(faults) + 1
+    run.step = max(1, tier.records // steps)
+    kafka_connector.create_watermark_topic(config)
+    checkpoint_disk = (
+        _mount_checkpoint_disk(directory) if "disk-full" in {f.kind for f in faults} else None
+    )
+    try:
+        try:
+            run.let_through(tier.records // steps)
+            run.injector.start()
+            run.driver.start()
+            if not run.wait(run.ran_batch(0), 300, "the driver's first batch"):
+                raise MillstreamError(
+                    f"the driver ran no batch within 300 s; see {run.driver.logs[-1]}"
+                )
+            for number, fault in enumerate(faults, 1):
+                progress(f"fault {number}/{len(faults)}: {fault.kind} ({fault.computation})")
+                outcome = run.apply(fault)
+                progress(f"  {outcome.detail} ({outcome.seconds:.1f} s)")
+                report.outcomes.append(outcome)
+                run.let_through(
+                    min(run.cap, max(run.injected(), tier.records * (number + 1) // steps))
+                )
+            run.let_through(tier.records)
+            if not run.wait(
+                lambda: run.driver.finished and run.injector.finished,
+                max(600.0, tier.records / tier.rate * 3),
+                "the run to finish",
+            ):
+                raise MillstreamError(f"the run did not finish; see the logs in {directory}")
+            report.unplanned = run.unplanned
+            report.checks, report.provoked = recheck(base_config, directory)
+        finally:
+            run.stop_everything()
+            if checkpoint_disk is not None:
+                subprocess.run(["umount", str(checkpoint_disk)], check=False)
+            report.seconds = time.monotonic() - started
+            (directory / "report.json").write_text(json.dumps(report.to_json(), indent=2))
+    finally:
+        if not keep:
+            discard(base_config, directory)
+    return report

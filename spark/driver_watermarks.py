@@ -1,0 +1,151 @@
+"""One computation's low-watermark bookkeeping on the driver (paper 4.5, 5.2).
+
+Every batch, the driver reads the new reports of the watermark topic (through the run's
+:class:`~millstream.engine.authority.WatermarkAuthority`, which reads it once for every
+computation), applies those that the
+batch's consumed offsets have caught up with
+(:class:`~millstream.engine.watermarks.ComputationWatermarks`), and afterwards publishes the
+computation's own report, covering its output topics' end offsets, if it changed, which also
+wakes the consumers of its output streams (:func:`~millstream.connectors.kafka.wake_topic`). When
+a wall-time timer is due later, an alarm writes a wake-up message to the computation's alarm
+topic at that time, which starts the batch that fires it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from millstream.connectors import kafka as kafka_connector
+from millstream.engine.authority import WatermarkAuthority
+from millstream.engine.clock import Clock
+from millstream.engine.config import MillstreamConfig
+from millstream.engine.pause_points import pause_point
+from millstream.engine.topology import ComputationSpec, Topology
+from millstream.engine.watermarks import ComputationWatermarks, WatermarkReport
+
+__all__ = ["DriverWatermarks", "WatermarkSnapshot", "offsets_consumer"]
+
+_log = logging.getLogger(__name__)
+
+_ALARM_RETRY_SECONDS = 1.0
+
+
+def offsets_consumer(config: MillstreamConfig) -> Any:
+    """A Kafka consumer for reading end offsets (it never subscribes)."""
+    return kafka_connector.consumer(config, "millstream-offsets")
+
+
+@dataclass(frozen=True, slots=True)
+class WatermarkSnapshot:
+    """A computation's watermarks as of its latest batch (µs): its input low watermark, its
+    own, and per source of its input streams the watermark applied from its reports."""
+
+    input_watermark: int
+    watermark: int
+    sources: Mapping[str, int]
+
+
+class DriverWatermarks:
+    """One computation's watermark state on the driver, with its Kafka reader and the alarm
+    that wakes its query for wall-time timers."""
+
+    def __init__(
+        self,
+        config: MillstreamConfig,
+        topology: Topology,
+        spec: ComputationSpec,
+        publisher: kafka_connector.WatermarkPublisher,
+        clock: Clock,
+        authority: WatermarkAuthority,
+    ) -> None:
+        self.spec = spec
+        self.publisher = publisher
+        self.clock = clock
+        self._alarm_source = f"alarm/{topology.name}/{spec.name}"
+        self.alarm_topic = kafka_connector.alarm_topic(config, topology.name, spec.name)
+        self.state = ComputationWatermarks.of(topology, spec, kafka_connector.stream_topic)
+        self.output_topics = sorted({kafka_connector.stream_topic(s) for s in self.state.outputs})
+        self._config = config
+        self.authority = authority
+        self.reader = authority.subscribe(self.state.source)
+        self._offsets = offsets_consumer(config)
+        self._alarm: threading.Timer | None = None
+        self._alarm_at: int | None = None
+        self._unpublished: WatermarkReport | None = None
+
+    def after_batch(self, batch_id: int) -> None:
+        """Publish the computation's report if it changed; set the wall-time alarm.
+
+        Safe to call again after it failed (Kafka down): a report made but not published is
+        published first, since the bookkeeping would not make it again.
+        """
+        if self._unpublished is not None:
+            self.publisher.publish(self._unpublished)
+            self._unpublished = None
+        self._unpublished = self.state.report(
+            batch_id, kafka_connector.end_offsets(self._offsets, self.output_topics)
+        )
+        if self._unpublished is not None:
+            pause_point("driver.report", self.spec.name)
+            self.publisher.publish(self._unpublished)
+            self._unpublished = None
+        next_event_timer = self.state.intervals.next_event_timer()
+        if next_event_timer is not None and next_event_timer < self.state.timer_watermark:
+            # Event-time timers still due: a batch fires at most max_timer_firings_per_key
+            # per key, and once the input has ended nothing else would start the batch that
+            # fires the rest.
+            self._wake(self.clock.now())
+        self._set_alarm(self.state.intervals.next_wall_timer())
+
+    def wake_now(self) -> None:
+        """Start a batch of the computation's query soon, even without new input."""
+        self._wake(self.clock.now())
+
+    def reconnect(self) -> None:
+        """New Kafka consumers for reports and end offsets (an outage can wedge the old ones);
+        the reader goes on from the last report it returned."""
+        self.authority.reconnect()
+        old, self._offsets = self._offsets, offsets_consumer(self._config)
+        old.close()
+
+    def snapshot(self) -> WatermarkSnapshot:
+        """The watermarks now (any thread: a batch may be advancing them meanwhile)."""
+        return WatermarkSnapshot(
+            self.state.input.current, self.state.watermark, self.state.input.applied()
+        )
+
+    def _set_alarm(self, at: int | None) -> None:
+        pending = self._alarm is not None and self._alarm.is_alive()
+        if at == self._alarm_at and pending:
+            return
+        if self._alarm is not None:
+            self._alarm.cancel()
+            self._alarm = None
+        if at is None:
+            self._alarm_at = None
+            return
+        delay = max(0.0, (at - self.clock.now()) / 1e6)
+        if at == self._alarm_at:
+            # Woken for it already, yet it did not fire (an executor's clock lagging ours):
+            # try again shortly rather than never.
+            delay = max(delay, _ALARM_RETRY_SECONDS)
+        self._alarm_at = at
+        self._alarm = threading.Timer(delay, self._wake, args=(at,))
+        self._alarm.daemon = True
+        self._alarm.start()
+
+    def _wake(self, at: int) -> None:
+        try:
+            self.publisher.wake([self.alarm_topic], self._alarm_source)
+        except Exception:
+            _log.exception("could not wake %r for its due timers", self.spec.name)
+
+    def close(self) -> None:
+        if self._alarm is not None:
+            self._alarm.cancel()
+        self.reader.close()
+        self._offsets.close()

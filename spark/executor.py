@@ -1,0 +1,446 @@
+"""The executor side of the Spark runner: routing a micro-batch and working its key intervals.
+
+:mod:`millstream.spark.batch` ships two Arrow functions per computation and batch to
+Spark's Python workers (``mapInArrow``: whole record batches, column by column, no pandas):
+
+1. :func:`router`: decodes each Kafka message, applies the consumer's key
+   extractor *of the stream (topic) the message came from*, and tags the row with its key
+   interval. A message that cannot be made a delivery (oversized, undecodable, unknown schema,
+   failing or non-``str`` key extractor) becomes a *rejected* row in the interval of the empty
+   key, carrying its raw bytes.
+2. :func:`interval_task`, after a shuffle that gives each task (one per core) every row of
+   its share of the intervals: turns each interval's rows back into
+   :class:`~millstream.engine.protocol.Delivery` / ``Rejected`` inputs, in (stream, partition,
+   offset) order, and runs the interval's :class:`~millstream.engine.protocol.IntervalWorker`
+   on them, on ``config.executor_interval_threads`` threads at once, against a
+   :class:`~millstream.engine.stores.cassandra.CassandraIntervalStore` and a
+   :class:`~millstream.connectors.kafka.KafkaProductionSink`. It returns one row of counts
+   per interval, which the driver collects as the batch's metrics, with what the interval has
+   left to do (its :class:`~millstream.engine.watermarks.IntervalProgress`), which the driver
+   needs for watermarks. A *tick* (:func:`tick_rows`: a row with no stream) makes an interval
+   run without input, for its due timers and unacknowledged productions.
+
+**Per-process cache.** Spark reuses Python worker processes across tasks
+(``spark.python.worker.reuse``, on by default), so each process keeps, at module level, one
+Cassandra session, one store, one Kafka producer per set of endpoints, and the
+``IntervalWorker`` of every (computation run, interval) it has worked on, sharing one
+:class:`~millstream.engine.cache.StateCache` bounded by ``config.executor_cache_bytes``. A
+worker's soft state (cached key state and timers, pending productions) is reused exactly when
+the sequencer says nobody else acquired the interval since this process's last batch on it
+(``BatchResult.rescanned`` is false); a batch of the interval that ran in another process, or
+a retried task, makes the next batch here start over, reading only what it touches. Workers
+are keyed by the computation's *run token* (fresh whenever a runner adds the computation, kept
+across restarts of its query), so a computation removed and declared again never reuses
+workers of the earlier declaration.
+
+**Failures.** Whatever the worker raises (``FencedError``, an unresolved unknown outcome, a
+store or Kafka outage) fails the task: the interval's commit either applied completely for a
+key or not at all, the worker forgets its soft state, and the driver re-runs the batch
+(see :mod:`millstream.spark.runner`). Rejected input is re-decoded here rather than
+shipped as an exception object: user exceptions need not be picklable, and re-running the
+(deterministic) decoder and extractor yields the genuine exception for the dead letter.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+import mmh3
+import pyarrow as pa
+
+from millstream.connectors.kafka import stream_topic
+from millstream.engine.cache import StateCache
+from millstream.engine.clock import SystemClock
+from millstream.engine.config import MillstreamConfig
+from millstream.engine.deadletters import Origin
+from millstream.engine.layout import IntervalLayout
+from millstream.engine.protocol import Delivery, IntervalWorker, Rejected
+from millstream.engine.records import Record
+from millstream.engine.routing import decode_delivery, rejected_interval
+from millstream.engine.topology import ComputationSpec
+from millstream.spark.metrics import RESULT_SCHEMA, interval_counts
+
+if TYPE_CHECKING:
+    from millstream.connectors.kafka import KafkaProductionSink
+    from millstream.engine.stores.cassandra import CassandraIntervalStore
+
+__all__ = [
+    "RESULT_SCHEMA",
+    "ROUTED_SCHEMA",
+    "IntervalSlots",
+    "TaskSettings",
+    "clear_process_cache",
+    "decode_delivery",
+    "interval_task",
+    "partition_representatives",
+    "router",
+    "spark_int_hash",
+    "tick_rows",
+]
+
+ROUTED_SCHEMA: Final = (
+    "interval int, stream string, partition int, offset long, kafka_ts long, "
+    "key string, record_key string, record_value binary, record_ts long, record_id binary, "
+    "raw binary, error string, slot int"
+)
+"""The rows :func:`router` emits: a delivery has ``key`` and the ``record_*`` fields, a
+rejected message ``raw`` and ``error`` (a description; the exception is rebuilt later);
+``slot`` is the value to repartition by that sends the row to its interval's task
+(:class:`IntervalSlots`)."""
+
+_INT: Final = struct.Struct("<i")
+_SPARK_HASH_SEED: Final = 42
+
+
+def spark_int_hash(value: int) -> int:
+    """Spark's ``hash()`` of an ``int`` column (Murmur3 x86 32-bit, seed 42), which its hash
+    partitioning takes modulo the partition count."""
+    return int(mmh3.hash(_INT.pack(value), _SPARK_HASH_SEED))
+
+
+def partition_representatives(partitions: int) -> list[int]:
+    """For each partition ``p`` of ``partitions``, the smallest non-negative int that Spark's
+    ``repartition(partitions, column)`` sends to ``p``."""
+    found: dict[int, int] = {}
+    value = 0
+    while len(found) < partitions:
+        found.setdefault(spark_int_hash(value) % partitions, value)
+        value += 1
+    return [found[p] for p in range(partitions)]
+
+
+class IntervalSlots:
+    """Which of a batch's ``tasks`` works each key interval: ``assignment[i]``, else
+    ``i mod tasks``, whole intervals.
+
+    Hash partitioning by the interval itself spreads 16 intervals over 2 tasks as unevenly
+    as 11 and 5; instead each row carries, as ``slot``, an integer that Spark's partitioning
+    hash sends to the intended task (:func:`partition_representatives`). Computed where the
+    rows are made, so the plan stays the same size however many intervals there are.
+    """
+
+    def __init__(self, tasks: int, assignment: Mapping[int, int] | None = None) -> None:
+        self.tasks = tasks
+        self.assignment = dict(assignment or {})
+        self._representatives = partition_representatives(tasks)
+
+    def task_of(self, interval: int) -> int:
+        return self.assignment.get(interval, interval % self.tasks)
+
+    def slot(self, interval: int) -> int:
+        """The value of the row's ``slot`` column: ``repartition(tasks, "slot")`` sends it
+        to :meth:`task_of`."""
+        return self._representatives[self.task_of(interval)]
+
+
+_ARROW_TYPES: Final = {
+    "int": pa.int32(),
+    "long": pa.int64(),
+    "double": pa.float64(),
+    "boolean": pa.bool_(),
+    "string": pa.string(),
+    "binary": pa.binary(),
+}
+
+
+def _arrow_schema(ddl: str) -> pa.Schema:
+    """The Arrow schema Spark expects for a DDL schema string of simple types."""
+    return pa.schema(
+        [pa.field(name, _ARROW_TYPES[kind]) for name, kind in (p.split() for p in ddl.split(", "))]
+    )
+
+
+_ROUTED_ARROW: Final = _arrow_schema(ROUTED_SCHEMA)
+_RESULT_ARROW: Final = _arrow_schema(RESULT_SCHEMA)
+_ROUTED_COLUMNS: Final = _ROUTED_ARROW.names
+_SOURCE_COLUMNS: Final = ("value", "topic", "partition", "offset", "kafka_ts")
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSettings:
+    """What an executor needs besides the computation: endpoints, store table, run token."""
+
+    config: MillstreamConfig
+    keyspace: str
+    table: str
+    run_token: str
+
+    @property
+    def endpoints(self) -> tuple[str, tuple[str, ...], int, str, str]:
+        config = self.config
+        return (
+            config.kafka_bootstrap,
+            config.cassandra_hosts,
+            config.cassandra_port,
+            self.keyspace,
+            self.table,
+        )
+
+
+@dataclass
+class _Resources:
+    """One process's connections to one set of endpoints, its interval workers, and the
+    threads that work a task's intervals at once."""
+
+    cluster: Any
+    store: CassandraIntervalStore
+    sink: KafkaProductionSink
+    cache: StateCache
+    threads: ThreadPoolExecutor
+    workers: dict[tuple[str, str, int], IntervalWorker] = field(default_factory=dict)
+    # Held while user code runs: one computation call at a time per process.
+    user_code: threading.Lock = field(default_factory=threading.Lock)
+
+
+_CACHE: dict[tuple[str, tuple[str, ...], int, str, str], _Resources] = {}
+
+
+def clear_process_cache() -> None:
+    """Drop this process's cached workers and close its connections (tests, shutdown)."""
+    while _CACHE:
+        _, resources = _CACHE.popitem()
+        resources.threads.shutdown()
+        resources.sink.close()
+        resources.cluster.shutdown()
+
+
+def _resources(settings: TaskSettings) -> _Resources:
+    resources = _CACHE.get(settings.endpoints)
+    if resources is None:
+        # Imported here: the driver imports this module without needing the drivers loaded.
+        from millstream.connectors.cassandra import connect
+        from millstream.connectors.kafka import KafkaProductionSink
+        from millstream.engine.stores.cassandra import CassandraIntervalStore
+
+        cluster, session = connect(settings.config)
+        try:
+            store = CassandraIntervalStore(
+                session, settings.keyspace, SystemClock(), table=settings.table
+            )
+            sink = KafkaProductionSink(settings.config)
+        except BaseException:
+            cluster.shutdown()
+            raise
+        resources = _Resources(
+            cluster,
+            store,
+            sink,
+            StateCache(settings.config.executor_cache_bytes),
+            ThreadPoolExecutor(
+                settings.config.executor_interval_threads, thread_name_prefix="millstream-interval"
+            ),
+        )
+        _CACHE[settings.endpoints] = resources
+    return resources
+
+
+def router(
+    spec: ComputationSpec,
+    layout: IntervalLayout | None = None,
+    slots: IntervalSlots | None = None,
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The ``mapInArrow`` function that decodes, keys and routes ``spec``'s input to the
+    intervals of ``layout`` (default: those the computation starts with), and their tasks
+    (``slots``; default: one task).
+
+    Input columns: ``value`` (bytes), ``topic``, ``partition``, ``offset``, ``kafka_ts``
+    (the Kafka message timestamp in µs). Output: :data:`ROUTED_SCHEMA`, column by column (no
+    pandas, no per-row objects beyond the decoded record).
+    """
+    layout = layout or IntervalLayout.initial(spec.options.key_intervals)
+    slots = slots or IntervalSlots(1)
+    reject_interval = rejected_interval(spec, layout)
+    streams = _streams_by_topic(spec)
+
+    def route(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            columns: list[list[Any]] = [[] for _ in _ROUTED_COLUMNS]
+            (interval_c, stream_c, partition_c, offset_c, kafka_ts_c, key_c, r_key_c,
+             r_value_c, r_ts_c, r_id_c, raw_c, error_c, slot_c) = columns  # fmt: skip
+            for value, topic, partition, offset, kafka_ts in zip(
+                *(batch.column(name).to_pylist() for name in _SOURCE_COLUMNS), strict=True
+            ):
+                stream = streams[topic]
+                record, key, error = decode_delivery(spec, stream, value)
+                stream_c.append(stream)
+                partition_c.append(partition)
+                offset_c.append(offset)
+                kafka_ts_c.append(kafka_ts)
+                if error is None:
+                    assert record is not None
+                    assert key is not None
+                    interval_c.append(layout.interval_of(key))
+                    key_c.append(key)
+                    r_key_c.append(record.key)
+                    r_value_c.append(record.value)
+                    r_ts_c.append(record.timestamp)
+                    r_id_c.append(record.record_id)
+                    raw_c.append(None)
+                    error_c.append(None)
+                else:
+                    interval_c.append(reject_interval)
+                    for column in (key_c, r_key_c, r_value_c, r_ts_c, r_id_c):
+                        column.append(None)
+                    raw_c.append(value)
+                    error_c.append(f"{type(error).__qualname__}: {error}")
+                slot_c.append(slots.slot(interval_c[-1]))
+            yield _record_batch(columns, _ROUTED_ARROW)
+
+    return route
+
+
+def _record_batch(columns: list[list[Any]], schema: pa.Schema) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays(
+        [pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)], schema=schema
+    )
+
+
+def _streams_by_topic(spec: ComputationSpec) -> dict[str, str]:
+    return {stream_topic(i.stream): i.stream for i in spec.inputs}
+
+
+def tick_rows(
+    intervals: Iterable[int], slots: IntervalSlots | None = None
+) -> list[tuple[Any, ...]]:
+    """:data:`ROUTED_SCHEMA` rows that make an interval run without input (a *tick*): for its
+    due timers and unacknowledged productions."""
+    slots = slots or IntervalSlots(1)
+    blank = (None,) * (len(_ROUTED_COLUMNS) - 2)
+    return [(interval, *blank, slots.slot(interval)) for interval in intervals]
+
+
+def interval_task(
+    spec: ComputationSpec,
+    settings: TaskSettings,
+    watermark: int,
+    timer_watermark: int,
+    layout: IntervalLayout | None = None,
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The ``mapInArrow`` function that runs the key intervals of one partition of a batch
+    (the partitions are by interval, so each interval is in exactly one).
+
+    Each interval's rows run, in (stream, partition, offset) order, through the interval's
+    worker; records under the input low watermark before the batch (``watermark``), event-time
+    timers under the one after it (see :meth:`IntervalWorker.process`). One
+    :data:`RESULT_SCHEMA` row per interval. Raises whatever a worker raises, failing the task;
+    see the module docstring.
+    """
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        columns: list[list[Any]] = [[] for _ in _ROUTED_COLUMNS]
+        for batch in batches:
+            for column, name in zip(columns, _ROUTED_COLUMNS, strict=True):
+                column.extend(batch.column(name).to_pylist())
+        rows = list(zip(*columns, strict=True))
+        by_interval: dict[int, list[tuple[Any, ...]]] = {}
+        for row in rows:
+            by_interval.setdefault(row[0], []).append(row)
+        resources = _resources(settings)
+        # The intervals' round trips to Cassandra and Kafka overlap on the pool's threads.
+        futures = [
+            resources.threads.submit(
+                _run_interval,
+                spec,
+                settings.run_token,
+                resources,
+                interval,
+                interval_rows,
+                watermark,
+                timer_watermark,
+                layout,
+            )
+            for interval, interval_rows in sorted(by_interval.items())
+        ]
+        wait(futures)
+        results = [future.result() for future in futures]  # raises the first failure
+        if results:
+            yield _record_batch([list(c) for c in zip(*results, strict=True)], _RESULT_ARROW)
+
+    return run
+
+
+def _run_interval(
+    spec: ComputationSpec,
+    run_token: str,
+    resources: _Resources,
+    interval: int,
+    rows: list[tuple[Any, ...]],
+    watermark: int,
+    timer_watermark: int,
+    layout: IntervalLayout | None,
+) -> tuple[Any, ...]:
+    started, cpu_started = time.monotonic(), time.thread_time()
+    # Ticks (no stream) first; they carry no input.
+    rows.sort(key=lambda row: (row[1] or "", row[2] or 0, row[3] or 0))
+    inputs = _inputs(spec, rows)
+    worker_key = (run_token, spec.name, interval)
+    worker = resources.workers.get(worker_key)
+    cached = worker is not None
+    if worker is None:
+        worker = IntervalWorker(
+            spec,
+            interval,
+            store=resources.store,
+            sink=resources.sink,
+            clock=SystemClock(),
+            cache=resources.cache,
+            user_code=resources.user_code,
+            layout=layout,
+        )
+        resources.workers[worker_key] = worker
+    elif layout is not None:
+        worker.layout = layout  # its own range is the same; the others may have split
+    result = worker.process(inputs, watermark, timer_watermark=timer_watermark)
+    progress = result.progress
+    rejected = sum(isinstance(item, Rejected) for item in inputs)
+    counts = interval_counts(len(inputs), rejected, result, cached)
+    return (
+        spec.name,
+        interval,
+        *counts.counts().values(),
+        os.getpid(),
+        time.monotonic() - started,
+        time.thread_time() - cpu_started,
+        progress.oldest_work,
+        progress.next_event_timer,
+        progress.next_wall_timer,
+    )
+
+
+def _inputs(spec: ComputationSpec, rows: list[tuple[Any, ...]]) -> list[Delivery | Rejected]:
+    inputs: list[Delivery | Rejected] = []
+    for _, stream, partition, offset, kafka_ts, key, r_key, r_value, r_ts, r_id, raw, *_ in rows:
+        if stream is None:
+            continue  # a tick: the interval runs for its timers and resends only
+        origin = Origin(stream=stream, partition=partition, offset=offset)
+        if raw is None:
+            inputs.append(Delivery(key, Record(r_key, r_value, r_ts, r_id), origin))
+        else:
+            inputs.append(_rejected(spec, origin, raw, kafka_ts))
+    return inputs
+
+
+def _rejected(spec: ComputationSpec, origin: Origin, raw: bytes, kafka_ts: int) -> Rejected:
+    assert origin.stream is not None
+    record, _, error = decode_delivery(spec, origin.stream, raw)
+    if error is None:
+        error = RuntimeError(
+            f"message at {origin.stream}/{origin.partition}@{origin.offset} failed to decode "
+            f"or key on the first attempt and succeeded on the second; the key extractor of "
+            f"{spec.name!r} must be deterministic"
+        )
+    if record is not None:
+        return Rejected(
+            Origin(origin.stream, origin.partition, origin.offset, record_id=record.record_id),
+            raw,
+            error,
+            record.timestamp,
+        )
+    return Rejected(origin, raw, error, kafka_ts)

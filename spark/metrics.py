@@ -1,0 +1,186 @@
+"""What the Spark runtime counts: per interval task, per micro-batch, per computation.
+
+The counter names are the fields of :class:`MetricCounts`, and nothing else spells them: the
+interval task's result row (:data:`RESULT_SCHEMA`) has one column per counter, the batch sums
+the rows (:func:`summarize`), and a computation sums its batches (:func:`totals`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Final
+
+from millstream.engine.protocol import BatchResult
+
+__all__ = [
+    "COUNTERS",
+    "RESULT_SCHEMA",
+    "BatchMetrics",
+    "ComputationMetrics",
+    "MetricCounts",
+    "describe",
+    "interval_counts",
+    "summarize",
+    "totals",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MetricCounts:
+    """The counters of batch and computation metrics, summed over intervals and batches.
+
+    ``inputs`` counts Kafka messages (``rejected`` of them undecodable or unkeyable);
+    ``processed`` records that ran user code (duplicates apart); ``dead_letters`` includes the
+    rejected ones; ``intervals`` interval tasks, of which ``rescans`` had to reload their soft
+    state and ``cache_hits`` found their cached worker still valid; ``pending`` productions
+    not yet acknowledged; ``resent`` checkpointed productions sent again as a batch began (a
+    previous owner's or attempt's), ``unknown_outcomes`` commits whose outcome had to be read
+    back, ``expired`` keys whose state expired (``ComputationOptions.state_ttl``).
+    """
+
+    inputs: int = 0
+    rejected: int = 0
+    processed: int = 0
+    duplicates: int = 0
+    late: int = 0
+    dead_letters: int = 0
+    committed_keys: int = 0
+    fired_timers: int = 0
+    acknowledged: int = 0
+    pending: int = 0
+    intervals: int = 0
+    rescans: int = 0
+    cache_hits: int = 0
+    resent: int = 0
+    unknown_outcomes: int = 0
+    expired: int = 0
+
+    def __add__(self, other: MetricCounts) -> MetricCounts:
+        return MetricCounts(
+            **{name: getattr(self, name) + getattr(other, name) for name in COUNTERS}
+        )
+
+    def counts(self) -> dict[str, int]:
+        """The counters alone (a subclass's other fields left out)."""
+        return {name: getattr(self, name) for name in COUNTERS}
+
+
+COUNTERS: Final = tuple(f.name for f in fields(MetricCounts))
+
+_PROGRESS: Final = "oldest_work long, next_event_timer long, next_wall_timer long"
+
+RESULT_SCHEMA: Final = (
+    "computation string, interval int, "
+    + ", ".join(f"{name} long" for name in COUNTERS)
+    + f", pid int, seconds double, cpu_seconds double, {_PROGRESS}"
+)
+"""One row per interval and batch attempt, from the interval task: the interval's
+:class:`MetricCounts` (``intervals`` 1; ``cache_hits`` 1 when this process had a worker for the
+interval and its soft state was still valid), the Python worker's pid, the wall seconds of the
+interval's work and the CPU seconds of the thread that did it (the load rebalancing weighs),
+then the interval's :class:`~millstream.engine.watermarks.IntervalProgress` (null: none)."""
+
+
+def interval_counts(inputs: int, rejected: int, result: BatchResult, cached: bool) -> MetricCounts:
+    """One interval task's counters, from what its worker returned."""
+    return MetricCounts(
+        inputs=inputs,
+        rejected=rejected,
+        processed=result.processed,
+        duplicates=result.duplicates,
+        late=result.late,
+        dead_letters=len(result.dead_letters),
+        committed_keys=result.committed_keys,
+        fired_timers=len(result.fired_timers),
+        acknowledged=result.acknowledged,
+        pending=result.pending,
+        intervals=1,
+        rescans=int(result.rescanned),
+        cache_hits=int(cached and not result.rescanned),
+        resent=result.resent,
+        unknown_outcomes=result.unknown_outcomes,
+        expired=result.expired,
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BatchMetrics(MetricCounts):
+    """What one micro-batch of one computation did, summed over its intervals.
+
+    ``failed_attempts`` describes the attempts that failed before the one these counts come
+    from. ``input_watermark`` is the input low watermark once the batch was consumed (its
+    timers ran under it) and ``watermark`` the computation's own after the batch (µs);
+    ``watermark_seconds`` of ``seconds`` went to reading, applying and publishing reports.
+    """
+
+    computation: str
+    batch_id: int
+    seconds: float = 0.0
+    failed_attempts: tuple[str, ...] = ()
+    input_watermark: int = 0
+    watermark: int = 0
+    watermark_seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ComputationMetrics(MetricCounts):
+    """Totals of a computation's batches in this run (``pending``: after the latest batch)."""
+
+    computation: str
+    batches: int = 0
+    failed_attempts: int = 0
+
+    @property
+    def cache_hit_rate(self) -> float:
+        """The share of interval batches that reused a valid cached worker."""
+        return self.cache_hits / self.intervals if self.intervals else 0.0
+
+
+def summarize(
+    computation: str,
+    batch_id: int,
+    rows: Iterable[Mapping[str, Any]],
+    started: float,
+    failures: Iterable[str] = (),
+) -> BatchMetrics:
+    """A batch's metrics from its interval rows (:data:`RESULT_SCHEMA`); ``started`` is the
+    batch's ``time.monotonic()`` start."""
+    sums = dict.fromkeys(COUNTERS, 0)
+    for row in rows:
+        for name in COUNTERS:
+            sums[name] += int(row[name])
+    return BatchMetrics(
+        computation=computation,
+        batch_id=batch_id,
+        seconds=time.monotonic() - started,
+        failed_attempts=tuple(failures),
+        **sums,
+    )
+
+
+def totals(batches: Iterable[BatchMetrics]) -> dict[str, ComputationMetrics]:
+    """Per computation, the totals of its batches (``pending`` as of its latest batch)."""
+    found: dict[str, ComputationMetrics] = {}
+    for batch in batches:
+        previous = found.get(batch.computation, ComputationMetrics(computation=batch.computation))
+        summed = (MetricCounts(**previous.counts()) + batch).counts()
+        summed["pending"] = batch.pending
+        found[batch.computation] = ComputationMetrics(
+            computation=batch.computation,
+            batches=previous.batches + 1,
+            failed_attempts=previous.failed_attempts + len(batch.failed_attempts),
+            **summed,
+        )
+    return found
+
+
+def describe(metrics: BatchMetrics) -> str:
+    """One log line for a batch: its non-zero counters and time."""
+    parts = ", ".join(f"{name}={value}" for name, value in metrics.counts().items() if value)
+    retried = f", after {len(metrics.failed_attempts)} failed attempt(s)"
+    return (
+        f"computation {metrics.computation!r} batch {metrics.batch_id}: {parts or 'empty'} "
+        f"in {metrics.seconds:.2f}s{retried if metrics.failed_attempts else ''}"
+    )

@@ -1,0 +1,178 @@
+"""Build the SparkSession a millstream driver runs on.
+
+Locally (``spark.master`` ``local[...]``, the default) the Kafka connector jars
+come from the pinned POM through Maven and go on the classpath directly. On a
+cluster, either list Maven coordinates in ``spark.packages`` (Spark resolves and
+ships them) or launch with ``spark-submit --packages ...`` (or ``--jars``): a
+driver started by spark-submit keeps its master, classpath and ``--conf``
+settings, which win over millstream's own.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from millstream.engine.config import MillstreamConfig
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from pyspark.sql import DataFrame, SparkSession
+
+    from millstream.connectors.maven import Progress
+
+__all__ = [
+    "SOURCE_OPTIONS",
+    "kafka_options",
+    "kafka_stream",
+    "local_connector_jars",
+    "spark_conf",
+    "spark_session",
+]
+
+
+def spark_conf(
+    config: MillstreamConfig,
+    app_name: str,
+    jars: list[Path] | None = None,
+    submitted: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The Spark settings millstream uses; later entries of ``config.spark_conf`` override.
+
+    ``submitted`` are the settings spark-submit started the driver with. They override
+    everything else, and their ``spark.master`` decides whether the driver is local.
+    """
+    if submitted and "spark.master" in submitted:
+        config = replace(config, spark_master=submitted["spark.master"])
+    conf = {
+        "spark.app.name": app_name,
+        "spark.master": config.spark_master,
+        # Micro-batches are small and the machine may have 2 cores: 200 shuffle
+        # partitions would be 200 near-empty tasks per stage.
+        "spark.sql.shuffle.partitions": str(config.spark_shuffle_partitions),
+        "spark.default.parallelism": str(config.spark_shuffle_partitions),
+        "spark.ui.enabled": str(config.spark_ui).lower(),
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.streaming.stopGracefullyOnShutdown": "true",
+        "spark.pyspark.python": sys.executable,
+        "spark.pyspark.driver.python": sys.executable,
+    }
+    if config.spark_is_local:
+        # Servers we start bind to loopback only; so does the local driver.
+        conf["spark.driver.bindAddress"] = "127.0.0.1"
+        conf["spark.driver.host"] = "127.0.0.1"
+        conf["spark.driver.memory"] = "1g"
+    if config.spark_packages:
+        conf["spark.jars.packages"] = ",".join(config.spark_packages)
+    elif jars:
+        conf["spark.jars"] = ",".join(str(jar) for jar in jars)
+    conf.update(config.spark_conf)
+    conf.update(submitted or {})
+    return conf
+
+
+def spark_session(
+    config: MillstreamConfig,
+    app_name: str = "millstream",
+    progress: Progress | None = None,
+) -> SparkSession:
+    """Get or create the session, with the Kafka connector on its classpath."""
+    from pyspark.sql import SparkSession  # deferred: importing pyspark costs a second
+
+    # Executors' Python workers must run this interpreter, with millstream importable.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if config.spark_is_local:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    submitted = _submitted_conf()
+    jars = None
+    if submitted is None and not config.spark_packages and config.spark_is_local:
+        jars = local_connector_jars(config, progress or _stderr)
+    builder = SparkSession.builder
+    for key, value in spark_conf(config, app_name, jars, submitted).items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("WARN")
+    return session
+
+
+SOURCE_OPTIONS: Mapping[str, str] = {
+    # A task reading the tail of a partition asks for more than is there; the broker then
+    # holds the fetch for fetch.max.wait.ms (Kafka's default: 500 ms) before answering, and
+    # each such wait lands in a micro-batch's latency. The range a task reads already exists.
+    "kafka.fetch.max.wait.ms": "10",
+}
+"""Kafka source options :func:`kafka_stream` sets unless ``options`` say otherwise."""
+
+
+def kafka_options(config: MillstreamConfig) -> dict[str, str]:
+    """The ``kafka.*`` options of every Spark Kafka source and sink: the bootstrap servers
+    and the security settings (:func:`~millstream.connectors.kafka.java_client_settings`)."""
+    from millstream.connectors.kafka import java_client_settings
+
+    return {f"kafka.{key}": value for key, value in java_client_settings(config).items()}
+
+
+def kafka_stream(
+    spark: SparkSession,
+    config: MillstreamConfig,
+    topics: Sequence[str],
+    starting_offsets: str = "earliest",
+    options: Mapping[str, str] | None = None,
+) -> DataFrame:
+    """A streaming DataFrame of the topics' records (key, value, topic, partition, offset, ...).
+
+    ``starting_offsets`` applies only to a query's first run; afterwards its checkpoint decides.
+    ``options`` are further Kafka source options (e.g. ``maxOffsetsPerTrigger``).
+    """
+    reader = (
+        spark.readStream.format("kafka")
+        .option("subscribe", ",".join(topics))
+        .option("startingOffsets", starting_offsets)
+    )
+    for name, value in {**kafka_options(config), **SOURCE_OPTIONS, **(options or {})}.items():
+        reader = reader.option(name, value)
+    return reader.load()
+
+
+def local_connector_jars(config: MillstreamConfig, progress: Progress) -> list[Path]:
+    """The Spark Kafka connector and what it needs beyond pyspark's own jars."""
+    import pyspark
+
+    from millstream.connectors.maven import (
+        MavenArtifacts,
+        check_spark_version,
+        connector_jars,
+    )
+
+    check_spark_version(pyspark.__version__)
+    resolved = MavenArtifacts(config.home / "artifacts", progress).classpath("spark-kafka")
+    provided = sorted((Path(pyspark.__file__).parent / "jars").glob("*.jar"))
+    return connector_jars(resolved, provided)
+
+
+def _submitted_conf() -> dict[str, str] | None:
+    """The settings of the JVM spark-submit started this driver in; None outside spark-submit.
+
+    Spark's builder would override them (``--master`` included) with millstream's settings.
+    """
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:  # set by spark-submit for its Python driver
+        return None
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()  # connects to spark-submit's JVM; starts nothing
+    return dict(SparkConf().getAll())
+
+
+def _stderr(message: str) -> None:
+    print(f"millstream: {message}", file=sys.stderr, flush=True)

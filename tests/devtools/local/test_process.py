@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from millstream.devtools.local.process import (
+    ServiceProcess,
+    check_ports_free,
+    log_tail,
+    port_accepts,
+)
+from millstream.engine.errors import PortInUseError, ServiceStartError
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def listener() -> Iterator[int]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        sock.close()
+
+
+def test_a_taken_port_is_reported_with_what_to_do(listener: int) -> None:
+    assert port_accepts("127.0.0.1", listener)
+    with pytest.raises(
+        PortInUseError, match=rf"broker port 127.0.0.1:{listener} is already in use"
+    ):
+        check_ports_free("kafka", "127.0.0.1", [("broker", listener)])
+
+
+def test_free_ports_pass() -> None:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    check_ports_free("kafka", "127.0.0.1", [("broker", port)])
+
+
+def _service(tmp_path: Path) -> ServiceProcess:
+    return ServiceProcess(
+        name="sleeper",
+        pid_file=tmp_path / "sleeper.pid",
+        log_file=tmp_path / "logs" / "sleeper.out",
+        marker=f"--marker={tmp_path}",
+    )
+
+
+def test_start_find_and_stop_by_pid(tmp_path: Path) -> None:
+    service = _service(tmp_path)
+    script = "import sys, time; print('hello', flush=True); time.sleep(600)"
+    proc = service.start([sys.executable, "-c", script, service.marker])
+    try:
+        assert service.running_pid() == proc.pid
+        service.wait_healthy(proc, lambda: "hello" in log_tail(service.log_file), 20, print, 0.05)
+    finally:
+        assert service.stop(timeout=10)
+    assert proc.wait(5) is not None
+    assert service.running_pid() is None
+    assert not service.pid_file.exists()
+    assert not service.stop()
+
+
+def test_a_recycled_pid_is_not_taken_for_ours(tmp_path: Path) -> None:
+    service = _service(tmp_path)
+    tmp_path.mkdir(exist_ok=True)
+    # pid 1 is alive, but its command line lacks the marker: not ours.
+    service.pid_file.write_text("1\n")
+    assert service.running_pid() is None
+    assert not service.pid_file.exists()
+
+
+def test_a_service_that_exits_while_starting_shows_its_log(tmp_path: Path) -> None:
+    service = _service(tmp_path)
+    script = "import sys; print('bad config: port is banana'); sys.exit(3)"
+    proc = service.start([sys.executable, "-c", script, service.marker])
+    with pytest.raises(ServiceStartError, match=r"(?s)exited with code 3.*port is banana"):
+        service.wait_healthy(proc, lambda: False, 20, print, 0.05)
+
+
+def test_a_service_that_never_gets_healthy_times_out_with_its_log(tmp_path: Path) -> None:
+    service = _service(tmp_path)
+    script = "import time; print('still warming up', flush=True); time.sleep(600)"
+    proc = service.start([sys.executable, "-c", script, service.marker])
+    try:
+        with pytest.raises(ServiceStartError, match=r"(?s)within 1s.*still warming up"):
+            service.wait_healthy(proc, lambda: False, 1, print, 0.05)
+    finally:
+        service.stop(timeout=10)

@@ -1,0 +1,87 @@
+"""The local stack as a user drives it: `millstream up/status`, reuse, Paxos v2, taken ports."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from millstream.connectors.maven import MavenArtifacts
+from millstream.devtools.local.java import JavaRuntime
+from millstream.devtools.local.kafka import KafkaService
+from millstream.devtools.local.stack import LocalStack
+from millstream.engine.config import MillstreamConfig
+from millstream.engine.errors import PortInUseError
+
+if TYPE_CHECKING:
+    from cassandra.cluster import Session
+
+
+@pytest.mark.integration
+def test_status_reports_each_service_healthy_with_pid_and_memory(
+    services: MillstreamConfig,
+) -> None:
+    statuses = {status.name: status for status in LocalStack(services, print).status()}
+    assert set(statuses) == {"kafka", "cassandra"}
+    for status in statuses.values():
+        assert status.healthy, status
+        assert status.pid is not None
+        assert status.rss_bytes is not None
+        assert status.rss_bytes > 50 * 2**20
+    assert statuses["kafka"].address == services.kafka_bootstrap
+    assert statuses["cassandra"].address == f"127.0.0.1:{services.cassandra_port}"
+
+
+@pytest.mark.integration
+def test_up_again_reuses_the_running_services(services: MillstreamConfig) -> None:
+    stack = LocalStack(services, print)
+    before = {status.name: status.pid for status in stack.status()}
+    after = {status.name: status.pid for status in stack.up()}
+    assert after == before
+
+
+@pytest.mark.integration
+def test_the_cli_reports_status(services: MillstreamConfig) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "millstream.cli", "status"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("kafka") and "healthy" in line for line in lines), lines
+    assert any(line.startswith("cassandra") and "healthy" in line for line in lines), lines
+
+
+@pytest.mark.integration
+def test_cassandra_runs_paxos_v2(cassandra: Session) -> None:
+    row = cassandra.execute(
+        "SELECT value FROM system_views.settings WHERE name = 'paxos_variant'"
+    ).one()
+    assert row is not None
+    assert row.value == "v2"
+
+
+@pytest.mark.unit
+def test_a_port_held_by_another_process_stops_up_before_anything_starts(tmp_path: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        config = MillstreamConfig(home=tmp_path, kafka_bootstrap=f"127.0.0.1:{port}")
+        service = KafkaService(
+            config,
+            JavaRuntime(Path("/usr/bin/java"), 17),
+            MavenArtifacts(tmp_path / "artifacts", print, mvn=str(tmp_path / "no-mvn")),
+            print,
+        )
+        with pytest.raises(PortInUseError, match=f"broker port 127.0.0.1:{port}"):
+            service.up()
+    assert service.process.running_pid() is None
+    assert not (tmp_path / "kafka" / "data").exists()

@@ -1,0 +1,256 @@
+"""The proving ground on the real stack: the CI tier with a fault of every kind, and checks
+that catch a lost, a duplicated and an unexpected effect and a watermark that went back."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from millstream.connectors import kafka as kafka_connector
+from millstream.devtools.proving.ground import (
+    CRASHES,
+    FAULTS,
+    TIERS,
+    GroundReport,
+    Tier,
+    discard,
+    prove,
+    recheck,
+    run_config,
+    schedule,
+)
+from millstream.devtools.proving.processes import RunDescription
+from millstream.devtools.proving.workload import (
+    ProvingSource,
+    Workload,
+    expected_outcome,
+)
+from millstream.engine.config import MillstreamConfig
+from millstream.engine.productions import Production
+from millstream.engine.records import Record
+from millstream.engine.watermarks import WatermarkReport
+from millstream.injectors.source import SourceRecord
+
+EXTERNAL = os.environ.get("MILLSTREAM_EXTERNAL_SERVICES") == "1"
+
+
+def _progress(message: str) -> None:
+    print(f"[proving {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def _services(config: MillstreamConfig) -> list[object]:
+    from millstream.devtools.local.stack import LocalStack
+
+    return list(LocalStack(config, _progress).services)
+
+
+@pytest.mark.unit
+def test_a_seed_gives_one_schedule_with_every_kind_the_tier_asks_for() -> None:
+    tier = Tier(records=100, keys=2, rate=10.0, faults=3)
+    first = schedule(7, tier)
+    assert first == schedule(7, tier)
+    assert first != schedule(8, tier)
+    assert sorted(f.kind for f in first) == sorted(list(FAULTS) * 3)
+    assert sorted(f.kind for f in schedule(7, TIERS["ci"])) == sorted(CRASHES)
+
+
+@pytest.mark.unit
+def test_the_source_is_a_pure_function_of_its_index_and_honours_its_gate(tmp_path: Path) -> None:
+    workload = Workload(records=50, keys=3, seed=1, rate=10_000.0, malformed_every=5)
+    gate = tmp_path / "gate"
+    gate.write_text("20")
+    source = ProvingSource(workload, "events", gate=gate)
+    source.open(None)
+    sent: list[SourceRecord] = []
+    while len(sent) < 20:
+        sent.extend(source.poll(0.0).records)
+    assert len(sent) == 20
+    assert not source.poll(0.0).records  # the gate holds
+    gate.write_text("50")
+    source.open({"next": 20})  # as after a restart from the checkpoint
+    while not (poll := source.poll(0.0)).exhausted:
+        sent.extend(poll.records)
+    assert [r.offset for r in sent] == list(range(50))
+    assert [r.value for r in sent] == [workload.value(i) for i in range(50)]
+    expected = expected_outcome(workload)
+    assert expected.malformed == {i for i in range(50) if workload.malformed(i)}
+    assert 0 < len(expected.malformed) < 50
+    assert sum(len(s) for s in expected.sequences.values()) == 50 - len(expected.malformed)
+
+
+@pytest.mark.unit
+def test_a_skewed_workload_puts_its_share_on_one_hash_range_and_counts_each_key_on() -> None:
+    from collections import Counter
+
+    from millstream.engine.keys import key_interval
+
+    workload = Workload(records=4_000, keys=20, seed=3, rate=100.0, hot_share=0.8)
+    assert Workload.from_json(workload.to_json()) == workload
+    keys = [workload.key(i) for i in range(workload.records)]
+    hot = sum(key_interval(k, 4) == 0 for k in keys) / len(keys)
+    assert 0.8 <= hot <= 0.9  # the hot share, plus the uniform rest's part of that range
+    per_key: Counter[str] = Counter()
+    for index, key in enumerate(keys):
+        assert workload.sequence(index) == per_key[key]
+        per_key[key] += 1
+    assert len(per_key) == 20  # the cold keys still get records
+    expected = expected_outcome(workload)
+    assert sum(len(s) for s in expected.sequences.values()) == 4_000 - len(expected.malformed)
+    assert keys == [Workload.from_json(workload.to_json()).key(i) for i in range(4_000)]
+    with pytest.raises(ValueError, match="hot_share"):
+        Workload(records=1, keys=1, seed=1, rate=1.0, hot_share=1.0)
+
+
+@pytest.mark.unit
+def test_an_unplanned_exit_is_reported_by_the_line_naming_its_error() -> None:
+    from millstream.devtools.proving.ground import Unplanned
+
+    log = (
+        "Traceback (most recent call last):\n"
+        '  File "kafka.py", line 290, in _when_ready\n'
+        "confluent_kafka.error.KafkaException: KafkaError{code=OFFSET_NOT_AVAILABLE}\n"
+        "   +- ~StreamingDataSourceV2ScanRelation[key#27] KafkaTable\n"
+    )
+    assert Unplanned("driver", 1, log).error.startswith("confluent_kafka.error.KafkaException")
+    assert Unplanned("driver", 1, "no error named\nlast line").error == "last line"
+
+
+@pytest.mark.unit
+def test_a_roles_members_include_descendants_that_left_its_process_group(tmp_path: Path) -> None:
+    """Spark starts its Python daemons in sessions of their own: killing the driver's process
+    group alone would leave a parked worker running on (found by the proving ground)."""
+    import signal
+    import subprocess
+
+    from millstream.devtools.local.process import alive
+    from millstream.devtools.proving.ground import _Role
+
+    script = tmp_path / "tree.py"
+    script.write_text(
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'],"
+        " start_new_session=True)\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    role = _Role("driver", tmp_path, dict(os.environ))
+    role.proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, start_new_session=True
+    )
+    assert role.proc.stdout is not None
+    child = int(role.proc.stdout.readline())
+    try:
+        assert os.getpgid(child) != role.pid  # it left the group
+        assert {role.pid, child} <= role.members()
+        role.kill_all(10)
+        assert not alive(role.pid)
+        assert not alive(child)
+    finally:
+        for pid in (role.pid, child):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def kept_run(services: MillstreamConfig) -> Iterator[GroundReport]:
+    """A short run without faults whose topics and keyspace are kept for tampering."""
+    tier = Tier(records=600, keys=5, rate=600.0, faults=1)
+    report = prove(
+        services, tier, seed=3, services=_services(services), kinds=(), keep=True,
+        progress=_progress,
+    )  # fmt: skip
+    try:
+        yield report
+    finally:
+        discard(services, report.directory)
+
+
+@pytest.mark.integration
+def test_the_checks_catch_lost_duplicated_unexpected_effects_and_regressions(
+    services: MillstreamConfig, kept_run: GroundReport
+) -> None:
+    assert kept_run.passed, kept_run.render()
+    assert not kept_run.outcomes
+    run = RunDescription.read(kept_run.directory)
+    config = run_config(services, run.run)
+    expected = expected_outcome(run.workload)
+
+    # Hold the run against an expectation it does not meet: one sequence number it never
+    # processed (lost) and one it did that the expectation lacks (unexpected).
+    key = sorted(expected.sequences)[0]
+    tampered = expected_outcome(run.workload)
+    tampered.sequences[key] = set(tampered.sequences[key])
+    dropped = min(tampered.sequences[key])
+    tampered.sequences[key].remove(dropped)
+    tampered.sequences[key].add(10_000)
+    checks, _ = recheck(services, kept_run.directory, tampered)
+    assert checks.counts["lost"] >= 1
+    assert checks.counts["unexpected"] >= 1
+    assert checks.counts["duplicated"] == 0
+
+    # A window's effect written again under another record ID is a duplicated effect; a
+    # source's report below its last one a watermark regression.
+    key, window, count = next(expected.window_records())
+    sink = kafka_connector.KafkaProductionSink(config)
+    try:
+        duplicate = Record(
+            f"w{window}",
+            f'{{"key": "{key}", "window": {window}, "count": {count}}}'.encode(),
+            1,
+            b"\x01" * 16,
+        )
+        assert sink.send([Production(run.names.windows, duplicate)], 30.0)
+    finally:
+        sink.close()
+    publisher = kafka_connector.WatermarkPublisher(config)
+    try:
+        publisher.publish(WatermarkReport("injector/tamper/0", (run.names.events,), 100, 1))
+        publisher.publish(WatermarkReport("injector/tamper/0", (run.names.events,), 50, 2))
+    finally:
+        publisher.close()
+    checks, _ = recheck(services, kept_run.directory)
+    assert checks.counts["duplicated"] == 1, checks.examples
+    assert checks.counts["watermark regressions"] == 1, checks.examples
+    assert checks.counts["lost"] == 0
+
+
+@pytest.mark.integration
+def test_the_ci_tier_loses_and_duplicates_nothing_under_a_fault_of_every_kind(
+    services: MillstreamConfig,
+) -> None:
+    kinds = tuple(k for k in CRASHES if not (EXTERNAL and k in ("kafka", "cassandra")))
+    report = prove(
+        services, TIERS["ci"], seed=11, services=_services(services), kinds=kinds,
+        progress=_progress,
+    )  # fmt: skip
+    text = report.render()
+    print(text)
+    assert sorted(o.fault.kind for o in report.outcomes) == sorted(kinds)
+    assert all(o.applied for o in report.outcomes), text
+    assert report.checks.passed, text
+    assert (
+        report.checks.figures["processed (distinct, from state)"]
+        == report.checks.figures["expected processed"]
+    )
+    provoked = report.provoked
+    # Non-vacuity: the zombie was fenced, a crash between commit and send left productions
+    # that the next driver sent again, a replayed batch's records were dropped, the commit
+    # in flight when Cassandra died had an unknown outcome, and the driver waited out the
+    # services' restarts.
+    assert provoked.fenced_attempts >= 1, text
+    assert provoked.resent_productions >= 1, text
+    assert provoked.duplicates_absorbed >= 1, text
+    # tally's intervals split and merged, and the driver killed amid one was followed by a
+    # driver that finished the change it found journaled.
+    assert provoked.interval_changes >= 1, text
+    assert provoked.changes_finished_after_a_kill >= 1, text
+    if not EXTERNAL:
+        assert provoked.unknown_outcomes >= 1, text
+        assert provoked.outage_waits >= 1, text
+    assert not report.unplanned, text

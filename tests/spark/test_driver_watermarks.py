@@ -1,0 +1,101 @@
+"""The driver's watermark bookkeeping keeps a report it could not publish (Kafka down)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, cast
+
+import pytest
+
+from millstream.connectors import kafka as kafka_connector
+from millstream.engine.authority import WatermarkAuthority
+from millstream.engine.clock import ManualClock
+from millstream.engine.computation import Computation
+from millstream.engine.config import MillstreamConfig
+from millstream.engine.context import Context
+from millstream.engine.records import Record
+from millstream.engine.topology import Topology
+from millstream.engine.watermarks import WatermarkMessage, WatermarkReport
+from millstream.spark import driver_watermarks
+from millstream.spark.driver_watermarks import DriverWatermarks
+
+pytestmark = pytest.mark.unit
+
+
+class Forward(Computation):
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.produce("out", record.value, record.timestamp)
+
+
+class Unused:
+    """Stands in for a Kafka client this test never reaches."""
+
+    def close(self) -> None:
+        pass
+
+
+class Nothing:
+    """A watermark topic without messages."""
+
+    def read(self, timeout: float = 0.0) -> list[tuple[str, WatermarkMessage | None]]:
+        return []
+
+
+class FlakyPublisher:
+    """Fails its first ``failures`` publishes as a broker that is down would."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.published: list[WatermarkReport] = []
+
+    def publish(self, report: WatermarkReport) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise TimeoutError("the broker did not acknowledge the report within 30 s")
+        self.published.append(report)
+
+    def wake(self, topics: list[str], source: str) -> None:
+        pass
+
+
+@pytest.fixture
+def driver(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[DriverWatermarks, FlakyPublisher]]:
+    monkeypatch.setattr(driver_watermarks, "offsets_consumer", lambda config: Unused())
+    monkeypatch.setattr(kafka_connector, "end_offsets", lambda *_: {"out": {0: 7}})
+    topology = Topology("flaky", streams=["in"])
+    spec = topology.add_computation("forward", Forward(), inputs=["in"], outputs=["out"])
+    publisher = FlakyPublisher(failures=1)
+    kafka_publisher = cast(kafka_connector.WatermarkPublisher, publisher)
+    authority = WatermarkAuthority(Nothing())
+    watermarks = DriverWatermarks(
+        MillstreamConfig(), topology, spec, kafka_publisher, ManualClock(), authority
+    )
+    yield watermarks, publisher
+    watermarks.close()
+
+
+def test_a_report_that_failed_to_publish_is_published_by_the_next_call(
+    driver: tuple[DriverWatermarks, FlakyPublisher], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    watermarks, publisher = driver
+    made: list[WatermarkReport] = []
+
+    def report_once(sequence: int, offsets: Any) -> WatermarkReport | None:
+        # The bookkeeping makes a report once per change: after the first it says "no change".
+        if made:
+            return None
+        made.append(
+            WatermarkReport(
+                watermarks.state.source, ("out",), 5, sequence, offsets, input_watermark=6
+            )
+        )
+        return made[0]
+
+    monkeypatch.setattr(watermarks.state, "report", report_once)
+    with pytest.raises(TimeoutError):
+        watermarks.after_batch(1)
+    assert publisher.published == []
+    watermarks.after_batch(1)  # the batch retried once Kafka is back
+    assert publisher.published == made
+    watermarks.after_batch(2)
+    assert publisher.published == made  # published once, not again

@@ -1,0 +1,70 @@
+"""Batch metrics: one list of counters, from the interval rows to a computation's totals."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from millstream.engine.protocol import BatchResult
+from millstream.engine.sequencer import Lease
+from millstream.spark.metrics import (
+    COUNTERS,
+    RESULT_SCHEMA,
+    BatchMetrics,
+    MetricCounts,
+    describe,
+    interval_counts,
+    summarize,
+    totals,
+)
+
+pytestmark = pytest.mark.unit
+
+LEASE = Lease("count", 0, token=1, cache_valid=False)
+
+
+def test_the_result_schema_has_a_column_per_counter_in_order() -> None:
+    columns = [part.split()[0] for part in RESULT_SCHEMA.split(", ")]
+    assert columns[2 : 2 + len(COUNTERS)] == list(COUNTERS)
+    assert "intervals" in COUNTERS
+    assert "cache_hits" in COUNTERS
+
+
+def test_interval_counts_say_rescan_or_cache_hit() -> None:
+    rescanned = BatchResult(lease=LEASE, rescanned=True)
+    rescanned.processed = 3
+    counts = interval_counts(5, 2, rescanned, cached=True)
+    assert (counts.inputs, counts.rejected, counts.processed) == (5, 2, 3)
+    assert (counts.intervals, counts.rescans, counts.cache_hits) == (1, 1, 0)
+    valid = BatchResult(lease=LEASE, rescanned=False)
+    assert interval_counts(0, 0, valid, cached=True).cache_hits == 1
+    assert interval_counts(0, 0, valid, cached=False).cache_hits == 0
+
+
+def row(**counts: int) -> dict[str, int]:
+    return dict.fromkeys(COUNTERS, 0) | {"intervals": 1} | counts
+
+
+def test_a_batch_sums_its_interval_rows() -> None:
+    metrics = summarize(
+        "count", 7, [row(inputs=3, processed=2), row(inputs=4, pending=1)], time.monotonic()
+    )
+    assert (metrics.computation, metrics.batch_id) == ("count", 7)
+    assert (metrics.inputs, metrics.processed, metrics.pending, metrics.intervals) == (7, 2, 1, 2)
+    assert "inputs=7" in describe(metrics)
+    assert "rescans" not in describe(metrics)
+
+
+def test_totals_sum_batches_but_keep_the_latest_pending() -> None:
+    batches = [
+        BatchMetrics(computation="a", batch_id=0, inputs=5, pending=3, failed_attempts=("x",)),
+        BatchMetrics(computation="b", batch_id=0, inputs=1),
+        BatchMetrics(computation="a", batch_id=1, inputs=2, pending=0, cache_hits=1, intervals=2),
+    ]
+    found = totals(batches)
+    a = found["a"]
+    assert (a.batches, a.inputs, a.pending, a.failed_attempts) == (2, 7, 0, 1)
+    assert a.cache_hit_rate == 0.5
+    assert found["b"].inputs == 1
+    assert MetricCounts(inputs=1) + MetricCounts(inputs=2) == MetricCounts(inputs=3)

@@ -1,0 +1,1101 @@
+"""The Spark runner on the real Kafka, Cassandra and Spark.
+
+The pipeline is ``examples/search_pipeline.py``: stage 1 keys search events by user and
+counts them, producing ``(query, 1)`` keyed by query; stage 2 keys those by query and counts
+them, remembering every record ID it counted. Each test compares the state committed in
+Cassandra with a fold over the distinct input.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from millstream.connectors import kafka as kafka_connector
+from millstream.engine.clock import SystemClock
+from millstream.engine.codecs import JsonCodec
+from millstream.engine.computation import Computation
+from millstream.engine.config import MillstreamConfig
+from millstream.engine.context import Context
+from millstream.engine.deadletters import decode_dead_letter
+from millstream.engine.keys import key_interval
+from millstream.engine.records import (
+    MAX_RECORD_BYTES,
+    SINGLE_OBJECT_MARKER,
+    Record,
+    decode_record,
+    encode_record,
+    injector_record_id,
+)
+from millstream.engine.stores.cassandra import CassandraIntervalStore
+from millstream.engine.timers import TimeDomain, Timer
+from millstream.engine.topology import ComputationOptions, Topology
+from millstream.engine.watermarks import computation_source, injector_source
+from millstream.spark.runner import (
+    AvailableNow,
+    ProcessingTime,
+    RunningTopology,
+    Trigger,
+    run_topology,
+)
+
+if TYPE_CHECKING:
+    from cassandra.cluster import Session
+    from pyspark.sql import SparkSession
+
+pytestmark = pytest.mark.integration
+
+JSON = JsonCodec()
+INTERVALS = 4
+BASE_TIME = 1_700_000_000_000_000
+USERS = [f"user-{n}" for n in range(7)]
+QUERIES = ["weather", "football", "eclipse", "flu", "tickets"]
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _load_example() -> ModuleType:
+    # examples/ is not a package; load the module under its own name, as `millstream run`
+    # does from that directory.
+    spec = importlib.util.spec_from_file_location(
+        "search_pipeline", EXAMPLES / "search_pipeline.py"
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["search_pipeline"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+search_pipeline = _load_example()
+
+
+@dataclass
+class Pipeline:
+    """One test's names: streams, computations, keyspace and checkpoint root."""
+
+    suffix: str
+    keyspace: str
+    checkpoints: Path
+
+    def __getattr__(self, name: str) -> str:
+        names: dict[str, str] = search_pipeline.names(self.suffix)
+        try:
+            return names[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def topology(self) -> Topology:
+        topology: Topology = search_pipeline.pipeline_topology(
+            self.suffix, ComputationOptions(key_intervals=INTERVALS)
+        )
+        return topology
+
+
+def register_by_value(module: ModuleType) -> None:
+    """Ship ``module``'s code with each task: executors cannot import test modules."""
+    from pyspark import cloudpickle
+
+    cloudpickle.register_pickle_by_value(module)  # type: ignore[no-untyped-call]
+
+
+@pytest.fixture
+def pipeline(
+    services: MillstreamConfig,
+    unique: Callable[[str], str],
+    cassandra_keyspace: Callable[[], str],
+    tmp_path: Path,
+    spark: SparkSession,
+) -> Iterator[Pipeline]:
+    register_by_value(search_pipeline)
+    register_by_value(sys.modules[__name__])
+    made = Pipeline(unique("p").removeprefix("p_"), cassandra_keyspace(), tmp_path / "checkpoints")
+    yield made
+    kafka_connector.delete_topics(services, sorted(made.topology().streams()))
+
+
+def events(count: int, seed: int = 0) -> list[Record]:
+    """Search events with IDs from their position; users and queries cycle co-prime."""
+    return [
+        Record(
+            key=f"session-{n % 3}",
+            value=json.dumps({"user": USERS[n % 7], "query": QUERIES[(n * 3 + seed) % 5]}).encode(),
+            timestamp=BASE_TIME + n,
+            record_id=injector_record_id("searches", seed, n),
+        )
+        for n in range(count)
+    ]
+
+
+def produce(config: MillstreamConfig, topic: str, messages: list[bytes], **settings: Any) -> None:
+    producer = kafka_connector.producer(config, **settings)
+    for number, message in enumerate(messages):
+        producer.produce(topic, key=str(number % 5).encode(), value=message)
+    assert producer.flush(30) == 0
+
+
+def states(session: Session, keyspace: str, computation: str) -> dict[str, Any]:
+    """Committed state per key of ``computation``, decoded as JSON, from every interval."""
+    found: dict[str, Any] = {}
+    for interval in range(INTERVALS):
+        rows = session.execute(
+            f"SELECT key, value FROM {keyspace}.intervals "
+            "WHERE computation = %s AND interval = %s AND kind = 'state'",
+            (computation, interval),
+        )
+        for row in rows:
+            assert key_interval(row.key, INTERVALS) == interval
+            found[row.key] = JSON.decode(row.value)
+    return found
+
+
+def assert_results(session: Session, pipeline: Pipeline, counted_events: list[Record]) -> None:
+    """Both stages' state equals a fold over ``counted_events`` (distinct, all countable)."""
+    per_user: Counter[str] = Counter()
+    per_query: Counter[str] = Counter()
+    for record in counted_events:
+        event = json.loads(record.value)
+        per_user[event["user"]] += 1
+        per_query[event["query"]] += 1
+    assert states(session, pipeline.keyspace, pipeline.per_user) == dict(per_user)
+    counted = states(session, pipeline.keyspace, pipeline.per_query)
+    assert {query: state["count"] for query, state in counted.items()} == dict(per_query)
+    ids = [record_id for state in counted.values() for record_id in state["ids"]]
+    assert len(ids) == len(set(ids)) == len(counted_events)
+
+
+def read_topic(config: MillstreamConfig, topic: str) -> list[tuple[int, int, bytes]]:
+    """Every message of ``topic`` as (partition, offset, value)."""
+    from confluent_kafka import TopicPartition
+
+    consumer = kafka_connector.consumer(config, "test-reader")
+    try:
+        ends = kafka_connector.end_offsets(consumer, [topic])[topic]
+        total = sum(ends.values())
+        consumer.assign([TopicPartition(topic, p, 0) for p in ends])
+        messages: list[tuple[int, int, bytes]] = []
+        deadline = time.monotonic() + 30
+        while len(messages) < total and time.monotonic() < deadline:
+            message = consumer.poll(1.0)
+            if message is None:
+                continue
+            assert message.error() is None, message.error()
+            value = message.value()
+            assert value is not None
+            messages.append((message.partition() or 0, message.offset() or 0, value))
+        assert len(messages) == total
+        return messages
+    finally:
+        consumer.close()
+
+
+def start(
+    pipeline: Pipeline,
+    config: MillstreamConfig,
+    spark: SparkSession,
+    topology: Topology | None = None,
+    trigger: Trigger | None = None,
+    **options: Any,
+) -> RunningTopology:
+    return run_topology(
+        topology or pipeline.topology(),
+        config,
+        trigger=trigger or AvailableNow(),
+        spark=spark,
+        keyspace=pipeline.keyspace,
+        checkpoint_root=pipeline.checkpoints,
+        create_keyspace=False,
+        **options,
+    )
+
+
+def test_two_stages_keyed_differently_count_each_distinct_event_once(
+    services: MillstreamConfig, spark: SparkSession, cassandra: Session, pipeline: Pipeline
+) -> None:
+    distinct = events(300)
+    # Every fifth event is delivered twice, as a retrying injector would: some in the same
+    # batch, some in a later one.
+    repeated = distinct + distinct[::5]
+    kafka_connector.create_topics(services, [pipeline.searches], partitions=2)
+    produce(services, pipeline.searches, [encode_record(r) for r in repeated[:200]])
+
+    running = start(pipeline, services, spark, max_offsets_per_trigger=120)
+    running.process_available(timeout=300)
+    produce(services, pipeline.searches, [encode_record(r) for r in repeated[200:]])
+    running.process_available(timeout=300)
+
+    assert_results(cassandra, pipeline, distinct)
+    metrics = running.metrics()
+    first, second = metrics[pipeline.per_user], metrics[pipeline.per_query]
+    assert first.inputs == len(repeated)
+    assert (first.processed, first.duplicates) == (len(distinct), len(distinct[::5]))
+    assert (first.dead_letters, first.failed_attempts) == (0, 0)
+    assert second.processed == len(distinct)
+    assert second.duplicates == second.inputs - len(distinct)
+    assert first.batches >= 3
+    assert first.intervals == first.rescans + first.cache_hits
+    # Downstream, deduplicating by record ID, sees one production per distinct event.
+    hits = [decode_record(value) for _, _, value in read_topic(services, pipeline.hits)]
+    assert len({r.record_id for r in hits}) == len(distinct)
+
+
+def test_bad_input_lands_in_dead_letters_with_its_origin(
+    services: MillstreamConfig, spark: SparkSession, cassandra: Session, pipeline: Pipeline
+) -> None:
+    good = events(60)
+    absurd = Record("s", json.dumps({"user": "u", "query": "q"}).encode(), 2**62, b"a" * 16)
+    failing = Record(
+        "s", json.dumps({"user": "u", "query": "q", "fail": True}).encode(), 5, b"f" * 16
+    )
+    unkeyable = Record("s", json.dumps({"query": "q"}).encode(), 5, b"k" * 16)
+    oversized = Record("s", b"x" * MAX_RECORD_BYTES, 5, b"o" * 16)
+    bad = {
+        b"not avro at all": "MalformedRecordError",
+        SINGLE_OBJECT_MARKER + b"\x01" * 8 + b"\x02body": "UnknownSchemaError",
+        encode_record(oversized): "OversizedRecordError",
+        encode_record(absurd): "AbsurdTimestampError",
+        encode_record(failing): "ValueError",
+        encode_record(unkeyable): "KeyError",
+    }
+    # The failing record is delivered twice: its dead letter is committed with its dedup ID,
+    # so the second delivery is a counted duplicate, not a second dead letter.
+    messages = [encode_record(r) for r in good[:30]]
+    messages += [*bad, encode_record(failing)]
+    messages += [encode_record(r) for r in good[30:]]
+    kafka_connector.create_topics(
+        services, [pipeline.searches], partitions=2, topic_config={"max.message.bytes": "2000000"}
+    )
+    produce(services, pipeline.searches, messages, **{"message.max.bytes": 2_000_000})
+
+    running = start(pipeline, services, spark)
+    running.process_available(timeout=300)
+
+    assert_results(cassandra, pipeline, good)
+    positions: dict[bytes, tuple[int, int]] = {}
+    for partition, offset, value in read_topic(services, pipeline.searches):
+        positions.setdefault(value, (partition, offset))  # a duplicate's first delivery
+    letters = {}
+    for _, _, value in read_topic(services, f"{pipeline.per_user}.dead-letters"):
+        envelope = decode_record(value)
+        letters[envelope.record_id] = decode_dead_letter(envelope.value)
+    assert len(letters) == len(bad)
+    by_error = {letter.error_type: letter for letter in letters.values()}
+    assert set(by_error) == set(bad.values())
+    for raw, error_type in bad.items():
+        letter = by_error[error_type]
+        assert letter.computation == pipeline.per_user
+        assert letter.origin.stream == pipeline.searches
+        assert (letter.origin.partition, letter.origin.offset) == positions[raw]
+        assert letter.raw_size == len(raw)
+        assert raw.startswith(letter.raw)
+        assert letter.raw == raw or error_type == "OversizedRecordError"
+        assert letter.error_message
+    assert by_error["ValueError"].origin.record_id == failing.record_id
+    assert by_error["KeyError"].origin.record_id == unkeyable.record_id
+
+    first = running.metrics()[pipeline.per_user]
+    assert first.inputs == len(messages)
+    assert first.rejected == 4  # malformed, unknown schema, oversized, unkeyable
+    assert first.duplicates == 1
+    assert first.dead_letters == len(bad)
+    assert first.inputs == first.processed + first.rejected + first.duplicates
+
+
+def test_a_driver_killed_mid_run_loses_and_duplicates_nothing(
+    services: MillstreamConfig, cassandra: Session, pipeline: Pipeline
+) -> None:
+    distinct = events(360, seed=1)
+    kafka_connector.create_topics(services, [pipeline.searches], partitions=2)
+    produce(services, pipeline.searches, [encode_record(r) for r in distinct + distinct[::4]])
+    command = [
+        sys.executable,
+        "-m",
+        "millstream.cli",
+        "run",
+        "search_pipeline:topology",
+        "--available-now",
+        "--max-offsets-per-trigger=40",
+        f"--keyspace={pipeline.keyspace}",
+        f"--checkpoint-root={pipeline.checkpoints}",
+        "--no-create-keyspace",
+    ]
+    env = {
+        **os.environ,
+        "SEARCH_PIPELINE_SUFFIX": pipeline.suffix,
+        "SEARCH_PIPELINE_INTERVALS": str(INTERVALS),
+    }
+
+    # First run: killed with SIGKILL right after stage 1 committed its second batch.
+    crashed = subprocess.Popen(
+        command,
+        cwd=EXAMPLES,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group: the JVM and Python workers too
+    )
+    try:
+        assert crashed.stderr is not None
+        marker = f"computation '{pipeline.per_user}' batch 1:"
+        log: list[str] = []
+        deadline = time.monotonic() + 180
+        for line in crashed.stderr:
+            log.append(line)
+            if marker in line:
+                time.sleep(0.3)  # into the next batch's commits
+                os.kill(crashed.pid, signal.SIGKILL)
+                break
+            assert time.monotonic() < deadline, "".join(log[-30:])
+        assert crashed.wait(60) == -signal.SIGKILL, "".join(log[-30:])
+    finally:
+        # The driver is dead; its JVM and Python workers share its process group.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(crashed.pid, signal.SIGKILL)
+        crashed.wait(60)
+    counted = sum(states(cassandra, pipeline.keyspace, pipeline.per_user).values())
+    assert 0 < counted < len(distinct), "the kill did not land mid-run"
+
+    # Second run: restarts from the same checkpoints and finishes.
+    finished = subprocess.run(
+        command, cwd=EXAMPLES, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert_results(cassandra, pipeline, distinct)
+
+
+class Gate(Computation):
+    """Blocks its first call until the test opens the gate, then records who committed."""
+
+    def __init__(self, directory: str, output: str) -> None:
+        self.directory = directory
+        self.output = output
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        gate = Path(self.directory, "gate")
+        first = not gate.exists()
+        if first:
+            Path(self.directory, "entered").touch()
+            deadline = time.monotonic() + 120
+            while not gate.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        attempt = "fenced attempt" if first else "retry"
+        ctx.state(JSON).set(attempt)
+        ctx.produce(self.output, attempt.encode(), record.timestamp)
+
+
+def test_a_task_whose_interval_was_taken_commits_nothing(
+    services: MillstreamConfig,
+    spark: SparkSession,
+    cassandra: Session,
+    pipeline: Pipeline,
+    tmp_path: Path,
+) -> None:
+    topology = Topology(f"zombie_{pipeline.suffix}", streams=[pipeline.searches])
+    name = pipeline.per_user
+    topology.add_computation(
+        name,
+        Gate(str(tmp_path), pipeline.hits),
+        inputs=[pipeline.searches],
+        outputs=[pipeline.hits],
+        options=ComputationOptions(key_intervals=1),
+    )
+    kafka_connector.create_topics(services, [pipeline.searches], partitions=1)
+    produce(services, pipeline.searches, [encode_record(events(1)[0])])
+    running = start(pipeline, services, spark, topology=topology)
+    failures: list[BaseException] = []
+
+    def process() -> None:
+        try:
+            running.process_available(timeout=240)
+        except BaseException as exc:
+            failures.append(exc)
+
+    worker = threading.Thread(target=process)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "entered").exists():
+            assert time.monotonic() < deadline, "the task never reached user code"
+            assert worker.is_alive(), failures
+            time.sleep(0.1)
+        # The task holds sequencer 1 and runs user code; a newer owner takes the interval.
+        store = CassandraIntervalStore(cassandra, pipeline.keyspace, SystemClock())
+        assert store.acquire(name, 0).token == 2
+    finally:
+        (tmp_path / "gate").touch()
+        worker.join(240)
+    assert not worker.is_alive()
+    assert not failures, failures
+
+    (batch,) = running.batches(name)
+    assert len(batch.failed_attempts) == 1
+    assert "FencedError" in batch.failed_attempts[0]
+    assert batch.processed == 1
+    # Only the retry (sequencer 3) committed: state and productions are its alone.
+    assert store.sequencer(name, 0) == 3
+    rows = cassandra.execute(
+        f"SELECT key, value FROM {pipeline.keyspace}.intervals "
+        "WHERE computation = %s AND interval = 0 AND kind = 'state'",
+        (name,),
+    )
+    assert [JSON.decode(row.value) for row in rows] == ["retry"]
+    produced = [decode_record(v).value for _, _, v in read_topic(services, pipeline.hits)]
+    assert produced == [b"retry"]
+
+
+def test_computations_are_added_and_removed_while_the_others_keep_running(
+    services: MillstreamConfig, spark: SparkSession, cassandra: Session, pipeline: Pipeline
+) -> None:
+    first, second = events(80), events(60, seed=1)
+    kafka_connector.create_topics(services, [pipeline.searches], partitions=2)
+    produce(services, pipeline.searches, [encode_record(r) for r in first])
+    running = start(pipeline, services, spark, trigger=ProcessingTime(0.5))
+    try:
+        running.await_idle(timeout=180)
+        assert running.active_computations == sorted([pipeline.per_user, pipeline.per_query])
+
+        # Add a third computation (a second consumer of `hits`): it starts from the earliest
+        # offsets while the others keep their queries.
+        copy = f"{pipeline.per_query}_copy"
+        queries_before = running.queries
+        running.add_computation(
+            copy,
+            search_pipeline.CountPerQuery(),
+            inputs=[pipeline.hits],
+            options=ComputationOptions(key_intervals=INTERVALS),
+        )
+        running.await_idle(timeout=180)
+        assert running.active_computations == sorted([pipeline.per_user, pipeline.per_query, copy])
+        for name, query in queries_before.items():
+            assert running.queries[name] is query, f"{name} was restarted"
+            assert query.isActive
+        assert_counts_equal(cassandra, pipeline.keyspace, copy, pipeline.per_query)
+
+        # Remove it again: the others go on with new input, the removed one stops where it was.
+        running.remove_computation(copy)
+        copy_batches = len(running.batches(copy))
+        produce(services, pipeline.searches, [encode_record(r) for r in second])
+        running.await_idle(timeout=180)
+        assert running.active_computations == sorted([pipeline.per_user, pipeline.per_query])
+        assert len(running.batches(copy)) == copy_batches
+        assert_results(cassandra, pipeline, first + second)
+        copied = states(cassandra, pipeline.keyspace, copy)
+        assert sum(state["count"] for state in copied.values()) == len(first)
+    finally:
+        running.stop()
+
+
+def assert_counts_equal(session: Session, keyspace: str, left: str, right: str) -> None:
+    counts = [
+        {key: state["count"] for key, state in states(session, keyspace, name).items()}
+        for name in (left, right)
+    ]
+    assert counts[0] == counts[1]
+    assert counts[0]
+
+
+# -- low watermarks and timers ---------------------------------------------------------------
+
+WINDOW = 1_000_000  # one second of event time
+WINDOW_BASE = (BASE_TIME // WINDOW) * WINDOW
+
+
+def window_start(window: int) -> int:
+    return WINDOW_BASE + window * WINDOW
+
+
+class WindowCounts(Computation):
+    """Stage 1: counts a query's searches per event-time window; once the input low
+    watermark passes a window's end, produces its count and forgets it."""
+
+    def __init__(self, output: str) -> None:
+        self.output = output
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        window = (record.timestamp - WINDOW_BASE) // WINDOW
+        counts = ctx.state(JSON)
+        current: dict[str, int] = counts.get({})
+        current[str(window)] = current.get(str(window), 0) + 1
+        counts.set(current)
+        ctx.set_timer(f"w{window}", window_start(window + 1) - 1)
+
+    def process_timer(self, ctx: Context, timer: Timer) -> None:
+        window = int(timer.tag.removeprefix("w"))
+        counts = ctx.state(JSON)
+        current: dict[str, int] = counts.get({})
+        count = current.pop(str(window), 0)
+        counts.set(current)
+        value = {"query": ctx.key, "window": window, "count": count}
+        ctx.produce(self.output, json.dumps(value).encode(), timer.timestamp, key=str(window))
+
+
+def window_of(record: Record) -> str:
+    return str(json.loads(record.value)["window"])
+
+
+class WindowTotals(Computation):
+    """Stage 2, keyed by window: sums the per-query counts and produces the window's total
+    once its own input low watermark (stage 1's) passes the window's end."""
+
+    def __init__(self, output: str) -> None:
+        self.output = output
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        total = ctx.state(JSON)
+        total.set(total.get(0) + json.loads(record.value)["count"])
+        ctx.set_timer("end", window_start(int(ctx.key) + 1) - 1)
+
+    def process_timer(self, ctx: Context, timer: Timer) -> None:
+        total = ctx.state(JSON)
+        value = {"window": int(ctx.key), "total": total.get(0), "seen": ctx.input_low_watermark}
+        total.clear()
+        ctx.produce(self.output, json.dumps(value).encode(), timer.timestamp)
+
+
+def windowed_topology(pipeline: Pipeline) -> Topology:
+    topology = Topology(f"windows_{pipeline.suffix}", streams=[pipeline.searches])
+    options = ComputationOptions(key_intervals=INTERVALS)
+    topology.add_computation(
+        pipeline.per_query,
+        WindowCounts(pipeline.hits),
+        inputs={pipeline.searches: lambda record: json.loads(record.value)["query"]},
+        outputs=[pipeline.hits],
+        options=options,
+    )
+    topology.add_computation(
+        pipeline.per_user,
+        WindowTotals(f"totals_{pipeline.suffix}"),
+        inputs={pipeline.hits: window_of},
+        outputs=[f"totals_{pipeline.suffix}"],
+        options=options,
+    )
+    return topology
+
+
+def search(n: int, window: int) -> Record:
+    """A search in ``window``; ``n`` picks its query and makes its ID."""
+    value = json.dumps({"user": USERS[n % 7], "query": QUERIES[n % 5]}).encode()
+    return Record(f"s{n}", value, window_start(window) + n, injector_record_id("w", 0, n))
+
+
+def window_counts(events: list[Record]) -> dict[tuple[str, int], int]:
+    counts: Counter[tuple[str, int]] = Counter()
+    for event in {e.record_id: e for e in events}.values():
+        counts[(json.loads(event.value)["query"], (event.timestamp - WINDOW_BASE) // WINDOW)] += 1
+    return dict(counts)
+
+
+def emitted(config: MillstreamConfig, topic: str) -> list[Any]:
+    """The values produced to ``topic``, once per record ID (consumers deduplicate)."""
+    by_id: dict[bytes, Any] = {}
+    for _, _, value in read_topic(config, topic):
+        record = decode_record(value)
+        by_id[record.record_id] = json.loads(record.value)
+    return list(by_id.values())
+
+
+@dataclass
+class WindowsInjector:
+    """The injector of the windowed tests' searches: reports their low watermark."""
+
+    source: str
+    stream: str
+    publisher: kafka_connector.WatermarkPublisher
+    offsets: Any
+
+    def report(
+        self, watermark: int, sequence: int, *, source: str = "", records: int | None = None
+    ) -> None:
+        self.publisher.report_streams(
+            self.offsets,
+            source or self.source,
+            [self.stream],
+            watermark,
+            sequence,
+            records=records,
+        )
+
+    def retire(self) -> None:
+        self.publisher.retire(self.source)
+
+
+@pytest.fixture
+def windows_injector(services: MillstreamConfig, pipeline: Pipeline) -> Iterator[WindowsInjector]:
+    """The searches topic (2 partitions) and its injector; removes the totals topic after."""
+    kafka_connector.create_topics(services, [pipeline.searches], partitions=2)
+    publisher = kafka_connector.WatermarkPublisher(services)
+    offsets = kafka_connector.consumer(services, "test-offsets")
+    try:
+        yield WindowsInjector(
+            injector_source(f"test-{pipeline.suffix}"), pipeline.searches, publisher, offsets
+        )
+    finally:
+        offsets.close()
+        publisher.close()
+        kafka_connector.delete_topics(services, [f"totals_{pipeline.suffix}"])
+
+
+def test_event_time_timers_fire_as_the_low_watermark_passes_them(
+    services: MillstreamConfig,
+    spark: SparkSession,
+    pipeline: Pipeline,
+    windows_injector: WindowsInjector,
+) -> None:
+    totals = f"totals_{pipeline.suffix}"
+    # Windows 0-2, every fourth search delivered twice; the injector then promises
+    # nothing older than window 2's start: windows 0 and 1 are complete.
+    first = [search(n, n % 3) for n in range(60)]
+    produce(services, pipeline.searches, [encode_record(r) for r in first + first[::4]])
+    windows_injector.report(window_start(2), 1)
+
+    running = start(pipeline, services, spark, topology=windowed_topology(pipeline))
+    running.process_available(timeout=300)
+
+    expected = window_counts(first)
+    counted = {(v["query"], v["window"]): v["count"] for v in emitted(services, pipeline.hits)}
+    assert counted == {k: n for k, n in expected.items() if k[1] < 2}
+    window_totals = {v["window"]: v for v in emitted(services, totals)}
+    assert {w: v["total"] for w, v in window_totals.items()} == {0: 20, 1: 20}
+    # Stage 2 fired on stage 1's watermark, which its pending window-2 timers held.
+    assert all(v["seen"] == window_start(2) for v in window_totals.values())
+    assert running.input_watermark(pipeline.per_query) == window_start(2)
+    assert running.input_watermark(pipeline.per_user) == window_start(2)
+    (hold,) = running.holds(pipeline.per_user)
+    assert hold.source == computation_source(f"windows_{pipeline.suffix}", pipeline.per_query)
+    assert running.metrics()[pipeline.per_query].late == 0
+
+    # Window 3 arrives with a straggler for window 0, which is now late; the injector
+    # then moves past everything.
+    second = [search(n, 3) for n in range(60, 75)]
+    straggler = search(75, 0)
+    produce(services, pipeline.searches, [encode_record(r) for r in [*second, straggler]])
+    windows_injector.report(window_start(4), 2)
+    running.process_available(timeout=300)
+
+    counted_again = [
+        (v["query"], v["window"], v["count"]) for v in emitted(services, pipeline.hits)
+    ]
+    expected = window_counts(first + second)
+    on_time = sorted((q, w, n) for (q, w), n in expected.items())
+    late = (json.loads(straggler.value)["query"], 0, 1)
+    assert sorted(counted_again) == sorted([*on_time, late])
+    assert running.metrics()[pipeline.per_query].late == 1
+    assert running.input_watermark(pipeline.per_user) == window_start(4)
+    running.stop()
+
+    # Restart after the injector retired: nobody reports `searches` now, yet the input
+    # low watermark does not go back (the computation's own last report restores it).
+    windows_injector.retire()
+    produce(services, pipeline.searches, [encode_record(search(76, 4))])
+    restarted = start(pipeline, services, spark, topology=windowed_topology(pipeline))
+    restarted.process_available(timeout=300)
+    assert restarted.input_watermark(pipeline.per_query) == window_start(4)
+    (hold,) = restarted.holds(pipeline.per_query)
+    assert hold.reason == "no source reports this stream"
+    assert restarted.metrics()[pipeline.per_query].late == 0
+    restarted.stop()
+
+
+def test_a_percentile_watermark_fires_past_a_straggler_whose_records_go_to_a_late_stream(
+    services: MillstreamConfig,
+    spark: SparkSession,
+    pipeline: Pipeline,
+    windows_injector: WindowsInjector,
+) -> None:
+    late_stream = f"late_{pipeline.suffix}"
+    topology = Topology(f"percentile_{pipeline.suffix}", streams=[pipeline.searches])
+    topology.add_computation(
+        pipeline.per_query,
+        WindowCounts(pipeline.hits),
+        inputs={pipeline.searches: lambda record: json.loads(record.value)["query"]},
+        outputs=[pipeline.hits],
+        options=ComputationOptions(
+            key_intervals=INTERVALS, watermark_percentile=99.0, late_stream=late_stream
+        ),
+    )
+    straggler = f"{windows_injector.source}-straggler"
+    first = [search(n, n % 3) for n in range(60)]
+    produce(services, pipeline.searches, [encode_record(r) for r in first])
+    # The straggler, with 0.1 % of the records, still at window 0; the others past window 1.
+    windows_injector.report(window_start(0), 1, source=straggler, records=10)
+    windows_injector.report(window_start(2), 1, records=10_000)
+    try:
+        running = start(pipeline, services, spark, topology=topology)
+        running.process_available(timeout=300)
+        # The exact watermark waits for the straggler; the 99th percentile does not.
+        assert running.input_watermark(pipeline.per_query) == window_start(0)
+        counted = {(v["query"], v["window"]): v["count"] for v in emitted(services, pipeline.hits)}
+        assert counted == {k: n for k, n in window_counts(first).items() if k[1] < 2}
+
+        # The straggler's record for window 0 is late: it goes to the late stream as it came,
+        # exactly once, and (process_late) is counted again in a window of its own.
+        behind = search(75, 0)
+        produce(services, pipeline.searches, [encode_record(behind)] * 2)
+        windows_injector.report(window_start(2), 2, source=straggler, records=11)
+        running.process_available(timeout=300)
+        late_topic = kafka_connector.stream_topic(late_stream)
+        late = [decode_record(value) for _, _, value in read_topic(services, late_topic)]
+        assert {r.record_id: r for r in late} == {behind.record_id: behind}
+        assert running.metrics()[pipeline.per_query].late == 1
+        late_count = (json.loads(behind.value)["query"], 0, 1)
+        hits = [(v["query"], v["window"], v["count"]) for v in emitted(services, pipeline.hits)]
+        assert late_count in hits
+        running.stop()
+    finally:
+        windows_injector.publisher.retire(straggler)
+        kafka_connector.delete_topics(services, [kafka_connector.stream_topic(late_stream)])
+
+
+class QueryTally(Computation):
+    """Counts searches per query in state, with no timer of its own."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        count = ctx.state(JSON)
+        count.set(count.get(0) + 1)
+
+
+def test_state_expires_by_event_time_and_leaves_no_row_of_the_key(
+    services: MillstreamConfig,
+    spark: SparkSession,
+    cassandra: Session,
+    pipeline: Pipeline,
+    windows_injector: WindowsInjector,
+) -> None:
+    topology = Topology(f"ttl_{pipeline.suffix}", streams=[pipeline.searches])
+    topology.add_computation(
+        pipeline.per_query,
+        QueryTally(),
+        inputs={pipeline.searches: lambda record: json.loads(record.value)["query"]},
+        outputs=[],
+        options=ComputationOptions(key_intervals=INTERVALS, state_ttl=WINDOW),
+    )
+    # Window 0 for every query; then window 2 for two of them, which renews theirs.
+    first = [search(n, 0) for n in range(10)]
+    produce(services, pipeline.searches, [encode_record(r) for r in first])
+    windows_injector.report(window_start(1), 1)
+    running = start(pipeline, services, spark, topology=topology)
+    running.process_available(timeout=300)
+    assert states(cassandra, pipeline.keyspace, pipeline.per_query) == dict.fromkeys(QUERIES, 2)
+
+    renewed = [search(n, 2) for n in (10, 11)]  # weather, football
+    produce(services, pipeline.searches, [encode_record(r) for r in renewed])
+    windows_injector.report(window_start(2) + 100, 2)  # past window 0's updates + TTL
+    running.process_available(timeout=300)
+    assert states(cassandra, pipeline.keyspace, pipeline.per_query) == {
+        "weather": 3,
+        "football": 3,
+    }
+    assert running.metrics()[pipeline.per_query].expired == 3
+
+    windows_injector.report(window_start(4), 3)
+    running.process_available(timeout=300)
+    running.stop()
+    # Nothing of any key is left: no state, no timer, no index entry (dedup IDs age out).
+    for interval in range(INTERVALS):
+        rows = cassandra.execute(
+            f"SELECT kind, key FROM {pipeline.keyspace}.intervals "
+            "WHERE computation = %s AND interval = %s",
+            (pipeline.per_query, interval),
+        )
+        assert [(r.kind, r.key) for r in rows if r.kind != "dedup"] == []
+
+
+def test_a_hot_interval_splits_between_batches_and_every_key_keeps_its_exact_count(
+    services: MillstreamConfig, spark: SparkSession, cassandra: Session, pipeline: Pipeline
+) -> None:
+    from millstream.engine.keys import key_interval
+    from millstream.engine.rebalance import RebalancePolicy
+    from millstream.engine.stores.cassandra import CassandraIntervalStore
+
+    topology = Topology(f"skew_{pipeline.suffix}", streams=[pipeline.searches])
+    policy = RebalancePolicy(split_records=60, max_intervals=6)
+    topology.add_computation(
+        pipeline.per_user,
+        QueryTally(),
+        inputs=[pipeline.searches],
+        outputs=[],
+        options=ComputationOptions(key_intervals=2, rebalance=policy),
+    )
+    # Skewed: 9 of 10 records on keys of interval 0's hash range, the rest on interval 1's.
+    hot = [k for k in (f"hot-{n}" for n in range(400)) if key_interval(k, 2) == 0][:40]
+    cold = [k for k in (f"cold-{n}" for n in range(400)) if key_interval(k, 2) == 1][:5]
+    records = [
+        Record(
+            hot[n % 40] if n % 10 else cold[n % 5],
+            b"",
+            BASE_TIME + n,
+            injector_record_id("skew", 0, n),
+        )
+        for n in range(1_200)
+    ]
+    kafka_connector.create_topics(services, [pipeline.searches], partitions=2)
+    running = start(pipeline, services, spark, topology=topology, max_offsets_per_trigger=150)
+    for chunk in range(4):
+        part = records[chunk * 300 : (chunk + 1) * 300]
+        # Every seventh record twice: the repeats of split intervals' keys are dropped too.
+        produce(services, pipeline.searches, [encode_record(r) for r in part + part[::7]])
+        running.process_available(timeout=300)
+    metrics = running.metrics()[pipeline.per_user]
+    live = running.layout(pipeline.per_user)
+    running.stop()
+
+    store = CassandraIntervalStore(cassandra, pipeline.keyspace, SystemClock())
+    layout = store.read_layout(pipeline.per_user)
+    assert layout is not None
+    assert layout.change is None
+    assert live == layout
+    assert len(layout.ids) > 2  # the hot interval split (maybe more than once)
+    assert 0 not in layout.ids  # the hot one is retired
+    counted: dict[str, int] = {}
+    for interval in layout.ids:
+        rows = cassandra.execute(
+            f"SELECT key, value FROM {pipeline.keyspace}.intervals "
+            "WHERE computation = %s AND interval = %s AND kind = 'state'",
+            (pipeline.per_user, interval),
+        )
+        for row in rows:
+            assert layout.interval_of(row.key) == interval
+            counted[row.key] = JSON.decode(row.value)
+    assert counted == dict(Counter(r.key for r in records))
+    assert metrics.duplicates == sum(len(records[c * 300 : (c + 1) * 300][::7]) for c in range(4))
+
+
+def test_a_report_alone_wakes_the_consumers_of_its_streams_and_no_other_query(
+    services: MillstreamConfig,
+    spark: SparkSession,
+    pipeline: Pipeline,
+    windows_injector: WindowsInjector,
+) -> None:
+    totals = f"totals_{pipeline.suffix}"
+    topology = windowed_topology(pipeline)
+    running = start(pipeline, services, spark, topology=topology, trigger=ProcessingTime(0.3))
+    try:
+        first = [search(n, n % 2) for n in range(40)]
+        produce(services, pipeline.searches, [encode_record(r) for r in first])
+        running.await_idle(timeout=120)
+        assert emitted(services, pipeline.hits) == []  # no report yet: no window is complete
+
+        # Input is idle now; only the injector's report comes, and it alone must start the
+        # batches that fire the timers of both stages.
+        windows_injector.report(window_start(2), 1)
+        deadline = time.monotonic() + 90
+        while len(emitted(services, totals)) < 2:
+            running.raise_failure()
+            assert time.monotonic() < deadline, "the report did not wake the idle queries"
+            time.sleep(0.5)
+        assert {v["window"]: v["total"] for v in emitted(services, totals)} == {0: 20, 1: 20}
+
+        # Each query reads its data topics and the wake-ups of its inputs and its alarms:
+        # neither the watermark topic nor the wake topics of its own outputs.
+        for spec in topology.computations.values():
+            progress = running.queries[spec.name].lastProgress
+            assert progress is not None
+            (source,) = progress["sources"]
+            read = source["description"]
+            assert services.kafka_watermark_topic + "," not in read + ","
+            for output in spec.outputs:
+                assert kafka_connector.wake_topic(services, output) not in read
+            for stream in spec.inputs:
+                assert kafka_connector.wake_topic(services, stream.stream) in read
+    finally:
+        running.stop()
+
+
+class WallClockReminder(Computation):
+    """Sets a wall-time timer a moment ahead; produces when it fires."""
+
+    def __init__(self, output: str) -> None:
+        self.output = output
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        # Far enough ahead that the batches this record starts are over by then.
+        ctx.set_timer("remind", ctx.clock.now() + 6_000_000, TimeDomain.WALL_TIME)
+
+    def process_timer(self, ctx: Context, timer: Timer) -> None:
+        ctx.produce(self.output, b'"reminded"', BASE_TIME)
+
+
+def test_a_wall_time_timer_fires_without_further_input(
+    services: MillstreamConfig, spark: SparkSession, pipeline: Pipeline
+) -> None:
+    topology = Topology(f"alarm_{pipeline.suffix}", streams=[pipeline.searches])
+    topology.add_computation(
+        pipeline.per_user,
+        WallClockReminder(pipeline.hits),
+        inputs=[pipeline.searches],
+        outputs=[pipeline.hits],
+        options=ComputationOptions(key_intervals=2),
+    )
+    kafka_connector.create_topics(services, [pipeline.searches], partitions=1)
+    running = start(pipeline, services, spark, topology, trigger=ProcessingTime(0.5))
+    try:
+        produce(services, pipeline.searches, [encode_record(events(1)[0])])
+        deadline = time.monotonic() + 60
+        while not sum(b.fired_timers for b in running.batches()):
+            running.raise_failure()
+            assert time.monotonic() < deadline, "the wall-time timer never fired"
+            time.sleep(0.5)
+        assert emitted(services, pipeline.hits) == ["reminded"]
+        assert sum(b.fired_timers for b in running.batches()) == 1
+    finally:
+        running.stop()
+
+
+class ManyWindows(Computation):
+    """One timer per record's window; each firing produces the window's number."""
+
+    def __init__(self, output: str) -> None:
+        self.output = output
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        window = (record.timestamp - WINDOW_BASE) // WINDOW
+        ctx.set_timer(f"w{window}", window_start(window + 1) - 1)
+
+    def process_timer(self, ctx: Context, timer: Timer) -> None:
+        ctx.produce(self.output, timer.tag.removeprefix("w").encode(), timer.timestamp)
+
+
+def test_due_timers_beyond_one_batchs_firing_cap_fire_without_further_input(
+    services: MillstreamConfig,
+    spark: SparkSession,
+    pipeline: Pipeline,
+    windows_injector: WindowsInjector,
+) -> None:
+    """A key with more due timers than ``max_timer_firings_per_key`` fires them over several
+    batches, though no input or report comes after the first (regression: the rest waited
+    for input that a finished replay never sends)."""
+    topology = Topology(f"capped_{pipeline.suffix}", streams=[pipeline.searches])
+    topology.add_computation(
+        pipeline.per_user,
+        ManyWindows(pipeline.hits),
+        inputs=[pipeline.searches],
+        outputs=[pipeline.hits],
+        options=ComputationOptions(key_intervals=1, max_timer_firings_per_key=3),
+    )
+    one_key = [
+        Record("q", b"", window_start(w), injector_record_id("capped", 0, w)) for w in range(10)
+    ]
+    produce(services, pipeline.searches, [encode_record(r) for r in one_key])
+    windows_injector.report(window_start(20), 1)
+    running = start(pipeline, services, spark, topology, trigger=ProcessingTime(0.5))
+    try:
+        deadline = time.monotonic() + 120
+        while sum(b.fired_timers for b in running.batches()) < 10:
+            running.raise_failure()
+            assert time.monotonic() < deadline, (
+                f"fired {sum(b.fired_timers for b in running.batches())} of 10 timers"
+            )
+            time.sleep(0.5)
+        assert max(b.fired_timers for b in running.batches()) <= 3
+        windows = sorted(
+            int(decode_record(v).value) for _, _, v in read_topic(services, pipeline.hits)
+        )
+        assert windows == list(range(10))
+    finally:
+        running.stop()
+
+
+def test_millstream_run_serves_prometheus_metrics_of_computations_and_injectors(
+    services: MillstreamConfig,
+    pipeline: Pipeline,
+    windows_injector: WindowsInjector,
+    tmp_path: Path,
+) -> None:
+    from tests.connectors.test_prometheus import Samples, free_port, scrape
+
+    distinct = events(120, seed=2)
+    repeated = distinct + distinct[::4]
+    produce(services, pipeline.searches, [encode_record(r) for r in repeated])
+    promised = BASE_TIME + 10_000  # after every event
+    windows_injector.report(promised, 1)
+    port = free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "millstream.cli",
+        "run",
+        "search_pipeline:topology",
+        "--processing-time=0.5",
+        f"--metrics-port={port}",
+        f"--keyspace={pipeline.keyspace}",
+        f"--checkpoint-root={pipeline.checkpoints}",
+        "--no-create-keyspace",
+    ]
+    env = {
+        **os.environ,
+        "SEARCH_PIPELINE_SUFFIX": pipeline.suffix,
+        "SEARCH_PIPELINE_INTERVALS": str(INTERVALS),
+    }
+    topology = pipeline.topology().name
+    per_user = {"topology": topology, "computation": pipeline.per_user}
+    per_query = {"topology": topology, "computation": pipeline.per_query}
+    injector = {"topology": topology, "injector": f"test-{pipeline.suffix}", "process": "0"}
+    log = tmp_path / "driver.log"
+    with log.open("w") as stderr:
+        driver = subprocess.Popen(
+            command,
+            cwd=EXAMPLES,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            start_new_session=True,  # its own process group: the JVM and Python workers too
+        )
+    try:
+        samples: Samples | None = None
+        deadline = time.monotonic() + 240
+        while not (
+            samples is not None
+            and samples.get("millstream_records_processed_total", **per_query) == len(distinct)
+            and samples.get("millstream_watermark_lag_seconds", **per_query) is not None
+            and samples.get("millstream_injector_watermark_timestamp_seconds", **injector)
+        ):
+            assert driver.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.5)
+            with contextlib.suppress(OSError):  # not serving yet: the driver is starting
+                samples = scrape(f"http://127.0.0.1:{port}/metrics")
+        now = SystemClock().now()
+        assert samples is not None
+
+        assert samples["millstream_records_in_total", per_user] == len(repeated)
+        assert samples["millstream_records_processed_total", per_user] == len(distinct)
+        assert samples["millstream_duplicates_total", per_user] == len(repeated) - len(distinct)
+        assert samples["millstream_dead_letters_total", per_user] == 0
+        in_second = samples["millstream_records_in_total", per_query]
+        assert in_second - samples["millstream_duplicates_total", per_query] == len(distinct)
+        for labels in (per_user, per_query):
+            assert samples["millstream_batch_seconds_count", labels] >= 1
+            assert samples["millstream_batches_total", labels] >= 1
+            assert 0 <= samples["millstream_cache_hit_ratio", labels] <= 1
+        assert samples["millstream_input_watermark_timestamp_seconds", per_user] == promised / 1e6
+        lag = samples["millstream_watermark_lag_seconds", per_user]
+        assert lag == pytest.approx((now - promised) / 1e6, abs=60)
+        assert samples["millstream_injector_watermark_timestamp_seconds", injector] == (
+            promised / 1e6
+        )
+        assert samples["millstream_injector_watermark_lag_seconds", injector] == pytest.approx(
+            lag, abs=60
+        )
+
+        os.kill(driver.pid, signal.SIGINT)
+        assert driver.wait(120) == 130, log.read_text()[-3000:]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait(60)
