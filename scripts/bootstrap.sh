@@ -1,6 +1,6 @@
-# Sourced by the other scripts: make .venv with millstream, its test tools and what the
-# example jobs need (the main job plots with matplotlib), reinstalling only when the
-# package metadata changed.
+# Sourced by the other scripts: make .venv with millstream, its test tools, what the
+# example jobs need (the main job plots with matplotlib) and the documentation tools,
+# reinstalling only when the package metadata changed.
 _python=${PYTHON:-python3}
 if ! "$_python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
   echo "millstream needs Python 3.11 or newer; '$_python' is $("$_python" --version 2>&1)." >&2
@@ -15,7 +15,7 @@ _stamp=$(cat setup.cfg pyproject.toml | sha256sum | cut -c1-16)
 if [ "$(cat .venv/.millstream-stamp 2>/dev/null)" != "$_stamp" ]; then
   echo "millstream: installing Python dependencies into .venv (first run takes a minute)" >&2
   .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet -e '.[test,examples]'
+  .venv/bin/python -m pip install --quiet -e '.[test,examples,docs]'
   echo "$_stamp" > .venv/.millstream-stamp
 fi
 export PATH="$PWD/.venv/bin:$PATH"
