@@ -41,5 +41,6 @@ def _cited(match: re.Match[str]) -> str:
 
 
 def on_page_content(html_text: str, **_: Any) -> str:
-    # A literal block's "Example::" reads "Example:".
-    return _ROLE.sub(_cited, html_text).replace("::</p>", ":</p>")
+    # Before a literal block, "Example::" reads "Example:" and a "::" of its own goes.
+    html_text = _ROLE.sub(_cited, html_text).replace("<p>::</p>", "")
+    return html_text.replace("::</p>", ":</p>")
