@@ -201,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--faults",
         default=None,
         metavar="KIND,...",
-        help="only these faults (default: the tier's; see the README for the list)",
+        help="only these faults (default: the tier's; docs/guides/proving-ground.md lists them)",
     )
     prove.add_argument("--records", type=_positive, default=None, help="override the tier's")
     prove.add_argument("--keys", type=_positive, default=None, help="override the tier's")

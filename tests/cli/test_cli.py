@@ -118,7 +118,7 @@ def test_run_through_spark_submit_uses_the_cluster_and_the_configured_addresses(
 def spark_submit(
     cluster: StandaloneSparkCluster, app: str, pipeline: Pipeline, env: dict[str, str]
 ) -> tuple[int, str]:
-    """Run the pipeline through spark-submit, as the README shows; its pid and stdout."""
+    """Run the pipeline through spark-submit, as docs/guides/spark.md shows; its pid and stdout."""
     driver, output, _ = submit_run(
         cluster,
         app,
