@@ -143,6 +143,18 @@ class _SoftState:
     next_timers: NextTimers | None = None  # None: read it after the next commit
 
 
+@dataclass(frozen=True, slots=True)
+class _Batch:
+    """What one batch touches (step 3): its keys in order, the fresh records of each, the fresh
+    rejected input, the due timers, and the committed state and timers of the keys."""
+
+    keys: list[str]
+    records: dict[str, list[Delivery]]
+    rejected: list[Rejected]
+    due: list[Timer]
+    committed: dict[str, KeySnapshot]
+
+
 class IntervalWorker:
     """Runs one computation's per-key protocol on one key interval, batch by batch.
 
@@ -217,6 +229,18 @@ class IntervalWorker:
         self, inputs: list[Delivery | Rejected], watermark: int, timer_watermark: int
     ) -> BatchResult:
         now = self._clock.now()
+        soft, result = self._begin()
+        self._resend(soft, result)
+        batch = self._gather(soft, inputs, timer_watermark, now, result)
+        changes, weak_outbox = self._run_keys(batch, (watermark, timer_watermark), now, result)
+        self._flush_weak(weak_outbox, result)
+        committed = self._commit(soft, changes, batch.committed, result)
+        self._send(soft, committed, result)
+        return self._finish(soft, result)
+
+    def _begin(self) -> tuple[_SoftState, BatchResult]:
+        """Step 1: acquire the sequencer; keep the soft state if it is still exact, else start
+        it again from the pending productions the store holds."""
         store = self._store
         previous = self._soft.lease if self._soft is not None else None
         lease = store.acquire(self.spec.name, self.interval, previous)
@@ -228,9 +252,21 @@ class IntervalWorker:
         else:
             soft.lease = lease
         self._soft = soft
-        result = BatchResult(lease=lease, rescanned=rescan, resent=len(soft.pending))
-        self._send(soft, list(soft.pending.values()), result)
+        return soft, BatchResult(lease=lease, rescanned=rescan, resent=len(soft.pending))
 
+    def _resend(self, soft: _SoftState, result: BatchResult) -> None:
+        """Step 2: send the committed productions not yet acknowledged."""
+        self._send_productions(soft, list(soft.pending.values()), result)
+
+    def _gather(
+        self,
+        soft: _SoftState,
+        inputs: list[Delivery | Rejected],
+        timer_watermark: int,
+        now: int,
+        result: BatchResult,
+    ) -> _Batch:
+        """Step 3: read what the batch touches, in bulk, and drop the duplicates it holds."""
         records: dict[str, list[Delivery]] = {}
         rejected: list[Rejected] = []
         for item in inputs:
@@ -239,33 +275,45 @@ class IntervalWorker:
             else:
                 self._check_interval(item.key)
                 records.setdefault(item.key, []).append(item)
-        due = store.due_timers(lease, timer_watermark, now)
+        due = self._store.due_timers(soft.lease, timer_watermark, now)
         keys = sorted(records.keys() | {timer.key for timer in due})
         committed = self._committed(soft, keys)
         if self.spec.options.exactly_once:
             records, rejected = self._fresh(soft, records, rejected)
         result.duplicates += len(inputs) - len(rejected)
         result.duplicates -= sum(len(deliveries) for deliveries in records.values())
+        return _Batch(keys, records, rejected, due, committed)
 
+    def _run_keys(
+        self, batch: _Batch, watermarks: tuple[int, int], now: int, result: BatchResult
+    ) -> tuple[dict[str, KeyChanges], list[tuple[KeyChanges, Production]]]:
+        """Step 4: the rejected input's dead letters, then each key's records and due timers,
+        in key order; returns every key's changes and the weak productions to send."""
         changes: dict[str, KeyChanges] = {}
         weak_outbox: list[tuple[KeyChanges, Production]] = []
-        for item in rejected:
+        for item in batch.rejected:
             self._reject(item, changes, result)
-        stale = _stale_index_entries(due, committed)
+        stale = _stale_index_entries(batch.due, batch.committed)
         with self._user_code:
-            for key in keys:
+            for key in batch.keys:
                 key_changes = changes.setdefault(key, KeyChanges(key))
                 key_changes.previous_timers.extend(stale.get(key, ()))
                 _KeyRun(
                     self,
-                    committed[key],
+                    batch.committed[key],
                     key_changes,
-                    (watermark, timer_watermark),
+                    watermarks,
                     now,
                     result,
                     weak_outbox,
-                ).run(records.get(key, []))
+                ).run(batch.records.get(key, []))
+        return changes, weak_outbox
 
+    def _flush_weak(
+        self, weak_outbox: list[tuple[KeyChanges, Production]], result: BatchResult
+    ) -> None:
+        """Step 5: send the weak productions, waiting ``weak_production_delay``; those not
+        acknowledged by then join their key's changes, to be checkpointed."""
         if weak_outbox:
             acked = self._sink.send(
                 [p for _, p in weak_outbox], self.spec.options.weak_production_delay
@@ -275,19 +323,36 @@ class IntervalWorker:
                     result.acknowledged += 1
                 else:
                     key_changes.productions.append(production)
+
+    def _commit(
+        self,
+        soft: _SoftState,
+        changes: dict[str, KeyChanges],
+        before: dict[str, KeySnapshot],
+        result: BatchResult,
+    ) -> list[KeyChanges]:
+        """Step 6: commit the keys that changed, and bring the soft state up to the commit;
+        returns the committed changes."""
         to_commit = [c for c in changes.values() if not c.is_empty()]
         if to_commit:
             pause_point("executor.commit", self.spec.name)
-        self._commit(lease, to_commit)
+        self._commit_resolving(soft.lease, to_commit)
         result.unknown_outcomes, self._unknown_outcomes = self._unknown_outcomes, 0
         result.committed_keys = len(to_commit)
-        self._remember(soft, committed, to_commit)
-        checkpointed = [p for c in to_commit for p in c.productions]
+        self._remember(soft, before, to_commit)
+        return to_commit
+
+    def _send(self, soft: _SoftState, committed: list[KeyChanges], result: BatchResult) -> None:
+        """Step 7: send the productions just checkpointed."""
+        checkpointed = [p for c in committed for p in c.productions]
         if checkpointed:
             pause_point("executor.send", self.spec.name)
-        self._send(soft, checkpointed, result)
+        self._send_productions(soft, checkpointed, result)
+
+    def _finish(self, soft: _SoftState, result: BatchResult) -> BatchResult:
+        """What the interval has left to do once the batch is committed."""
         if soft.next_timers is None:
-            soft.next_timers = store.next_timers(lease)
+            soft.next_timers = self._store.next_timers(soft.lease)
         result.pending = len(soft.pending)
         result.progress = _progress(soft, soft.next_timers)
         return result
@@ -350,7 +415,9 @@ class IntervalWorker:
             key_changes.dedup_ids.append(rejected.origin.cause_id())
         result.dead_letters.append(dead_letter)
 
-    def _commit(self, lease: Lease, changes: list[KeyChanges]) -> None:
+    def _commit_resolving(self, lease: Lease, changes: list[KeyChanges]) -> None:
+        """Commit ``changes``; an unknown outcome is read back, and what did not apply is
+        committed again."""
         remaining = changes
         unknown = 0
         while remaining:
@@ -387,7 +454,10 @@ class IntervalWorker:
         for key, snapshot in after.items():
             self._cache.put(soft.scope, key, snapshot)
 
-    def _send(self, soft: _SoftState, productions: list[Production], result: BatchResult) -> None:
+    def _send_productions(
+        self, soft: _SoftState, productions: list[Production], result: BatchResult
+    ) -> None:
+        """Send ``productions`` and delete those the sink acknowledged."""
         if not productions:
             return
         acked = self._sink.send(productions, self.spec.options.send_timeout)
