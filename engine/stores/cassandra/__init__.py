@@ -1,15 +1,21 @@
-"""The Cassandra interval store: one partition per key interval, written only by LWTs."""
+"""The Cassandra interval store: one partition per key interval, written only by LWTs.
 
+``store`` holds :class:`CassandraIntervalStore` (its docstring maps the store onto the table),
+``schema`` the table's CQL and prepared statements, ``rows`` how rows encode the model.
+"""
+
+from millstream.engine.stores.cassandra.schema import (
+    DEFAULT_KEYSPACE,
+    DEFAULT_TABLE,
+    create_schema,
+    schema_cql,
+)
 from millstream.engine.stores.cassandra.store import (
     DEFAULT_ACQUIRE_ATTEMPTS,
-    DEFAULT_KEYSPACE,
     DEFAULT_MAX_BATCH_BYTES,
-    DEFAULT_TABLE,
     MAX_BATCH_STATEMENTS,
     CassandraIntervalStore,
     StoreStats,
-    create_schema,
-    schema_cql,
 )
 
 __all__ = [

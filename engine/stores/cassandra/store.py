@@ -99,13 +99,11 @@ than it, or deleted timers could come back on a replica that missed the delete.
 from __future__ import annotations
 
 import random
-import re
-import struct
 import time
 import uuid
 from collections.abc import Collection, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass
-from typing import Any, Final, TypeAlias, TypeVar
+from typing import Any, Final, TypeVar
 
 from cassandra import ConsistencyLevel, OperationTimedOut, WriteFailure, WriteTimeout
 from cassandra.connection import ConnectionException
@@ -122,9 +120,8 @@ from millstream.engine.errors import (
 )
 from millstream.engine.layout import IntervalLayout
 from millstream.engine.productions import Production
-from millstream.engine.records import decode_record
 from millstream.engine.sequencer import INITIAL_SEQUENCER, Lease
-from millstream.engine.state import UNCHANGED, KeyChanges
+from millstream.engine.state import KeyChanges
 from millstream.engine.store import (
     IntervalSnapshot,
     IntervalStore,
@@ -132,49 +129,50 @@ from millstream.engine.store import (
     NextTimers,
     split_batches,
 )
+from millstream.engine.stores.cassandra.rows import (
+    TIMER_INDEX,
+    TIMESTAMP_OFFSET,
+    Row,
+    change_rows,
+    dedup_ttl_seconds,
+    index_time,
+    indexed_timer,
+    one_row,
+    one_row_or_none,
+    pack_productions,
+    result_rows,
+    row_count,
+    row_timer,
+    unpack_productions,
+)
+from millstream.engine.stores.cassandra.schema import DEFAULT_TABLE, Statements, check_identifier
 from millstream.engine.timers import TimeDomain, Timer, firing_order
 
 __all__ = [
     "DEFAULT_ACQUIRE_ATTEMPTS",
-    "DEFAULT_KEYSPACE",
     "DEFAULT_MAX_BATCH_BYTES",
-    "DEFAULT_TABLE",
     "MAX_BATCH_STATEMENTS",
     "CassandraIntervalStore",
     "StoreStats",
-    "create_schema",
-    "schema_cql",
 ]
 
 # Under Cassandra 5.0's default batch_size_fail_threshold of 50 KiB (see the module docstring
 # for why it is kept although conditional single-partition batches are exempt from it).
 DEFAULT_MAX_BATCH_BYTES: Final = 48 * 1024
-DEFAULT_KEYSPACE: Final = "millstream"
-DEFAULT_TABLE: Final = "intervals"
 # Enough for a handful of workers racing for one interval (a lost race costs one LWT, and
 # retries back off with jitter); more contention than that is a deployment error.
 DEFAULT_ACQUIRE_ATTEMPTS: Final = 20
 # The native protocol counts a batch's statements in an unsigned short.
 MAX_BATCH_STATEMENTS: Final = 0xFFFF
 
-# Cassandra refuses TTLs above 20 years (Attributes.MAX_TTL).
-_MAX_TTL_SECONDS = 20 * 365 * 24 * 3600
-_MICROS_PER_SECOND = 1_000_000
 # Protocol v5 error code of CasWriteUnknownResultException; the Python driver surfaces it
 # as a bare ErrorMessage.
 _CAS_WRITE_UNKNOWN = 0x1700
 # Keys (or record IDs) per SELECT ... IN: large enough that a batch needs few round trips,
 # small enough that one read stays cheap for the coordinator (about 68k keys/s at 200 here).
 _KEYS_PER_READ = 200
-_TIMER_INDEX: Final = {TimeDomain.EVENT_TIME: "timer_event", TimeDomain.WALL_TIME: "timer_wall"}
-# Timestamps in the index as fixed-width decimals of (timestamp + 2^63): text order = time order.
-_TIMESTAMP_OFFSET = 2**63
 
 _T = TypeVar("_T")
-# Length prefixes: of a stream name in a production row; of a record, and of a key in the
-# timer index's item.
-_LENGTH16 = struct.Struct(">H")
-_LENGTH32 = struct.Struct(">I")
 # Approximate bytes one production delete adds to a batch (row overhead plus a 16-byte ID),
 # so delete batches obey the same byte limit as commits.
 _DELETE_BYTES = 64
@@ -185,10 +183,6 @@ _RETIRED = 2**63 - 1
 # The partition holding a computation's interval layout, one LWT-written row.
 _LAYOUT_INTERVAL = -1
 _DATA_KINDS = ("state", "timer", "timer_event", "timer_wall", "dedup", "production")
-_IDENTIFIER = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
-
-# A statement of a batch with its parameters.
-_Row: TypeAlias = tuple[Any, tuple[Any, ...]]
 
 
 @dataclass
@@ -215,45 +209,6 @@ class _Uncertain:
     marker: bytes
     predecessor: bytes | None
     outcome: bool | None = None  # set once a linearizable read or write shows it
-
-
-def schema_cql(keyspace: str, table: str = DEFAULT_TABLE) -> str:
-    """The ``CREATE TABLE IF NOT EXISTS`` statement of the interval table."""
-    _check_identifier("keyspace", keyspace)
-    _check_identifier("table", table)
-    return f"""CREATE TABLE IF NOT EXISTS {keyspace}.{table} (
-    computation text,
-    interval int,
-    kind text,
-    key text,
-    item blob,
-    sequencer bigint static,
-    last_commit blob static,
-    value blob,
-    timer_timestamp bigint,
-    timer_domain text,
-    timer_set_by blob,
-    expires bigint,
-    stream text,
-    record blob,
-    PRIMARY KEY ((computation, interval), kind, key, item)
-) WITH comment = 'millstream interval store: one partition per key interval, LWT writes only'"""
-
-
-def create_schema(session: Any, keyspace: str, table: str = DEFAULT_TABLE) -> None:
-    """Create the interval table in an existing keyspace; does nothing if it exists.
-
-    ``session`` is a cassandra-driver ``Session``. The keyspace is not created here: its
-    replication is a deployment decision (``millstream.connectors.cassandra.create_keyspace``
-    makes a SimpleStrategy one for development).
-    """
-    statement = schema_cql(keyspace, table)
-    if keyspace not in session.cluster.metadata.keyspaces:
-        raise StoreError(
-            f"keyspace {keyspace!r} does not exist; create it first (for development: "
-            f"millstream.connectors.cassandra.create_keyspace(session, {keyspace!r}))"
-        )
-    session.execute(statement)
 
 
 class CassandraIntervalStore(IntervalStore):
@@ -296,8 +251,8 @@ class CassandraIntervalStore(IntervalStore):
             raise ValueError(f"request_timeout must be positive seconds, got {request_timeout}")
         if acquire_attempts < 1:
             raise ValueError(f"acquire_attempts must be at least 1, got {acquire_attempts}")
-        _check_identifier("keyspace", keyspace)
-        _check_identifier("table", table)
+        check_identifier("keyspace", keyspace)
+        check_identifier("table", table)
         self.clock = clock
         self.max_batch_bytes = max_batch_bytes
         self.acquire_attempts = acquire_attempts
@@ -320,7 +275,7 @@ class CassandraIntervalStore(IntervalStore):
             )
         else:
             self._serial, self._quorum = ConsistencyLevel.SERIAL, ConsistencyLevel.QUORUM
-        self._statements = _Statements(self)
+        self._statements = Statements(session, self._name, serial=self._serial, quorum=self._quorum)
 
     # -- the contract ----------------------------------------------------------------------
 
@@ -372,7 +327,7 @@ class CassandraIntervalStore(IntervalStore):
                 _backoff(attempt)
                 expected = self._serial_read(computation, interval)[0]
                 continue
-            row = _one(result)
+            row = one_row(result)
             if row["[applied]"]:
                 # Anything this instance left uncertain on the interval is fenced for good.
                 self._uncertain.pop((computation, interval), None)
@@ -404,13 +359,15 @@ class CassandraIntervalStore(IntervalStore):
         )
         now = self.clock.now()
         return IntervalSnapshot(
-            timers=tuple(_timer(row) for row in _rows(timers.result())),
+            timers=tuple(row_timer(row) for row in result_rows(timers.result())),
             productions=tuple(
                 production
-                for row in _rows(productions.result())
-                for production in _unpack_productions(row["record"])
+                for row in result_rows(productions.result())
+                for production in unpack_productions(row["record"])
             ),
-            dedup_ids=tuple(row["item"] for row in _rows(dedup.result()) if row["expires"] > now),
+            dedup_ids=tuple(
+                row["item"] for row in result_rows(dedup.result()) if row["expires"] > now
+            ),
         )
 
     def read_keys(self, lease: Lease, keys: Collection[str]) -> dict[str, KeySnapshot]:
@@ -423,7 +380,7 @@ class CassandraIntervalStore(IntervalStore):
             if row["kind"] == "state":
                 states[row["key"]] = row["value"]
             else:
-                timer = _timer(row)
+                timer = row_timer(row)
                 timers.setdefault(timer.key, {})[timer.tag] = timer
         return {key: KeySnapshot(states.get(key), timers.get(key, {})) for key in distinct}
 
@@ -448,11 +405,11 @@ class CassandraIntervalStore(IntervalStore):
             TimeDomain.WALL_TIME: now + 1,
         }
         reads = [
-            (lease.computation, lease.interval, _TIMER_INDEX[domain], _index_time(bound))
+            (lease.computation, lease.interval, TIMER_INDEX[domain], index_time(bound))
             for domain, bound in bounds.items()
         ]
         rows = self._rows_at_once(self._statements.read_due, reads)
-        return sorted((_indexed_timer(row) for row in rows), key=firing_order)
+        return sorted((indexed_timer(row) for row in rows), key=firing_order)
 
     def next_timers(self, lease: Lease) -> NextTimers:
         futures = {
@@ -461,10 +418,12 @@ class CassandraIntervalStore(IntervalStore):
                 (lease.computation, lease.interval, kind),
                 timeout=self.request_timeout,
             )
-            for domain, kind in _TIMER_INDEX.items()
+            for domain, kind in TIMER_INDEX.items()
         }
         first = {
-            domain: next((int(row["key"]) - _TIMESTAMP_OFFSET for row in _rows(f.result())), None)
+            domain: next(
+                (int(row["key"]) - TIMESTAMP_OFFSET for row in result_rows(f.result())), None
+            )
             for domain, f in futures.items()
         }
         return NextTimers(first[TimeDomain.EVENT_TIME], first[TimeDomain.WALL_TIME])
@@ -475,8 +434,8 @@ class CassandraIntervalStore(IntervalStore):
         )
         rows: dict[bytes, set[bytes]] = {}
         productions: list[Production] = []
-        for row in _rows(result):
-            unpacked = _unpack_productions(row["record"])
+        for row in result_rows(result):
+            unpacked = unpack_productions(row["record"])
             rows[row["item"]] = {p.record_id for p in unpacked}
             productions.extend(unpacked)
         # What this instance knows of the interval's production rows starts over from here.
@@ -487,9 +446,9 @@ class CassandraIntervalStore(IntervalStore):
         keys = [change.key for change in changes]
         if len(set(keys)) != len(keys):
             raise ValueError("each key may appear once per commit: merge its changes first")
-        ttl_seconds = _ttl_seconds(dedup_ttl)
+        ttl_seconds = dedup_ttl_seconds(dedup_ttl)
         for change in changes:
-            count = _row_count(change)
+            count = row_count(change)
             if count + 1 > MAX_BATCH_STATEMENTS:
                 raise ValueError(
                     f"key {change.key!r} carries {count} row changes, more than one Cassandra "
@@ -503,7 +462,7 @@ class CassandraIntervalStore(IntervalStore):
             rows = [
                 row
                 for change in batch
-                for row in self._rows_of(lease, change, expires, ttl_seconds)
+                for row in change_rows(self._statements, lease, change, expires, ttl_seconds)
             ]
             productions = [p for change in batch for p in change.productions]
             if productions:
@@ -514,7 +473,7 @@ class CassandraIntervalStore(IntervalStore):
                 rows.append(
                     (
                         self._statements.put_productions,
-                        (*partition, item, _pack_productions(productions)),
+                        (*partition, item, pack_productions(productions)),
                     )
                 )
                 self._production_rows.setdefault(partition, {})[item] = {
@@ -565,7 +524,7 @@ class CassandraIntervalStore(IntervalStore):
                     "was_applied again with the same marker once Cassandra responds",
                     marker=marker,
                 ) from exc
-            row = _one(result)
+            row = one_row(result)
             if row["[applied]"]:
                 self._heads[partition] = (lease.token, resolution)
                 entry.outcome = False
@@ -629,7 +588,7 @@ class CassandraIntervalStore(IntervalStore):
         batch's path.
         """
         found: dict[str, list[int]] = {}
-        for row in _rows(self._execute(self._statements.list_intervals, ())):
+        for row in result_rows(self._execute(self._statements.list_intervals, ())):
             if row["interval"] != _LAYOUT_INTERVAL:
                 found.setdefault(row["computation"], []).append(row["interval"])
         return {name: sorted(intervals) for name, intervals in found.items()}
@@ -647,20 +606,20 @@ class CassandraIntervalStore(IntervalStore):
             )
         )
         by_key: dict[str, KeyChanges] = {}
-        for row in _rows(states.result()):
+        for row in result_rows(states.result()):
             by_key.setdefault(row["key"], KeyChanges(row["key"])).state = row["value"]
-        for row in _rows(timers.result()):
-            timer = _timer(row)
+        for row in result_rows(timers.result()):
+            timer = row_timer(row)
             by_key.setdefault(timer.key, KeyChanges(timer.key)).timers[timer.tag] = timer
         now = self.clock.now()
-        for row in _rows(dedup.result()):
+        for row in result_rows(dedup.result()):
             if row["expires"] > now:
                 by_key.setdefault(row["key"], KeyChanges(row["key"])).dedup_ids.append(row["item"])
         changes = [by_key[key] for key in sorted(by_key)]
         pending = [
             production
-            for row in _rows(productions.result())
-            for production in _unpack_productions(row["record"])
+            for row in result_rows(productions.result())
+            for production in unpack_productions(row["record"])
         ]
         if pending:
             changes.append(KeyChanges("", productions=pending))
@@ -673,7 +632,7 @@ class CassandraIntervalStore(IntervalStore):
             self._statements.acquire_next,  # moving the sequencer to the retired value
             (_RETIRED, _new_marker(), lease.computation, lease.interval, lease.token),
         )
-        if not _one(result)["[applied]"]:
+        if not one_row(result)["[applied]"]:
             raise FencedError(
                 f"interval {lease.interval} of {lease.computation!r} was acquired by another "
                 f"worker before it could be retired (lease {lease.token})"
@@ -682,7 +641,7 @@ class CassandraIntervalStore(IntervalStore):
             self._execute(self._statements.delete_kind, (lease.computation, lease.interval, kind))
 
     def read_layout(self, computation: str) -> IntervalLayout | None:
-        row = _one_or_none(
+        row = one_row_or_none(
             self._execute(self._statements.read_layout, (computation, _LAYOUT_INTERVAL))
         )
         return None if row is None else IntervalLayout.decode(row["value"].decode("utf-8"))
@@ -700,46 +659,14 @@ class CassandraIntervalStore(IntervalStore):
                 self._statements.change_layout,
                 (value, computation, _LAYOUT_INTERVAL, expected.encode().encode("utf-8")),
             )
-        return bool(_one(result)["[applied]"])
+        return bool(one_row(result)["[applied]"])
 
     # -- internals -------------------------------------------------------------------------
-
-    def _rows_of(
-        self, lease: Lease, change: KeyChanges, expires: int, ttl_seconds: int
-    ) -> list[_Row]:
-        statements = self._statements
-        partition = (lease.computation, lease.interval)
-        key = change.key
-        rows: list[_Row] = []
-        if change.state is None:
-            rows.append((statements.delete_row, (*partition, "state", key, b"")))
-        elif change.state is not UNCHANGED:
-            rows.append((statements.put_state, (*partition, key, change.state)))
-        indexed: set[tuple[str, str, bytes]] = set()
-        for tag, timer in change.timers.items():
-            item = tag.encode("utf-8")
-            if timer is None:
-                rows.append((statements.delete_row, (*partition, "timer", key, item)))
-                continue
-            timer_columns = (timer.timestamp, timer.domain.value, timer.set_by)
-            rows.append((statements.put_timer, (*partition, key, item, *timer_columns)))
-            index = _index_row(timer)
-            indexed.add(index)
-            rows.append((statements.put_index, (*partition, *index, *timer_columns)))
-        for previous in change.previous_timers:
-            # A delete and a put of one row in one batch share a timestamp, and the delete
-            # would win: a timer set again at the same time keeps its index row.
-            index = _index_row(previous)
-            if index not in indexed:
-                rows.append((statements.delete_row, (*partition, *index)))
-        for record_id in dict.fromkeys(change.dedup_ids):
-            rows.append((statements.put_dedup, (*partition, key, record_id, expires, ttl_seconds)))
-        return rows
 
     def _write(
         self,
         lease: Lease,
-        rows: list[_Row],
+        rows: list[Row],
         approximate_bytes: int,
         *,
         what: str,
@@ -783,7 +710,7 @@ class CassandraIntervalStore(IntervalStore):
                     uncertain_keys=uncertain_keys,
                     unattempted_keys=unattempted_keys,
                 ) from exc
-            row = _one(result)
+            row = one_row(result)
             if row["[applied]"]:
                 self._heads[partition] = (lease.token, marker)
                 return
@@ -837,7 +764,7 @@ class CassandraIntervalStore(IntervalStore):
 
     def _serial_read(self, computation: str, interval: int) -> tuple[int | None, bytes | None]:
         result = self._execute(self._statements.read_sequencer, (computation, interval))
-        rows = list(_rows(result))
+        rows = list(result_rows(result))
         if not rows:
             return None, None
         return rows[0]["sequencer"], rows[0]["last_commit"]
@@ -855,113 +782,7 @@ class CassandraIntervalStore(IntervalStore):
             for parameters in reads
         ]
         for future in futures:
-            yield from _rows(future.result())
-
-
-class _Statements:
-    """Every statement the store runs, prepared once with its consistency levels."""
-
-    def __init__(self, store: CassandraIntervalStore) -> None:
-        name = store._name
-        self._store = store
-        where = "WHERE computation = ? AND interval = ?"
-        self.acquire_first = self._prepare(
-            f"INSERT INTO {name} (computation, interval, sequencer, last_commit) "
-            "VALUES (?, ?, ?, ?) IF NOT EXISTS",
-            lwt=True,
-        )
-        self.acquire_next = self._prepare(
-            f"UPDATE {name} SET sequencer = ?, last_commit = ? {where} IF sequencer = ?",
-            lwt=True,
-        )
-        # Alone, it resolves unknown outcomes; as the first statement of a batch, it guards it.
-        self.guard = self._prepare(
-            f"UPDATE {name} SET last_commit = ? {where} IF sequencer = ? AND last_commit = ?",
-            lwt=True,
-        )
-        self.read_sequencer = self._prepare(
-            f"SELECT sequencer, last_commit FROM {name} {where} LIMIT 1", serial_read=True
-        )
-        columns = "computation, interval, kind, key, item"
-        self.put_state = self._prepare(
-            f"INSERT INTO {name} ({columns}, value) VALUES (?, ?, 'state', ?, 0x, ?)"
-        )
-        self.put_timer = self._prepare(
-            f"INSERT INTO {name} ({columns}, timer_timestamp, timer_domain, timer_set_by) "
-            "VALUES (?, ?, 'timer', ?, ?, ?, ?, ?)"
-        )
-        self.put_dedup = self._prepare(
-            f"INSERT INTO {name} ({columns}, expires) VALUES (?, ?, 'dedup', ?, ?, ?) USING TTL ?"
-        )
-        self.put_index = self._prepare(
-            f"INSERT INTO {name} ({columns}, timer_timestamp, timer_domain, timer_set_by) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-        )
-        self.put_productions = self._prepare(
-            f"INSERT INTO {name} ({columns}, record) VALUES (?, ?, 'production', '', ?, ?)"
-        )
-        self.delete_row = self._prepare(
-            f"DELETE FROM {name} {where} AND kind = ? AND key = ? AND item = ?"
-        )
-        timer_columns = "timer_timestamp, timer_domain, timer_set_by"
-        self.read_keys = self._prepare(
-            f"SELECT kind, key, item, value, {timer_columns} FROM {name} {where} "
-            "AND kind IN ('state', 'timer') AND key IN ?"
-        )
-        self.read_dedup = self._prepare(
-            f"SELECT key, item, expires FROM {name} {where} AND kind = 'dedup' AND (key, item) IN ?"
-        )
-        self.read_due = self._prepare(
-            f"SELECT item, {timer_columns} FROM {name} {where} AND kind = ? AND key < ?"
-        )
-        self.read_first_timer = self._prepare(
-            f"SELECT key FROM {name} {where} AND kind = ? LIMIT 1"
-        )
-        self.scan_timers = self._prepare(
-            f"SELECT key, item, timer_timestamp, timer_domain, timer_set_by FROM {name} "
-            f"{where} AND kind = 'timer'"
-        )
-        self.scan_dedup = self._prepare(
-            f"SELECT key, item, expires FROM {name} {where} AND kind = 'dedup'"
-        )
-        self.scan_states = self._prepare(
-            f"SELECT key, value FROM {name} {where} AND kind = 'state'"
-        )
-        self.delete_kind = self._prepare(f"DELETE FROM {name} {where} AND kind = ?")
-        layout_row = f"{where} AND kind = 'layout' AND key = '' AND item = 0x"
-        self.read_layout = self._prepare(f"SELECT value FROM {name} {layout_row}", serial_read=True)
-        self.create_layout = self._prepare(
-            f"INSERT INTO {name} ({columns}, value) VALUES (?, ?, 'layout', '', 0x, ?) "
-            "IF NOT EXISTS",
-            lwt=True,
-        )
-        self.change_layout = self._prepare(
-            f"UPDATE {name} SET value = ? {layout_row} IF value = ?", lwt=True
-        )
-        self.scan_productions = self._prepare(
-            f"SELECT item, record FROM {name} {where} AND kind = 'production'"
-        )
-        self.list_intervals = self._prepare(f"SELECT DISTINCT computation, interval FROM {name}")
-
-    def _prepare(self, cql: str, *, lwt: bool = False, serial_read: bool = False) -> Any:
-        store = self._store
-        try:
-            statement = store._session.prepare(cql)
-        except Exception as exc:
-            raise StoreError(
-                f"cannot prepare a statement on {store._name} ({exc}); the table must exist "
-                "with the interval store's columns: create it with "
-                "millstream.engine.stores.cassandra.create_schema(session, keyspace, table)"
-            ) from exc
-        if serial_read:
-            statement.consistency_level = store._serial
-        else:
-            statement.consistency_level = store._quorum
-        if lwt:
-            # Inside a batch the batch's own settings apply; these are for lone execution.
-            statement.serial_consistency_level = store._serial
-            statement.retry_policy = FallthroughRetryPolicy()
-        return statement
+            yield from result_rows(future.result())
 
 
 def _is_uncertain(exc: BaseException) -> bool:
@@ -978,107 +799,6 @@ def _chunks(items: list[_T]) -> list[list[_T]]:
     return [items[start : start + _KEYS_PER_READ] for start in range(0, len(items), _KEYS_PER_READ)]
 
 
-def _rows(result: Any) -> Iterator[dict[str, Any]]:
-    """Rows as dicts, whatever row factory the caller's session uses."""
-    names = result.column_names
-    for row in result:
-        yield dict(row) if isinstance(row, dict) else dict(zip(names, row, strict=True))
-
-
-def _one_or_none(result: Any) -> dict[str, Any] | None:
-    return next(_rows(result), None)
-
-
-def _one(result: Any) -> dict[str, Any]:
-    rows = list(_rows(result))
-    if len(rows) != 1:
-        raise StoreError(f"an LWT returned {len(rows)} rows instead of one; this is a bug")
-    return rows[0]
-
-
-def _timer(row: dict[str, Any]) -> Timer:
-    return Timer(
-        key=row["key"],
-        tag=row["item"].decode("utf-8"),
-        timestamp=row["timer_timestamp"],
-        domain=TimeDomain(row["timer_domain"]),
-        set_by=row["timer_set_by"] or b"",
-    )
-
-
-def _index_time(timestamp: int) -> str:
-    return f"{timestamp + _TIMESTAMP_OFFSET:020d}"
-
-
-def _index_row(timer: Timer) -> tuple[str, str, bytes]:
-    """The (kind, key, item) of a timer's row in the time-ordered index."""
-    key = timer.key.encode("utf-8")
-    item = _LENGTH32.pack(len(key)) + key + timer.tag.encode("utf-8")
-    return _TIMER_INDEX[timer.domain], _index_time(timer.timestamp), item
-
-
-def _indexed_timer(row: dict[str, Any]) -> Timer:
-    item: bytes = row["item"]
-    (length,) = _LENGTH32.unpack_from(item)
-    start = _LENGTH32.size
-    return Timer(
-        key=item[start : start + length].decode("utf-8"),
-        tag=item[start + length :].decode("utf-8"),
-        timestamp=row["timer_timestamp"],
-        domain=TimeDomain(row["timer_domain"]),
-        set_by=row["timer_set_by"] or b"",
-    )
-
-
-def _pack_productions(productions: Sequence[Production]) -> bytes:
-    parts: list[bytes] = []
-    for production in productions:
-        stream = production.stream.encode("utf-8")
-        record = production.envelope
-        parts += (_LENGTH16.pack(len(stream)), stream, _LENGTH32.pack(len(record)))
-        parts.append(record)
-    return b"".join(parts)
-
-
-def _unpack_productions(packed: bytes) -> list[Production]:
-    productions: list[Production] = []
-    offset = 0
-    while offset < len(packed):
-        (length,) = _LENGTH16.unpack_from(packed, offset)
-        offset += _LENGTH16.size
-        stream = packed[offset : offset + length].decode("utf-8")
-        offset += length
-        (length,) = _LENGTH32.unpack_from(packed, offset)
-        offset += _LENGTH32.size
-        envelope = packed[offset : offset + length]
-        productions.append(Production(stream, decode_record(envelope), envelope))
-        offset += length
-    return productions
-
-
-def _ttl_seconds(dedup_ttl: int) -> int:
-    if dedup_ttl <= 0:
-        raise ValueError(
-            f"dedup_ttl must be a positive number of µs, got {dedup_ttl} (a TTL of 0 would "
-            "make Cassandra keep dedup IDs forever)"
-        )
-    # Rounded up, plus the part of the current second Cassandra's expiry clock ignores.
-    seconds = -(-dedup_ttl // _MICROS_PER_SECOND) + 1
-    if seconds > _MAX_TTL_SECONDS:
-        raise ValueError(
-            f"dedup_ttl of {dedup_ttl} µs is over Cassandra's 20-year TTL limit; "
-            "shorten the retry window and late-injector slack"
-        )
-    return seconds
-
-
-def _row_count(change: KeyChanges) -> int:
-    state = 0 if change.state is UNCHANGED else 1
-    timers = 2 * len(change.timers) + len(change.previous_timers)
-    # Productions share one row per batch; counting each keeps the cap conservative.
-    return state + timers + len(set(change.dedup_ids)) + len(change.productions)
-
-
 def _cap_statements(batches: list[list[KeyChanges]]) -> list[list[KeyChanges]]:
     """Split batches further, between keys, so none exceeds the driver's statement limit."""
     capped: list[list[KeyChanges]] = []
@@ -1086,7 +806,7 @@ def _cap_statements(batches: list[list[KeyChanges]]) -> list[list[KeyChanges]]:
         current: list[KeyChanges] = []
         count = 1  # the guard
         for change in batch:
-            rows = _row_count(change)
+            rows = row_count(change)
             if current and count + rows > MAX_BATCH_STATEMENTS:
                 capped.append(current)
                 current, count = [], 1
@@ -1105,13 +825,3 @@ def _backoff(attempt: int) -> None:
     # Competing acquirers (lost races, contention timeouts) retry after a random, growing
     # pause, so that they do not keep colliding in lockstep.
     time.sleep(random.uniform(0, min(0.5, 0.01 * 2**attempt)))
-
-
-def _check_identifier(what: str, name: str) -> None:
-    # Keyspace and table names cannot be bound as parameters; refuse anything but a plain
-    # (unquoted, hence case-insensitive) identifier.
-    if not _IDENTIFIER.match(name):
-        raise ValueError(
-            f"{name!r} is not a valid {what} name: use lowercase letters, digits and _ "
-            "(at most 48, starting with a letter)"
-        )

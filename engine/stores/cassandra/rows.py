@@ -1,0 +1,196 @@
+"""How the interval table's rows encode the model, and back.
+
+The time-ordered timer index, the packed productions of a commit batch, the TTL of dedup IDs,
+the rows a key's changes write, and query results read as dicts. The table's columns are
+described in :mod:`millstream.engine.stores.cassandra.store`.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator, Sequence
+from typing import Any, Final, TypeAlias
+
+from millstream.engine.errors import StoreError
+from millstream.engine.productions import Production
+from millstream.engine.records import decode_record
+from millstream.engine.sequencer import Lease
+from millstream.engine.state import UNCHANGED, KeyChanges
+from millstream.engine.stores.cassandra.schema import Statements
+from millstream.engine.timers import TimeDomain, Timer
+
+__all__ = [
+    "TIMER_INDEX",
+    "TIMESTAMP_OFFSET",
+    "Row",
+    "change_rows",
+    "dedup_ttl_seconds",
+    "index_row",
+    "index_time",
+    "indexed_timer",
+    "one_row",
+    "one_row_or_none",
+    "pack_productions",
+    "result_rows",
+    "row_count",
+    "row_timer",
+    "unpack_productions",
+]
+
+TIMER_INDEX: Final = {TimeDomain.EVENT_TIME: "timer_event", TimeDomain.WALL_TIME: "timer_wall"}
+# Timestamps in the index as fixed-width decimals of (timestamp + 2^63): text order = time order.
+TIMESTAMP_OFFSET = 2**63
+# Length prefixes: of a stream name in a production row; of a record, and of a key in the
+# timer index's item.
+_LENGTH16 = struct.Struct(">H")
+_LENGTH32 = struct.Struct(">I")
+# Cassandra refuses TTLs above 20 years (Attributes.MAX_TTL).
+_MAX_TTL_SECONDS = 20 * 365 * 24 * 3600
+_MICROS_PER_SECOND = 1_000_000
+
+# A statement of a batch with its parameters.
+Row: TypeAlias = tuple[Any, tuple[Any, ...]]
+
+
+def index_time(timestamp: int) -> str:
+    """``timestamp`` as the ``key`` of the timer index (text order is time order)."""
+    return f"{timestamp + TIMESTAMP_OFFSET:020d}"
+
+
+def index_row(timer: Timer) -> tuple[str, str, bytes]:
+    """The (kind, key, item) of a timer's row in the time-ordered index."""
+    key = timer.key.encode("utf-8")
+    item = _LENGTH32.pack(len(key)) + key + timer.tag.encode("utf-8")
+    return TIMER_INDEX[timer.domain], index_time(timer.timestamp), item
+
+
+def indexed_timer(row: dict[str, Any]) -> Timer:
+    """The timer a row of the timer index holds."""
+    item: bytes = row["item"]
+    (length,) = _LENGTH32.unpack_from(item)
+    start = _LENGTH32.size
+    return Timer(
+        key=item[start : start + length].decode("utf-8"),
+        tag=item[start + length :].decode("utf-8"),
+        timestamp=row["timer_timestamp"],
+        domain=TimeDomain(row["timer_domain"]),
+        set_by=row["timer_set_by"] or b"",
+    )
+
+
+def row_timer(row: dict[str, Any]) -> Timer:
+    """The timer a ``timer`` row holds."""
+    return Timer(
+        key=row["key"],
+        tag=row["item"].decode("utf-8"),
+        timestamp=row["timer_timestamp"],
+        domain=TimeDomain(row["timer_domain"]),
+        set_by=row["timer_set_by"] or b"",
+    )
+
+
+def pack_productions(productions: Sequence[Production]) -> bytes:
+    """The ``record`` column of a commit batch's production row."""
+    parts: list[bytes] = []
+    for production in productions:
+        stream = production.stream.encode("utf-8")
+        record = production.envelope
+        parts += (_LENGTH16.pack(len(stream)), stream, _LENGTH32.pack(len(record)))
+        parts.append(record)
+    return b"".join(parts)
+
+
+def unpack_productions(packed: bytes) -> list[Production]:
+    """The productions of a production row's ``record`` column."""
+    productions: list[Production] = []
+    offset = 0
+    while offset < len(packed):
+        (length,) = _LENGTH16.unpack_from(packed, offset)
+        offset += _LENGTH16.size
+        stream = packed[offset : offset + length].decode("utf-8")
+        offset += length
+        (length,) = _LENGTH32.unpack_from(packed, offset)
+        offset += _LENGTH32.size
+        envelope = packed[offset : offset + length]
+        productions.append(Production(stream, decode_record(envelope), envelope))
+        offset += length
+    return productions
+
+
+def dedup_ttl_seconds(dedup_ttl: int) -> int:
+    """The ``USING TTL`` of dedup IDs kept for ``dedup_ttl`` µs."""
+    if dedup_ttl <= 0:
+        raise ValueError(
+            f"dedup_ttl must be a positive number of µs, got {dedup_ttl} (a TTL of 0 would "
+            "make Cassandra keep dedup IDs forever)"
+        )
+    # Rounded up, plus the part of the current second Cassandra's expiry clock ignores.
+    seconds = -(-dedup_ttl // _MICROS_PER_SECOND) + 1
+    if seconds > _MAX_TTL_SECONDS:
+        raise ValueError(
+            f"dedup_ttl of {dedup_ttl} µs is over Cassandra's 20-year TTL limit; "
+            "shorten the retry window and late-injector slack"
+        )
+    return seconds
+
+
+def change_rows(
+    statements: Statements, lease: Lease, change: KeyChanges, expires: int, ttl_seconds: int
+) -> list[Row]:
+    """The rows that write ``change`` (its timers' index rows included), with their
+    statements; ``expires`` and ``ttl_seconds`` are its dedup IDs'."""
+    partition = (lease.computation, lease.interval)
+    key = change.key
+    rows: list[Row] = []
+    if change.state is None:
+        rows.append((statements.delete_row, (*partition, "state", key, b"")))
+    elif change.state is not UNCHANGED:
+        rows.append((statements.put_state, (*partition, key, change.state)))
+    indexed: set[tuple[str, str, bytes]] = set()
+    for tag, timer in change.timers.items():
+        item = tag.encode("utf-8")
+        if timer is None:
+            rows.append((statements.delete_row, (*partition, "timer", key, item)))
+            continue
+        timer_columns = (timer.timestamp, timer.domain.value, timer.set_by)
+        rows.append((statements.put_timer, (*partition, key, item, *timer_columns)))
+        index = index_row(timer)
+        indexed.add(index)
+        rows.append((statements.put_index, (*partition, *index, *timer_columns)))
+    for previous in change.previous_timers:
+        # A delete and a put of one row in one batch share a timestamp, and the delete
+        # would win: a timer set again at the same time keeps its index row.
+        index = index_row(previous)
+        if index not in indexed:
+            rows.append((statements.delete_row, (*partition, *index)))
+    for record_id in dict.fromkeys(change.dedup_ids):
+        rows.append((statements.put_dedup, (*partition, key, record_id, expires, ttl_seconds)))
+    return rows
+
+
+def row_count(change: KeyChanges) -> int:
+    """The statements :func:`change_rows` makes of ``change``, at most."""
+    state = 0 if change.state is UNCHANGED else 1
+    timers = 2 * len(change.timers) + len(change.previous_timers)
+    # Productions share one row per batch; counting each keeps the cap conservative.
+    return state + timers + len(set(change.dedup_ids)) + len(change.productions)
+
+
+def result_rows(result: Any) -> Iterator[dict[str, Any]]:
+    """Rows as dicts, whatever row factory the caller's session uses."""
+    names = result.column_names
+    for row in result:
+        yield dict(row) if isinstance(row, dict) else dict(zip(names, row, strict=True))
+
+
+def one_row(result: Any) -> dict[str, Any]:
+    """The one row of an LWT's ``result`` as a dict."""
+    rows = list(result_rows(result))
+    if len(rows) != 1:
+        raise StoreError(f"an LWT returned {len(rows)} rows instead of one; this is a bug")
+    return rows[0]
+
+
+def one_row_or_none(result: Any) -> dict[str, Any] | None:
+    """The first row of ``result`` as a dict, or ``None``."""
+    return next(result_rows(result), None)

@@ -1,0 +1,187 @@
+"""The interval table: its CQL, its creation, and every statement the store runs on it.
+
+The table's columns and what its rows hold are described in
+:mod:`millstream.engine.stores.cassandra.store`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Final
+
+from cassandra.policies import FallthroughRetryPolicy
+
+from millstream.engine.errors import StoreError
+
+__all__ = [
+    "DEFAULT_KEYSPACE",
+    "DEFAULT_TABLE",
+    "Statements",
+    "check_identifier",
+    "create_schema",
+    "schema_cql",
+]
+
+DEFAULT_KEYSPACE: Final = "millstream"
+DEFAULT_TABLE: Final = "intervals"
+_IDENTIFIER = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
+
+
+def schema_cql(keyspace: str, table: str = DEFAULT_TABLE) -> str:
+    """The ``CREATE TABLE IF NOT EXISTS`` statement of the interval table."""
+    check_identifier("keyspace", keyspace)
+    check_identifier("table", table)
+    return f"""CREATE TABLE IF NOT EXISTS {keyspace}.{table} (
+    computation text,
+    interval int,
+    kind text,
+    key text,
+    item blob,
+    sequencer bigint static,
+    last_commit blob static,
+    value blob,
+    timer_timestamp bigint,
+    timer_domain text,
+    timer_set_by blob,
+    expires bigint,
+    stream text,
+    record blob,
+    PRIMARY KEY ((computation, interval), kind, key, item)
+) WITH comment = 'millstream interval store: one partition per key interval, LWT writes only'"""
+
+
+def create_schema(session: Any, keyspace: str, table: str = DEFAULT_TABLE) -> None:
+    """Create the interval table in an existing keyspace; does nothing if it exists.
+
+    ``session`` is a cassandra-driver ``Session``. The keyspace is not created here: its
+    replication is a deployment decision (``millstream.connectors.cassandra.create_keyspace``
+    makes a SimpleStrategy one for development).
+    """
+    statement = schema_cql(keyspace, table)
+    if keyspace not in session.cluster.metadata.keyspaces:
+        raise StoreError(
+            f"keyspace {keyspace!r} does not exist; create it first (for development: "
+            f"millstream.connectors.cassandra.create_keyspace(session, {keyspace!r}))"
+        )
+    session.execute(statement)
+
+
+class Statements:
+    """Every statement the store runs, prepared once with its consistency levels.
+
+    ``name`` is the table's ``keyspace.table``; ``serial`` is the consistency level of Paxos
+    and of reads of the sequencer, ``quorum`` that of everything else.
+    """
+
+    def __init__(self, session: Any, name: str, *, serial: Any, quorum: Any) -> None:
+        self._session = session
+        self._name = name
+        self._serial = serial
+        self._quorum = quorum
+        where = "WHERE computation = ? AND interval = ?"
+        self.acquire_first = self._prepare(
+            f"INSERT INTO {name} (computation, interval, sequencer, last_commit) "
+            "VALUES (?, ?, ?, ?) IF NOT EXISTS",
+            lwt=True,
+        )
+        self.acquire_next = self._prepare(
+            f"UPDATE {name} SET sequencer = ?, last_commit = ? {where} IF sequencer = ?",
+            lwt=True,
+        )
+        # Alone, it resolves unknown outcomes; as the first statement of a batch, it guards it.
+        self.guard = self._prepare(
+            f"UPDATE {name} SET last_commit = ? {where} IF sequencer = ? AND last_commit = ?",
+            lwt=True,
+        )
+        self.read_sequencer = self._prepare(
+            f"SELECT sequencer, last_commit FROM {name} {where} LIMIT 1", serial_read=True
+        )
+        columns = "computation, interval, kind, key, item"
+        self.put_state = self._prepare(
+            f"INSERT INTO {name} ({columns}, value) VALUES (?, ?, 'state', ?, 0x, ?)"
+        )
+        self.put_timer = self._prepare(
+            f"INSERT INTO {name} ({columns}, timer_timestamp, timer_domain, timer_set_by) "
+            "VALUES (?, ?, 'timer', ?, ?, ?, ?, ?)"
+        )
+        self.put_dedup = self._prepare(
+            f"INSERT INTO {name} ({columns}, expires) VALUES (?, ?, 'dedup', ?, ?, ?) USING TTL ?"
+        )
+        self.put_index = self._prepare(
+            f"INSERT INTO {name} ({columns}, timer_timestamp, timer_domain, timer_set_by) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+        )
+        self.put_productions = self._prepare(
+            f"INSERT INTO {name} ({columns}, record) VALUES (?, ?, 'production', '', ?, ?)"
+        )
+        self.delete_row = self._prepare(
+            f"DELETE FROM {name} {where} AND kind = ? AND key = ? AND item = ?"
+        )
+        timer_columns = "timer_timestamp, timer_domain, timer_set_by"
+        self.read_keys = self._prepare(
+            f"SELECT kind, key, item, value, {timer_columns} FROM {name} {where} "
+            "AND kind IN ('state', 'timer') AND key IN ?"
+        )
+        self.read_dedup = self._prepare(
+            f"SELECT key, item, expires FROM {name} {where} AND kind = 'dedup' AND (key, item) IN ?"
+        )
+        self.read_due = self._prepare(
+            f"SELECT item, {timer_columns} FROM {name} {where} AND kind = ? AND key < ?"
+        )
+        self.read_first_timer = self._prepare(
+            f"SELECT key FROM {name} {where} AND kind = ? LIMIT 1"
+        )
+        self.scan_timers = self._prepare(
+            f"SELECT key, item, timer_timestamp, timer_domain, timer_set_by FROM {name} "
+            f"{where} AND kind = 'timer'"
+        )
+        self.scan_dedup = self._prepare(
+            f"SELECT key, item, expires FROM {name} {where} AND kind = 'dedup'"
+        )
+        self.scan_states = self._prepare(
+            f"SELECT key, value FROM {name} {where} AND kind = 'state'"
+        )
+        self.delete_kind = self._prepare(f"DELETE FROM {name} {where} AND kind = ?")
+        layout_row = f"{where} AND kind = 'layout' AND key = '' AND item = 0x"
+        self.read_layout = self._prepare(f"SELECT value FROM {name} {layout_row}", serial_read=True)
+        self.create_layout = self._prepare(
+            f"INSERT INTO {name} ({columns}, value) VALUES (?, ?, 'layout', '', 0x, ?) "
+            "IF NOT EXISTS",
+            lwt=True,
+        )
+        self.change_layout = self._prepare(
+            f"UPDATE {name} SET value = ? {layout_row} IF value = ?", lwt=True
+        )
+        self.scan_productions = self._prepare(
+            f"SELECT item, record FROM {name} {where} AND kind = 'production'"
+        )
+        self.list_intervals = self._prepare(f"SELECT DISTINCT computation, interval FROM {name}")
+
+    def _prepare(self, cql: str, *, lwt: bool = False, serial_read: bool = False) -> Any:
+        try:
+            statement = self._session.prepare(cql)
+        except Exception as exc:
+            raise StoreError(
+                f"cannot prepare a statement on {self._name} ({exc}); the table must exist "
+                "with the interval store's columns: create it with "
+                "millstream.engine.stores.cassandra.create_schema(session, keyspace, table)"
+            ) from exc
+        if serial_read:
+            statement.consistency_level = self._serial
+        else:
+            statement.consistency_level = self._quorum
+        if lwt:
+            # Inside a batch the batch's own settings apply; these are for lone execution.
+            statement.serial_consistency_level = self._serial
+            statement.retry_policy = FallthroughRetryPolicy()
+        return statement
+
+
+def check_identifier(what: str, name: str) -> None:
+    # Keyspace and table names cannot be bound as parameters; refuse anything but a plain
+    # (unquoted, hence case-insensitive) identifier.
+    if not _IDENTIFIER.match(name):
+        raise ValueError(
+            f"{name!r} is not a valid {what} name: use lowercase letters, digits and _ "
+            "(at most 48, starting with a letter)"
+        )
