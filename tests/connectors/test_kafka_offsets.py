@@ -9,6 +9,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from millstream.connectors import kafka as kafka_connector
+from millstream.connectors.kafka import topics as kafka_topics
 from millstream.engine.config import MillstreamConfig
 
 pytestmark = pytest.mark.unit
@@ -101,7 +102,7 @@ def test_a_just_created_watermark_topic_is_checked_once_the_broker_knows_it(
                 future.result = lambda timeout: {"cleanup.policy": entry}
             return {resources[0]: future}
 
-    monkeypatch.setattr(kafka_connector, "create_topics", lambda *args, **kwargs: None)
-    monkeypatch.setattr(kafka_connector, "admin_client", lambda config: Admin())
+    monkeypatch.setattr(kafka_topics, "create_topics", lambda *args, **kwargs: None)
+    monkeypatch.setattr(kafka_topics, "admin_client", lambda config: Admin())
     kafka_connector.create_watermark_topic(MillstreamConfig(), timeout=5)
     assert calls["describe"] == 3

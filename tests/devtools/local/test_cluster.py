@@ -33,6 +33,7 @@ from confluent_kafka.admin import ConfigResource, NewTopic, ResourceType
 from millstream import cli
 from millstream.connectors import cassandra as cassandra_connector
 from millstream.connectors import kafka as kafka_connector
+from millstream.connectors.kafka import topics as kafka_topics
 from millstream.connectors.maven import MavenArtifacts
 from millstream.devtools.local import stack as stack_module
 from millstream.devtools.local.cassandra import CassandraService
@@ -293,7 +294,7 @@ class _FakeAdmin:
 @pytest.mark.unit
 def test_topics_get_the_configured_replication(monkeypatch: pytest.MonkeyPatch) -> None:
     admin = _FakeAdmin()
-    monkeypatch.setattr(kafka_connector, "admin_client", lambda config: admin)
+    monkeypatch.setattr(kafka_topics, "admin_client", lambda config: admin)
     config = MillstreamConfig(kafka_replication=3)
     kafka_connector.create_topics(config, ["a"], partitions=2)
     kafka_connector.create_wake_topics(config, ["w"])

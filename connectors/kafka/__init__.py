@@ -1,0 +1,68 @@
+"""Kafka plumbing shared by the engine, injectors, examples and tests.
+
+Streams are Kafka topics of the same name: stream ``searches`` is topic ``searches``, and a
+computation's dead letters go to ``<computation>.dead-letters``. Stream names are restricted
+to Kafka's topic alphabet (see :mod:`millstream.engine.topology`) so the mapping is the
+identity; :func:`stream_topic` is the one place that says so.
+
+Low-watermark reports (:mod:`millstream.engine.watermarks`) travel on one compacted topic,
+``config.kafka_watermark_topic`` (default ``millstream.watermarks``), keyed by source name,
+so Kafka keeps each source's latest report: :func:`create_watermark_topic`,
+:class:`WatermarkPublisher`, :class:`WatermarkReader`.
+
+The modules: ``clients`` (connection and security settings, producers and consumers),
+``topics`` (topic names, creation, end offsets), ``watermark_topic`` (reports on the
+watermark topic) and ``sink`` (:class:`KafkaProductionSink`).
+"""
+
+from millstream.connectors.kafka.clients import (
+    client_settings,
+    consumer,
+    java_client_settings,
+    producer,
+    refusal,
+)
+from millstream.connectors.kafka.sink import KafkaProductionSink
+from millstream.connectors.kafka.topics import (
+    WAKE_TOPIC_CONFIG,
+    WATERMARK_TOPIC_CONFIG,
+    admin_client,
+    alarm_topic,
+    create_topics,
+    create_wake_topics,
+    create_watermark_topic,
+    delete_topics,
+    delete_wake_topics,
+    end_offsets,
+    stream_topic,
+    wake_topic,
+)
+from millstream.connectors.kafka.watermark_topic import (
+    KafkaWatermarkChannel,
+    WatermarkPublisher,
+    WatermarkReader,
+)
+
+__all__ = [
+    "WAKE_TOPIC_CONFIG",
+    "WATERMARK_TOPIC_CONFIG",
+    "KafkaProductionSink",
+    "KafkaWatermarkChannel",
+    "WatermarkPublisher",
+    "WatermarkReader",
+    "admin_client",
+    "alarm_topic",
+    "client_settings",
+    "consumer",
+    "create_topics",
+    "create_wake_topics",
+    "create_watermark_topic",
+    "delete_topics",
+    "delete_wake_topics",
+    "end_offsets",
+    "java_client_settings",
+    "producer",
+    "refusal",
+    "stream_topic",
+    "wake_topic",
+]

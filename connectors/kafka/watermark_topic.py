@@ -1,0 +1,254 @@
+"""The watermark topic: publishing reports and expected sets, and reading them back.
+
+Low-watermark reports (:mod:`millstream.engine.watermarks`) travel on one compacted topic,
+``config.kafka_watermark_topic`` (default ``millstream.watermarks``), keyed by source name,
+so Kafka keeps each source's latest report.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from millstream.connectors.kafka.clients import consumer, producer
+from millstream.connectors.kafka.topics import (
+    create_wake_topics,
+    create_watermark_topic,
+    end_offsets,
+    stream_topic,
+    wake_topic,
+)
+from millstream.engine.config import MillstreamConfig
+from millstream.engine.errors import WatermarkReportError
+from millstream.engine.watermarks import (
+    ExpectedSet,
+    Offsets,
+    WatermarkMessage,
+    WatermarkReport,
+    decode_watermark_message,
+)
+
+__all__ = ["KafkaWatermarkChannel", "WatermarkPublisher", "WatermarkReader"]
+
+_log = logging.getLogger(__name__)
+
+
+class WatermarkPublisher:
+    """Publishes :class:`~millstream.engine.watermarks.WatermarkReport` s, keyed by source.
+
+    For an injector or any producer of a stream: after writing records, call
+    :meth:`report_streams` with the watermark those writes reached; it covers them with the
+    streams' current end offsets, so no consumer applies it before reading them.
+    """
+
+    def __init__(self, config: MillstreamConfig) -> None:
+        self.config = config
+        self.topic = config.kafka_watermark_topic
+        # Before the first write, which would otherwise auto-create it uncompacted.
+        create_watermark_topic(config)
+        self._producer = producer(config)
+        self._wake_topics: set[str] = set()  # known to exist
+        self._errors: list[KafkaError] = []
+
+    def publish(self, report: WatermarkReport, timeout: float = 30.0) -> None:
+        """Write one report, wait for Kafka to acknowledge it, then wake the consumers of the
+        streams it names (after: a woken batch must find the report)."""
+        self._write(self.topic, report.source, report.encode(), timeout)
+        if report.streams:
+            self.wake([wake_topic(self.config, s) for s in report.streams], report.source, timeout)
+
+    def wake(self, topics: Sequence[str], source: str, timeout: float = 30.0) -> None:
+        """Write an empty message to each wake or alarm topic (created if missing)."""
+        missing = [t for t in topics if t not in self._wake_topics]
+        if missing:
+            create_wake_topics(self.config, missing)
+            self._wake_topics.update(missing)
+        for topic in topics:
+            self._write(topic, source, b"", timeout, flush=False)
+        self._flush(source, timeout)
+
+    def report_streams(
+        self,
+        reader: Consumer,
+        source: str,
+        streams: Sequence[str],
+        watermark: int,
+        sequence: int,
+        timeout: float = 30.0,
+        *,
+        records: int | None = None,
+    ) -> WatermarkReport:
+        """Report that ``source`` writes nothing older than ``watermark`` to ``streams`` any
+        more; ``sequence`` must grow with every report of the source (e.g. wall-clock µs).
+        ``records``: how many records it wrote, its weight in percentile watermarks."""
+        offsets = end_offsets(reader, [stream_topic(s) for s in streams], timeout)
+        report = WatermarkReport(
+            source, tuple(streams), watermark, sequence, offsets, records=records
+        )
+        self.publish(report, timeout)
+        return report
+
+    def retire(self, source: str, timeout: float = 30.0) -> None:
+        """Forget a source for good (a tombstone): it no longer holds any watermark."""
+        self._write(self.topic, source, None, timeout)
+
+    def declare(self, expected: ExpectedSet, timeout: float = 30.0) -> None:
+        """Publish an injector's expected set (then wake its streams' consumers)."""
+        self._write(self.topic, expected.key, expected.encode(), timeout)
+        if expected.streams:
+            self.wake([wake_topic(self.config, s) for s in expected.streams], expected.key, timeout)
+
+    def close(self, timeout: float = 30.0) -> None:
+        self._producer.flush(timeout)
+
+    def _write(
+        self, topic: str, source: str, value: bytes | None, timeout: float, flush: bool = True
+    ) -> None:
+        def delivered(error: KafkaError | None, _message: Message) -> None:
+            if error is not None:
+                self._errors.append(error)
+
+        self._producer.produce(topic, key=source.encode(), value=value, on_delivery=delivered)
+        if flush:
+            self._flush(source, timeout)
+
+    def _flush(self, source: str, timeout: float) -> None:
+        unflushed = self._producer.flush(timeout)  # runs the delivery callbacks
+        errors, self._errors = self._errors, []
+        if unflushed or errors:
+            raise KafkaException(
+                errors[0] if errors else KafkaError(KafkaError._MSG_TIMED_OUT),
+                f"watermark report or wake-up of {source!r} was not acknowledged by Kafka "
+                f"within {timeout} s; is Kafka up?",
+            )
+
+
+class WatermarkReader:
+    """Reads the watermark topic from its beginning, a call at a time up to its current end.
+
+    :meth:`read` returns ``(source, report)`` pairs in topic order; ``report`` is ``None`` for
+    a retired source. Messages that are not reports are logged and counted in ``skipped``
+    (one bad producer must not stop every consumer's watermark).
+    """
+
+    def __init__(self, config: MillstreamConfig) -> None:
+        self.topic = config.kafka_watermark_topic
+        self._config = config
+        self._consumer = self._new_consumer()
+        self._next: dict[int, int] = {}
+        self._assigned = False
+        self.skipped = 0
+
+    def read(self, timeout: float = 30.0) -> list[tuple[str, WatermarkMessage | None]]:
+        """The messages after those read before, up to the topic's end now.
+
+        A read that fails (Kafka down, a timeout) returns nothing and moves nothing: the next
+        read starts where this one did, so no report is ever skipped.
+        """
+        ends = end_offsets(self._consumer, [self.topic], timeout)[self.topic]
+        if not self._assigned or ends.keys() - self._next.keys():
+            # Assigned once (again only if partitions are added, or after a failed read):
+            # re-assigning resets the fetcher, which then takes a second or more to deliver.
+            for partition in ends:
+                self._next.setdefault(partition, 0)
+            self._consumer.assign(
+                [TopicPartition(self.topic, p, self._next[p]) for p in sorted(ends)]
+            )
+            self._assigned = True
+        position = dict(self._next)
+        wanted = {p: end for p, end in ends.items() if position[p] < end}
+        found: list[tuple[str, WatermarkMessage | None]] = []
+        deadline = time.monotonic() + timeout
+        try:
+            while any(position[p] < end for p, end in wanted.items()):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"could not read {self.topic!r} up to its end within {timeout} s"
+                    )
+                message = self._consumer.poll(0.1)
+                if message is None:
+                    # Compaction leaves gaps in the offsets; the fetch position skips them.
+                    for fetched in self._consumer.position(
+                        [TopicPartition(self.topic, p) for p in wanted]
+                    ):
+                        if fetched.offset >= 0:
+                            position[fetched.partition] = max(
+                                position[fetched.partition], fetched.offset
+                            )
+                    continue
+                if message.error() is not None:
+                    raise KafkaException(message.error())
+                at, offset = message.partition(), message.offset()
+                # Both are set on a consumed message.
+                assert at is not None
+                assert offset is not None
+                position[at] = offset + 1
+                found.extend(self._parse(message))
+        except BaseException:
+            self._assigned = False  # the consumer's position is past ours: seek back
+            raise
+        self._next = position
+        return found
+
+    def _new_consumer(self) -> Consumer:
+        # Fetches return at once: a driver reads before every batch and must not wait.
+        return consumer(self._config, "millstream-watermarks", **{"fetch.wait.max.ms": 10})
+
+    def reconnect(self) -> None:
+        """Replace the Kafka consumer (after an outage left it failing); the next read goes
+        on from the last message a read returned."""
+        old, self._consumer = self._consumer, self._new_consumer()
+        self._assigned = False
+        old.close()
+
+    def _parse(self, message: Message) -> list[tuple[str, WatermarkMessage | None]]:
+        source = (message.key() or b"").decode(errors="replace")
+        value = message.value()
+        if value is None:
+            return [(source, None)]
+        try:
+            decoded = decode_watermark_message(value)
+        except WatermarkReportError as exc:
+            self.skipped += 1
+            _log.warning("skipping %s@%d: %s", self.topic, message.offset(), exc)
+            return []
+        if isinstance(decoded, ExpectedSet):
+            return [(decoded.key, decoded)]
+        return [(decoded.source, decoded)]
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+class KafkaWatermarkChannel:
+    """The watermark topic as an injector process uses it (``injectors.process``'s
+    ``WatermarkChannel``): publish and read reports and expected sets, and the end offsets a
+    report covers."""
+
+    def __init__(self, config: MillstreamConfig) -> None:
+        self.publisher = WatermarkPublisher(config)
+        self.reader = WatermarkReader(config)
+        self._offsets = consumer(config, "millstream-injector-offsets")
+
+    def publish(self, report: WatermarkReport) -> None:
+        self.publisher.publish(report)
+
+    def declare(self, expected: ExpectedSet) -> None:
+        self.publisher.declare(expected)
+
+    def retire(self, source: str) -> None:
+        self.publisher.retire(source)
+
+    def end_offsets(self, streams: Sequence[str]) -> Offsets:
+        return end_offsets(self._offsets, [stream_topic(s) for s in streams])
+
+    def read(self) -> list[tuple[str, WatermarkMessage | None]]:
+        return self.reader.read()
+
+    def close(self) -> None:
+        self._offsets.close()
+        self.reader.close()
+        self.publisher.close()
