@@ -44,7 +44,7 @@ import heapq
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
 from sortedcontainers import SortedList
 
@@ -65,6 +65,7 @@ __all__ = [
     "IntervalProgress",
     "Offsets",
     "ReportReader",
+    "SourceState",
     "SourceStatus",
     "WatermarkMessage",
     "WatermarkReport",
@@ -1015,13 +1016,21 @@ class ComputationWatermarks:
         )
 
 
+SourceState = Literal["reporting", "complete", "no report yet"]
+"""Where a source stands (:class:`SourceStatus`): it reported a time; it reported
+``MAX_EVENT_TIME``, the end of time (its input ended: it will write nothing more); or it has
+reported no time yet (an expected injector process that is silent, or a report still at
+``MIN_EVENT_TIME``, such as an injector's first or a computation's whose inputs have none)."""
+
+
 @dataclass(frozen=True, slots=True)
 class SourceStatus:
     """One source as the watermark topic shows it (``millstream watermarks``).
 
-    ``watermark`` is ``None`` for an expected injector process that never reported (it holds
-    its injector's streams at the beginning of time); ``lag`` is wall time minus the
-    watermark (µs).
+    ``watermark`` is the time the source reported, ``None`` while it has reported none
+    (``state`` "no report yet": it holds its streams at the beginning of time); ``lag`` is wall
+    time minus the watermark (µs), never below 0 (a watermark ahead of the clock has no lag),
+    and ``None`` unless ``state`` is "reporting": a complete source lags behind nothing.
     """
 
     source: str
@@ -1033,6 +1042,7 @@ class SourceStatus:
     percentiles: Mapping[float, int] = field(default_factory=dict)
     timer_watermark: int | None = None
     hot: tuple[tuple[int, int], ...] = ()
+    state: SourceState = "reporting"
 
 
 def watermark_overview(
@@ -1051,26 +1061,43 @@ def watermark_overview(
         elif message.sequence >= getattr(reports.get(message.source), "sequence", -1):
             reports[message.source] = message
     retired = {s for declared in expected.values() for s in declared.retired_sources}
-    rows = [
-        SourceStatus(
-            source,
-            report.watermark,
-            now - report.watermark,
-            report.held_by or "reported",
-            report.streams,
-            report.input_watermark,
-            report.percentiles,
-            report.timer_watermark,
-            report.hot,
+    rows = []
+    for source, report in reports.items():
+        if source in retired:
+            continue
+        state = _source_state(report.watermark)
+        rows.append(
+            SourceStatus(
+                source,
+                None if state == "no report yet" else report.watermark,
+                max(0, now - report.watermark) if state == "reporting" else None,
+                report.held_by or "reported",
+                report.streams,
+                report.input_watermark,
+                report.percentiles,
+                report.timer_watermark,
+                report.hot,
+                state,
+            )
         )
-        for source, report in reports.items()
-        if source not in retired
-    ]
     for declared in expected.values():
         for source in sorted(declared.sources - reports.keys()):
             rows.append(
                 SourceStatus(
-                    source, None, None, "expected, never reported: holds", declared.streams
+                    source,
+                    None,
+                    None,
+                    "expected, never reported: holds",
+                    declared.streams,
+                    state="no report yet",
                 )
             )
     return sorted(rows, key=lambda row: (row.watermark is not None, row.watermark or 0, row.source))
+
+
+def _source_state(watermark: int) -> SourceState:
+    if watermark >= MAX_EVENT_TIME:
+        return "complete"
+    if watermark <= MIN_EVENT_TIME:
+        return "no report yet"
+    return "reporting"

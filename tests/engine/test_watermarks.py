@@ -808,11 +808,33 @@ def test_the_overview_lists_latest_reports_and_silent_expected_processes() -> No
         (CLICKS_SET.key, ExpectedSet("clicks", ("clicks",), ("0", "1"), ("2",))),
     ]
     rows = watermark_overview(messages, now=1_000)
-    assert [(r.source, r.watermark, r.lag, r.held_by) for r in rows] == [
-        (CLICKS_1, None, None, "expected, never reported: holds"),
-        (CLICKS, 300, 700, "reported"),
-        (UPSTREAM, 500, 500, "interval 2"),
+    assert [(r.source, r.state, r.watermark, r.lag, r.held_by) for r in rows] == [
+        (CLICKS_1, "no report yet", None, None, "expected, never reported: holds"),
+        (CLICKS, "reporting", 300, 700, "reported"),
+        (UPSTREAM, "reporting", 500, 500, "interval 2"),
     ]
+
+
+def test_the_overview_shows_an_ended_input_as_complete_without_lag() -> None:
+    ended = report(UPSTREAM, MAX_EVENT_TIME, streams=("sessions",), held_by="input")
+    (row,) = watermark_overview([(UPSTREAM, ended)], now=1_800_000_000_000_000)
+    assert (row.state, row.watermark, row.lag) == ("complete", MAX_EVENT_TIME, None)
+
+
+def test_the_overview_shows_a_source_at_the_beginning_of_time_as_no_report_yet() -> None:
+    # An injector's first report, and a computation's whose input has reported nothing yet.
+    first = report(CLICKS, MIN_EVENT_TIME)
+    waiting = report(UPSTREAM, MIN_EVENT_TIME, streams=("sessions",), held_by="input")
+    rows = watermark_overview([(CLICKS, first), (UPSTREAM, waiting)], now=1_800_000_000_000_000)
+    assert [(r.source, r.state, r.watermark, r.lag, r.held_by) for r in rows] == [
+        (UPSTREAM, "no report yet", None, None, "input"),
+        (CLICKS, "no report yet", None, None, "reported"),
+    ]
+
+
+def test_a_watermark_ahead_of_the_wall_clock_has_no_lag() -> None:
+    (row,) = watermark_overview([(CLICKS, report(CLICKS, 2_000))], now=1_000)
+    assert (row.state, row.watermark, row.lag) == ("reporting", 2_000, 0)
 
 
 # -- percentile watermarks (paper 7.2) ----------------------------------------------------
