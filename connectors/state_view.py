@@ -254,12 +254,12 @@ def show_state(
     errors: TextIO | None = None,
 ) -> int:
     """Print the key's view to ``out`` (:func:`view_text`, or :func:`view_document` as one
-    line of JSON); returns the exit code: 0, or 1 if the key has neither state nor timers
-    (then only a message goes to ``errors``).
+    line of JSON); returns the exit code: 0, or 1 if the key has neither state nor timers,
+    also because the computation has nothing in the table (then only a message saying where
+    it looked goes to ``errors``).
 
     Raises :class:`~millstream.engine.errors.MillstreamError` if Cassandra cannot be reached,
-    the keyspace or table does not exist, ``intervals`` is out of range, or (without
-    ``intervals``) the computation has no interval in the table.
+    the keyspace or table does not exist, or ``intervals`` is out of range.
     """
     out = sys.stdout if out is None else out
     errors = sys.stderr if errors is None else errors
@@ -275,7 +275,7 @@ def show_state(
     try:
         _check_table(session, keyspace, table)
         store = CassandraIntervalStore(session, keyspace, SystemClock(), table=table)
-        view, where = _find(store, computation, key, intervals, f"{keyspace}.{table}")
+        view, where = _find(store, computation, key, intervals)
     finally:
         cluster.shutdown()
     if view is None:
@@ -294,7 +294,7 @@ def show_state(
 
 
 def _find(
-    store: CassandraIntervalStore, computation: str, key: str, intervals: int | None, name: str
+    store: CassandraIntervalStore, computation: str, key: str, intervals: int | None
 ) -> tuple[KeyView | None, str]:
     """The key's view (``None`` if it has nothing stored) and where it was looked for.
 
@@ -325,9 +325,9 @@ def _find(
     candidates = known.get(computation)
     if not candidates:
         names = ", ".join(sorted(known)) or "none"
-        raise MillstreamError(
-            f"computation {computation!r} has no interval in {name} (computations there: "
-            f"{names}); check the name and --keyspace"
+        return None, (
+            f"the computation has no interval there (computations there: {names}); check the "
+            "name and --keyspace"
         )
     holding = [
         interval

@@ -4,24 +4,30 @@ that Kafka never acknowledged)."""
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import pytest
 
 from millstream import cli
+from millstream.connectors import cassandra as cassandra_connector
+from millstream.connectors import state_view
 from millstream.connectors.state_view import (
     KeyView,
     decode_state,
     key_intervals_of,
     read_view,
+    show_state,
     view_document,
     view_text,
 )
 from millstream.engine.clock import ManualClock, SystemClock
 from millstream.engine.codecs import AvroCodec, IntCodec, JsonCodec
 from millstream.engine.computation import Computation
+from millstream.engine.config import MillstreamConfig
 from millstream.engine.context import Context
 from millstream.engine.deadletters import (
     DeadLetter,
@@ -217,6 +223,43 @@ def test_key_intervals_come_from_the_topology() -> None:
 # -- the command on the real store ------------------------------------------------------------
 
 
+@pytest.mark.unit
+def test_a_computation_with_nothing_stored_is_nothing_found(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class Cluster:
+        metadata = SimpleNamespace(keyspaces={"ks": SimpleNamespace(tables={"intervals": {}})})
+
+        def shutdown(self) -> None:
+            pass
+
+    class Store:
+        """The table holds intervals of one computation, ``windows``."""
+
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        def read_layout(self, computation: str) -> None:
+            return None
+
+        def intervals(self) -> dict[str, list[int]]:
+            return {"windows": [0, 1]}
+
+    cluster = Cluster()
+    session = SimpleNamespace(cluster=cluster)
+    monkeypatch.setattr(cassandra_connector, "connect", lambda config: (cluster, session))
+    monkeypatch.setattr(state_view, "CassandraIntervalStore", Store)
+    out, errors = io.StringIO(), io.StringIO()
+    found = show_state(MillstreamConfig(), "nope", "alice", keyspace="ks", out=out, errors=errors)
+    assert found == 1
+    assert out.getvalue() == ""
+    assert errors.getvalue() == (
+        "key 'alice' of computation 'nope' has no state and no timers in ks.intervals: the "
+        "computation has no interval there (computations there: windows); check the name and "
+        "--keyspace\n"
+    )
+
+
 @pytest.mark.integration
 def test_state_command_shows_what_the_protocol_committed_to_cassandra(
     cassandra: Session,
@@ -278,10 +321,11 @@ def test_state_command_shows_what_the_protocol_committed_to_cassandra(
     nobody = key_interval("nobody", INTERVALS)
     assert cli.main([*command[:2], "nobody", *command[3:], "--intervals", "4"]) == 1
     assert f"looked in its interval {nobody} of 4" in capsys.readouterr().err
-    assert cli.main(["state", "nope", "alice", "--keyspace", keyspace]) == 2
+    assert cli.main(["state", "nope", "alice", "--keyspace", keyspace]) == 1
     assert capsys.readouterr().err == (
-        f"millstream state: error: computation 'nope' has no interval in {keyspace}.intervals "
-        "(computations there: windows); check the name and --keyspace\n"
+        f"key 'alice' of computation 'nope' has no state and no timers in {keyspace}.intervals: "
+        "the computation has no interval there (computations there: windows); check the name "
+        "and --keyspace\n"
     )
     empty = cassandra_keyspace()
     assert cli.main(["state", "windows", "alice", "--keyspace", empty]) == 2
