@@ -29,7 +29,7 @@ from millstream.engine.clock import SystemClock
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.records import decode_record, encode_record
 from millstream.engine.stores.cassandra import CassandraIntervalStore
-from tests.cli.test_cli import submit_run
+from tests.cli.test_run import submit_run
 from tests.spark import speculation_app
 from tests.spark.test_runner import JSON, events, produce, read_topic
 

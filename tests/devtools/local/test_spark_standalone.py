@@ -1,6 +1,6 @@
 """The local Spark standalone cluster: a failed start shows why and leaves nothing running.
 
-Its working start, use and stop are exercised by ``tests/cli/test_cli.py``.
+Its working start, use and stop are exercised by ``tests/cli/test_run.py``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""`millstream run` launched by spark-submit on a Spark standalone cluster.
+"""``millstream run``: its arguments without services, then the command launched by
+spark-submit on a Spark standalone cluster.
 
 The cluster is a Master and a Worker started from pyspark's own jars
 (:mod:`millstream.devtools.local.spark_standalone`); the pipeline is
@@ -10,10 +11,8 @@ addresses reached both the driver and the executors, which the Worker runs as it
 
 from __future__ import annotations
 
+import argparse
 import contextlib
-import hashlib
-import io
-import json
 import os
 import signal
 import socket
@@ -29,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from millstream import cli
+from millstream.cli import run as run_command
 from millstream.connectors import kafka as kafka_connector
 from millstream.devtools.local.spark_standalone import StandaloneSparkCluster
 from millstream.engine.config import MillstreamConfig
@@ -45,8 +45,6 @@ from tests.spark.test_runner import (
 if TYPE_CHECKING:
     from cassandra.cluster import Session
 
-pytestmark = pytest.mark.integration
-
 LOOPBACK = "127.0.0.1"
 SUBMIT_TIMEOUT = 240.0
 
@@ -62,6 +60,24 @@ def spark_cluster(tmp_path: Path) -> Iterator[StandaloneSparkCluster]:
     assert cluster.processes() == {}
 
 
+@pytest.mark.unit
+def test_the_checkpoint_root_is_taken_from_where_the_command_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[argparse.Namespace] = []
+
+    def run(args: argparse.Namespace) -> int:
+        seen.append(args)
+        return 0
+
+    monkeypatch.setattr(run_command, "run", run)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["run", "jobs:topology", "--checkpoint-root", "state/ckpt"]) == 0
+    assert seen[0].checkpoint_root == tmp_path / "state" / "ckpt"
+    assert seen[0].checkpoint_root.is_absolute()
+
+
+@pytest.mark.integration
 def test_run_through_spark_submit_uses_the_cluster_and_the_configured_addresses(
     services: MillstreamConfig,
     cassandra: Session,
@@ -331,113 +347,3 @@ def _ancestry(pid: int) -> list[int]:
             break  # it exited
         pid = int(stat.rsplit(")", 1)[1].split()[1])
     return chain
-
-
-# -- millstream produce and millstream tail ------------------------------------------------------
-
-
-def test_produce_then_tail_through_the_command(
-    services: MillstreamConfig,
-    kafka_topic: Callable[..., str],
-    unique: Callable[[str], str],
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    stream = kafka_topic(partitions=1)
-    lines = [
-        b'{"key": "u1", "value": {"q": "kafka"}, "timestamp": 1700000000000000, "id": "a"}',
-        b'{"key": "u2", "value": "caf\xe9"}',  # Latin-1, not UTF-8: this line alone is refused
-        b'{"key": "u2", "value": "caf\xc3\xa9", "timestamp": 1700000001000000}',
-    ]
-    stdin = io.TextIOWrapper(io.BytesIO(b"\n".join(lines) + b"\n"), encoding="utf-8")
-    monkeypatch.setattr(sys, "stdin", stdin)
-    assert cli.main(["produce", stream, "--source", "cli-test"]) == 1
-    errors = capsys.readouterr().err.splitlines()
-    assert errors[0].startswith("line 2 rejected: not UTF-8: ")
-    assert errors[1] == (
-        f"millstream produce: 2 records sent to stream {stream!r}, 1 line rejected; event times "
-        "1700000000000000 (2023-11-14T22:13:20.000000Z) to 1700000001000000 "
-        "(2023-11-14T22:13:21.000000Z)"
-    )
-
-    assert cli.main(["tail", stream, "--from-beginning", "--value", "json"]) == 0
-    shown = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [(e["offset"], e["key"], e["value"], e["time"]) for e in shown] == [
-        (0, "u1", {"q": "kafka"}, "2023-11-14T22:13:20.000000Z"),
-        (1, "u2", "café", "2023-11-14T22:13:21.000000Z"),
-    ]
-    assert shown[0]["record_id"] == (
-        hashlib.blake2b(b"produce/cli-test/a", digest_size=16).hexdigest()
-    )
-
-    # The same input again (all lines good this time): the records are there twice, each ID once.
-    monkeypatch.setattr(sys, "stdin", io.StringIO(lines[0].decode() + "\n"))
-    assert cli.main(["produce", stream, "--source", "cli-test"]) == 0
-    capsys.readouterr()
-    assert cli.main(["tail", stream, "--from-beginning", "--dedup"]) == 0
-    assert len(capsys.readouterr().out.splitlines()) == 2
-    assert cli.main(["tail", stream, "--from-beginning", "--max", "3"]) == 0
-    assert len(capsys.readouterr().out.splitlines()) == 3
-
-    missing = unique("missing")
-    assert cli.main(["tail", missing]) == 2
-    assert capsys.readouterr().err == (
-        f"millstream tail: error: stream {missing!r} has no topic; nothing was produced to it yet\n"
-    )
-
-
-# -- millstream watermarks --------------------------------------------------------------------
-
-
-@pytest.mark.integration
-def test_watermarks_shows_each_source_and_the_silent_expected_processes(
-    services: MillstreamConfig,
-    unique: Callable[[str], str],
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    from millstream.engine.watermarks import ExpectedSet, WatermarkReport, injector_source
-
-    injector = unique("inj").replace("_", "-")
-    publisher = kafka_connector.WatermarkPublisher(services)
-    try:
-        publisher.declare(ExpectedSet(injector, (injector,), ("0", "1")))
-        publisher.publish(
-            WatermarkReport(injector_source(injector, "0"), (injector,), 1_700_000_000_000_000, 1)
-        )
-        assert cli.main(["watermarks", "--json"]) == 0
-        rows = {
-            row["source"]: row
-            for row in map(json.loads, capsys.readouterr().out.splitlines())
-            if row["source"].startswith(f"injector/{injector}/")
-        }
-        assert rows[injector_source(injector, "0")]["watermark"] == 1_700_000_000_000_000
-        assert rows[injector_source(injector, "0")]["lag"] > 0
-        assert rows[injector_source(injector, "1")]["watermark"] is None
-        assert cli.main(["watermarks"]) == 0
-        assert f"{injector_source(injector, '1')}: never reported" in capsys.readouterr().out
-
-        # A computation's report: its percentile watermark, its timers' and its hot intervals.
-        computation = f"computation/{injector}/count"
-        publisher.publish(
-            WatermarkReport(
-                computation,
-                ("counts",),
-                1_700_000_000_000_000,
-                1,
-                percentiles={99.0: 1_700_000_060_000_000},
-                timer_watermark=1_700_000_030_000_000,
-                hot=((3, 1_200), (0, 40)),
-            )
-        )
-        assert cli.main(["watermarks"]) == 0
-        line = next(
-            row for row in capsys.readouterr().out.splitlines() if row.startswith(computation)
-        )
-        assert "p99: 2023-11-14T22:14:20" in line
-        assert "timers at: 2023-11-14T22:13:50" in line
-        assert "hot: interval 3 (1,200 records), interval 0 (40 records)" in line
-    finally:
-        publisher.retire(f"computation/{injector}/count")
-        publisher.retire(injector_source(injector, "0"))
-        publisher.retire(f"injector/{injector}")
-        publisher.close()

@@ -1,0 +1,132 @@
+"""``millstream run MODULE:TOPOLOGY``: run a topology on Spark Structured Streaming.
+
+``MODULE`` is imported from the working directory (it comes first on ``sys.path``, as for
+``python -m``) or from ``PYTHONPATH``; ``TOPOLOGY`` is a ``Topology`` or a zero-argument
+callable returning one (:func:`millstream.spark.runner.load_topology`). The module's code
+travels to the executors with each task, so they need only millstream installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from millstream.cli.arguments import add_command, path_here, positive
+
+__all__ = ["register", "run"]
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = add_command(
+        commands,
+        "run",
+        summary="run a topology on Spark Structured Streaming",
+        description="Run a topology on Spark Structured Streaming: one query per computation, "
+        "state in Cassandra, checkpoints on disk. MODULE is imported from the working "
+        "directory or PYTHONPATH; TOPOLOGY names a Topology in it, or a function that "
+        "returns one. Without --available-now it runs until stopped (Ctrl-C).",
+    )
+    parser.add_argument(
+        "target",
+        metavar="MODULE:TOPOLOGY",
+        help="the module to import and the Topology in it (or a function returning one)",
+    )
+    parser.add_argument(
+        "--keyspace",
+        default="millstream",
+        metavar="NAME",
+        help="Cassandra keyspace of the state (default: millstream)",
+    )
+    parser.add_argument(
+        "--checkpoint-root",
+        type=path_here,
+        default=None,
+        metavar="DIR",
+        help="where the queries keep their checkpoints (default: <home>/checkpoints)",
+    )
+    when = parser.add_mutually_exclusive_group()
+    when.add_argument(
+        "--available-now", action="store_true", help="process what the topics hold, then exit"
+    )
+    when.add_argument(
+        "--processing-time",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="seconds between micro-batches (default: 1)",
+    )
+    parser.add_argument(
+        "--partitions",
+        type=positive,
+        default=2,
+        metavar="N",
+        help="partitions of the topics it creates (default: 2)",
+    )
+    parser.add_argument(
+        "--max-offsets-per-trigger",
+        type=int,
+        default=None,
+        metavar="N",
+        help="at most N records per micro-batch of each query (default: no limit)",
+    )
+    parser.add_argument(
+        "--no-create-keyspace",
+        action="store_true",
+        help="the keyspace exists (by default a development keyspace is created if missing)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        default="0",
+        metavar="[ADDRESS:]PORT",
+        help="serve Prometheus metrics at http://ADDRESS:PORT/metrics (ADDRESS defaults to "
+        "127.0.0.1; 0, the default: off)",
+    )
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    # The driver's py4j chatter is not what an operator needs to read.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    from millstream.connectors.prometheus import listen_address
+    from millstream.engine.config import load_config
+    from millstream.spark.runner import AvailableNow, ProcessingTime, load_topology, run_topology
+
+    config = load_config()
+    metrics_address, metrics_port = listen_address(args.metrics_port)
+    topology, module = load_topology(args.target)
+    # Executors import millstream but not the user's module: ship its code with each task.
+    from pyspark import cloudpickle
+
+    cloudpickle.register_pickle_by_value(module)  # type: ignore[no-untyped-call]
+    trigger = AvailableNow() if args.available_now else ProcessingTime(args.processing_time)
+    running = run_topology(
+        topology,
+        config,
+        trigger=trigger,
+        keyspace=args.keyspace,
+        checkpoint_root=args.checkpoint_root,
+        partitions=args.partitions,
+        max_offsets_per_trigger=args.max_offsets_per_trigger,
+        create_keyspace=not args.no_create_keyspace,
+        metrics_port=metrics_port,
+        metrics_address=metrics_address,
+    )
+    try:
+        if args.available_now:
+            rounds = running.process_available()
+            print(f"millstream run: processed everything available in {rounds} round(s)")
+        else:
+            running.await_termination()
+    finally:
+        running.stop()
+    for name, metrics in sorted(running.metrics().items()):
+        print(
+            f"  {name}: {metrics.inputs} inputs, {metrics.processed} processed, "
+            f"{metrics.duplicates} duplicates, {metrics.dead_letters} dead letters, "
+            f"cache hit rate {metrics.cache_hit_rate:.0%}"
+        )
+    return 0

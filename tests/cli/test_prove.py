@@ -1,0 +1,44 @@
+"""``millstream prove``: its arguments, without services (the proving ground itself runs in
+``tests/devtools/test_proving.py``)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from millstream import cli
+from millstream.cli import prove as prove_command
+
+pytestmark = pytest.mark.unit
+
+
+def test_the_report_file_is_taken_from_where_the_command_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[argparse.Namespace] = []
+
+    def run(args: argparse.Namespace) -> int:
+        seen.append(args)
+        return 0
+
+    monkeypatch.setattr(prove_command, "run", run)
+    (tmp_path / "reports").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["prove", "--json", "reports/soak.json"]) == 0
+    assert seen[0].json == tmp_path / "reports" / "soak.json"
+
+
+def test_a_report_file_in_a_missing_directory_is_refused_before_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(prove_command, "run", lambda args: pytest.fail("the run started"))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["prove", "--json", "reports/soak.json"])
+    assert refused.value.code == 2
+    assert (
+        f"argument --json: directory {str(tmp_path / 'reports')!r} does not exist"
+        in capsys.readouterr().err
+    )
