@@ -1,6 +1,7 @@
-"""``scripts/main`` bootstraps in the repository but runs the job where it was called from,
-so the paths given to it are the caller's. Checked on a copy of the repository whose
-bootstrap, ``millstream`` and job are stand-ins that record what they saw."""
+"""``scripts/main`` bootstraps in the repository but starts the stack and runs the job where
+it was called from, so the paths given to it (and ./millstream.toml) are the caller's.
+Checked on a copy of the repository whose bootstrap, ``millstream`` and job are stand-ins
+that record what they saw."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ BOOTSTRAP = """\
 echo "$PWD" > bootstrapped-in
 mkdir -p .venv/bin
 ln -sf "{python}" .venv/bin/python
-printf '#!/bin/sh\\necho "$@" >> "{log}"\\n' > .venv/bin/millstream
+printf '#!/bin/sh\\necho "$PWD: $*" >> "{log}"\\n' > .venv/bin/millstream
 chmod +x .venv/bin/millstream
 export PATH="$PWD/.venv/bin:$PATH"
 """
@@ -76,4 +77,6 @@ def test_main_reads_a_relative_series_directory_from_where_it_is_called(tmp_path
     assert Path(seen["series"]).resolve() == (caller / "data" / "nab").resolve()
     assert seen["found"] == ["ibm.csv"]
     assert Path((repo / "bootstrapped-in").read_text().strip()).resolve() == repo.resolve()
-    assert log.read_text() == "up\n"
+    # The stack reads the same settings as the job: ./millstream.toml of the caller.
+    ran_in, _, command = log.read_text().partition(": ")
+    assert (Path(ran_in).resolve(), command) == (caller.resolve(), "up\n")
