@@ -57,8 +57,8 @@ def guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.
     module docstring, each said in one line on stderr that starts with ``millstream COMMAND:``.
 
     A :class:`MillstreamError` says what was wrong and what to do; a Kafka or Cassandra client
-    error or a timeout means the service did not answer, and the line says where it was looked
-    for; anything else is a bug, shown with its traceback. All exit 2; Ctrl-C exits 130.
+    error, or a timeout, is said with where the service was looked for and how to check it;
+    anything else is a bug, shown with its traceback. All exit 2; Ctrl-C exits 130.
     """
 
     @functools.wraps(handler)
@@ -104,14 +104,14 @@ def _unreachable(exc: Exception) -> str | None:
         )
         variable = "MILLSTREAM_CASSANDRA_HOSTS"
     elif isinstance(exc, (TimeoutError, ConnectionError)):
-        where = "a service"
+        where = "Kafka or Cassandra"
         variable = "MILLSTREAM_KAFKA_BOOTSTRAP, MILLSTREAM_CASSANDRA_HOSTS"
     else:
         return None
     said = " ".join(str(exc).split()) or type(exc).__name__
     return (
-        f"{where} did not answer ({said}); is it up? `millstream status` shows the local "
-        f"stack and `millstream up` starts it; or set {variable} to where it runs"
+        f"{where}: {said}; if it is down, `millstream status` shows the local stack and "
+        f"`millstream up` starts it; if it runs elsewhere, set {variable}"
     )
 
 

@@ -126,11 +126,11 @@ def _cassandra_error() -> Exception:
     [
         (
             _kafka_error(),
-            "Kafka at 127.0.0.9:9092 did not answer (KafkaError{code=_TRANSPORT,val=-195,"
-            'str="Connection refused"}); is it up?',
+            "Kafka at 127.0.0.9:9092: KafkaError{code=_TRANSPORT,val=-195,"
+            'str="Connection refused"}; if it is down,',
         ),
-        (_cassandra_error(), "Cassandra at 127.0.0.9 port 9042 did not answer (("),
-        (TimeoutError("no answer within 30 s"), "a service did not answer (no answer within 30"),
+        (_cassandra_error(), "Cassandra at 127.0.0.9 port 9042: ('Unable to connect"),
+        (TimeoutError("no answer within 30 s"), "Kafka or Cassandra: no answer within 30 s;"),
     ],
     ids=["kafka", "cassandra", "timeout"],
 )
@@ -146,7 +146,8 @@ def test_a_service_that_does_not_answer_is_a_one_line_error_saying_where(
     assert cli.guarded(_failing(error))(argparse.Namespace(command="tail")) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(f"millstream tail: error: {said}"), line
-    assert "`millstream status` shows the local stack" in line
+    assert "`millstream status` shows the local stack and `millstream up` starts it" in line
+    assert "if it runs elsewhere, set MILLSTREAM_" in line
 
 
 def test_an_unexpected_error_is_shown_with_its_traceback_and_exits_2(
