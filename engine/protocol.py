@@ -74,7 +74,7 @@ from millstream.engine.timers import (
 from millstream.engine.topology import ComputationSpec
 from millstream.engine.watermarks import IntervalProgress
 
-__all__ = ["BatchResult", "Delivery", "IntervalWorker", "Rejected"]
+__all__ = ["BatchResult", "Delivery", "IntervalWorker", "Rejected", "WorkerPool"]
 
 # After this many unknown outcomes in a row the batch fails; the store is too unhealthy to wait.
 _MAX_COMMIT_ATTEMPTS = 5
@@ -732,3 +732,63 @@ def _progress(soft: _SoftState, timers: NextTimers) -> IntervalProgress:
         next_wall_timer=timers.wall_time,
         pending=len(soft.pending),
     )
+
+
+class WorkerPool:
+    """The :class:`IntervalWorker` s of one process, made at first use and kept: a worker's
+    soft state is what saves its next batch on the interval a rescan (the sequencer tells
+    the worker whether it is still valid).
+
+    The workers share ``store``, ``sink``, ``clock``, and ``cache`` and ``user_code`` when
+    given (see :class:`IntervalWorker`). A worker is keyed by ``run`` (a runtime's token for
+    one declaration of the computation: a computation removed and declared again never
+    reuses the workers of the earlier one), the computation and the interval.
+    """
+
+    def __init__(
+        self,
+        store: IntervalStore,
+        sink: ProductionSink,
+        clock: Clock,
+        *,
+        cache: StateCache | None = None,
+        user_code: AbstractContextManager[Any] | None = None,
+    ) -> None:
+        self.store = store
+        self.sink = sink
+        self.clock = clock
+        self.cache = cache
+        self.user_code = user_code
+        self._workers: dict[tuple[str, str, int], IntervalWorker] = {}
+
+    def worker(
+        self,
+        spec: ComputationSpec,
+        interval: int,
+        layout: IntervalLayout | None = None,
+        *,
+        run: str = "",
+    ) -> tuple[IntervalWorker, bool]:
+        """The worker of ``spec``'s ``interval``, told the current ``layout`` (if given), and
+        whether it was made before (its soft state may be reused)."""
+        key = (run, spec.name, interval)
+        worker = self._workers.get(key)
+        if worker is None:
+            worker = IntervalWorker(
+                spec,
+                interval,
+                store=self.store,
+                sink=self.sink,
+                clock=self.clock,
+                cache=self.cache,
+                user_code=self.user_code,
+                layout=layout,
+            )
+            self._workers[key] = worker
+            return worker, False
+        if layout is not None:
+            worker.layout = layout  # its own range is the same; the others may have split
+        return worker, True
+
+    def __len__(self) -> int:
+        return len(self._workers)

@@ -17,11 +17,13 @@ Steps are records (or ``(stream, record)`` pairs for topologies), :class:`Waterm
 the injectors' low watermark, and :class:`AdvanceClock` to move wall time. Consecutive records
 form one batch; a watermark or clock step first runs everything up to then to completion,
 timers included, then moves time. Productions flow to the consumers of their stream (routed
-and keyed by :mod:`millstream.engine.routing`, as on Spark), and watermarks flow as on the real
-runtime: each computation keeps a :class:`~millstream.engine.watermarks.ComputationWatermarks`,
-reads the reports of its producers (and of the test's injector) from an in-memory watermark
-topic, applies one only once it has consumed the input the report covers, and reports its own,
-held by its oldest pending work (timers, unacknowledged productions), after every round.
+and keyed by :mod:`millstream.engine.routing`, as on Spark), and each round is a batch of every
+computation, run by the batch cycle the Spark runtime runs
+(:class:`~millstream.engine.driver.ComputationDriver`): a computation reads the reports of its
+producers (and of the test's injector) from an in-memory watermark topic, applies one only
+once it has consumed the input the report covers, runs its intervals with input or work due,
+splits and merges them (``ComputationOptions.rebalance``), and reports its own watermark, held
+by its oldest pending work (timers, unacknowledged productions), after every round.
 """
 
 from __future__ import annotations
@@ -35,10 +37,11 @@ from millstream.engine.authority import WatermarkAuthority
 from millstream.engine.clock import ManualClock
 from millstream.engine.computation import Computation
 from millstream.engine.deadletters import DeadLetter, Origin, decode_dead_letter
+from millstream.engine.driver import ComputationDriver, IntervalOutcome
 from millstream.engine.errors import TopologyError
+from millstream.engine.layout import IntervalLayout
 from millstream.engine.productions import Production
-from millstream.engine.protocol import Delivery, IntervalWorker, Rejected
-from millstream.engine.rebalance import begin, finish_change, plan
+from millstream.engine.protocol import Delivery, Rejected, WorkerPool
 from millstream.engine.records import (
     MAX_EVENT_TIME,
     MIN_EVENT_TIME,
@@ -50,7 +53,6 @@ from millstream.engine.stores.memory.store import InjectedCrash, MemoryIntervalS
 from millstream.engine.timers import Timer
 from millstream.engine.topology import (
     ComputationOptions,
-    ComputationSpec,
     KeyExtractor,
     Topology,
 )
@@ -216,18 +218,22 @@ class TopologyHarness:
         self.max_rounds = max_rounds
         self._specs = dict(topology.computations)
         self._queues: dict[str, list[Delivery | Rejected]] = {name: [] for name in self._specs}
-        self._workers: dict[tuple[str, int], IntervalWorker] = {}
+        self._workers = WorkerPool(self.store, self.sink, self.clock)
         self._reports = _ReportTopic()
-        for name in self._specs:
-            self._reports.reader(name)  # subscribed from the start: every report, in order
-        self._watermarks = {
-            name: ComputationWatermarks.of(topology, spec) for name, spec in self._specs.items()
-        }
-        # Each computation's key intervals (they split and merge with options.rebalance).
-        self.layouts = {
-            name: self.store.layout(name, spec.options.key_intervals)
+        # As on Spark: one driver per computation runs its batch cycle. Each reads the
+        # reports through the authority, subscribed from the start: every report, in order.
+        self._drivers = {
+            name: ComputationDriver(
+                spec,
+                ComputationWatermarks.of(topology, spec),
+                self._reports.reader(name),
+                layout_store=lambda: self.store,
+                clock=self.clock,
+            )
             for name, spec in self._specs.items()
         }
+        for driver in self._drivers.values():
+            driver.load_layout()
         # Messages written per stream, and consumed per computation and stream: the offsets
         # that reports cover and that decide when a consumer applies them.
         self._written: dict[str, int] = {}
@@ -287,76 +293,55 @@ class TopologyHarness:
                 run.productions.setdefault(production.stream, []).append(production.record)
         return run
 
+    @property
+    def layouts(self) -> dict[str, IntervalLayout]:
+        """Each computation's key intervals (they split and merge with options.rebalance)."""
+        layouts = {}
+        for name, driver in self._drivers.items():
+            assert driver.layout is not None  # read when the harness was made
+            layouts[name] = driver.layout
+        return layouts
+
     def _round(self) -> bool:
         busy = False
         for name, spec in self._specs.items():
-            watermarks = self._watermarks[name]
+            driver = self._drivers[name]
             inputs, self._queues[name] = self._queues[name], []
             counts = self._consumed[name]
             for item in inputs:
                 stream = item.origin.stream
                 assert stream is not None
                 counts[stream] = counts.get(stream, 0) + 1
-            consumed = _offsets(counts)
-            # As the Spark runtime does per batch: new reports, applied once the input caught
-            # up with them; records under the watermark before, timers under the one after.
-            watermarks.read(self._reports.reader(name))
-            watermark, timer_watermark = watermarks.advance(consumed)
-            layout = self.layouts[name]
-            by_interval = split_by_interval(spec, inputs, layout)
-            ticks = watermarks.intervals_to_run(timer_watermark, self.clock.now())
-            for interval in sorted(by_interval.keys() | set(ticks)):
-                worker = self._workers.get((name, interval))
-                if worker is None:
-                    worker = IntervalWorker(
-                        spec,
-                        interval,
-                        store=self.store,
-                        sink=self.sink,
-                        clock=self.clock,
-                        layout=layout,
+            # The batch cycle the Spark runtime runs (ComputationDriver), a round a batch.
+            plan = driver.begin(_offsets(counts), had_input=bool(inputs))
+            by_interval = split_by_interval(spec, inputs, plan.layout)
+            outcomes: list[IntervalOutcome] = []
+            try:
+                for interval in sorted(by_interval.keys() | set(plan.ticks)):
+                    worker, _ = self._workers.worker(spec, interval, plan.layout)
+                    sent_before = len(self.sink.sent)
+                    batch = by_interval.get(interval, [])
+                    result = worker.process(
+                        batch, plan.watermark, timer_watermark=plan.timer_watermark
                     )
-                    self._workers[name, interval] = worker
-                worker.layout = layout
-                sent_before = len(self.sink.sent)
-                batch = by_interval.get(interval, [])
-                result = worker.process(batch, watermark, timer_watermark=timer_watermark)
-                # As on Spark: a round without input says nothing of the load.
-                watermarks.record(interval, result.progress, records=len(batch) if inputs else None)
-                self._fired[name].extend(result.fired_timers)
-                self._produced[name].update(p.record_id for p in self.sink.sent[sent_before:])
-                busy = busy or bool(by_interval.get(interval)) or bool(result.fired_timers)
-            if inputs:
-                watermarks.intervals.idle_except(by_interval)
+                    outcomes.append(IntervalOutcome(interval, result.progress, records=len(batch)))
+                    self._fired[name].extend(result.fired_timers)
+                    self._produced[name].update(p.record_id for p in self.sink.sent[sent_before:])
+                    busy = busy or bool(by_interval.get(interval)) or bool(result.fired_timers)
+            except BaseException:
+                # An injected crash: the intervals before it committed; nothing runs it again.
+                driver.absorb(outcomes, complete=False)
+                raise
+            driver.absorb(outcomes)
             busy = self._route_sent() or busy
-            busy = self._rebalance(name, spec) or busy
-            report = watermarks.report(self._rounds, _offsets(self._written))
+            # The new intervals of a split or merge run once to say what they hold.
+            busy = driver.finish() is not None or busy
+            report = driver.report(self._rounds, _offsets(self._written))
             if report is not None:
                 self._reports.publish(report)
                 busy = True
         self._rounds += 1
         return busy
-
-    def _rebalance(self, name: str, spec: ComputationSpec) -> bool:
-        """As the driver does between batches: split or merge one interval by the loads
-        (records only: CPU seconds would make a test's layout differ from run to run)."""
-        policy = spec.options.rebalance
-        if policy is None:
-            return False
-        layout = self.layouts[name]
-        intervals = self._watermarks[name].intervals
-        if not intervals.measured:
-            return False  # as on Spark: one change per batch with input
-        begun = plan(layout, intervals.records(), policy)
-        if begun is None or begun.change is None:
-            return False
-        begin(self.store, name, layout, begun)
-        finished = finish_change(self.store, name, begun, dedup_ttl=spec.options.dedup_ttl)
-        self.layouts[name] = finished
-        intervals.replace(
-            begun.change.sources, [target[0] for target in begun.change.targets], carry_load=True
-        )
-        return True  # the new intervals run once to say what they hold
 
     def _route_sent(self) -> bool:
         new = self.sink.sent[self._routed :]

@@ -18,18 +18,16 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 from millstream.connectors import kafka as kafka_connector
 from millstream.engine.clock import Clock
+from millstream.engine.driver import BatchPlan, ComputationDriver, IntervalOutcome
 from millstream.engine.errors import FencedError, TopologyError
-from millstream.engine.layout import IntervalLayout
 from millstream.engine.outages import DEFAULT_OUTAGE_TIMEOUT, Outage, is_outage
 from millstream.engine.pause_points import pause_point
-from millstream.engine.rebalance import assign_slots, begin, finish_change, load_shares, plan
 from millstream.engine.store import IntervalStore
 from millstream.engine.topology import ComputationSpec
-from millstream.engine.watermarks import IntervalProgress
 from millstream.spark.driver_watermarks import DriverWatermarks
 from millstream.spark.executor import (
     ROUTED_SCHEMA,
@@ -39,7 +37,7 @@ from millstream.spark.executor import (
     router,
     tick_rows,
 )
-from millstream.spark.metrics import RESULT_SCHEMA, BatchMetrics, summarize
+from millstream.spark.metrics import RESULT_SCHEMA, BatchMetrics, ResultRow, summarize
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -65,6 +63,10 @@ class BatchHandler:
     of Kafka or Cassandra (:mod:`millstream.engine.outages`) is waited out, for up to
     ``outage_timeout`` seconds. ``layout_store`` gives the driver's own store (the runner's
     Cassandra session) for the layout: reading it, and splitting and merging intervals.
+
+    What happens between batches (watermarks, ticks, rebalancing) is the model's
+    :class:`~millstream.engine.driver.ComputationDriver`; the handler adds what is Spark's:
+    the offset log, running and retrying the job, fencing a zombie driver, publishing.
     """
 
     def __init__(
@@ -97,14 +99,54 @@ class BatchHandler:
         cores = spark.sparkContext.defaultParallelism
         rebalanced = spec.options.rebalance is not None
         self.tasks = max(1, cores if rebalanced else min(spec.options.key_intervals, cores))
+        # The computation's key intervals are read from the store at the first batch.
+        self.driver = ComputationDriver(
+            spec,
+            watermarks.state,
+            watermarks.reader,
+            layout_store=layout_store,
+            clock=clock,
+            tasks=self.tasks,
+        )
         self._slots = IntervalSlots(self.tasks)  # each interval's task
-        # The computation's key intervals, read from the store at the first batch.
-        self.layout: IntervalLayout | None = None
-        self._assignment: dict[int, int] | None = None
-        self.rebalances = 0
+        self._slots_of: Mapping[int, int] | None = None  # the driver's spread they follow
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
+        consumed, has_data = self._consumed(batch_id)
+        # Kafka or Cassandra down (a restart, a network cut) is waited out, not a failure:
+        # whatever a failed attempt committed is a duplicate for the next one.
+        outage = Outage(
+            f"computation {self.spec.name!r} batch {batch_id}",
+            self.outage_timeout,
+            reconnect=self.watermarks.reconnect,
+        )
+        plan = self.driver.begin(consumed, had_input=has_data, retry=outage.retry)
+        bookkeeping = time.monotonic() - started
+        rows, failures = self._attempt(batch, batch_id, plan, has_data, outage)
+        self.driver.absorb(
+            IntervalOutcome(
+                row.interval,
+                row.progress,
+                records=row.counts.inputs,
+                seconds=row.seconds,
+                cpu_seconds=row.cpu_seconds,
+            )
+            for row in rows
+        )
+        reporting = time.monotonic()
+        # Nor publish a report for a batch the other driver has run past: stale, and on the
+        # compacted topic it could outlive the newer report it follows.
+        fence_checkpoint(self.checkpoint, batch_id, self.spec.name)
+        self._finish(batch_id, outage)
+        bookkeeping += time.monotonic() - reporting
+        if not rows and not failures:
+            return  # nothing ran (only watermark reports came): no metrics
+        self._record_metrics(batch_id, rows, failures, plan, started, bookkeeping)
+
+    def _consumed(self, batch_id: int) -> tuple[dict[str, dict[int, int]], bool]:
+        """The batch's end offsets from the query's offset log, and whether it has input
+        (the first batch of a run, or one whose data topics moved)."""
         checkpoint = self.checkpoint
         consumed = batch_offsets(checkpoint, batch_id)
         if consumed is None:
@@ -116,30 +158,22 @@ class BatchHandler:
         has_data = previous is None or any(
             consumed.get(topic) != previous.get(topic) for topic in self.data_topics
         )
-        # Kafka or Cassandra down (a restart, a network cut) is waited out, not a failure:
-        # whatever a failed attempt committed is a duplicate for the next one.
-        outage = Outage(
-            f"computation {self.spec.name!r} batch {batch_id}",
-            self.outage_timeout,
-            reconnect=self.watermarks.reconnect,
-        )
-        state = self.watermarks.state
-        if self.layout is None:
-            self.layout = outage.retry(self._current_layout)
-        outage.retry(lambda: state.read(self.watermarks.reader))
-        watermark, timer_watermark = state.advance(consumed)
-        ticks = state.intervals_to_run(timer_watermark, self.clock.now())
-        bookkeeping = time.monotonic() - started
+        return consumed, has_data
+
+    def _attempt(
+        self, batch: DataFrame, batch_id: int, plan: BatchPlan, has_data: bool, outage: Outage
+    ) -> tuple[list[ResultRow], list[str]]:
+        """Run the batch (if it has input or ticks) until an attempt succeeds: its interval
+        rows, and what the failed attempts before it said."""
         failures: list[str] = []
-        rows: list[Any] = []
         failed = 0
-        while has_data or ticks:
+        while has_data or plan.ticks:
             pause_point("driver.batch", self.spec.name)
             # A driver stopped for long (a zombie) must not take the intervals back from the
             # one that replaced it: retrying, it would acquire their sequencers anew.
-            fence_checkpoint(checkpoint, batch_id, self.spec.name)
+            fence_checkpoint(self.checkpoint, batch_id, self.spec.name)
             try:
-                rows = self._run(batch, ticks, watermark, timer_watermark)
+                return self._run(batch, plan), failures
             except Exception as exc:
                 failures.append(short_error(exc))
                 if is_outage(exc):
@@ -160,144 +194,60 @@ class BatchHandler:
                     failures[-1],
                 )
                 time.sleep(min(5.0, 0.5 * failed))
-                continue
-            break
-        for row in rows:
-            state.record(
-                int(row["interval"]),
-                IntervalProgress(
-                    oldest_work=row["oldest_work"],
-                    next_event_timer=row["next_event_timer"],
-                    next_wall_timer=row["next_wall_timer"],
-                    pending=int(row["pending"]),
-                ),
-                # A batch of ticks alone says nothing of the intervals' load.
-                records=int(row["inputs"]) if has_data else None,
-                seconds=float(row["seconds"]),
-                cpu_seconds=float(row["cpu_seconds"]),
-            )
-        if has_data and rows:
-            state.intervals.idle_except(int(row["interval"]) for row in rows)
-        reporting = time.monotonic()
-        # Nor publish a report for a batch the other driver has run past: stale, and on the
-        # compacted topic it could outlive the newer report it follows.
-        fence_checkpoint(checkpoint, batch_id, self.spec.name)
-        if self.spec.options.rebalance is not None and rows:
-            self._rebalance(outage)
-        outage.retry(lambda: self.watermarks.after_batch(batch_id))
-        bookkeeping += time.monotonic() - reporting
-        if not rows and not failures:
-            return  # nothing ran (only watermark reports came): no metrics
-        metrics = summarize(self.spec.name, batch_id, (r.asDict() for r in rows), started, failures)
+        return [], failures
+
+    def _finish(self, batch_id: int, outage: Outage) -> None:
+        """Between batches: rebalance, then publish the computation's report."""
+        if self.driver.finish(outage.retry) is not None:
+            # The new intervals have run no batch yet: one without input finds their work.
+            self.watermarks.wake_now()
+        outage.retry(lambda: self.watermarks.after_batch(batch_id, self.driver.report))
+
+    def _record_metrics(
+        self,
+        batch_id: int,
+        rows: list[ResultRow],
+        failures: list[str],
+        plan: BatchPlan,
+        started: float,
+        bookkeeping: float,
+    ) -> None:
+        counts = (row.counts.counts() for row in rows)
+        metrics = summarize(self.spec.name, batch_id, counts, started, failures)
         self.record(
             replace(
                 metrics,
-                input_watermark=timer_watermark,
-                watermark=state.watermark,
+                input_watermark=plan.timer_watermark,
+                watermark=self.driver.watermarks.watermark,
                 watermark_seconds=bookkeeping,
             )
         )
 
-    def _current_layout(self) -> IntervalLayout:
-        """The computation's layout, a change a killed driver left journaled finished."""
-        store = self.layout_store()
-        layout = store.layout(self.spec.name, self.spec.options.key_intervals)
-        if layout.change is not None:
-            _log.info("computation %r: finishing a %s", self.spec.name, layout.change.kind)
-            layout = finish_change(
-                store, self.spec.name, layout, dedup_ttl=self.spec.options.dedup_ttl
-            )
-        self.watermarks.state.intervals.track(layout.ids)
-        return layout
+    def _task_slots(self) -> IntervalSlots:
+        """Each interval's task, as the driver last spread them."""
+        assignment = self.driver.assignment
+        if assignment is not self._slots_of:
+            self._slots = IntervalSlots(self.tasks, assignment)
+            self._slots_of = assignment
+        return self._slots
 
-    def _rebalance(self, outage: Outage) -> None:
-        """Split or merge one interval if the latest loads ask for it (between batches: no
-        task of this computation runs), and spread the intervals over the tasks by load."""
-        policy = self.spec.options.rebalance
-        layout = self.layout
-        assert policy is not None
-        assert layout is not None
-        intervals = self.watermarks.state.intervals
-        records = intervals.records()
-        # One change per measurement: the next waits for a batch with input under this one.
-        begun = (
-            plan(layout, records, policy, intervals.cpu_seconds()) if intervals.measured else None
-        )
-        if begun is not None and begun.change is not None:
-            change = begun.change
-            store = self.layout_store()
-            outage.retry(lambda: _journal(store, self.spec.name, layout, begun))
-            self.layout = begun
-            self.layout = outage.retry(
-                lambda: finish_change(
-                    store, self.spec.name, begun, dedup_ttl=self.spec.options.dedup_ttl
-                )
-            )
-            targets = [target[0] for target in change.targets]
-            intervals.replace(change.sources, targets, carry_load=True)
-            self.rebalances += 1
-            _log.info(
-                "computation %r: %s of intervals %s into %s (records per batch: %s)",
-                self.spec.name,
-                change.kind,
-                list(change.sources),
-                targets,
-                [records.get(s, 0) for s in change.sources],
-            )
-            # The new intervals have run no batch yet: one without input finds their work.
-            self.watermarks.wake_now()
-        assert self.layout is not None
-        self._spread(
-            load_shares(self.layout.ids, intervals.records(), policy, intervals.cpu_seconds())
-        )
-
-    def _spread(self, shares: Mapping[int, float]) -> None:
-        layout = self.layout
-        assert layout is not None
-        current = self._assignment or {i: i % self.tasks for i in layout.ids}
-        loads = [0.0] * self.tasks
-        for interval in layout.ids:
-            loads[current.get(interval, interval % self.tasks)] += shares.get(interval, 0.0)
-        balanced = assign_slots(layout.ids, shares, self.tasks)
-        best = [0.0] * self.tasks
-        for interval, slot in balanced.items():
-            best[slot] += shares.get(interval, 0.0)
-        # Moving intervals costs their tasks' cached state: only for a clear gain.
-        if set(current) != set(layout.ids) or max(best) < 0.8 * max(loads):
-            self._assignment = balanced
-            self._slots = IntervalSlots(self.tasks, balanced)
-
-    def _run(
-        self, batch: DataFrame, ticks: list[int], watermark: int, timer_watermark: int
-    ) -> list[Any]:
+    def _run(self, batch: DataFrame, plan: BatchPlan) -> list[ResultRow]:
         from pyspark.sql import functions as F  # noqa: N812  (pyspark's convention)
 
+        slots = self._task_slots()
         # Wake-up messages only started the batch.
         routed = batch.where(F.col("topic").isin(self.data_topics))
-        routed = routed.mapInArrow(router(self.spec, self.layout, self._slots), ROUTED_SCHEMA)
-        if ticks:
-            ticking = self.spark.createDataFrame(tick_rows(ticks, self._slots), ROUTED_SCHEMA)
+        routed = routed.mapInArrow(router(self.spec, plan.layout, slots), ROUTED_SCHEMA)
+        if plan.ticks:
+            ticking = self.spark.createDataFrame(tick_rows(plan.ticks, slots), ROUTED_SCHEMA)
             routed = routed.unionByName(ticking)
         # An explicit partition count: adaptive execution would otherwise coalesce the few
         # small shuffle partitions of a micro-batch into one task and leave cores idle.
-        return (
-            routed.repartition(self.tasks, "slot")
-            .mapInArrow(
-                interval_task(self.spec, self.settings, watermark, timer_watermark, self.layout),
-                RESULT_SCHEMA,
-            )
-            .collect()
+        task = interval_task(
+            self.spec, self.settings, plan.watermark, plan.timer_watermark, plan.layout
         )
-
-
-def _journal(
-    store: IntervalStore, computation: str, layout: IntervalLayout, begun: IntervalLayout
-) -> None:
-    """Journal ``begun``'s change; an earlier attempt whose outcome was unknown may have."""
-    if not store.write_layout(computation, begun, layout) and (
-        store.read_layout(computation) != begun
-    ):
-        begin(store, computation, layout, begun)  # raises: another driver changed it
+        collected = routed.repartition(self.tasks, "slot").mapInArrow(task, RESULT_SCHEMA).collect()
+        return [ResultRow.of(row.asDict()) for row in collected]
 
 
 def fence_checkpoint(checkpoint: Path, batch_id: int, computation: str) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +25,7 @@ from millstream.engine.clock import Clock
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.pause_points import pause_point
 from millstream.engine.topology import ComputationSpec, Topology
-from millstream.engine.watermarks import ComputationWatermarks, WatermarkReport
+from millstream.engine.watermarks import ComputationWatermarks, Offsets, WatermarkReport
 
 __all__ = ["DriverWatermarks", "WatermarkSnapshot", "offsets_consumer"]
 
@@ -77,8 +77,13 @@ class DriverWatermarks:
         self._alarm_at: int | None = None
         self._unpublished: WatermarkReport | None = None
 
-    def after_batch(self, batch_id: int) -> None:
-        """Publish the computation's report if it changed; set the wall-time alarm.
+    def after_batch(
+        self, batch_id: int, report: Callable[[int, Offsets], WatermarkReport | None]
+    ) -> None:
+        """Publish the computation's report, as ``report(batch_id, end offsets of its output
+        topics)`` makes it (:meth:`ComputationDriver.report
+        <millstream.engine.driver.ComputationDriver.report>`: ``None`` if it did not change);
+        set the wall-time alarm.
 
         Safe to call again after it failed (Kafka down): a report made but not published is
         published first, since the bookkeeping would not make it again.
@@ -86,7 +91,7 @@ class DriverWatermarks:
         if self._unpublished is not None:
             self.publisher.publish(self._unpublished)
             self._unpublished = None
-        self._unpublished = self.state.report(
+        self._unpublished = report(
             batch_id, kafka_connector.end_offsets(self._offsets, self.output_topics)
         )
         if self._unpublished is not None:

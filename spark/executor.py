@@ -23,7 +23,8 @@ Spark's Python workers (``mapInArrow``: whole record batches, column by column, 
 **Per-process cache.** Spark reuses Python worker processes across tasks
 (``spark.python.worker.reuse``, on by default), so each process keeps, at module level, one
 Cassandra session, one store, one Kafka producer per set of endpoints, and the
-``IntervalWorker`` of every (computation run, interval) it has worked on, sharing one
+``IntervalWorker`` of every (computation run, interval) it has worked on (a
+:class:`~millstream.engine.protocol.WorkerPool`), sharing one
 :class:`~millstream.engine.cache.StateCache` bounded by ``config.executor_cache_bytes``. A
 worker's soft state (cached key state and timers, pending productions) is reused exactly when
 the sequencer says nobody else acquired the interval since this process's last batch on it
@@ -47,10 +48,10 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, cast, get_args, get_type_hints
 
 import mmh3
 import pyarrow as pa
@@ -61,20 +62,20 @@ from millstream.engine.clock import SystemClock
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.deadletters import Origin
 from millstream.engine.layout import IntervalLayout
-from millstream.engine.protocol import Delivery, IntervalWorker, Rejected
+from millstream.engine.protocol import Delivery, Rejected, WorkerPool
 from millstream.engine.records import Record
 from millstream.engine.routing import decode_delivery, rejected_interval
 from millstream.engine.topology import ComputationSpec
-from millstream.spark.metrics import RESULT_SCHEMA, interval_counts
+from millstream.spark.metrics import RESULT_SCHEMA, ResultRow, interval_counts
 
 if TYPE_CHECKING:
     from millstream.connectors.kafka import KafkaProductionSink
-    from millstream.engine.stores.cassandra import CassandraIntervalStore
 
 __all__ = [
     "RESULT_SCHEMA",
     "ROUTED_SCHEMA",
     "IntervalSlots",
+    "RoutedRow",
     "TaskSettings",
     "clear_process_cache",
     "decode_delivery",
@@ -85,15 +86,49 @@ __all__ = [
     "tick_rows",
 ]
 
-ROUTED_SCHEMA: Final = (
-    "interval int, stream string, partition int, offset long, kafka_ts long, "
-    "key string, record_key string, record_value binary, record_ts long, record_id binary, "
-    "raw binary, error string, slot int"
-)
-"""The rows :func:`router` emits: a delivery has ``key`` and the ``record_*`` fields, a
-rejected message ``raw`` and ``error`` (a description; the exception is rebuilt later);
-``slot`` is the value to repartition by that sends the row to its interval's task
-(:class:`IntervalSlots`)."""
+
+class RoutedRow(NamedTuple):
+    """One row :func:`router` emits (:data:`ROUTED_SCHEMA`): a delivery has ``key`` and the
+    ``record_*`` fields, a rejected message ``raw`` and ``error`` (a description; the
+    exception is rebuilt later), a tick (:func:`tick_rows`) nothing but its interval; ``slot``
+    is the value to repartition by that sends the row to its interval's task
+    (:class:`IntervalSlots`)."""
+
+    interval: int
+    stream: str | None
+    partition: int | None
+    offset: int | None
+    kafka_ts: int | None
+    key: str | None
+    record_key: str | None
+    record_value: bytes | None
+    record_ts: int | None
+    record_id: bytes | None
+    raw: bytes | None
+    error: str | None
+    slot: int
+
+    @classmethod
+    def tick(cls, interval: int, slot: int) -> RoutedRow:
+        """A row that makes ``interval`` run without input."""
+        return cls._make((interval, *(None,) * (len(cls._fields) - 2), slot))
+
+
+_INT_COLUMNS: Final = frozenset({"interval", "partition", "slot"})  # Spark ints; others long
+_SPARK_TYPES: Final = {int: "long", str: "string", bytes: "binary", float: "double"}
+
+
+def _row_schema(row: type[tuple[Any, ...]]) -> str:
+    """The Spark DDL schema of a row type's fields, in order."""
+    columns = []
+    for name, hint in get_type_hints(row).items():
+        kind = next(t for t in get_args(hint) or (hint,) if t is not type(None))
+        columns.append(f"{name} {'int' if name in _INT_COLUMNS else _SPARK_TYPES[kind]}")
+    return ", ".join(columns)
+
+
+ROUTED_SCHEMA: Final = _row_schema(RoutedRow)
+"""The rows :func:`router` emits: :class:`RoutedRow`."""
 
 _INT: Final = struct.Struct("<i")
 _SPARK_HASH_SEED: Final = 42
@@ -159,7 +194,6 @@ def _arrow_schema(ddl: str) -> pa.Schema:
 
 _ROUTED_ARROW: Final = _arrow_schema(ROUTED_SCHEMA)
 _RESULT_ARROW: Final = _arrow_schema(RESULT_SCHEMA)
-_ROUTED_COLUMNS: Final = _ROUTED_ARROW.names
 _SOURCE_COLUMNS: Final = ("value", "topic", "partition", "offset", "kafka_ts")
 
 
@@ -190,13 +224,9 @@ class _Resources:
     threads that work a task's intervals at once."""
 
     cluster: Any
-    store: CassandraIntervalStore
     sink: KafkaProductionSink
-    cache: StateCache
+    workers: WorkerPool
     threads: ThreadPoolExecutor
-    workers: dict[tuple[str, str, int], IntervalWorker] = field(default_factory=dict)
-    # Held while user code runs: one computation call at a time per process.
-    user_code: threading.Lock = field(default_factory=threading.Lock)
 
 
 _CACHE: dict[tuple[str, tuple[str, ...], int, str, str], _Resources] = {}
@@ -228,11 +258,18 @@ def _resources(settings: TaskSettings) -> _Resources:
         except BaseException:
             cluster.shutdown()
             raise
-        resources = _Resources(
-            cluster,
+        workers = WorkerPool(
             store,
             sink,
-            StateCache(settings.config.executor_cache_bytes),
+            SystemClock(),
+            cache=StateCache(settings.config.executor_cache_bytes),
+            # Held while user code runs: one computation call at a time per process.
+            user_code=threading.Lock(),
+        )
+        resources = _Resources(
+            cluster,
+            sink,
+            workers,
             ThreadPoolExecutor(
                 settings.config.executor_interval_threads, thread_name_prefix="millstream-interval"
             ),
@@ -261,42 +298,59 @@ def router(
 
     def route(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
-            columns: list[list[Any]] = [[] for _ in _ROUTED_COLUMNS]
-            (interval_c, stream_c, partition_c, offset_c, kafka_ts_c, key_c, r_key_c,
-             r_value_c, r_ts_c, r_id_c, raw_c, error_c, slot_c) = columns  # fmt: skip
+            rows: list[RoutedRow] = []
             for value, topic, partition, offset, kafka_ts in zip(
                 *(batch.column(name).to_pylist() for name in _SOURCE_COLUMNS), strict=True
             ):
                 stream = streams[topic]
                 record, key, error = decode_delivery(spec, stream, value)
-                stream_c.append(stream)
-                partition_c.append(partition)
-                offset_c.append(offset)
-                kafka_ts_c.append(kafka_ts)
                 if error is None:
                     assert record is not None
                     assert key is not None
-                    interval_c.append(layout.interval_of(key))
-                    key_c.append(key)
-                    r_key_c.append(record.key)
-                    r_value_c.append(record.value)
-                    r_ts_c.append(record.timestamp)
-                    r_id_c.append(record.record_id)
-                    raw_c.append(None)
-                    error_c.append(None)
+                    interval = layout.interval_of(key)
+                    rows.append(
+                        RoutedRow(
+                            interval=interval,
+                            stream=stream,
+                            partition=partition,
+                            offset=offset,
+                            kafka_ts=kafka_ts,
+                            key=key,
+                            record_key=record.key,
+                            record_value=record.value,
+                            record_ts=record.timestamp,
+                            record_id=record.record_id,
+                            raw=None,
+                            error=None,
+                            slot=slots.slot(interval),
+                        )
+                    )
                 else:
-                    interval_c.append(reject_interval)
-                    for column in (key_c, r_key_c, r_value_c, r_ts_c, r_id_c):
-                        column.append(None)
-                    raw_c.append(value)
-                    error_c.append(f"{type(error).__qualname__}: {error}")
-                slot_c.append(slots.slot(interval_c[-1]))
-            yield _record_batch(columns, _ROUTED_ARROW)
+                    rows.append(
+                        RoutedRow(
+                            interval=reject_interval,
+                            stream=stream,
+                            partition=partition,
+                            offset=offset,
+                            kafka_ts=kafka_ts,
+                            key=None,
+                            record_key=None,
+                            record_value=None,
+                            record_ts=None,
+                            record_id=None,
+                            raw=value,
+                            error=f"{type(error).__qualname__}: {error}",
+                            slot=slots.slot(reject_interval),
+                        )
+                    )
+            yield _record_batch(rows, _ROUTED_ARROW)
 
     return route
 
 
-def _record_batch(columns: list[list[Any]], schema: pa.Schema) -> pa.RecordBatch:
+def _record_batch(rows: Iterable[Sequence[Any]], schema: pa.Schema) -> pa.RecordBatch:
+    """Rows of a row type whose fields are ``schema``'s columns, in order, as a batch."""
+    columns = list(zip(*rows, strict=True)) or [() for _ in schema]
     return pa.RecordBatch.from_arrays(
         [pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)], schema=schema
     )
@@ -306,14 +360,11 @@ def _streams_by_topic(spec: ComputationSpec) -> dict[str, str]:
     return {stream_topic(i.stream): i.stream for i in spec.inputs}
 
 
-def tick_rows(
-    intervals: Iterable[int], slots: IntervalSlots | None = None
-) -> list[tuple[Any, ...]]:
+def tick_rows(intervals: Iterable[int], slots: IntervalSlots | None = None) -> list[RoutedRow]:
     """:data:`ROUTED_SCHEMA` rows that make an interval run without input (a *tick*): for its
     due timers and unacknowledged productions."""
     slots = slots or IntervalSlots(1)
-    blank = (None,) * (len(_ROUTED_COLUMNS) - 2)
-    return [(interval, *blank, slots.slot(interval)) for interval in intervals]
+    return [RoutedRow.tick(interval, slots.slot(interval)) for interval in intervals]
 
 
 def interval_task(
@@ -334,14 +385,11 @@ def interval_task(
     """
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        columns: list[list[Any]] = [[] for _ in _ROUTED_COLUMNS]
+        by_interval: dict[int, list[RoutedRow]] = {}
         for batch in batches:
-            for column, name in zip(columns, _ROUTED_COLUMNS, strict=True):
-                column.extend(batch.column(name).to_pylist())
-        rows = list(zip(*columns, strict=True))
-        by_interval: dict[int, list[tuple[Any, ...]]] = {}
-        for row in rows:
-            by_interval.setdefault(row[0], []).append(row)
+            columns = (batch.column(name).to_pylist() for name in RoutedRow._fields)
+            for row in map(RoutedRow._make, zip(*columns, strict=True)):
+                by_interval.setdefault(row.interval, []).append(row)
         resources = _resources(settings)
         # The intervals' round trips to Cassandra and Kafka overlap on the pool's threads.
         futures = [
@@ -349,7 +397,7 @@ def interval_task(
                 _run_interval,
                 spec,
                 settings.run_token,
-                resources,
+                resources.workers,
                 interval,
                 interval_rows,
                 watermark,
@@ -361,7 +409,9 @@ def interval_task(
         wait(futures)
         results = [future.result() for future in futures]  # raises the first failure
         if results:
-            yield _record_batch([list(c) for c in zip(*results, strict=True)], _RESULT_ARROW)
+            yield _record_batch(
+                ([row[name] for name in _RESULT_ARROW.names] for row in results), _RESULT_ARROW
+            )
 
     return run
 
@@ -369,61 +419,48 @@ def interval_task(
 def _run_interval(
     spec: ComputationSpec,
     run_token: str,
-    resources: _Resources,
+    workers: WorkerPool,
     interval: int,
-    rows: list[tuple[Any, ...]],
+    rows: list[RoutedRow],
     watermark: int,
     timer_watermark: int,
     layout: IntervalLayout | None,
-) -> tuple[Any, ...]:
+) -> dict[str, Any]:
+    """Run one interval's rows; its :data:`RESULT_SCHEMA` row (:meth:`ResultRow.columns`)."""
     started, cpu_started = time.monotonic(), time.thread_time()
     # Ticks (no stream) first; they carry no input.
-    rows.sort(key=lambda row: (row[1] or "", row[2] or 0, row[3] or 0))
+    rows.sort(key=lambda row: (row.stream or "", row.partition or 0, row.offset or 0))
     inputs = _inputs(spec, rows)
-    worker_key = (run_token, spec.name, interval)
-    worker = resources.workers.get(worker_key)
-    cached = worker is not None
-    if worker is None:
-        worker = IntervalWorker(
-            spec,
-            interval,
-            store=resources.store,
-            sink=resources.sink,
-            clock=SystemClock(),
-            cache=resources.cache,
-            user_code=resources.user_code,
-            layout=layout,
-        )
-        resources.workers[worker_key] = worker
-    elif layout is not None:
-        worker.layout = layout  # its own range is the same; the others may have split
+    worker, cached = workers.worker(spec, interval, layout, run=run_token)
     result = worker.process(inputs, watermark, timer_watermark=timer_watermark)
-    progress = result.progress
     rejected = sum(isinstance(item, Rejected) for item in inputs)
-    counts = interval_counts(len(inputs), rejected, result, cached)
-    return (
-        spec.name,
-        interval,
-        *counts.counts().values(),
-        os.getpid(),
-        time.monotonic() - started,
-        time.thread_time() - cpu_started,
-        progress.oldest_work,
-        progress.next_event_timer,
-        progress.next_wall_timer,
-    )
+    return ResultRow(
+        computation=spec.name,
+        interval=interval,
+        counts=interval_counts(len(inputs), rejected, result, cached),
+        pid=os.getpid(),
+        seconds=time.monotonic() - started,
+        cpu_seconds=time.thread_time() - cpu_started,
+        progress=result.progress,
+    ).columns()
 
 
-def _inputs(spec: ComputationSpec, rows: list[tuple[Any, ...]]) -> list[Delivery | Rejected]:
+def _inputs(spec: ComputationSpec, rows: list[RoutedRow]) -> list[Delivery | Rejected]:
     inputs: list[Delivery | Rejected] = []
-    for _, stream, partition, offset, kafka_ts, key, r_key, r_value, r_ts, r_id, raw, *_ in rows:
-        if stream is None:
+    for row in rows:
+        if row.stream is None:
             continue  # a tick: the interval runs for its timers and resends only
-        origin = Origin(stream=stream, partition=partition, offset=offset)
-        if raw is None:
-            inputs.append(Delivery(key, Record(r_key, r_value, r_ts, r_id), origin))
+        origin = Origin(stream=row.stream, partition=row.partition, offset=row.offset)
+        if row.raw is None:
+            assert row.key is not None
+            assert row.record_key is not None
+            assert row.record_value is not None
+            assert row.record_ts is not None
+            assert row.record_id is not None
+            record = Record(row.record_key, row.record_value, row.record_ts, row.record_id)
+            inputs.append(Delivery(row.key, record, origin))
         else:
-            inputs.append(_rejected(spec, origin, raw, kafka_ts))
+            inputs.append(_rejected(spec, origin, row.raw, cast(int, row.kafka_ts)))
     return inputs
 
 

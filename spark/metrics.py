@@ -13,13 +13,16 @@ from dataclasses import dataclass, fields
 from typing import Any, Final
 
 from millstream.engine.protocol import BatchResult
+from millstream.engine.watermarks import IntervalProgress
 
 __all__ = [
     "COUNTERS",
+    "RESULT_COLUMNS",
     "RESULT_SCHEMA",
     "BatchMetrics",
     "ComputationMetrics",
     "MetricCounts",
+    "ResultRow",
     "describe",
     "interval_counts",
     "summarize",
@@ -69,18 +72,74 @@ class MetricCounts:
 
 COUNTERS: Final = tuple(f.name for f in fields(MetricCounts))
 
-_PROGRESS: Final = "oldest_work long, next_event_timer long, next_wall_timer long"
-
-RESULT_SCHEMA: Final = (
-    "computation string, interval int, "
-    + ", ".join(f"{name} long" for name in COUNTERS)
-    + f", pid int, seconds double, cpu_seconds double, {_PROGRESS}"
+RESULT_COLUMNS: Final = (
+    ("computation", "string"),
+    ("interval", "int"),
+    *((name, "long") for name in COUNTERS),
+    ("pid", "int"),
+    ("seconds", "double"),
+    ("cpu_seconds", "double"),
+    ("oldest_work", "long"),
+    ("next_event_timer", "long"),
+    ("next_wall_timer", "long"),
 )
+"""The columns of :data:`RESULT_SCHEMA`, with their Spark types (:class:`ResultRow`)."""
+
+RESULT_SCHEMA: Final = ", ".join(f"{name} {kind}" for name, kind in RESULT_COLUMNS)
 """One row per interval and batch attempt, from the interval task: the interval's
 :class:`MetricCounts` (``intervals`` 1; ``cache_hits`` 1 when this process had a worker for the
 interval and its soft state was still valid), the Python worker's pid, the wall seconds of the
 interval's work and the CPU seconds of the thread that did it (the load rebalancing weighs),
 then the interval's :class:`~millstream.engine.watermarks.IntervalProgress` (null: none)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResultRow:
+    """One row of :data:`RESULT_SCHEMA`, written by the interval task and read by the driver,
+    column by column by name (:meth:`columns`, :meth:`of`)."""
+
+    computation: str
+    interval: int
+    counts: MetricCounts
+    pid: int
+    seconds: float
+    cpu_seconds: float
+    progress: IntervalProgress
+
+    def columns(self) -> dict[str, Any]:
+        """The row's value of each column of :data:`RESULT_SCHEMA`, by name."""
+        progress = self.progress
+        return {
+            "computation": self.computation,
+            "interval": self.interval,
+            **self.counts.counts(),
+            "pid": self.pid,
+            "seconds": self.seconds,
+            "cpu_seconds": self.cpu_seconds,
+            "oldest_work": progress.oldest_work,
+            "next_event_timer": progress.next_event_timer,
+            "next_wall_timer": progress.next_wall_timer,
+        }
+
+    @classmethod
+    def of(cls, row: Mapping[str, Any]) -> ResultRow:
+        """The row whose :data:`RESULT_SCHEMA` columns ``row`` holds by name (a collected
+        Spark row's ``asDict()``)."""
+        counts = MetricCounts(**{name: int(row[name]) for name in COUNTERS})
+        return cls(
+            computation=str(row["computation"]),
+            interval=int(row["interval"]),
+            counts=counts,
+            pid=int(row["pid"]),
+            seconds=float(row["seconds"]),
+            cpu_seconds=float(row["cpu_seconds"]),
+            progress=IntervalProgress(
+                oldest_work=row["oldest_work"],
+                next_event_timer=row["next_event_timer"],
+                next_wall_timer=row["next_wall_timer"],
+                pending=counts.pending,
+            ),
+        )
 
 
 def interval_counts(inputs: int, rejected: int, result: BatchResult, cached: bool) -> MetricCounts:

@@ -75,7 +75,7 @@ def driver(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[DriverWatermarks, 
 
 
 def test_a_report_that_failed_to_publish_is_published_by_the_next_call(
-    driver: tuple[DriverWatermarks, FlakyPublisher], monkeypatch: pytest.MonkeyPatch
+    driver: tuple[DriverWatermarks, FlakyPublisher],
 ) -> None:
     watermarks, publisher = driver
     made: list[WatermarkReport] = []
@@ -91,11 +91,10 @@ def test_a_report_that_failed_to_publish_is_published_by_the_next_call(
         )
         return made[0]
 
-    monkeypatch.setattr(watermarks.state, "report", report_once)
     with pytest.raises(TimeoutError):
-        watermarks.after_batch(1)
+        watermarks.after_batch(1, report_once)
     assert publisher.published == []
-    watermarks.after_batch(1)  # the batch retried once Kafka is back
+    watermarks.after_batch(1, report_once)  # the batch retried once Kafka is back
     assert publisher.published == made
-    watermarks.after_batch(2)
+    watermarks.after_batch(2, report_once)
     assert publisher.published == made  # published once, not again

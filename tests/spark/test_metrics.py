@@ -68,3 +68,21 @@ def test_totals_sum_batches_but_keep_the_latest_pending() -> None:
     assert a.cache_hit_rate == 0.5
     assert found["b"].inputs == 1
     assert MetricCounts(inputs=1) + MetricCounts(inputs=2) == MetricCounts(inputs=3)
+
+
+def test_a_result_row_is_written_and_read_by_column_name() -> None:
+    from millstream.engine.watermarks import IntervalProgress
+    from millstream.spark.metrics import RESULT_COLUMNS, ResultRow
+
+    row = ResultRow(
+        computation="count",
+        interval=3,
+        counts=MetricCounts(inputs=4, pending=2, intervals=1),
+        pid=99,
+        seconds=0.5,
+        cpu_seconds=0.25,
+        progress=IntervalProgress(oldest_work=7, next_event_timer=9, pending=2),
+    )
+    columns = row.columns()
+    assert list(columns) == [name for name, _ in RESULT_COLUMNS]
+    assert ResultRow.of(dict(reversed(columns.items()))) == row

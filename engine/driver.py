@@ -1,0 +1,278 @@
+"""One computation's batch cycle, as its driver runs it (paper 4.5, 6.2, 7.1).
+
+A runtime runs a computation batch after batch; what happens between the batches is the
+same whichever runtime it is (Spark, :class:`~millstream.engine.testing.TopologyHarness`),
+and is written here once. Per batch, in this order:
+
+1. :meth:`ComputationDriver.begin`: read the new watermark reports, apply those that the
+   batch's consumed offsets have caught up with, and say the watermarks the batch runs
+   under (records under the one before its input, event-time timers under the one after)
+   and the intervals to run without input (*ticks*: due timers, unacknowledged
+   productions, or all of them before each reported once).
+2. The runtime runs the batch: each interval with input or a tick, on its
+   :class:`~millstream.engine.protocol.IntervalWorker`.
+3. :meth:`~ComputationDriver.absorb`: what each interval has left to do, and the load it
+   carried (a batch without input says nothing of the load: only ticks ran).
+4. :meth:`~ComputationDriver.finish`: with ``ComputationOptions.rebalance``, split or merge
+   one interval if the loads measured ask for it (:mod:`~millstream.engine.rebalance`:
+   plan, journal, roll forward), then spread the intervals over the runtime's tasks by load.
+5. :meth:`~ComputationDriver.report`: the computation's watermark report, if it says
+   something new, for the runtime to publish.
+
+The runtime keeps what is its own: where the consumed offsets come from, how a batch is run
+and retried, fencing a zombie driver, publishing and waking. Steps that reach the store take
+a ``retry`` (for instance :meth:`Outage.retry <millstream.engine.outages.Outage.retry>`):
+each of them may be run again after a failure.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from millstream.engine.clock import Clock
+from millstream.engine.layout import IntervalLayout, LayoutChange
+from millstream.engine.rebalance import assign_slots, begin, finish_change, load_shares, plan
+from millstream.engine.store import IntervalStore
+from millstream.engine.topology import ComputationSpec
+from millstream.engine.watermarks import (
+    ComputationWatermarks,
+    IntervalProgress,
+    Offsets,
+    ReportReader,
+    WatermarkReport,
+)
+
+__all__ = [
+    "SPREAD_GAIN",
+    "BatchPlan",
+    "ComputationDriver",
+    "IntervalOutcome",
+    "Retry",
+    "at_once",
+]
+
+_log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+SPREAD_GAIN = 0.8
+"""Intervals move between tasks only if that brings the busiest task's load under this share
+of what it is: moving an interval costs its task's cached state."""
+
+
+class Retry(Protocol):
+    """How a step that reaches the store is tried: once, or until an outage is over."""
+
+    def __call__(self, action: Callable[[], _T], /) -> _T: ...
+
+
+def at_once(action: Callable[[], _T], /) -> _T:
+    """Try ``action`` once (the :class:`Retry` of a runtime without outages)."""
+    return action()
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPlan:
+    """What a batch runs under: records under ``watermark`` (the input low watermark before
+    the batch's input), event-time timers under ``timer_watermark`` (after it); the
+    intervals of ``layout``; and ``ticks``, the intervals to run even without input."""
+
+    watermark: int
+    timer_watermark: int
+    ticks: list[int]
+    layout: IntervalLayout
+
+
+@dataclass(frozen=True, slots=True)
+class IntervalOutcome:
+    """What one interval's run in a batch tells the driver: what it has left to do, and the
+    load it carried (its input ``records``, the wall and CPU ``seconds`` of its work)."""
+
+    interval: int
+    progress: IntervalProgress
+    records: int = 0
+    seconds: float = 0.0
+    cpu_seconds: float = 0.0
+
+
+@dataclass(slots=True)
+class _Batch:
+    had_input: bool
+    ran: list[int] | None = None  # None: not absorbed yet
+
+
+class ComputationDriver:
+    """One computation's batch cycle; see the module docstring.
+
+    ``watermarks`` is the computation's bookkeeping (it outlives a driver: a runtime may
+    restart the computation's batches with a new one), ``reader`` its view of the watermark
+    topic. ``layout_store`` gives the store that keeps the computation's interval layout
+    (read at the first batch; a change a killed driver left journaled is finished then).
+    ``tasks``: how many tasks a batch's intervals are spread over.
+    """
+
+    def __init__(
+        self,
+        spec: ComputationSpec,
+        watermarks: ComputationWatermarks,
+        reader: ReportReader,
+        *,
+        layout_store: Callable[[], IntervalStore],
+        clock: Clock,
+        tasks: int = 1,
+    ) -> None:
+        if tasks < 1:
+            raise ValueError(f"tasks must be at least 1, got {tasks}")
+        self.spec = spec
+        self.watermarks = watermarks
+        self.reader = reader
+        self.layout_store = layout_store
+        self.clock = clock
+        self.tasks = tasks
+        self.layout: IntervalLayout | None = None
+        """The computation's key intervals (``None``: not read yet)."""
+        self.assignment: Mapping[int, int] | None = None
+        """Each interval's task once the intervals were spread by load (``None``: the
+        interval's ID modulo ``tasks``). A new mapping whenever it changes."""
+        self.rebalances = 0
+        self._batch: _Batch | None = None
+
+    def load_layout(self, retry: Retry = at_once) -> IntervalLayout:
+        """Read the computation's layout (writing the initial one if there is none), and
+        finish a change a killed driver left journaled."""
+        self.layout = retry(self._current_layout)
+        return self.layout
+
+    def begin(self, consumed: Offsets, *, had_input: bool, retry: Retry = at_once) -> BatchPlan:
+        """Start a batch that consumes up to ``consumed``; ``had_input``: whether it has
+        records (else it runs for ticks and reports only)."""
+        layout = self.layout if self.layout is not None else self.load_layout(retry)
+        watermarks = self.watermarks
+        retry(lambda: watermarks.read(self.reader))
+        watermark, timer_watermark = watermarks.advance(consumed)
+        ticks = watermarks.intervals_to_run(timer_watermark, self.clock.now())
+        self._batch = _Batch(had_input)
+        return BatchPlan(watermark, timer_watermark, ticks, layout)
+
+    def absorb(self, outcomes: Iterable[IntervalOutcome], *, complete: bool = True) -> None:
+        """Take every interval that ran in the batch, once the batch committed.
+
+        ``complete=False``: the batch failed part way and will not run again (a runtime
+        without retries, such as the testing harness); the intervals in ``outcomes``
+        committed, so what they have left is known. The batch ends there: no :meth:`finish`.
+        """
+        batch = self._current("absorb")
+        if batch.ran is not None:
+            raise RuntimeError("absorb takes every interval of a batch at once, and once")
+        batch.ran = []
+        if not complete:
+            self._batch = None
+        for outcome in outcomes:
+            self.watermarks.record(
+                outcome.interval,
+                outcome.progress,
+                # A batch of ticks alone says nothing of the intervals' load.
+                records=outcome.records if batch.had_input else None,
+                seconds=outcome.seconds,
+                cpu_seconds=outcome.cpu_seconds,
+            )
+            batch.ran.append(outcome.interval)
+        if complete and batch.had_input and batch.ran:
+            self.watermarks.intervals.idle_except(batch.ran)
+
+    def finish(self, retry: Retry = at_once) -> LayoutChange | None:
+        """Between this batch and the next (no task of the computation runs): split or merge
+        one interval if the latest loads ask for it, and spread the intervals over the
+        tasks by load. Returns the change made, if any: its new intervals have run no batch
+        yet, and one without input finds their work."""
+        batch = self._current("finish")
+        self._batch = None
+        policy = self.spec.options.rebalance
+        if policy is None or not batch.ran:
+            return None
+        layout = self.layout
+        assert layout is not None  # read by begin
+        intervals = self.watermarks.intervals
+        records = intervals.records()
+        # One change per measurement: the next waits for a batch with input under this one.
+        begun = (
+            plan(layout, records, policy, intervals.cpu_seconds()) if intervals.measured else None
+        )
+        change = None if begun is None else begun.change
+        if begun is not None and change is not None:
+            layout = self._change(layout, begun, retry)
+            targets = [target[0] for target in change.targets]
+            intervals.replace(change.sources, targets, carry_load=True)
+            self.rebalances += 1
+            _log.info(
+                "computation %r: %s of intervals %s into %s (records per batch: %s)",
+                self.spec.name,
+                change.kind,
+                list(change.sources),
+                targets,
+                [records.get(s, 0) for s in change.sources],
+            )
+        self._spread(load_shares(layout.ids, intervals.records(), policy, intervals.cpu_seconds()))
+        return change
+
+    def report(self, sequence: int, offsets: Offsets) -> WatermarkReport | None:
+        """The computation's report after the batch, covering ``offsets`` (its output
+        topics' end offsets), or ``None`` if it says nothing new (or nothing is known yet)."""
+        return self.watermarks.report(sequence, offsets)
+
+    def _current(self, step: str) -> _Batch:
+        if self._batch is None:
+            raise RuntimeError(f"{step} needs a batch: call begin first")
+        return self._batch
+
+    def _change(
+        self, layout: IntervalLayout, begun: IntervalLayout, retry: Retry
+    ) -> IntervalLayout:
+        """Journal ``begun``'s change to ``layout`` and roll it forward; the layout after."""
+        store = self.layout_store()
+        name, ttl = self.spec.name, self.spec.options.dedup_ttl
+        retry(lambda: _journal(store, name, layout, begun))
+        self.layout = begun
+        self.layout = retry(lambda: finish_change(store, name, begun, dedup_ttl=ttl))
+        return self.layout
+
+    def _current_layout(self) -> IntervalLayout:
+        """The computation's layout, a change a killed driver left journaled finished."""
+        store = self.layout_store()
+        layout = store.layout(self.spec.name, self.spec.options.key_intervals)
+        if layout.change is not None:
+            _log.info("computation %r: finishing a %s", self.spec.name, layout.change.kind)
+            layout = finish_change(
+                store, self.spec.name, layout, dedup_ttl=self.spec.options.dedup_ttl
+            )
+        self.watermarks.intervals.track(layout.ids)
+        return layout
+
+    def _spread(self, shares: Mapping[int, float]) -> None:
+        layout = self.layout
+        assert layout is not None
+        tasks = self.tasks
+        current = self.assignment or {i: i % tasks for i in layout.ids}
+        loads = [0.0] * tasks
+        for interval in layout.ids:
+            loads[current.get(interval, interval % tasks)] += shares.get(interval, 0.0)
+        balanced = assign_slots(layout.ids, shares, tasks)
+        best = [0.0] * tasks
+        for interval, slot in balanced.items():
+            best[slot] += shares.get(interval, 0.0)
+        # Moving intervals costs their tasks' cached state: only for a clear gain.
+        if set(current) != set(layout.ids) or max(best) < SPREAD_GAIN * max(loads):
+            self.assignment = balanced
+
+
+def _journal(
+    store: IntervalStore, computation: str, layout: IntervalLayout, begun: IntervalLayout
+) -> None:
+    """Journal ``begun``'s change; an earlier attempt whose outcome was unknown may have."""
+    if not store.write_layout(computation, begun, layout) and (
+        store.read_layout(computation) != begun
+    ):
+        begin(store, computation, layout, begun)  # raises: another driver changed it

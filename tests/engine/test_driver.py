@@ -1,0 +1,216 @@
+"""One computation's batch cycle (the driver's part), as both runtimes run it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+import pytest
+
+from millstream.engine.authority import WatermarkAuthority
+from millstream.engine.clock import ManualClock
+from millstream.engine.computation import Computation
+from millstream.engine.context import Context
+from millstream.engine.driver import ComputationDriver, IntervalOutcome
+from millstream.engine.layout import IntervalLayout
+from millstream.engine.rebalance import RebalancePolicy
+from millstream.engine.records import MIN_EVENT_TIME, Record
+from millstream.engine.stores.memory.store import MemoryIntervalStore
+from millstream.engine.topology import ComputationOptions, Topology
+from millstream.engine.watermarks import (
+    ComputationWatermarks,
+    IntervalProgress,
+    WatermarkMessage,
+    WatermarkReport,
+    injector_source,
+)
+
+pytestmark = pytest.mark.unit
+
+_T = TypeVar("_T")
+
+
+class Count(Computation):
+    def process_record(self, ctx: Context, record: Record) -> None:
+        pass
+
+
+class Topic:
+    """A watermark topic holding what a test puts on it."""
+
+    def __init__(self) -> None:
+        self.messages: list[tuple[str, WatermarkMessage | None]] = []
+        self._read = 0
+
+    def read(self, timeout: float = 0.0) -> list[tuple[str, WatermarkMessage | None]]:
+        new, self._read = self.messages[self._read :], len(self.messages)
+        return new
+
+
+def driver_of(
+    options: ComputationOptions | None = None,
+    *,
+    tasks: int = 1,
+    store: MemoryIntervalStore | None = None,
+) -> tuple[ComputationDriver, Topic, MemoryIntervalStore]:
+    topology = Topology("t", streams=["in"])
+    spec = topology.add_computation(
+        "count", Count(), inputs=["in"], outputs=["out"], options=options
+    )
+    clock = ManualClock(1_000)
+    store = store or MemoryIntervalStore(clock)
+    topic = Topic()
+    reader = WatermarkAuthority(topic).subscribe("count")
+    watermarks = ComputationWatermarks.of(topology, spec)
+    driver = ComputationDriver(
+        spec, watermarks, reader, layout_store=lambda: store, clock=clock, tasks=tasks
+    )
+    return driver, topic, store
+
+
+def idle(interval: int, records: int = 0, cpu: float = 0.0) -> IntervalOutcome:
+    return IntervalOutcome(interval, IntervalProgress(), records=records, cpu_seconds=cpu)
+
+
+def test_a_batch_runs_under_the_watermark_its_input_reached_and_ticks_unknown_intervals() -> None:
+    driver, topic, _ = driver_of(ComputationOptions(key_intervals=3))
+    feed = injector_source("feed")
+    topic.messages.append((feed, WatermarkReport(feed, ("in",), 50, 1, {"in": {0: 4}})))
+    early = driver.begin({"in": {0: 3}}, had_input=True)
+    assert (early.watermark, early.timer_watermark) == (MIN_EVENT_TIME, MIN_EVENT_TIME)
+    assert early.ticks == [0, 1, 2]  # none reported yet: every interval runs
+    assert early.layout == IntervalLayout.initial(3)
+    driver.absorb([idle(0, 3), idle(1), idle(2)])
+    assert driver.finish() is None
+    assert driver.report(1, {}) is not None  # every interval known: a first report
+
+    reached = driver.begin({"in": {0: 4}}, had_input=True)
+    # The report's offsets reached: applied. Records run under the watermark before it.
+    assert (reached.watermark, reached.timer_watermark) == (MIN_EVENT_TIME, 50)
+    assert reached.ticks == []
+
+
+def test_a_batch_without_input_keeps_the_loads_and_one_with_input_idles_the_rest() -> None:
+    driver, _, _ = driver_of(ComputationOptions(key_intervals=2))
+    intervals = driver.watermarks.intervals
+    driver.begin({}, had_input=True)
+    driver.absorb([idle(0, 7), idle(1, 5)])
+    driver.finish()
+    assert intervals.records() == {0: 7, 1: 5}
+
+    driver.begin({}, had_input=False)
+    driver.absorb([idle(0, 0)])  # a tick: says nothing of the load
+    driver.finish()
+    assert intervals.records() == {0: 7, 1: 5}
+
+    driver.begin({}, had_input=True)
+    driver.absorb([idle(1, 2)])  # interval 0 had no input in this batch
+    driver.finish()
+    assert intervals.records() == {0: 0, 1: 2}
+
+
+def test_each_step_needs_its_batch() -> None:
+    driver, _, _ = driver_of()
+    with pytest.raises(RuntimeError, match="begin"):
+        driver.absorb([])
+    driver.begin({}, had_input=True)
+    driver.absorb([idle(0)])
+    with pytest.raises(RuntimeError, match="once"):
+        driver.absorb([idle(1)])
+    driver.finish()
+    with pytest.raises(RuntimeError, match="begin"):
+        driver.finish()
+
+
+def test_a_hot_interval_splits_between_batches_and_its_halves_carry_its_load() -> None:
+    policy = RebalancePolicy(split_records=10, max_intervals=4)
+    driver, _, store = driver_of(ComputationOptions(key_intervals=2, rebalance=policy), tasks=2)
+    driver.begin({}, had_input=True)
+    driver.absorb([idle(0, 30), idle(1, 1)])
+    change = driver.finish()
+    assert change is not None
+    assert (change.kind, change.sources) == ("split", (0,))
+    assert driver.rebalances == 1
+    layout = driver.layout
+    assert layout is not None
+    assert layout.change is None
+    assert store.read_layout("count") == layout  # journaled and finished
+    halves = [target[0] for target in change.targets]
+    assert set(layout.ids) == {1, *halves}
+    assert driver.watermarks.intervals.records() == {1: 1, halves[0]: 15, halves[1]: 15}
+    assert not driver.watermarks.intervals.measured  # no change on estimates
+
+    # The next batch runs the new intervals (unknown) and measures; only then a change.
+    plan = driver.begin({}, had_input=False)
+    assert set(halves) <= set(plan.ticks)
+    assert plan.layout == layout
+    driver.absorb([idle(i) for i in plan.ticks])
+    assert driver.finish() is None
+
+
+def test_a_journaled_change_a_killed_driver_left_is_finished_at_the_first_batch() -> None:
+    policy = RebalancePolicy(split_records=10)
+    clock = ManualClock(1_000)
+    store = MemoryIntervalStore(clock)
+    initial = store.layout("count", 2)
+    begun = initial.begin_split(0)
+    assert store.write_layout("count", begun, initial)  # journaled, then the driver died
+    driver, _, _ = driver_of(ComputationOptions(key_intervals=2, rebalance=policy), store=store)
+    plan = driver.begin({}, had_input=False)
+    assert plan.layout == begun.finish()
+    assert store.read_layout("count") == begun.finish()
+    assert driver.watermarks.intervals.ids == frozenset(plan.layout.ids)
+
+
+def test_intervals_move_between_tasks_only_for_a_clear_gain() -> None:
+    policy = RebalancePolicy(split_records=100, max_intervals=8)
+    driver, _, _ = driver_of(ComputationOptions(key_intervals=4, rebalance=policy), tasks=2)
+    driver.begin({}, had_input=True)
+    driver.absorb([idle(0, 50), idle(1, 1), idle(2, 50), idle(3, 1)])
+    driver.finish()
+    first = driver.assignment
+    assert first is not None  # by ID, both hot intervals were on task 0
+    assert first[0] != first[2]
+
+    driver.begin({}, had_input=True)
+    driver.absorb([idle(0, 50), idle(1, 2), idle(2, 48), idle(3, 1)])  # about as balanced
+    driver.finish()
+    assert driver.assignment is first  # nothing moves for a small gain
+
+    driver.begin({}, had_input=True)
+    driver.absorb([idle(0, 150), idle(1, 2), idle(2, 48), idle(3, 1)])
+    assert driver.finish() is not None  # 0 split: its halves get a task each
+    layout = driver.layout
+    assert layout is not None
+    assert driver.assignment is not None
+    assert set(driver.assignment) == set(layout.ids)
+
+
+def test_steps_that_reach_the_store_go_through_the_retry() -> None:
+    policy = RebalancePolicy(split_records=10)
+    driver, _, _ = driver_of(ComputationOptions(key_intervals=2, rebalance=policy))
+    tried: list[str] = []
+
+    def retry(action: Callable[[], _T]) -> _T:
+        tried.append(getattr(action, "__qualname__", "?"))
+        return action()
+
+    driver.begin({}, had_input=True, retry=retry)
+    assert len(tried) == 2  # the layout, the reports
+    driver.absorb([idle(0, 30), idle(1)])
+    assert driver.finish(retry) is not None
+    assert len(tried) == 4  # the journal, the roll forward
+
+
+def test_a_batch_that_failed_part_way_keeps_what_its_committed_intervals_said() -> None:
+    driver, _, _ = driver_of(ComputationOptions(key_intervals=2))
+    driver.begin({}, had_input=True)
+    driver.absorb([idle(0, 4), idle(1, 6)])
+    driver.finish()
+    driver.begin({}, had_input=True)
+    pending = IntervalProgress(oldest_work=5, next_event_timer=5)
+    driver.absorb([IntervalOutcome(0, pending, records=1)], complete=False)
+    assert driver.watermarks.intervals.get(0) == pending
+    assert driver.watermarks.intervals.records() == {0: 1, 1: 6}  # nothing idled
+    with pytest.raises(RuntimeError, match="begin"):
+        driver.finish()  # the batch ended with its failure
