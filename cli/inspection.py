@@ -162,7 +162,7 @@ def _read_watermark_topic(
     seconds."""
     from confluent_kafka import KafkaError, KafkaException
 
-    from millstream.connectors.kafka import WatermarkReader, consumer
+    from millstream.connectors.kafka import KafkaWatermarkTopic, consumer
     from millstream.engine.errors import MillstreamError
 
     topic = config.kafka_watermark_topic
@@ -179,7 +179,7 @@ def _read_watermark_topic(
         missing = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
         if metadata is None or (metadata.error is not None and metadata.error.code() in missing):
             return []
-        reader = WatermarkReader(config)
+        reader = KafkaWatermarkTopic(config, create=False)
         try:
             return reader.read(timeout)
         finally:

@@ -455,7 +455,7 @@ def _report(
     timeout: float,
 ) -> WatermarkReport:
     try:
-        publisher = kafka.WatermarkPublisher(config)
+        publisher = kafka.KafkaWatermarkTopic(config)
         try:
             reader = kafka.consumer(config, "millstream-produce")
             try:

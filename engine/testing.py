@@ -56,10 +56,10 @@ from millstream.engine.topology import (
     KeyExtractor,
     Topology,
 )
+from millstream.engine.watermark_topic import MemoryWatermarkTopic
 from millstream.engine.watermarks import (
     ComputationWatermarks,
-    ReportReader,
-    WatermarkMessage,
+    Offsets,
     WatermarkReport,
     injector_source,
 )
@@ -219,14 +219,20 @@ class TopologyHarness:
         self._specs = dict(topology.computations)
         self._queues: dict[str, list[Delivery | Rejected]] = {name: [] for name in self._specs}
         self._workers = WorkerPool(self.store, self.sink, self.clock)
-        self._reports = _ReportTopic()
-        # As on Spark: one driver per computation runs its batch cycle. Each reads the
-        # reports through the authority, subscribed from the start: every report, in order.
+        # Messages written per stream, and consumed per computation and stream: the offsets
+        # that reports cover and that decide when a consumer applies them.
+        self._written: dict[str, int] = {}
+        self._consumed: dict[str, dict[str, int]] = {name: {} for name in self._specs}
+        self.watermark_topic = MemoryWatermarkTopic(self._end_offsets)
+        # As on Spark: the authority reads the topic once for every computation, and one
+        # driver per computation runs its batch cycle, subscribed from the start: every
+        # report, in order.
+        authority = WatermarkAuthority(self.watermark_topic)
         self._drivers = {
             name: ComputationDriver(
                 spec,
                 ComputationWatermarks.of(topology, spec),
-                self._reports.reader(name),
+                authority.subscribe(name),
                 layout_store=lambda: self.store,
                 clock=self.clock,
             )
@@ -234,10 +240,6 @@ class TopologyHarness:
         }
         for driver in self._drivers.values():
             driver.load_layout()
-        # Messages written per stream, and consumed per computation and stream: the offsets
-        # that reports cover and that decide when a consumer applies them.
-        self._written: dict[str, int] = {}
-        self._consumed: dict[str, dict[str, int]] = {name: {} for name in self._specs}
         self._rounds = 0
         self._fired: dict[str, list[Timer]] = {name: [] for name in self._specs}
         self._produced: dict[str, set[bytes]] = {name: set() for name in self._specs}
@@ -338,10 +340,13 @@ class TopologyHarness:
             busy = driver.finish() is not None or busy
             report = driver.report(self._rounds, _offsets(self._written))
             if report is not None:
-                self._reports.publish(report)
+                self.watermark_topic.publish(report)
                 busy = True
         self._rounds += 1
         return busy
+
+    def _end_offsets(self, streams: Sequence[str]) -> Offsets:
+        return _offsets({stream: self._written.get(stream, 0) for stream in streams})
 
     def _route_sent(self) -> bool:
         new = self.sink.sent[self._routed :]
@@ -367,7 +372,7 @@ class TopologyHarness:
         self._sequence += 1
         # A report can say no more than MAX_EVENT_TIME: as on the real runtime, END_OF_TIME
         # fires every timer before it.
-        self._reports.publish(
+        self.watermark_topic.publish(
             WatermarkReport(
                 source=injector_source(_INJECTOR, process),
                 streams=tuple(sorted(self.topology.external_streams)),
@@ -382,26 +387,6 @@ class TopologyHarness:
 def _offsets(counts: Mapping[str, int]) -> dict[str, dict[int, int]]:
     """Message counts per stream as Kafka offsets: the harness's streams have one partition."""
     return {stream: {0: count} for stream, count in counts.items()}
-
-
-class _ReportTopic:
-    """The harness's watermark topic, read once for every computation by a
-    :class:`~millstream.engine.authority.WatermarkAuthority` as on Spark."""
-
-    def __init__(self) -> None:
-        self.reports: list[WatermarkReport] = []
-        self._read = 0
-        self.authority = WatermarkAuthority(self)
-
-    def publish(self, report: WatermarkReport) -> None:
-        self.reports.append(report)
-
-    def read(self, timeout: float = 0.0) -> list[tuple[str, WatermarkMessage | None]]:
-        new, self._read = self.reports[self._read :], len(self.reports)
-        return [(r.source, r) for r in new]
-
-    def reader(self, computation: str) -> ReportReader:
-        return self.authority.subscribe(computation)
 
 
 def run_topology(

@@ -7,12 +7,13 @@ record IDs from source positions, dead letters and low-watermark reports. Shippe
 :class:`~millstream.injectors.pubsub.KafkaFeedSource` (a topic written by ordinary producers).
 """
 
+from typing import Any
+
 from millstream.injectors.logfile import LineParser, LogFileSource, LogLine
 from millstream.injectors.process import (
     InjectorOptions,
     InjectorProcess,
     InjectorStats,
-    WatermarkChannel,
     retire_process,
 )
 from millstream.injectors.pubsub import KafkaFeedSource, Pick
@@ -40,6 +41,13 @@ __all__ = [
     "RejectedInput",
     "Source",
     "SourceRecord",
-    "WatermarkChannel",
     "retire_process",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "WatermarkChannel":
+        from millstream.injectors import process
+
+        return getattr(process, name)  # deprecated: warns
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -66,7 +66,7 @@ def connect_injector(
         create_schema(session, keyspace, table)
         store = CassandraIntervalStore(session, keyspace, clock, table=table)
         sink = kafka_connector.KafkaProductionSink(config)
-        channel = kafka_connector.KafkaWatermarkChannel(config)
+        channel = kafka_connector.KafkaWatermarkTopic(config)
         try:
             with ExitStack() as serving:
                 registry = None

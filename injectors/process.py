@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any
 
 from millstream.engine.clock import Clock
 from millstream.engine.deadletters import (
@@ -58,9 +59,9 @@ from millstream.engine.records import (
     injector_record_id,
 )
 from millstream.engine.store import IntervalStore
+from millstream.engine.watermark_topic import WatermarkTopic
 from millstream.engine.watermarks import (
     ExpectedSet,
-    Offsets,
     WatermarkMessage,
     WatermarkReport,
     injector_source,
@@ -76,7 +77,6 @@ __all__ = [
     "InjectorOptions",
     "InjectorProcess",
     "InjectorStats",
-    "WatermarkChannel",
     "retire_process",
 ]
 
@@ -87,24 +87,16 @@ _log = logging.getLogger(__name__)
 _SEQUENCE_SHIFT = 32
 
 
-class WatermarkChannel(Protocol):
-    """The watermark topic as an injector uses it (``connectors.kafka.KafkaWatermarkChannel``
-    on Kafka, ``injectors.testing.MemoryWatermarkChannel`` in tests)."""
-
-    def publish(self, report: WatermarkReport) -> None:
-        """Write a report and wake the consumers of its streams."""
-
-    def declare(self, expected: ExpectedSet) -> None:
-        """Write an injector's expected set."""
-
-    def retire(self, source: str) -> None:
-        """Delete a source's report for good (a tombstone)."""
-
-    def end_offsets(self, streams: Sequence[str]) -> Offsets:
-        """The current end offsets of the streams' topics."""
-
-    def read(self) -> list[tuple[str, WatermarkMessage | None]]:
-        """The messages written since the last call (all of them at the first)."""
+def __getattr__(name: str) -> Any:
+    if name == "WatermarkChannel":
+        warnings.warn(
+            "millstream.injectors.process.WatermarkChannel is deprecated: use "
+            "millstream.engine.watermark_topic.WatermarkTopic",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return WatermarkTopic
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +161,9 @@ class InjectorStats:
 class InjectorProcess:
     """Runs ``source`` as process ``options.process`` of injector ``name``; see the module
     docstring. ``store`` holds the checkpoint, ``sink`` takes the records (Kafka:
-    ``connectors.kafka.KafkaProductionSink``), ``watermarks`` is the watermark topic;
+    ``connectors.kafka.KafkaProductionSink``), ``watermarks`` is the watermark topic
+    (:class:`~millstream.engine.watermark_topic.WatermarkTopic`; on Kafka
+    ``connectors.kafka.KafkaWatermarkTopic``);
     ``wait(seconds)`` pauses while the skew limit holds the process back. With ``metrics``,
     a ``prometheus_client.CollectorRegistry``, the process's stats and watermark are
     collected into it (:mod:`millstream.injectors.prometheus`; one process per registry)."""
@@ -181,7 +175,7 @@ class InjectorProcess:
         *,
         store: IntervalStore,
         sink: ProductionSink,
-        watermarks: WatermarkChannel,
+        watermarks: WatermarkTopic,
         clock: Clock,
         options: InjectorOptions | None = None,
         wait: Callable[[float], object] | None = None,
@@ -429,7 +423,7 @@ class InjectorProcess:
             self._wait(max(self.options.poll_timeout, 0.01))
 
 
-def retire_process(channel: WatermarkChannel, injector: str, process: str) -> ExpectedSet:
+def retire_process(channel: WatermarkTopic, injector: str, process: str) -> ExpectedSet:
     """Remove ``process`` from ``injector``'s expected set for good, and delete its report;
     returns the new set. Stop the process first: a retired process refuses to start."""
     current = latest_expected_set(channel.read(), injector)

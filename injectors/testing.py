@@ -20,8 +20,10 @@ restart.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING
 
 from millstream.engine.clock import ManualClock
@@ -29,10 +31,10 @@ from millstream.engine.deadletters import DeadLetter, decode_dead_letter
 from millstream.engine.records import Record
 from millstream.engine.stores.memory.store import MemoryIntervalStore
 from millstream.engine.testing import TestingSink
+from millstream.engine.watermark_topic import MemoryWatermarkTopic
 from millstream.engine.watermarks import (
     ExpectedSet,
     Offsets,
-    WatermarkMessage,
     WatermarkReport,
     latest_expected_set,
 )
@@ -44,42 +46,32 @@ if TYPE_CHECKING:
 
     from millstream.injectors.prometheus import InjectorCollector
 
-__all__ = ["InjectorHarness", "MemoryWatermarkChannel", "injector_harness"]
+__all__ = ["InjectorHarness", "MemoryWatermarkChannel", "injector_harness", "sent_offsets"]
 
 
-class MemoryWatermarkChannel:
-    """An in-memory watermark topic; stream offsets count what ``sink`` delivered."""
+def sent_offsets(sink: TestingSink, streams: Sequence[str]) -> Offsets:
+    """The end offsets of ``streams`` as ``sink`` wrote them: one partition each, every copy
+    it delivered counted (resends too, as on a Kafka topic)."""
+    counts = dict.fromkeys(streams, 0)
+    for production in sink.sent:
+        if production.stream in counts:
+            counts[production.stream] += 1
+    return {stream: {0: count} for stream, count in counts.items()}
+
+
+class MemoryWatermarkChannel(MemoryWatermarkTopic):
+    """Deprecated: a :class:`~millstream.engine.watermark_topic.MemoryWatermarkTopic` with
+    ``end_offsets=functools.partial(sent_offsets, sink)``; this alias goes in 0.3."""
 
     def __init__(self, sink: TestingSink) -> None:
+        warnings.warn(
+            "millstream.injectors.testing.MemoryWatermarkChannel is deprecated: use "
+            "millstream.engine.watermark_topic.MemoryWatermarkTopic",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        super().__init__(partial(sent_offsets, sink))
         self.sink = sink
-        self.messages: list[tuple[str, WatermarkMessage | None]] = []
-        self._read = 0
-
-    def publish(self, report: WatermarkReport) -> None:
-        self.messages.append((report.source, report))
-
-    def declare(self, expected: ExpectedSet) -> None:
-        self.messages.append((expected.key, expected))
-
-    def retire(self, source: str) -> None:
-        self.messages.append((source, None))
-
-    def end_offsets(self, streams: Sequence[str]) -> Offsets:
-        counts = {stream: 0 for stream in streams}
-        for production in self.sink.sent:
-            if production.stream in counts:
-                counts[production.stream] += 1
-        return {stream: {0: count} for stream, count in counts.items()}
-
-    def read(self) -> list[tuple[str, WatermarkMessage | None]]:
-        start, self._read = self._read, len(self.messages)
-        return self.messages[start:]
-
-    def reader(self) -> MemoryWatermarkChannel:
-        """A second reader of the same topic (its own position)."""
-        other = MemoryWatermarkChannel(self.sink)
-        other.messages = self.messages
-        return other
 
 
 @dataclass
@@ -90,7 +82,7 @@ class InjectorHarness:
     clock: ManualClock
     store: MemoryIntervalStore
     sink: TestingSink
-    channel: MemoryWatermarkChannel
+    channel: MemoryWatermarkTopic
     process: InjectorProcess
     retired: list[InjectorProcess] = field(default_factory=list)
     collector: InjectorCollector | None = None
@@ -131,7 +123,7 @@ class InjectorHarness:
         return [decode_dead_letter(r.value) for r in self.records(stream)]
 
     def reports(self) -> list[WatermarkReport]:
-        return [m for _, m in self.channel.messages if isinstance(m, WatermarkReport)]
+        return self.channel.reports()
 
     def expected_set(self) -> ExpectedSet | None:
         return latest_expected_set(self.channel.messages, self.name)
@@ -150,7 +142,7 @@ def injector_harness(
     clock = clock or ManualClock(1_000_000)
     store = MemoryIntervalStore(clock)
     sink = TestingSink()
-    channel = MemoryWatermarkChannel(sink)
+    channel = MemoryWatermarkTopic(partial(sent_offsets, sink))
     process = InjectorProcess(
         name, source, store=store, sink=sink, watermarks=channel, clock=clock, options=options
     )

@@ -25,6 +25,7 @@ from millstream.engine.clock import Clock
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.pause_points import pause_point
 from millstream.engine.topology import ComputationSpec, Topology
+from millstream.engine.watermark_topic import WatermarkTopic
 from millstream.engine.watermarks import ComputationWatermarks, Offsets, WatermarkReport
 
 __all__ = ["DriverWatermarks", "WatermarkSnapshot", "offsets_consumer"]
@@ -50,20 +51,21 @@ class WatermarkSnapshot:
 
 
 class DriverWatermarks:
-    """One computation's watermark state on the driver, with its Kafka reader and the alarm
-    that wakes its query for wall-time timers."""
+    """One computation's watermark state on the driver, with its reader (a subscription to
+    the run's ``authority``), the ``topic`` it publishes its reports on, and the alarm that
+    wakes its query for wall-time timers."""
 
     def __init__(
         self,
         config: MillstreamConfig,
         topology: Topology,
         spec: ComputationSpec,
-        publisher: kafka_connector.WatermarkPublisher,
+        topic: WatermarkTopic,
         clock: Clock,
         authority: WatermarkAuthority,
     ) -> None:
         self.spec = spec
-        self.publisher = publisher
+        self.topic = topic
         self.clock = clock
         self._alarm_source = f"alarm/{topology.name}/{spec.name}"
         self.alarm_topic = kafka_connector.alarm_topic(config, topology.name, spec.name)
@@ -89,14 +91,14 @@ class DriverWatermarks:
         published first, since the bookkeeping would not make it again.
         """
         if self._unpublished is not None:
-            self.publisher.publish(self._unpublished)
+            self.topic.publish(self._unpublished)
             self._unpublished = None
         self._unpublished = report(
             batch_id, kafka_connector.end_offsets(self._offsets, self.output_topics)
         )
         if self._unpublished is not None:
             pause_point("driver.report", self.spec.name)
-            self.publisher.publish(self._unpublished)
+            self.topic.publish(self._unpublished)
             self._unpublished = None
         next_event_timer = self.state.intervals.next_event_timer()
         if next_event_timer is not None and next_event_timer < self.state.timer_watermark:
@@ -145,7 +147,7 @@ class DriverWatermarks:
 
     def _wake(self, at: int) -> None:
         try:
-            self.publisher.wake([self.alarm_topic], self._alarm_source)
+            self.topic.wake([self.alarm_topic], self._alarm_source)
         except Exception:
             _log.exception("could not wake %r for its due timers", self.spec.name)
 

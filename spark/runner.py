@@ -319,7 +319,7 @@ class RunningTopology:
         self.clock = clock or SystemClock()
         # Per computation, kept across its query's restarts like the run tokens.
         self._watermarks: dict[str, DriverWatermarks] = {}
-        self._publisher: kafka_connector.WatermarkPublisher | None = None
+        self._publisher: kafka_connector.KafkaWatermarkTopic | None = None
         self._authority: WatermarkAuthority | None = None
         # The driver's own Cassandra session, for interval layouts (made at first use).
         self._layout_store: tuple[Any, CassandraIntervalStore] | None = None
@@ -565,10 +565,10 @@ class RunningTopology:
             raise TopologyError(f"computation {computation!r} has not run under this handle")
         return tracker
 
-    def _watermark_publisher(self) -> kafka_connector.WatermarkPublisher:
+    def _watermark_publisher(self) -> kafka_connector.KafkaWatermarkTopic:
         with self._lock:
             if self._publisher is None:
-                self._publisher = kafka_connector.WatermarkPublisher(self.config)
+                self._publisher = kafka_connector.KafkaWatermarkTopic(self.config)
             return self._publisher
 
     def _watermarks_of(self, spec: ComputationSpec) -> DriverWatermarks:
@@ -579,7 +579,7 @@ class RunningTopology:
                 if self._authority is None:
                     # One reader of the watermark topic for the whole run, not one per query.
                     self._authority = WatermarkAuthority(
-                        kafka_connector.WatermarkReader(self.config)
+                        kafka_connector.KafkaWatermarkTopic(self.config, create=False)
                     )
                 tracker = DriverWatermarks(
                     self.config, self.topology, spec, publisher, self.clock, self._authority
@@ -685,7 +685,7 @@ class RunningTopology:
         # first batch runs every interval: a restarted computation learns its pending timers
         # and productions even when no input and no report comes.
         watermarks = self._watermarks_of(spec)
-        watermarks.publisher.wake([alarm], f"start/{self.topology.name}/{spec.name}")
+        watermarks.topic.wake([alarm], f"start/{self.topology.name}/{spec.name}")
         from millstream.spark.session import kafka_stream
 
         source = kafka_stream(

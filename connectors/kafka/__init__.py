@@ -8,11 +8,11 @@ identity; :func:`stream_topic` is the one place that says so.
 Low-watermark reports (:mod:`millstream.engine.watermarks`) travel on one compacted topic,
 ``config.kafka_watermark_topic`` (default ``millstream.watermarks``), keyed by source name,
 so Kafka keeps each source's latest report: :func:`create_watermark_topic`,
-:class:`WatermarkPublisher`, :class:`WatermarkReader`.
+:class:`KafkaWatermarkTopic` (the :mod:`~millstream.engine.watermark_topic` contract).
 
 The modules: ``clients`` (connection and security settings, producers and consumers),
-``topics`` (topic names, creation, end offsets), ``watermark_topic`` (reports on the
-watermark topic) and ``sink`` (:class:`KafkaProductionSink`).
+``topics`` (topic names, creation, end offsets), ``watermark_topic`` (the watermark topic:
+reports, expected sets, wake-ups) and ``sink`` (:class:`KafkaProductionSink`).
 """
 
 from millstream.connectors.kafka.clients import (
@@ -39,6 +39,7 @@ from millstream.connectors.kafka.topics import (
 )
 from millstream.connectors.kafka.watermark_topic import (
     KafkaWatermarkChannel,
+    KafkaWatermarkTopic,
     WatermarkPublisher,
     WatermarkReader,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "WATERMARK_TOPIC_CONFIG",
     "KafkaProductionSink",
     "KafkaWatermarkChannel",
+    "KafkaWatermarkTopic",
     "WatermarkPublisher",
     "WatermarkReader",
     "admin_client",

@@ -1,4 +1,5 @@
-"""The watermark topic: publishing reports and expected sets, and reading them back.
+"""The watermark topic on Kafka: publishing reports and expected sets, and reading them back
+(:class:`KafkaWatermarkTopic`, the Kafka backend of :mod:`millstream.engine.watermark_topic`).
 
 Low-watermark reports (:mod:`millstream.engine.watermarks`) travel on one compacted topic,
 ``config.kafka_watermark_topic`` (default ``millstream.watermarks``), keyed by source name,
@@ -8,10 +9,19 @@ so Kafka keeps each source's latest report.
 from __future__ import annotations
 
 import logging
+import threading
 import time
+import warnings
 from collections.abc import Sequence
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 
 from millstream.connectors.kafka.clients import consumer, producer
 from millstream.connectors.kafka.topics import (
@@ -31,27 +41,53 @@ from millstream.engine.watermarks import (
     decode_watermark_message,
 )
 
-__all__ = ["KafkaWatermarkChannel", "WatermarkPublisher", "WatermarkReader"]
+__all__ = [
+    "KafkaWatermarkChannel",
+    "KafkaWatermarkTopic",
+    "WatermarkPublisher",
+    "WatermarkReader",
+]
 
 _log = logging.getLogger(__name__)
 
 
-class WatermarkPublisher:
-    """Publishes :class:`~millstream.engine.watermarks.WatermarkReport` s, keyed by source.
+class KafkaWatermarkTopic:
+    """The watermark topic on Kafka (a :class:`~millstream.engine.watermark_topic.
+    WatermarkTopic`): ``config.kafka_watermark_topic``, compacted, keyed by source.
+
+    One object is one client of the topic: a producer for reports, expected sets,
+    tombstones and wake-ups; a consumer that reads the topic from its beginning, a call at a
+    time up to its end (:meth:`read`, at this object's own position); and one for the end
+    offsets a report covers. Each is made at first use. With ``create`` (default) the topic
+    is created, or checked to be compacted, at once (a reader alone may do without); else
+    before the first write, which would otherwise auto-create it uncompacted.
 
     For an injector or any producer of a stream: after writing records, call
     :meth:`report_streams` with the watermark those writes reached; it covers them with the
     streams' current end offsets, so no consumer applies it before reading them.
+
+    Messages of the topic that are neither reports nor expected sets are logged and counted
+    in ``skipped`` (one bad producer must not stop every consumer's watermark).
     """
 
-    def __init__(self, config: MillstreamConfig) -> None:
+    def __init__(self, config: MillstreamConfig, *, create: bool = True) -> None:
         self.config = config
         self.topic = config.kafka_watermark_topic
-        # Before the first write, which would otherwise auto-create it uncompacted.
-        create_watermark_topic(config)
-        self._producer = producer(config)
+        self._lock = threading.Lock()  # the clients are made once, whichever thread is first
+        self._created = False
+        if create:
+            self._create()
+        self._producer: Producer | None = None
         self._wake_topics: set[str] = set()  # known to exist
         self._errors: list[KafkaError] = []
+        self._reader: Consumer | None = None
+        self._next: dict[int, int] = {}
+        self._assigned = False
+        self.skipped = 0
+        self._offsets: Consumer | None = None
+        self._closed = False
+
+    # -- writing -----------------------------------------------------------------------------
 
     def publish(self, report: WatermarkReport, timeout: float = 30.0) -> None:
         """Write one report, wait for Kafka to acknowledge it, then wake the consumers of the
@@ -72,7 +108,7 @@ class WatermarkPublisher:
 
     def report_streams(
         self,
-        reader: Consumer,
+        reader: Consumer | None,
         source: str,
         streams: Sequence[str],
         watermark: int,
@@ -83,8 +119,10 @@ class WatermarkPublisher:
     ) -> WatermarkReport:
         """Report that ``source`` writes nothing older than ``watermark`` to ``streams`` any
         more; ``sequence`` must grow with every report of the source (e.g. wall-clock µs).
-        ``records``: how many records it wrote, its weight in percentile watermarks."""
-        offsets = end_offsets(reader, [stream_topic(s) for s in streams], timeout)
+        ``records``: how many records it wrote, its weight in percentile watermarks.
+        ``reader`` reads the streams' end offsets (``None``: this object's own consumer)."""
+        topics = [stream_topic(s) for s in streams]
+        offsets = end_offsets(reader or self._offsets_consumer(), topics, timeout)
         report = WatermarkReport(
             source, tuple(streams), watermark, sequence, offsets, records=records
         )
@@ -101,8 +139,23 @@ class WatermarkPublisher:
         if expected.streams:
             self.wake([wake_topic(self.config, s) for s in expected.streams], expected.key, timeout)
 
-    def close(self, timeout: float = 30.0) -> None:
-        self._producer.flush(timeout)
+    def end_offsets(self, streams: Sequence[str]) -> Offsets:
+        """The current end offsets of the streams' topics."""
+        return end_offsets(self._offsets_consumer(), [stream_topic(s) for s in streams])
+
+    def _create(self) -> None:
+        with self._lock:
+            if not self._created:
+                create_watermark_topic(self.config)
+                self._created = True
+
+    def _writer(self) -> Producer:
+        if not self._created:
+            self._create()
+        with self._lock:
+            if self._producer is None:
+                self._producer = producer(self.config)
+            return self._producer
 
     def _write(
         self, topic: str, source: str, value: bytes | None, timeout: float, flush: bool = True
@@ -111,12 +164,12 @@ class WatermarkPublisher:
             if error is not None:
                 self._errors.append(error)
 
-        self._producer.produce(topic, key=source.encode(), value=value, on_delivery=delivered)
+        self._writer().produce(topic, key=source.encode(), value=value, on_delivery=delivered)
         if flush:
             self._flush(source, timeout)
 
     def _flush(self, source: str, timeout: float) -> None:
-        unflushed = self._producer.flush(timeout)  # runs the delivery callbacks
+        unflushed = self._writer().flush(timeout)  # runs the delivery callbacks
         errors, self._errors = self._errors, []
         if unflushed or errors:
             raise KafkaException(
@@ -125,38 +178,23 @@ class WatermarkPublisher:
                 f"within {timeout} s; is Kafka up?",
             )
 
-
-class WatermarkReader:
-    """Reads the watermark topic from its beginning, a call at a time up to its current end.
-
-    :meth:`read` returns ``(source, report)`` pairs in topic order; ``report`` is ``None`` for
-    a retired source. Messages that are not reports are logged and counted in ``skipped``
-    (one bad producer must not stop every consumer's watermark).
-    """
-
-    def __init__(self, config: MillstreamConfig) -> None:
-        self.topic = config.kafka_watermark_topic
-        self._config = config
-        self._consumer = self._new_consumer()
-        self._next: dict[int, int] = {}
-        self._assigned = False
-        self.skipped = 0
+    # -- reading -----------------------------------------------------------------------------
 
     def read(self, timeout: float = 30.0) -> list[tuple[str, WatermarkMessage | None]]:
-        """The messages after those read before, up to the topic's end now.
+        """The messages after those read before, up to the topic's end now, as ``(key,
+        message)`` in topic order (``None``: a retired key).
 
         A read that fails (Kafka down, a timeout) returns nothing and moves nothing: the next
         read starts where this one did, so no report is ever skipped.
         """
-        ends = end_offsets(self._consumer, [self.topic], timeout)[self.topic]
+        reader = self._read_consumer()
+        ends = end_offsets(reader, [self.topic], timeout)[self.topic]
         if not self._assigned or ends.keys() - self._next.keys():
             # Assigned once (again only if partitions are added, or after a failed read):
             # re-assigning resets the fetcher, which then takes a second or more to deliver.
             for partition in ends:
                 self._next.setdefault(partition, 0)
-            self._consumer.assign(
-                [TopicPartition(self.topic, p, self._next[p]) for p in sorted(ends)]
-            )
+            reader.assign([TopicPartition(self.topic, p, self._next[p]) for p in sorted(ends)])
             self._assigned = True
         position = dict(self._next)
         wanted = {p: end for p, end in ends.items() if position[p] < end}
@@ -168,12 +206,10 @@ class WatermarkReader:
                     raise TimeoutError(
                         f"could not read {self.topic!r} up to its end within {timeout} s"
                     )
-                message = self._consumer.poll(0.1)
+                message = reader.poll(0.1)
                 if message is None:
                     # Compaction leaves gaps in the offsets; the fetch position skips them.
-                    for fetched in self._consumer.position(
-                        [TopicPartition(self.topic, p) for p in wanted]
-                    ):
+                    for fetched in reader.position([TopicPartition(self.topic, p) for p in wanted]):
                         if fetched.offset >= 0:
                             position[fetched.partition] = max(
                                 position[fetched.partition], fetched.offset
@@ -195,14 +231,30 @@ class WatermarkReader:
 
     def _new_consumer(self) -> Consumer:
         # Fetches return at once: a driver reads before every batch and must not wait.
-        return consumer(self._config, "millstream-watermarks", **{"fetch.wait.max.ms": 10})
+        return consumer(self.config, "millstream-watermarks", **{"fetch.wait.max.ms": 10})
+
+    def _read_consumer(self) -> Consumer:
+        with self._lock:
+            if self._reader is None:
+                self._reader = self._new_consumer()
+            return self._reader
+
+    def _offsets_consumer(self) -> Consumer:
+        with self._lock:
+            if self._offsets is None:
+                self._offsets = consumer(self.config, "millstream-offsets")
+            return self._offsets
 
     def reconnect(self) -> None:
-        """Replace the Kafka consumer (after an outage left it failing); the next read goes
-        on from the last message a read returned."""
-        old, self._consumer = self._consumer, self._new_consumer()
-        self._assigned = False
-        old.close()
+        """Replace the Kafka consumers (after an outage left them failing); the next read
+        goes on from the last message a read returned."""
+        with self._lock:
+            old = [c for c in (self._reader, self._offsets) if c is not None]
+            self._reader = self._new_consumer() if self._reader is not None else None
+            self._offsets = None
+            self._assigned = False
+        for stale in old:
+            stale.close()
 
     def _parse(self, message: Message) -> list[tuple[str, WatermarkMessage | None]]:
         source = (message.key() or b"").decode(errors="replace")
@@ -219,36 +271,47 @@ class WatermarkReader:
             return [(decoded.key, decoded)]
         return [(decoded.source, decoded)]
 
-    def close(self) -> None:
-        self._consumer.close()
+    def close(self, timeout: float = 30.0) -> None:
+        """Deliver what is written, and close the consumers (once)."""
+        with self._lock:
+            closing, self._closed = not self._closed, True
+        if not closing:
+            return
+        for client in (self._offsets, self._reader):
+            if client is not None:
+                client.close()
+        if self._producer is not None:
+            self._producer.flush(timeout)
 
 
-class KafkaWatermarkChannel:
-    """The watermark topic as an injector process uses it (``injectors.process``'s
-    ``WatermarkChannel``): publish and read reports and expected sets, and the end offsets a
-    report covers."""
+def _deprecated(name: str) -> None:
+    warnings.warn(
+        f"millstream.connectors.kafka.{name} is deprecated: use KafkaWatermarkTopic, which "
+        "writes and reads the watermark topic",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+
+
+class WatermarkPublisher(KafkaWatermarkTopic):
+    """Deprecated: :class:`KafkaWatermarkTopic`; this alias goes in 0.3."""
 
     def __init__(self, config: MillstreamConfig) -> None:
-        self.publisher = WatermarkPublisher(config)
-        self.reader = WatermarkReader(config)
-        self._offsets = consumer(config, "millstream-injector-offsets")
+        _deprecated("WatermarkPublisher")
+        super().__init__(config)
 
-    def publish(self, report: WatermarkReport) -> None:
-        self.publisher.publish(report)
 
-    def declare(self, expected: ExpectedSet) -> None:
-        self.publisher.declare(expected)
+class WatermarkReader(KafkaWatermarkTopic):
+    """Deprecated: :class:`KafkaWatermarkTopic` (``create=False``); this alias goes in 0.3."""
 
-    def retire(self, source: str) -> None:
-        self.publisher.retire(source)
+    def __init__(self, config: MillstreamConfig) -> None:
+        _deprecated("WatermarkReader")
+        super().__init__(config, create=False)
 
-    def end_offsets(self, streams: Sequence[str]) -> Offsets:
-        return end_offsets(self._offsets, [stream_topic(s) for s in streams])
 
-    def read(self) -> list[tuple[str, WatermarkMessage | None]]:
-        return self.reader.read()
+class KafkaWatermarkChannel(KafkaWatermarkTopic):
+    """Deprecated: :class:`KafkaWatermarkTopic`; this alias goes in 0.3."""
 
-    def close(self) -> None:
-        self._offsets.close()
-        self.reader.close()
-        self.publisher.close()
+    def __init__(self, config: MillstreamConfig) -> None:
+        _deprecated("KafkaWatermarkChannel")
+        super().__init__(config)

@@ -134,7 +134,7 @@ def test_watermarks_shows_each_source_and_the_silent_expected_processes(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     injector = unique("inj").replace("_", "-")
-    publisher = kafka_connector.WatermarkPublisher(services)
+    publisher = kafka_connector.KafkaWatermarkTopic(services)
     try:
         publisher.declare(ExpectedSet(injector, (injector,), ("0", "1")))
         publisher.publish(

@@ -26,8 +26,7 @@ from millstream.connectors import kafka as kafka_connector
 from millstream.connectors.kafka import (
     WATERMARK_TOPIC_CONFIG,
     KafkaProductionSink,
-    WatermarkPublisher,
-    WatermarkReader,
+    KafkaWatermarkTopic,
     stream_topic,
 )
 from millstream.engine.clock import ManualClock
@@ -208,18 +207,18 @@ def watermarks(
 
 
 @pytest.fixture
-def publisher(watermarks: MillstreamConfig) -> Iterator[WatermarkPublisher]:
-    publisher = WatermarkPublisher(watermarks)
+def publisher(watermarks: MillstreamConfig) -> Iterator[KafkaWatermarkTopic]:
+    publisher = KafkaWatermarkTopic(watermarks)
     yield publisher
     publisher.close()
 
 
 @pytest.fixture
-def make_reader(watermarks: MillstreamConfig) -> Iterator[Callable[[], WatermarkReader]]:
-    readers: list[WatermarkReader] = []
+def make_reader(watermarks: MillstreamConfig) -> Iterator[Callable[[], KafkaWatermarkTopic]]:
+    readers: list[KafkaWatermarkTopic] = []
 
-    def make() -> WatermarkReader:
-        readers.append(WatermarkReader(watermarks))
+    def make() -> KafkaWatermarkTopic:
+        readers.append(KafkaWatermarkTopic(watermarks, create=False))
         return readers[-1]
 
     yield make
@@ -263,11 +262,11 @@ def test_a_watermark_topic_that_deletes_old_reports_is_refused(
     with pytest.raises(ConfigError, match=r"cleanup\.policy='delete', not compact"):
         kafka_connector.create_watermark_topic(deleting)
     with pytest.raises(ConfigError, match=r"cleanup\.policy=compact"):
-        WatermarkPublisher(deleting)
+        KafkaWatermarkTopic(deleting)
 
 
 def test_published_reports_are_read_in_order_each_once(
-    publisher: WatermarkPublisher, make_reader: Callable[[], WatermarkReader]
+    publisher: KafkaWatermarkTopic, make_reader: Callable[[], KafkaWatermarkTopic]
 ) -> None:
     first = _report(computation_source("topo", "sessionize"), 100)
     second = _report(injector_source("clicks"), 200)
@@ -308,13 +307,13 @@ class _ConsumerFailingOnce:
 
 
 def test_a_read_that_fails_halfway_skips_nothing_and_a_reconnect_repeats_nothing(
-    watermarks: MillstreamConfig, publisher: WatermarkPublisher
+    watermarks: MillstreamConfig, publisher: KafkaWatermarkTopic
 ) -> None:
     reports = [_report(injector_source(f"clicks-{n}"), 100 + n) for n in range(4)]
     for report in reports[:3]:
         publisher.publish(report)
 
-    class FailingReader(WatermarkReader):
+    class FailingReader(KafkaWatermarkTopic):
         def _new_consumer(self) -> Any:
             return _ConsumerFailingOnce(super()._new_consumer(), fail_at=3)
 
@@ -335,7 +334,7 @@ def test_a_read_that_fails_halfway_skips_nothing_and_a_reconnect_repeats_nothing
 
 
 def test_an_expected_set_is_read_under_its_injector_key_and_can_be_retired(
-    publisher: WatermarkPublisher, make_reader: Callable[[], WatermarkReader]
+    publisher: KafkaWatermarkTopic, make_reader: Callable[[], KafkaWatermarkTopic]
 ) -> None:
     expected = ExpectedSet("clicks", ("clicks",), ("0", "1"))
     report = _report(injector_source("clicks", "1"), 100)
@@ -353,8 +352,8 @@ def test_an_expected_set_is_read_under_its_injector_key_and_can_be_retired(
 
 def test_a_report_wakes_the_consumers_of_each_stream_it_names_after_it_is_written(
     watermarks: MillstreamConfig,
-    publisher: WatermarkPublisher,
-    make_reader: Callable[[], WatermarkReader],
+    publisher: KafkaWatermarkTopic,
+    make_reader: Callable[[], KafkaWatermarkTopic],
 ) -> None:
     report = _report(injector_source("clicks"), 100)
     publisher.publish(report)
@@ -375,8 +374,8 @@ def test_a_report_wakes_the_consumers_of_each_stream_it_names_after_it_is_writte
 
 def test_a_report_on_streams_covers_their_current_end_offsets(
     services: MillstreamConfig,
-    publisher: WatermarkPublisher,
-    make_reader: Callable[[], WatermarkReader],
+    publisher: KafkaWatermarkTopic,
+    make_reader: Callable[[], KafkaWatermarkTopic],
     kafka_topic: Callable[..., str],
 ) -> None:
     stream = kafka_topic(partitions=2)
@@ -420,8 +419,8 @@ def test_a_report_on_streams_covers_their_current_end_offsets(
 
 def test_a_malformed_message_is_skipped_and_counted(
     watermarks: MillstreamConfig,
-    publisher: WatermarkPublisher,
-    make_reader: Callable[[], WatermarkReader],
+    publisher: KafkaWatermarkTopic,
+    make_reader: Callable[[], KafkaWatermarkTopic],
 ) -> None:
     topic = watermarks.kafka_watermark_topic
     good = _report(injector_source("clicks"), 100)
@@ -438,7 +437,7 @@ def test_a_malformed_message_is_skipped_and_counted(
 
 
 def test_a_retired_source_reads_as_none(
-    publisher: WatermarkPublisher, make_reader: Callable[[], WatermarkReader]
+    publisher: KafkaWatermarkTopic, make_reader: Callable[[], KafkaWatermarkTopic]
 ) -> None:
     report = _report(injector_source("clicks", "3"), 100)
     publisher.publish(report)

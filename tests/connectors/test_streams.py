@@ -532,7 +532,7 @@ def test_report_watermark_publishes_a_report_past_the_newest_time_sent(
     ends = end_offsets(watermarks, stream)
     assert sum(ends.values()) == 6
     assert summary.report == WatermarkReport(source, (stream,), NOW + 1, NOW, {stream: ends})
-    reader = kafka_connector.WatermarkReader(watermarks)
+    reader = kafka_connector.KafkaWatermarkTopic(watermarks, create=False)
     try:
         assert reader.read() == [(source, summary.report)]
     finally:

@@ -208,7 +208,7 @@ def test_the_checks_catch_lost_duplicated_unexpected_effects_and_regressions(
         assert sink.send([Production(run.names.windows, duplicate)], 30.0)
     finally:
         sink.close()
-    publisher = kafka_connector.WatermarkPublisher(config)
+    publisher = kafka_connector.KafkaWatermarkTopic(config)
     try:
         publisher.publish(WatermarkReport("injector/tamper/0", (run.names.events,), 100, 1))
         publisher.publish(WatermarkReport("injector/tamper/0", (run.names.events,), 50, 2))

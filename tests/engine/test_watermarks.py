@@ -428,7 +428,7 @@ def test_a_computations_watermark_is_held_by_its_oldest_work() -> None:
 
 @dataclass
 class FakeReader:
-    """What a ``WatermarkReader`` would return, one list per ``read()``."""
+    """What a ``KafkaWatermarkTopic`` would return, one list per ``read()``."""
 
     batches: list[list[tuple[str, WatermarkMessage | None]]] = field(default_factory=list)
 

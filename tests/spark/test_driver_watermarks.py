@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
@@ -15,7 +15,8 @@ from millstream.engine.config import MillstreamConfig
 from millstream.engine.context import Context
 from millstream.engine.records import Record
 from millstream.engine.topology import Topology
-from millstream.engine.watermarks import WatermarkMessage, WatermarkReport
+from millstream.engine.watermark_topic import MemoryWatermarkTopic
+from millstream.engine.watermarks import WatermarkReport
 from millstream.spark import driver_watermarks
 from millstream.spark.driver_watermarks import DriverWatermarks
 
@@ -34,50 +35,39 @@ class Unused:
         pass
 
 
-class Nothing:
-    """A watermark topic without messages."""
-
-    def read(self, timeout: float = 0.0) -> list[tuple[str, WatermarkMessage | None]]:
-        return []
-
-
-class FlakyPublisher:
+class FlakyTopic(MemoryWatermarkTopic):
     """Fails its first ``failures`` publishes as a broker that is down would."""
 
     def __init__(self, failures: int) -> None:
+        super().__init__()
         self.failures = failures
-        self.published: list[WatermarkReport] = []
 
     def publish(self, report: WatermarkReport) -> None:
         if self.failures:
             self.failures -= 1
             raise TimeoutError("the broker did not acknowledge the report within 30 s")
-        self.published.append(report)
-
-    def wake(self, topics: list[str], source: str) -> None:
-        pass
+        super().publish(report)
 
 
 @pytest.fixture
-def driver(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[DriverWatermarks, FlakyPublisher]]:
+def driver(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[DriverWatermarks, FlakyTopic]]:
     monkeypatch.setattr(driver_watermarks, "offsets_consumer", lambda config: Unused())
     monkeypatch.setattr(kafka_connector, "end_offsets", lambda *_: {"out": {0: 7}})
     topology = Topology("flaky", streams=["in"])
     spec = topology.add_computation("forward", Forward(), inputs=["in"], outputs=["out"])
-    publisher = FlakyPublisher(failures=1)
-    kafka_publisher = cast(kafka_connector.WatermarkPublisher, publisher)
-    authority = WatermarkAuthority(Nothing())
+    topic = FlakyTopic(failures=1)
+    authority = WatermarkAuthority(MemoryWatermarkTopic())  # a topic without messages
     watermarks = DriverWatermarks(
-        MillstreamConfig(), topology, spec, kafka_publisher, ManualClock(), authority
+        MillstreamConfig(), topology, spec, topic, ManualClock(), authority
     )
-    yield watermarks, publisher
+    yield watermarks, topic
     watermarks.close()
 
 
 def test_a_report_that_failed_to_publish_is_published_by_the_next_call(
-    driver: tuple[DriverWatermarks, FlakyPublisher],
+    driver: tuple[DriverWatermarks, FlakyTopic],
 ) -> None:
-    watermarks, publisher = driver
+    watermarks, topic = driver
     made: list[WatermarkReport] = []
 
     def report_once(sequence: int, offsets: Any) -> WatermarkReport | None:
@@ -93,8 +83,8 @@ def test_a_report_that_failed_to_publish_is_published_by_the_next_call(
 
     with pytest.raises(TimeoutError):
         watermarks.after_batch(1, report_once)
-    assert publisher.published == []
+    assert topic.reports() == []
     watermarks.after_batch(1, report_once)  # the batch retried once Kafka is back
-    assert publisher.published == made
+    assert topic.reports() == made
     watermarks.after_batch(2, report_once)
-    assert publisher.published == made  # published once, not again
+    assert topic.reports() == made  # published once, not again

@@ -616,7 +616,7 @@ class WindowsInjector:
 
     source: str
     stream: str
-    publisher: kafka_connector.WatermarkPublisher
+    publisher: kafka_connector.KafkaWatermarkTopic
     offsets: Any
 
     def report(
@@ -639,7 +639,7 @@ class WindowsInjector:
 def windows_injector(services: MillstreamConfig, pipeline: Pipeline) -> Iterator[WindowsInjector]:
     """The searches topic (2 partitions) and its injector; removes the totals topic after."""
     kafka_connector.create_topics(services, [pipeline.searches], partitions=2)
-    publisher = kafka_connector.WatermarkPublisher(services)
+    publisher = kafka_connector.KafkaWatermarkTopic(services)
     offsets = kafka_connector.consumer(services, "test-offsets")
     try:
         yield WindowsInjector(

@@ -487,7 +487,7 @@ def test_a_topology_runs_on_spark_against_the_secured_services(
     for record in records + records[::5]:
         sender.produce(events, key=record.key.encode(), value=encode_record(record))
     assert sender.flush(30) == 0
-    publisher = kafka_connector.WatermarkPublisher(client)
+    publisher = kafka_connector.KafkaWatermarkTopic(client)
     offsets = kafka_connector.consumer(client, "test-secure-offsets")
     source = injector_source(f"secure-{suffix}")
     publisher.report_streams(offsets, source, [events], BASE + WINDOW, 1)
