@@ -36,6 +36,14 @@ Injectors run as several processes (paper 5.2). An :class:`ExpectedSet`, keyed b
 :func:`injector_group` on the same topic, names the processes of one injector and its
 streams: every expected process holds those streams until it reported (a silent one holds
 them at its last report), and a retired process holds nothing and is ignored for good.
+
+The package, one module per part: :mod:`~millstream.engine.watermarks.report` (the topic's
+messages and their wire format), :mod:`~millstream.engine.watermarks.input` (a consumer's input
+watermark), :mod:`~millstream.engine.watermarks.intervals` (its intervals' pending work) and
+:mod:`~millstream.engine.watermarks.load` (their load),
+:mod:`~millstream.engine.watermarks.computation` (a computation's bookkeeping, batch by
+batch), and :mod:`~millstream.engine.watermarks.overview` (``millstream watermarks``). The
+topic itself is :mod:`millstream.engine.watermark_topic`.
 """
 
 from millstream.engine.watermarks.computation import (
@@ -44,7 +52,8 @@ from millstream.engine.watermarks.computation import (
     computation_watermark,
 )
 from millstream.engine.watermarks.input import Hold, InputWatermark, offsets_reached
-from millstream.engine.watermarks.intervals import IntervalLoad, IntervalMap, IntervalProgress
+from millstream.engine.watermarks.intervals import IntervalMap, IntervalProgress
+from millstream.engine.watermarks.load import IntervalLoad
 from millstream.engine.watermarks.overview import SourceState, SourceStatus, watermark_overview
 from millstream.engine.watermarks.report import (
     REPORT_VERSION,

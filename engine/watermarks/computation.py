@@ -43,7 +43,9 @@ def _held(input_watermark: int, oldest_work: tuple[int, int] | None) -> tuple[in
 
 
 class ReportReader(Protocol):
-    """Where a driver reads reports from (``connectors.kafka.WatermarkReader``)."""
+    """Where a driver reads reports from: the reading half of the watermark topic
+    (:class:`~millstream.engine.watermark_topic.WatermarkTopic`), such as a watermark
+    authority's subscription."""
 
     def read(self, timeout: float = ...) -> list[tuple[str, WatermarkMessage | None]]: ...
 

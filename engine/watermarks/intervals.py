@@ -5,14 +5,14 @@ than what they return."""
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Final
 
 from sortedcontainers import SortedList
 
-__all__ = ["IntervalLoad", "IntervalMap", "IntervalProgress"]
+from millstream.engine.watermarks.load import IntervalLoad, IntervalLoads
+
+__all__ = ["IntervalMap", "IntervalProgress"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,24 +38,12 @@ class IntervalProgress:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class IntervalLoad:
-    """One interval's share of its computation's work in the latest batch with input: its
-    records, the wall and CPU seconds of its task, and its pending work (oldest first)."""
-
-    interval: int
-    records: int
-    seconds: float
-    oldest_work: int | None
-    cpu_seconds: float = 0.0
-
-
 _ANY_INTERVAL = 2**63  # above every interval ID: an index range bound on the time alone
-_NO_LOAD: Final = (0, 0.0, 0.0)
 
 
 class IntervalMap:
-    """What each key interval of one computation has left after its latest batch.
+    """What each key interval of one computation has left after its latest batch, and the
+    load it carried (:class:`~millstream.engine.watermarks.load.IntervalLoads`).
 
     ``intervals`` is how many there are (IDs ``0 .. intervals-1``), or their IDs; until each
     reported once, the map is not :attr:`complete` (their pending work is unknown, so no
@@ -65,16 +53,11 @@ class IntervalMap:
     def __init__(self, intervals: int | Iterable[int]) -> None:
         self._live = set(range(intervals) if isinstance(intervals, int) else intervals)
         self._progress: dict[int, IntervalProgress] = {}
-        # Records, seconds and CPU seconds of the latest batch with input each ran in (the
-        # percentile's weights); those in _idle carried nothing in the latest one.
-        self._load: dict[int, tuple[int, float, float]] = {}
-        self._idle: set[int] = set()
-        self._estimated: set[int] = set()  # loads carried over by replace, not measured
+        self._loads = IntervalLoads()
         self._work: SortedList[tuple[int, int]] = SortedList()  # (oldest_work, interval)
         self._event: SortedList[tuple[int, int]] = SortedList()  # (next_event_timer, interval)
         self._wall: SortedList[tuple[int, int]] = SortedList()  # (next_wall_timer, interval)
         self._pending: set[int] = set()
-        self._records = 0
 
     def __len__(self) -> int:
         return len(self._progress)
@@ -108,20 +91,11 @@ class IntervalMap:
         again at once, to split at the next input. Until then the map is not
         :attr:`measured`."""
         sources, targets = list(sources), list(targets)
-        carried = [self._latest(interval) for interval in sources]
+        self._loads.replace(sources, targets, carry=carry_load)
         for interval in sources:
             self._forget(interval)
             self._live.discard(interval)
         self._live.update(targets)
-        if carry_load and targets:
-            records = sum(load[0] for load in carried)
-            seconds = sum(load[1] for load in carried)
-            cpu = sum(load[2] for load in carried)
-            whole, rest = divmod(records, len(targets))
-            for index, interval in enumerate(targets):
-                share = (whole + (index < rest), seconds / len(targets), cpu / len(targets))
-                self._set_load(interval, share)
-                self._estimated.add(interval)
 
     def track(self, ids: Iterable[int]) -> None:
         """Follow exactly the intervals ``ids`` (a layout read at start)."""
@@ -135,10 +109,6 @@ class IntervalMap:
             _discard(self._event, old.next_event_timer, interval)
             _discard(self._wall, old.next_wall_timer, interval)
         self._pending.discard(interval)
-        self._idle.discard(interval)
-        self._estimated.discard(interval)
-        records, _, _ = self._load.pop(interval, _NO_LOAD)
-        self._records -= records
 
     def record(
         self,
@@ -168,33 +138,20 @@ class IntervalMap:
         else:
             self._pending.discard(interval)
         if records is not None:
-            self._set_load(interval, (records, seconds, cpu_seconds))
-            self._estimated.discard(interval)
+            self._loads.measure(interval, records, seconds, cpu_seconds)
 
     def idle_except(self, ran: Iterable[int]) -> None:
         """A batch with input ran only the intervals ``ran``: every other one carried no
-        records in it (so a load it carried long ago neither splits it nor keeps it from
-        merging). Their weight in :meth:`percentile_work` stays that of the latest batch
-        with input they ran in: a small batch that missed an interval says little of the
-        share of the data behind it."""
-        self._idle = self._load.keys() - set(ran)
-        self._estimated -= self._idle
+        records in it (see :meth:`IntervalLoads.idle_except
+        <millstream.engine.watermarks.load.IntervalLoads.idle_except>`); their weight in
+        :meth:`percentile_work` stays."""
+        self._loads.idle_except(ran)
 
     @property
     def measured(self) -> bool:
         """Whether every load is one a batch with input measured, none carried over from a
         split or merge: a plan on estimates would split halves a hot key leaves cold."""
-        return not self._estimated
-
-    def _set_load(self, interval: int, load: tuple[int, float, float]) -> None:
-        before = self._load.get(interval, _NO_LOAD)[0]
-        self._load[interval] = load
-        self._idle.discard(interval)
-        self._records += load[0] - before
-
-    def _latest(self, interval: int) -> tuple[int, float, float]:
-        """The load ``interval`` carried in the latest batch with input."""
-        return _NO_LOAD if interval in self._idle else self._load.get(interval, _NO_LOAD)
+        return self._loads.measured
 
     def oldest_work(self) -> tuple[int, int] | None:
         """The earliest pending work of any interval, and that interval."""
@@ -222,32 +179,27 @@ class IntervalMap:
         records are set aside (paper 7.2: stragglers stripped away). Every interval weighs at
         least one record, so a quiet interval with old work is set aside only when the rest
         outweigh it. ``None`` when nothing is pending beyond that."""
-        total = self._records + len(self._progress)
+        total = self._loads.total_records + len(self._progress)
         allowance = total * (100.0 - percentile) / 100.0
         skipped = 0.0
         for work, interval in self._work:
-            skipped += self._load.get(interval, _NO_LOAD)[0] + 1
+            skipped += self._loads.weight(interval) + 1
             if skipped > allowance:
                 return int(work)
         return None
 
     def records(self) -> dict[int, int]:
         """Each interval's records in the latest batch with input (for rebalancing)."""
-        return {interval: self._latest(interval)[0] for interval in self._load}
+        return self._loads.records()
 
     def cpu_seconds(self) -> dict[int, float]:
         """Each interval's CPU seconds in the latest batch with input (for rebalancing)."""
-        return {interval: self._latest(interval)[2] for interval in self._load}
+        return self._loads.cpu_seconds()
 
     def hottest(self, limit: int = 5) -> list[IntervalLoad]:
         """The intervals that carried the most records in the latest batch with input (then
         seconds)."""
-        latest = ((interval, self._latest(interval)) for interval in self._load)
-        ranked = heapq.nlargest(limit, latest, key=lambda item: item[1])
-        return [
-            IntervalLoad(interval, records, seconds, self._oldest_work(interval), cpu)
-            for interval, (records, seconds, cpu) in ranked
-        ]
+        return self._loads.hottest(limit, self._oldest_work)
 
     def _oldest_work(self, interval: int) -> int | None:
         progress = self._progress.get(interval)
