@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING
 
+from millstream.engine.config import DEFAULT_METRICS_ADDRESS
 from millstream.engine.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -21,8 +22,6 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
 __all__ = ["DEFAULT_METRICS_ADDRESS", "MetricsServer", "listen_address", "serve_metrics"]
-
-DEFAULT_METRICS_ADDRESS = "127.0.0.1"
 
 
 def listen_address(text: str) -> tuple[str, int]:

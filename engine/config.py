@@ -42,6 +42,18 @@ The TOML file and the variables name the same settings::
     [executor]
     cache_bytes = 134217728                 # MILLSTREAM_EXECUTOR_CACHE_BYTES: per Python worker
     interval_threads = 4                    # MILLSTREAM_EXECUTOR_INTERVAL_THREADS: per task
+    [run]                                   # a run's deployment: see RunSettings
+    keyspace = "millstream"                 # MILLSTREAM_RUN_KEYSPACE
+    table = "intervals"                     # MILLSTREAM_RUN_TABLE
+    create_keyspace = true                  # MILLSTREAM_RUN_CREATE_KEYSPACE
+    checkpoint_root = "/srv/checkpoints"    # MILLSTREAM_RUN_CHECKPOINT_ROOT (<home>/checkpoints)
+    partitions = 2                          # MILLSTREAM_RUN_PARTITIONS
+    topic_partitions = { searches = 8 }     # MILLSTREAM_RUN_TOPIC_PARTITIONS="searches=8,clicks=4"
+    max_offsets_per_trigger = 60000         # MILLSTREAM_RUN_MAX_OFFSETS_PER_TRIGGER
+    batch_attempts = 3                      # MILLSTREAM_RUN_BATCH_ATTEMPTS
+    outage_timeout = 900.0                  # MILLSTREAM_RUN_OUTAGE_TIMEOUT (seconds)
+    metrics_port = 9400                     # MILLSTREAM_RUN_METRICS_PORT (0, the default: off)
+    metrics_address = "127.0.0.1"           # MILLSTREAM_RUN_METRICS_ADDRESS
 
 Passwords are held as :class:`Secret`, whose repr and str are ``***``: a config can be
 logged, printed or put into an error message without showing them. Without ``ca_file``, TLS
@@ -52,25 +64,41 @@ from __future__ import annotations
 
 import os
 import tomllib
+import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from millstream.engine.cache import DEFAULT_CACHE_BYTES
 from millstream.engine.errors import ConfigError
+from millstream.engine.outages import DEFAULT_OUTAGE_TIMEOUT
 
 __all__ = [
     "CONFIG_FILE_NAME",
+    "DEFAULT_KEYSPACE",
+    "DEFAULT_METRICS_ADDRESS",
+    "DEFAULT_PARTITIONS",
+    "DEFAULT_TABLE",
     "KAFKA_SASL_MECHANISMS",
     "KAFKA_SECURITY_PROTOCOLS",
     "MillstreamConfig",
+    "RunSettings",
     "Secret",
     "load_config",
     "setting_name",
 ]
 
 CONFIG_FILE_NAME = "millstream.toml"
+DEFAULT_KEYSPACE: Final = "millstream"
+"""The Cassandra keyspace of a run's state and injector checkpoints, unless [run] names one."""
+DEFAULT_TABLE: Final = "intervals"
+"""The interval table in that keyspace (:mod:`millstream.engine.stores.cassandra`)."""
+DEFAULT_PARTITIONS: Final = 2
+"""Partitions of each stream topic millstream creates, unless [run] says otherwise."""
+DEFAULT_METRICS_ADDRESS: Final = "127.0.0.1"
+"""Where a metrics endpoint listens unless told: the loopback interface (exposing metrics to
+other hosts is a choice, ``0.0.0.0``)."""
 _LOOPBACK = "127.0.0.1"
 
 KAFKA_SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
@@ -103,8 +131,108 @@ def setting_name(table: str, *keys: str) -> str:
 
 
 @dataclass(frozen=True)
+class RunSettings:
+    """How a run is deployed: where its state lives, how its topics are made, how it copes.
+
+    One object for everything that belongs to the deployment rather than to the code, read
+    by :func:`load_config` from the ``[run]`` table or ``MILLSTREAM_RUN_*`` (it is
+    ``config.run``), and taken once by each entry point: ``run_topology`` and
+    ``RunningTopology`` (:mod:`millstream.spark`), ``connect_injector``
+    (:mod:`millstream.injectors`), ``millstream run``, and the provisioning they all go
+    through (:func:`millstream.connectors.provision`). Change a field for one run with
+    ``dataclasses.replace(config.run, keyspace="zeitgeist")``.
+
+    - ``keyspace``, ``table``: the Cassandra keyspace and interval table of the run's state,
+      timers, pending productions and injector checkpoints. With ``create_keyspace`` a
+      missing keyspace is created (SimpleStrategy, ``[cassandra] replication`` replicas: for
+      development; a production keyspace is made by its operators, then set it to false).
+    - ``checkpoint_root``: where each computation's query keeps its Kafka offsets
+      (``<root>/<topology>/<computation>``); ``None``: ``<home>/checkpoints``.
+    - ``partitions``: partitions of each stream topic created, or
+      ``topic_partitions[stream]``. Existing topics are left as they are.
+    - ``max_offsets_per_trigger``: the most Kafka records one micro-batch reads (Spark's
+      ``maxOffsetsPerTrigger``; ``None``: no cap).
+    - ``batch_attempts``: runs of a failing micro-batch before its query stops with the error.
+    - ``outage_timeout``: seconds a driver waits out Kafka or Cassandra being unreachable
+      (:mod:`millstream.engine.outages`).
+    - ``metrics_port``, ``metrics_address``: where a topology's driver (or a lone injector
+      process) serves its Prometheus metrics, ``http://ADDRESS:PORT/metrics``; port 0: off.
+    """
+
+    keyspace: str = DEFAULT_KEYSPACE
+    table: str = DEFAULT_TABLE
+    create_keyspace: bool = True
+    checkpoint_root: Path | None = None
+    partitions: int = DEFAULT_PARTITIONS
+    topic_partitions: Mapping[str, int] = field(default_factory=dict)
+    max_offsets_per_trigger: int | None = None
+    batch_attempts: int = 3
+    outage_timeout: float = DEFAULT_OUTAGE_TIMEOUT
+    metrics_port: int = 0
+    metrics_address: str = DEFAULT_METRICS_ADDRESS
+
+    def __post_init__(self) -> None:
+        # A private copy: the caller's dict may change, this object may not.
+        object.__setattr__(self, "topic_partitions", dict(self.topic_partitions))
+        if not self.keyspace or not self.table:
+            raise ValueError("run keyspace and table must be non-empty names")
+        if self.partitions < 1:
+            raise ValueError(f"run partitions must be at least 1, got {self.partitions}")
+        for stream, count in self.topic_partitions.items():
+            if count < 1:
+                raise ValueError(
+                    f"run topic_partitions[{stream!r}] must be at least 1, got {count}"
+                )
+        if self.max_offsets_per_trigger is not None and self.max_offsets_per_trigger < 1:
+            raise ValueError(
+                "run max_offsets_per_trigger must be at least 1 (or unset), got "
+                f"{self.max_offsets_per_trigger}"
+            )
+        if self.batch_attempts < 1:
+            raise ValueError(f"run batch_attempts must be at least 1, got {self.batch_attempts}")
+        if self.outage_timeout < 0:
+            raise ValueError(f"run outage_timeout must be >= 0 s, got {self.outage_timeout}")
+        if not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"run metrics_port must be 0 to 65535, got {self.metrics_port}")
+
+    def partitions_of(self, stream: str) -> int:
+        """How many partitions ``stream``'s topic gets if millstream creates it."""
+        return self.topic_partitions.get(stream, self.partitions)
+
+    def checkpoints(self, home: Path) -> Path:
+        """The checkpoint root: ``checkpoint_root``, else ``<home>/checkpoints``."""
+        return self.checkpoint_root or home / "checkpoints"
+
+    def with_deprecated_keywords(self, caller: str, keywords: Mapping[str, Any]) -> RunSettings:
+        """These settings changed by the keyword arguments the entry points took before
+        :class:`RunSettings` (``run_topology(..., keyspace="k")``), with a
+        ``DeprecationWarning``; the keywords go in 0.3. An unknown keyword is a
+        ``TypeError``, as for any function."""
+        if not keywords:
+            return self
+        known = {f.name for f in fields(RunSettings)}
+        unknown = sorted(set(keywords) - known)
+        if unknown:
+            raise TypeError(f"{caller}() got an unexpected keyword argument {unknown[0]!r}")
+        shown = ", ".join(f"{name}=..." for name in keywords)
+        warnings.warn(
+            f"{caller}({shown}) is deprecated and goes in 0.3; pass "
+            f"RunSettings({shown}) instead (or set them in millstream.toml's [run] table)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        changes = dict(keywords)
+        if "metrics_port" in changes and changes["metrics_port"] is None:
+            changes["metrics_port"] = 0  # None meant off
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
 class MillstreamConfig:
-    """Endpoints and sizing; build one with :func:`load_config` or directly in tests."""
+    """Endpoints and sizing; build one with :func:`load_config` or directly in tests.
+
+    ``run`` holds the deployment of a run (:class:`RunSettings`, the ``[run]`` table).
+    """
 
     home: Path = field(default_factory=lambda: Path("~/.millstream").expanduser())
     kafka_bootstrap: str = f"{_LOOPBACK}:9092"
@@ -142,6 +270,7 @@ class MillstreamConfig:
     cassandra_password: Secret | None = None
     cassandra_tls: bool = False
     cassandra_ca_file: Path | None = None
+    run: RunSettings = field(default_factory=RunSettings)
 
     def __post_init__(self) -> None:
         self._check_security()
@@ -220,6 +349,9 @@ class MillstreamConfig:
     def with_home(self, home: Path) -> MillstreamConfig:
         return replace(self, home=home)
 
+    def with_run(self, run: RunSettings) -> MillstreamConfig:
+        return replace(self, run=run)
+
 
 def load_config(
     environ: Mapping[str, str] | None = None, path: Path | None = None
@@ -234,7 +366,9 @@ def load_config(
     if file is not None:
         values.update(_from_toml(file))
     values.update(_from_env(env))
+    run = values.pop("run", {}) | values.pop("run_env", {})
     try:
+        values["run"] = RunSettings(**run)
         config = MillstreamConfig(**values)
         _ = config.kafka_port
     except (TypeError, ValueError, IndexError) as exc:
@@ -263,7 +397,7 @@ def _from_toml(file: Path) -> dict[str, Any]:
         doc = tomllib.loads(file.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"cannot read config file {file}: {exc}; fix the TOML") from exc
-    known = {"home", "kafka", "cassandra", "spark", "executor"}
+    known = {"home", "kafka", "cassandra", "spark", "executor", "run"}
     unknown = set(doc) - known
     if unknown:
         raise ConfigError(
@@ -303,7 +437,40 @@ def _from_toml(file: Path) -> dict[str, Any]:
         values["spark_conf"] = {str(k): str(v) for k, v in dict(spark["conf"]).items()}
     _take(values, "executor_cache_bytes", executor, "cache_bytes", int)
     _take(values, "executor_interval_threads", executor, "interval_threads", int)
+    values["run"] = _run_from_toml(_table(doc, "run", file))
     return _typed_security(values)
+
+
+def _run_from_toml(table: Mapping[str, Any]) -> dict[str, Any]:
+    run: dict[str, Any] = {}
+    unknown = set(table) - {f.name for f in fields(RunSettings)}
+    if unknown:
+        raise ConfigError(
+            f"unknown setting(s) {sorted(unknown)} in [run]; allowed: "
+            f"{sorted(f.name for f in fields(RunSettings))}"
+        )
+    for name in ("keyspace", "table", "metrics_address"):
+        _take(run, name, table, name, str)
+    _take(run, "create_keyspace", table, "create_keyspace", bool)
+    for name in ("partitions", "max_offsets_per_trigger", "batch_attempts", "metrics_port"):
+        _take(run, name, table, name, int)
+    if "outage_timeout" in table:
+        _take(run, "outage_timeout", table, "outage_timeout", (int, float))
+        run["outage_timeout"] = float(run["outage_timeout"])
+    if "checkpoint_root" in table:
+        _take(run, "checkpoint_root", table, "checkpoint_root", str)
+        run["checkpoint_root"] = Path(run["checkpoint_root"]).expanduser()
+    if "topic_partitions" in table:
+        counts = table["topic_partitions"]
+        if not isinstance(counts, dict) or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in counts.values()
+        ):
+            raise ConfigError(
+                "[run] topic_partitions must be a table of stream = partitions, e.g. "
+                "{ searches = 8 }"
+            )
+        run["topic_partitions"] = {str(k): v for k, v in counts.items()}
+    return run
 
 
 def _typed_security(values: dict[str, Any]) -> dict[str, Any]:
@@ -325,14 +492,22 @@ def _table(doc: Mapping[str, Any], name: str, file: Path) -> Mapping[str, Any]:
 
 
 def _take(
-    values: dict[str, Any], key: str, table: Mapping[str, Any], name: str, kind: type
+    values: dict[str, Any],
+    key: str,
+    table: Mapping[str, Any],
+    name: str,
+    kind: type | tuple[type, ...],
 ) -> None:
     if name in table:
-        if not isinstance(table[name], kind):
+        value = table[name]
+        # TOML's true is no number of partitions.
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
             # Never echo a password, even a mistyped one.
-            shown = "a value" if name == "password" else repr(table[name])
-            raise ConfigError(f"setting {name!r} must be a {kind.__name__}, got {shown}")
-        values[key] = table[name]
+            shown = "a value" if name == "password" else repr(value)
+            kinds = kind if isinstance(kind, tuple) else (kind,)
+            expected = " or ".join(k.__name__ for k in kinds)
+            raise ConfigError(f"setting {name!r} must be a {expected}, got {shown}")
+        values[key] = value
 
 
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
@@ -362,20 +537,55 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
         "MILLSTREAM_CASSANDRA_TLS": ("cassandra_tls", _boolean),
         "MILLSTREAM_CASSANDRA_CA_FILE": ("cassandra_ca_file", str),
     }
+    run_converters: dict[str, Any] = {
+        "keyspace": str,
+        "table": str,
+        "create_keyspace": _boolean,
+        "checkpoint_root": lambda v: Path(v).expanduser(),
+        "partitions": int,
+        "topic_partitions": _counts,
+        "max_offsets_per_trigger": int,
+        "batch_attempts": int,
+        "outage_timeout": float,
+        "metrics_port": int,
+        "metrics_address": str,
+    }
+    converters.update(
+        (f"MILLSTREAM_RUN_{name.upper()}", (f"run.{name}", convert))
+        for name, convert in run_converters.items()
+    )
     values: dict[str, Any] = {}
+    run: dict[str, Any] = {}
     for variable, (key, convert) in converters.items():
         raw = env.get(variable)
         if raw is None or raw == "":
             continue
         try:
-            values[key] = convert(raw)
+            converted = convert(raw)
         except ValueError as exc:
             raise ConfigError(f"{variable}={raw!r} is not valid: {exc}") from exc
+        if key.startswith("run."):
+            run[key.removeprefix("run.")] = converted
+        else:
+            values[key] = converted
+    if run:
+        values["run_env"] = run
     return _typed_security(values)
 
 
 def _split(raw: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in raw.split(",") if part.strip())
+
+
+def _counts(raw: str) -> dict[str, int]:
+    """``searches=8,clicks=4`` as ``{"searches": 8, "clicks": 4}``."""
+    counts: dict[str, int] = {}
+    for part in _split(raw):
+        stream, equals, count = part.partition("=")
+        if not equals or not stream.strip():
+            raise ValueError(f"expected STREAM=PARTITIONS, got {part!r}")
+        counts[stream.strip()] = int(count)
+    return counts
 
 
 def _boolean(raw: str) -> bool:

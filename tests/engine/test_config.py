@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from millstream.engine.config import MillstreamConfig, load_config
+from millstream.engine.config import DEFAULT_KEYSPACE, MillstreamConfig, RunSettings, load_config
 from millstream.engine.errors import ConfigError
 
 pytestmark = pytest.mark.unit
@@ -116,3 +116,98 @@ def test_unknown_and_mistyped_file_settings_are_refused(tmp_path: Path) -> None:
     file.write_text("[cassandra\n")
     with pytest.raises(ConfigError, match="fix the TOML"):
         load_config(environ={}, path=file)
+
+
+def test_run_settings_come_from_the_run_table_then_the_environment(tmp_path: Path) -> None:
+    file = tmp_path / "millstream.toml"
+    file.write_text(
+        "[run]\n"
+        'keyspace = "zeitgeist"\n'
+        'table = "state"\n'
+        "create_keyspace = false\n"
+        'checkpoint_root = "/srv/checkpoints"\n'
+        "partitions = 4\n"
+        "topic_partitions = { searches = 8 }\n"
+        "max_offsets_per_trigger = 60000\n"
+        "batch_attempts = 5\n"
+        "outage_timeout = 60\n"
+        "metrics_port = 9400\n"
+        'metrics_address = "0.0.0.0"\n'
+    )
+    config = load_config(
+        environ={
+            "MILLSTREAM_CONFIG": str(file),
+            "MILLSTREAM_RUN_KEYSPACE": "other",
+            "MILLSTREAM_RUN_TOPIC_PARTITIONS": "clicks=3, searches=6",
+            "MILLSTREAM_RUN_CREATE_KEYSPACE": "yes",
+        }
+    )
+    assert config.run == RunSettings(
+        keyspace="other",  # the variable beats the file
+        table="state",
+        create_keyspace=True,
+        checkpoint_root=Path("/srv/checkpoints"),
+        partitions=4,
+        topic_partitions={"clicks": 3, "searches": 6},
+        max_offsets_per_trigger=60_000,
+        batch_attempts=5,
+        outage_timeout=60.0,
+        metrics_port=9400,
+        metrics_address="0.0.0.0",
+    )
+    assert config.run.partitions_of("searches") == 6
+    assert config.run.partitions_of("counts") == 4
+    assert config.run.checkpoints(config.home) == Path("/srv/checkpoints")
+
+
+def test_run_settings_default_to_the_development_deployment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    run = load_config(environ={"MILLSTREAM_HOME": str(tmp_path)}).run
+    assert run == RunSettings()
+    assert (run.keyspace, run.table, run.create_keyspace) == (DEFAULT_KEYSPACE, "intervals", True)
+    assert (run.partitions, run.max_offsets_per_trigger, run.metrics_port) == (2, None, 0)
+    assert run.checkpoints(tmp_path) == tmp_path / "checkpoints"
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({"MILLSTREAM_RUN_PARTITIONS": "0"}, "partitions must be at least 1"),
+        ({"MILLSTREAM_RUN_PARTITIONS": "two"}, "MILLSTREAM_RUN_PARTITIONS='two'"),
+        ({"MILLSTREAM_RUN_BATCH_ATTEMPTS": "0"}, "batch_attempts must be at least 1"),
+        ({"MILLSTREAM_RUN_TOPIC_PARTITIONS": "searches"}, "STREAM=PARTITIONS"),
+        ({"MILLSTREAM_RUN_TOPIC_PARTITIONS": "searches=0"}, r"topic_partitions\['searches'\]"),
+        ({"MILLSTREAM_RUN_METRICS_PORT": "70000"}, "metrics_port must be 0 to 65535"),
+        ({"MILLSTREAM_RUN_CREATE_KEYSPACE": "maybe"}, "expected true or false"),
+    ],
+)
+def test_bad_run_settings_say_what_is_wrong(environ: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(environ=environ)
+
+
+def test_unknown_and_mistyped_run_settings_in_the_file_are_refused(tmp_path: Path) -> None:
+    file = tmp_path / "millstream.toml"
+    file.write_text('[run]\nkey_space = "x"\n')
+    with pytest.raises(ConfigError, match=r"unknown setting\(s\) \['key_space'\] in \[run\]"):
+        load_config(environ={}, path=file)
+    file.write_text("[run]\npartitions = true\n")
+    with pytest.raises(ConfigError, match="'partitions' must be a int, got True"):
+        load_config(environ={}, path=file)
+    file.write_text('[run]\ntopic_partitions = { searches = "8" }\n')
+    with pytest.raises(ConfigError, match="topic_partitions must be a table"):
+        load_config(environ={}, path=file)
+
+
+def test_the_keywords_run_settings_replaced_still_work_with_a_warning() -> None:
+    settings = RunSettings(keyspace="base")
+    with pytest.warns(DeprecationWarning, match=r"run_topology\(keyspace=\.\.\., metrics_port"):
+        changed = settings.with_deprecated_keywords(
+            "run_topology", {"keyspace": "old", "metrics_port": None}
+        )
+    assert changed == RunSettings(keyspace="old", metrics_port=0)  # None meant off
+    with pytest.raises(TypeError, match="unexpected keyword argument 'keyspaces'"):
+        settings.with_deprecated_keywords("run_topology", {"keyspaces": "old"})
+    assert settings.with_deprecated_keywords("run_topology", {}) is settings

@@ -7,10 +7,11 @@ The table's columns and what its rows hold are described in
 from __future__ import annotations
 
 import re
-from typing import Any, Final
+from typing import Any
 
 from cassandra.policies import FallthroughRetryPolicy
 
+from millstream.engine.config import DEFAULT_KEYSPACE, DEFAULT_TABLE
 from millstream.engine.errors import StoreError
 
 __all__ = [
@@ -22,8 +23,6 @@ __all__ = [
     "schema_cql",
 ]
 
-DEFAULT_KEYSPACE: Final = "millstream"
-DEFAULT_TABLE: Final = "intervals"
 _IDENTIFIER = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
 
 
