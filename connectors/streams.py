@@ -26,6 +26,7 @@ Kafka that cannot be reached, or that does not acknowledge what was sent, raises
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -38,11 +39,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Literal, NoReturn, TextIO, get_args
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from millstream.connectors import kafka
+from millstream.connectors.provisioning import provision
+from millstream.connectors.stream_reader import kafka_down, read_messages
 from millstream.engine.clock import Clock, SystemClock
-from millstream.engine.config import MillstreamConfig
+from millstream.engine.config import DEFAULT_PARTITIONS, MillstreamConfig
 from millstream.engine.deadletters import DeadLetter, decode_dead_letter
 from millstream.engine.errors import ConfigError, MillstreamError, RecordDecodeError, RecordError
 from millstream.engine.records import (
@@ -77,12 +80,10 @@ ValueFormat = Literal["text", "json", "hex"]
 """How :func:`render_value` shows bytes: UTF-8 text, parsed JSON, or hexadecimal."""
 
 VALUE_FORMATS: Final[tuple[ValueFormat, ...]] = get_args(ValueFormat)
-DEFAULT_PARTITIONS: Final = 2
 # The suffix of default_dead_letter_stream(computation): its streams hold dead letters.
 DEAD_LETTER_SUFFIX: Final = ".dead-letters"
 
 _LINE_FIELDS = frozenset({"key", "value", "timestamp", "id"})
-_NO_TOPIC = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC})
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -183,18 +184,20 @@ def produce_lines(
     *,
     source: str = "stdin",
     clock: Clock | None = None,
-    partitions: int = DEFAULT_PARTITIONS,
+    partitions: int | None = None,
     report_watermark: bool = False,
     errors: TextIO | None = None,
     timeout: float = 30.0,
 ) -> ProduceSummary:
     """Send each JSON line of ``lines`` (numbered from 1) as a record to ``stream``.
 
-    The stream's topic is created with ``partitions`` if missing; the Kafka key is the record
-    key. A rejected line (see :func:`parse_line`; also one that is not UTF-8) is reported on
-    ``errors`` (default: standard error) with its number, and skipped; blank lines are skipped
-    silently. Returns once Kafka acknowledged every record sent, then (``report_watermark``)
-    once it acknowledged the watermark report, whose sequence is ``clock.now()``.
+    The stream's topic is provisioned (:func:`millstream.connectors.provision`) if missing, with
+    ``partitions`` (default: ``config.run``'s for the stream); with ``report_watermark`` so is
+    the watermark topic. The Kafka key is the record key. A rejected line (see
+    :func:`parse_line`; also one that is not UTF-8) is reported on ``errors`` (default: standard
+    error) with its number, and skipped; blank lines are skipped silently. Returns once Kafka
+    acknowledged every record sent, then (``report_watermark``) once it acknowledged the
+    watermark report, whose sequence is ``clock.now()``.
 
     Raises :class:`~millstream.engine.errors.MillstreamError` if the topic cannot be created
     or Kafka did not acknowledge everything within ``timeout`` seconds: some records may be
@@ -203,12 +206,26 @@ def produce_lines(
     Topology().add_stream(stream)  # the rule for stream names: raises TopologyError
     if not source:
         raise ConfigError("the source must be a non-empty name")
-    if partitions < 1:
+    if partitions is not None and partitions < 1:
         raise ConfigError(f"a stream needs at least one partition, not {partitions}")
     clock = SystemClock() if clock is None else clock
     errors = sys.stderr if errors is None else errors
     topic = kafka.stream_topic(stream)
-    _create_topic(config, topic, partitions, timeout)
+    settings = config.run
+    if partitions is not None:
+        counts = {**settings.topic_partitions, stream: partitions}
+        settings = dataclasses.replace(settings, topic_partitions=counts)
+    try:
+        provision(
+            config,
+            settings,
+            streams=[stream],
+            store=False,
+            watermark_topic=report_watermark,
+            timeout=timeout,
+        )
+    except (KafkaException, TimeoutError) as exc:
+        kafka_down(config, f"could not create topic {topic!r}: {exc}", timeout)
     sender = kafka.producer(config)
     failures: list[KafkaError] = []
 
@@ -342,48 +359,22 @@ def tail_stream(
     ``follow`` it waits for more until ``stop`` is set (checked every 0.2 s) or an interrupt.
     Either way it returns after ``max_records`` lines. ``dedup`` prints each record ID once
     (keeping every ID seen in memory); messages that are not records are always printed.
-    Partitions added to the topic after the call are not read.
+    Partitions added to the topic after the call are not read. (From Python, read records
+    with :func:`millstream.connectors.read_stream` instead.)
 
     Raises :class:`~millstream.engine.errors.MillstreamError` if the stream has no topic, or
     Kafka does not answer (or, without ``follow``, delivers nothing) for ``timeout`` seconds.
     """
     if max_records is not None and max_records < 1:
         raise ConfigError(f"max_records must be at least 1, not {max_records}")
-    topic = kafka.stream_topic(stream)
-    reader = kafka.consumer(config, "millstream-tail")
-    try:
-        starts, ends = _bounds(reader, stream, topic, from_beginning, timeout)
-        reader.assign([TopicPartition(topic, p, offset) for p, offset in sorted(starts.items())])
-        printed = 0
-        seen: set[str] = set()
-        position = dict(starts)  # the next offset to print, per partition
-        deadline = time.monotonic() + timeout
-        while max_records is None or printed < max_records:
-            if stop is not None and stop.is_set():
-                break
-            if not follow and all(position[p] >= end for p, end in ends.items()):
-                break
-            message = reader.poll(0.2)
-            if message is None:
-                if not follow:
-                    if time.monotonic() > deadline:
-                        _kafka_down(config, f"could not read {topic!r} up to its end", timeout)
-                    # Offsets have gaps (transaction markers, compaction): follow the fetcher.
-                    for at in reader.position([TopicPartition(topic, p) for p in position]):
-                        if at.offset >= 0:
-                            position[at.partition] = max(position[at.partition], at.offset)
-                continue
-            error = message.error()
-            if error is not None:
-                raise MillstreamError(f"reading stream {stream!r} failed: {error}")
-            partition, offset = message.partition(), message.offset()
-            assert partition is not None  # both are set on a consumed message
-            assert offset is not None
-            position[partition] = offset + 1
-            deadline = time.monotonic() + timeout
-            if not follow and offset >= ends[partition]:
-                continue  # written after the call
-            entry = render_message(stream, partition, offset, message.value(), value_format)
+    printed = 0
+    seen: set[str] = set()
+    messages = read_messages(
+        config, stream, from_beginning=from_beginning, follow=follow, stop=stop, timeout=timeout
+    )
+    with contextlib.closing(messages):
+        for partition, offset, data in messages:
+            entry = render_message(stream, partition, offset, data, value_format)
             if dedup and "record_id" in entry:
                 if entry["record_id"] in seen:
                     continue
@@ -391,37 +382,9 @@ def tail_stream(
             out.write(json.dumps(entry, ensure_ascii=False) + "\n")
             out.flush()
             printed += 1
-        return printed
-    except KafkaException as exc:
-        _kafka_down(config, f"reading stream {stream!r} failed: {exc}", timeout)
-    finally:
-        reader.close()
-
-
-def _bounds(
-    reader: Consumer, stream: str, topic: str, from_beginning: bool, timeout: float
-) -> tuple[dict[int, int], dict[int, int]]:
-    """Per partition of ``topic``: where tailing starts (its first offset still kept, or its
-    end) and its end, now."""
-    # A consumer's metadata request does not auto-create the topic.
-    metadata = reader.list_topics(topic, timeout=timeout).topics.get(topic)
-    if metadata is None or (metadata.error is not None and metadata.error.code() in _NO_TOPIC):
-        raise MillstreamError(f"stream {stream!r} has no topic; nothing was produced to it yet")
-    # Retried while a topic just created has no leader yet.
-    ends = dict(kafka.end_offsets(reader, [topic], timeout)[topic])
-    if not from_beginning:
-        return dict(ends), ends
-    starts = {
-        p: reader.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)[0] for p in ends
-    }
-    return starts, ends
-
-
-def _create_topic(config: MillstreamConfig, topic: str, partitions: int, timeout: float) -> None:
-    try:
-        kafka.create_topics(config, [topic], partitions=partitions, timeout=timeout)
-    except (KafkaException, TimeoutError) as exc:
-        _kafka_down(config, f"could not create topic {topic!r}: {exc}", timeout)
+            if max_records is not None and printed >= max_records:
+                break
+    return printed
 
 
 def _send(
@@ -442,7 +405,7 @@ def _send(
         except BufferError:
             # The local queue is full: Kafka is slow or away; wait for it to drain.
             if time.monotonic() >= deadline:
-                _kafka_down(config, f"Kafka took no record to {topic!r}", timeout)
+                kafka_down(config, f"Kafka took no record to {topic!r}", timeout)
             sender.poll(0.05)
 
 
@@ -472,14 +435,7 @@ def _report(
         finally:
             publisher.close(timeout)
     except (KafkaException, TimeoutError) as exc:
-        _kafka_down(config, f"the watermark report was not published: {exc}", timeout)
-
-
-def _kafka_down(config: MillstreamConfig, what: str, timeout: float) -> NoReturn:
-    message = what.rstrip(".")
-    if "is Kafka up?" not in message:
-        message += f" (within {timeout} s); is Kafka up at {config.kafka_bootstrap}?"
-    raise MillstreamError(message)
+        kafka_down(config, f"the watermark report was not published: {exc}", timeout)
 
 
 def _dead_letter_fields(dead_letter: DeadLetter, value_format: ValueFormat) -> dict[str, Any]:

@@ -2,13 +2,16 @@
 
 A custom injector is a :class:`~millstream.injectors.source.Source`; an
 :class:`~millstream.injectors.process.InjectorProcess` runs it with fenced checkpoints,
-record IDs from source positions, dead letters and low-watermark reports. Shipped sources:
-:class:`~millstream.injectors.logfile.LogFileSource` (a directory of log files) and
+record IDs from source positions, dead letters and low-watermark reports;
+:func:`~millstream.injectors.connect.connect_injector` wires one to Kafka and Cassandra (a
+topology's job can run its injectors itself: ``RunningTopology.add_injector``). Shipped
+sources: :class:`~millstream.injectors.logfile.LogFileSource` (a directory of log files) and
 :class:`~millstream.injectors.pubsub.KafkaFeedSource` (a topic written by ordinary producers).
 """
 
 from typing import Any
 
+from millstream.injectors.connect import connect_injector
 from millstream.injectors.logfile import LineParser, LogFileSource, LogLine
 from millstream.injectors.process import (
     InjectorOptions,
@@ -41,6 +44,7 @@ __all__ = [
     "RejectedInput",
     "Source",
     "SourceRecord",
+    "connect_injector",
     "retire_process",
 ]
 

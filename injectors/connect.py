@@ -3,81 +3,95 @@ Cassandra for its fenced checkpoint.
 
 ::
 
-    from millstream.engine.config import load_config
-    from millstream.injectors import LogFileSource, LogLine
-    from millstream.injectors.connect import connect_injector
+    from millstream.connectors import load_config
+    from millstream.injectors import LogFileSource, connect_injector
 
     source = LogFileSource("/var/log/searches", parse, "searches")
     with connect_injector(load_config(), "search-logs", source) as injector:
         injector.run()  # until stop() from another thread, or Ctrl-C
 
-The streams' topics are created if missing (``partitions`` each); so are the keyspace
-(development replication, like ``run_topology``) and the interval table holding the
-checkpoint. With ``metrics_port``, the process's Prometheus metrics
+Where its checkpoint lives and how its topics are made is the run's deployment,
+:class:`~millstream.engine.config.RunSettings` (default ``config.run``, the ``[run]`` table):
+the streams' topics, the keyspace (with ``create_keyspace``) and the interval table holding
+the checkpoint are provisioned first (:func:`millstream.connectors.provision`), so an
+injector may start before, after or alongside the topology that reads it. With
+``settings.metrics_port``, the process's Prometheus metrics
 (:mod:`millstream.injectors.prometheus`) are served at
-``http://<metrics_address>:<port>/metrics`` while the block runs.
+``http://<metrics_address>:<port>/metrics`` while the block runs. A topology's job can run its
+injectors itself: ``RunningTopology.add_injector`` (:mod:`millstream.spark`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+from typing import Any
 
 from millstream.connectors import cassandra as cassandra_connector
 from millstream.connectors import kafka as kafka_connector
-from millstream.connectors.prometheus import DEFAULT_METRICS_ADDRESS
+from millstream.connectors.provisioning import provision
 from millstream.engine.clock import Clock, SystemClock
-from millstream.engine.config import MillstreamConfig
-from millstream.engine.stores.cassandra import (
-    DEFAULT_KEYSPACE,
-    DEFAULT_TABLE,
-    CassandraIntervalStore,
-    create_schema,
-)
-from millstream.injectors.process import InjectorOptions, InjectorProcess
+from millstream.engine.config import MillstreamConfig, RunSettings
+from millstream.engine.stores.cassandra import CassandraIntervalStore
+from millstream.injectors.process import InjectorOptions, InjectorProcess, injector_streams
 from millstream.injectors.source import Source
 
 __all__ = ["connect_injector"]
 
 
-@contextmanager
 def connect_injector(
     config: MillstreamConfig,
     name: str,
     source: Source,
     options: InjectorOptions | None = None,
+    settings: RunSettings | None = None,
     *,
-    keyspace: str = DEFAULT_KEYSPACE,
-    table: str = DEFAULT_TABLE,
-    partitions: int = 2,
-    create_keyspace: bool = True,
     clock: Clock | None = None,
-    metrics_port: int | None = None,
-    metrics_address: str = DEFAULT_METRICS_ADDRESS,
-) -> Iterator[InjectorProcess]:
+    **deprecated: Any,
+) -> AbstractContextManager[InjectorProcess]:
     """An :class:`InjectorProcess` wired to ``config``'s services (not started yet); the
-    connections close when the block ends. ``metrics_port`` (``None`` or 0: off) serves its
-    metrics meanwhile; the process's ``metrics`` is their registry."""
-    clock = clock or SystemClock()
+    connections close when the block ends. ``settings`` (default ``config.run``) says where
+    its checkpoint lives and serves its metrics meanwhile if it names a port; the process's
+    ``metrics`` is their registry.
+
+    The keywords ``keyspace``, ``table``, ``partitions``, ``create_keyspace``,
+    ``metrics_port`` and ``metrics_address`` are deprecated (``settings`` holds them) and go
+    in 0.3.
+    """
+    settings = (settings or config.run).with_deprecated_keywords("connect_injector", deprecated)
+    return _connected(
+        config, name, source, options or InjectorOptions(), settings, clock or SystemClock()
+    )
+
+
+@contextmanager
+def _connected(
+    config: MillstreamConfig,
+    name: str,
+    source: Source,
+    options: InjectorOptions,
+    settings: RunSettings,
+    clock: Clock,
+) -> Iterator[InjectorProcess]:
+    provision(config, settings, streams=injector_streams(name, source, options))
     cluster, session = cassandra_connector.connect(config)
     try:
-        if create_keyspace:
-            cassandra_connector.create_keyspace(session, keyspace, config.cassandra_replication)
-        create_schema(session, keyspace, table)
-        store = CassandraIntervalStore(session, keyspace, clock, table=table)
+        store = CassandraIntervalStore(session, settings.keyspace, clock, table=settings.table)
         sink = kafka_connector.KafkaProductionSink(config)
         channel = kafka_connector.KafkaWatermarkTopic(config)
         try:
             with ExitStack() as serving:
                 registry = None
-                if metrics_port:
+                if settings.metrics_port:
                     from prometheus_client import CollectorRegistry
 
                     from millstream.connectors.prometheus import serve_metrics
 
                     registry = CollectorRegistry()
-                    serving.enter_context(serve_metrics(registry, metrics_port, metrics_address))
-                process = InjectorProcess(
+                    serving.enter_context(
+                        serve_metrics(registry, settings.metrics_port, settings.metrics_address)
+                    )
+                yield InjectorProcess(
                     name,
                     source,
                     store=store,
@@ -87,12 +101,6 @@ def connect_injector(
                     options=options,
                     metrics=registry,
                 )
-                kafka_connector.create_topics(
-                    config,
-                    [kafka_connector.stream_topic(s) for s in process.streams],
-                    partitions=partitions,
-                )
-                yield process
         finally:
             channel.close()
             sink.close()

@@ -77,6 +77,7 @@ __all__ = [
     "InjectorOptions",
     "InjectorProcess",
     "InjectorStats",
+    "injector_streams",
     "retire_process",
 ]
 
@@ -158,6 +159,12 @@ class InjectorStats:
     dead_letter_errors: dict[str, int] = field(default_factory=dict)
 
 
+def injector_streams(name: str, source: Source, options: InjectorOptions) -> tuple[str, ...]:
+    """The streams injector ``name`` writes: its source's, then its dead-letter stream."""
+    dead_letters = options.dead_letter_stream or default_dead_letter_stream(name)
+    return (*dict.fromkeys(source.streams), dead_letters)
+
+
 class InjectorProcess:
     """Runs ``source`` as process ``options.process`` of injector ``name``; see the module
     docstring. ``store`` holds the checkpoint, ``sink`` takes the records (Kafka:
@@ -194,9 +201,8 @@ class InjectorProcess:
         self.options = options
         self.process = options.process
         self.report_source = injector_source(name, options.process)
-        self.dead_letter_stream = options.dead_letter_stream or default_dead_letter_stream(name)
-        self.source_streams = tuple(dict.fromkeys(source.streams))
-        self.streams = (*self.source_streams, self.dead_letter_stream)
+        self.streams = injector_streams(name, source, options)
+        self.source_streams, self.dead_letter_stream = self.streams[:-1], self.streams[-1]
         self.checkpoints = CheckpointStore(store, name, options.process)
         self.stats = InjectorStats()
         self.watermark = MIN_EVENT_TIME

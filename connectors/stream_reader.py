@@ -1,0 +1,175 @@
+"""Reading a stream from Python: its records, typed, in offset order per partition.
+
+::
+
+    from millstream.connectors import load_config, read_stream
+
+    for record in read_stream(load_config(), "anomalies", dedup=True):
+        print(record.key, json.loads(record.value))
+
+:func:`read_stream` is how a job reads what its topology produced: it decodes each message
+(:class:`~millstream.engine.records.Record`), and with ``dedup`` drops the repeats a
+millstream reader is meant to drop (a re-sent production carries the same record ID).
+:func:`read_messages` is the raw layer under it and under ``millstream tail``
+(:mod:`millstream.connectors.streams`). Like every millstream reader they read committed
+data only (librdkafka's ``isolation.level`` default, ``read_committed``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Generator, Iterator
+from typing import Literal, NamedTuple, NoReturn
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from millstream.connectors import kafka
+from millstream.engine.config import MillstreamConfig
+from millstream.engine.errors import MillstreamError, RecordDecodeError
+from millstream.engine.records import Record, decode_record
+
+__all__ = ["StreamMessage", "kafka_down", "read_messages", "read_stream"]
+
+_NO_TOPIC = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC})
+
+
+class StreamMessage(NamedTuple):
+    """One message of a stream's topic, undecoded (``value`` is ``None`` for a message
+    without one, which is no record)."""
+
+    partition: int
+    offset: int
+    value: bytes | None
+
+
+def read_stream(
+    config: MillstreamConfig,
+    stream: str,
+    *,
+    from_beginning: bool = True,
+    follow: bool = False,
+    dedup: bool = False,
+    stop: threading.Event | None = None,
+    errors: Literal["raise", "skip"] = "raise",
+    timeout: float = 30.0,
+) -> Iterator[Record]:
+    """The records of ``stream``, in offset order within each partition (partitions
+    interleave); see :func:`read_messages` for where it starts and when it ends.
+
+    ``dedup`` yields each record ID once (keeping every ID seen in memory). A message that is
+    not a record (written by a foreign producer) raises
+    :class:`~millstream.engine.errors.RecordDecodeError` naming its position, or with
+    ``errors="skip"`` is passed over (``millstream tail`` shows it).
+    """
+    seen: set[bytes] = set()
+    for message in read_messages(
+        config,
+        stream,
+        from_beginning=from_beginning,
+        follow=follow,
+        stop=stop,
+        timeout=timeout,
+    ):
+        try:
+            if message.value is None:
+                raise RecordDecodeError("a message without a value is not a record")
+            record = decode_record(message.value)
+        except RecordDecodeError as exc:
+            if errors == "skip":
+                continue
+            raise RecordDecodeError(
+                f"stream {stream!r} partition {message.partition} offset {message.offset} is "
+                f"not a record ({exc}); `millstream tail {stream} --from-beginning` shows it, "
+                "or read with errors='skip'"
+            ) from exc
+        if dedup:
+            if record.record_id in seen:
+                continue
+            seen.add(record.record_id)
+        yield record
+
+
+def read_messages(
+    config: MillstreamConfig,
+    stream: str,
+    *,
+    from_beginning: bool = True,
+    follow: bool = False,
+    stop: threading.Event | None = None,
+    timeout: float = 30.0,
+) -> Generator[StreamMessage, None, None]:
+    """The messages of ``stream``'s topic, in offset order within each partition.
+
+    It starts at each partition's beginning (``from_beginning``) or at its end at the call.
+    Without ``follow`` it ends once it reached the end offsets it found at the call; with
+    ``follow`` it waits for more until ``stop`` is set (checked every 0.2 s), the caller
+    stops iterating, or an interrupt. Partitions added to the topic after the call are not
+    read. The Kafka consumer closes when the iteration ends (or the iterator is closed).
+
+    Raises :class:`~millstream.engine.errors.MillstreamError` if the stream has no topic, or
+    Kafka does not answer (or, without ``follow``, delivers nothing) for ``timeout`` seconds.
+    """
+    topic = kafka.stream_topic(stream)
+    reader = kafka.consumer(config, "millstream-read")
+    try:
+        starts, ends = _bounds(reader, stream, topic, from_beginning, timeout)
+        reader.assign([TopicPartition(topic, p, offset) for p, offset in sorted(starts.items())])
+        position = dict(starts)  # the next offset to yield, per partition
+        deadline = time.monotonic() + timeout
+        while stop is None or not stop.is_set():
+            if not follow and all(position[p] >= end for p, end in ends.items()):
+                return
+            message = reader.poll(0.2)
+            if message is None:
+                if not follow:
+                    if time.monotonic() > deadline:
+                        kafka_down(config, f"could not read {topic!r} up to its end", timeout)
+                    # Offsets have gaps (transaction markers, compaction): follow the fetcher.
+                    for at in reader.position([TopicPartition(topic, p) for p in position]):
+                        if at.offset >= 0:
+                            position[at.partition] = max(position[at.partition], at.offset)
+                continue
+            error = message.error()
+            if error is not None:
+                raise MillstreamError(f"reading stream {stream!r} failed: {error}")
+            partition, offset = message.partition(), message.offset()
+            assert partition is not None  # both are set on a consumed message
+            assert offset is not None
+            position[partition] = offset + 1
+            deadline = time.monotonic() + timeout
+            if not follow and offset >= ends[partition]:
+                continue  # written after the call
+            yield StreamMessage(partition, offset, message.value())
+    except KafkaException as exc:
+        kafka_down(config, f"reading stream {stream!r} failed: {exc}", timeout)
+    finally:
+        reader.close()
+
+
+def kafka_down(config: MillstreamConfig, what: str, timeout: float) -> NoReturn:
+    """Raise :class:`~millstream.engine.errors.MillstreamError` saying ``what`` failed and
+    asking whether Kafka is up (unless ``what`` asks already)."""
+    message = what.rstrip(".")
+    if "is Kafka up?" not in message:
+        message += f" (within {timeout} s); is Kafka up at {config.kafka_bootstrap}?"
+    raise MillstreamError(message)
+
+
+def _bounds(
+    reader: Consumer, stream: str, topic: str, from_beginning: bool, timeout: float
+) -> tuple[dict[int, int], dict[int, int]]:
+    """Per partition of ``topic``: where reading starts (its first offset still kept, or its
+    end) and its end, now."""
+    # A consumer's metadata request does not auto-create the topic.
+    metadata = reader.list_topics(topic, timeout=timeout).topics.get(topic)
+    if metadata is None or (metadata.error is not None and metadata.error.code() in _NO_TOPIC):
+        raise MillstreamError(f"stream {stream!r} has no topic; nothing was produced to it yet")
+    # Retried while a topic just created has no leader yet.
+    ends = dict(kafka.end_offsets(reader, [topic], timeout)[topic])
+    if not from_beginning:
+        return dict(ends), ends
+    starts = {
+        p: reader.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)[0] for p in ends
+    }
+    return starts, ends
