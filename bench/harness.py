@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -182,7 +182,8 @@ def inject_events(
     source = GeneratedEvents(
         name, stream, count, rate, first=first, key_of=key_of, value_of=value_of
     )
-    with connect_injector(config, name, source, keyspace=keyspace) as injector:
+    settings = replace(config.run, keyspace=keyspace)
+    with connect_injector(config, name, source, settings=settings) as injector:
         try:
             injector.start()
             started = time.monotonic()

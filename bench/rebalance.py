@@ -58,7 +58,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -171,15 +171,19 @@ def measure_millstream(bench: Bench, name: str, keys: SkewedKeys, rate: float | 
             )
             cpu_before = python_worker_cpu()
             started = time.time()
-            running = run_topology(
-                topology,
-                run.config,
-                trigger=ProcessingTime(TRIGGER_SECONDS),
-                spark=bench.spark(),
+            settings = replace(
+                run.config.run,
                 keyspace=run.keyspace,
                 checkpoint_root=bench.root / f"millstream-{suffix}",
                 partitions=PARTITIONS,
                 max_offsets_per_trigger=args.batch,
+            )
+            running = run_topology(
+                topology,
+                run.config,
+                settings,
+                trigger=ProcessingTime(TRIGGER_SECONDS),
+                spark=bench.spark(),
             )
             run.handle = handle = MillstreamHandle(running, computation)
             result.phases.append(run.drain(args.records)[0])

@@ -145,10 +145,9 @@ def runner_run(
     running = run_topology(
         topology,
         config,
+        replace(config.run, keyspace=keyspace, checkpoint_root=root),
         trigger=ProcessingTime(TRIGGER_SECONDS),
         spark=spark,
-        keyspace=keyspace,
-        checkpoint_root=root,
     )
     stage2 = f"stage2_{suffix}"
 

@@ -596,14 +596,14 @@ def start_millstream(
         outputs=[topics.sink],
         options=millstream_options(strong),
     )
-    running = run_topology(
-        topology,
-        config,
-        trigger=ProcessingTime(TRIGGER_SECONDS),
-        spark=bench.spark(),
+    settings = replace(
+        config.run,
         keyspace=f"tp_{topics.suffix}",
         checkpoint_root=bench.root / f"millstream-{topics.suffix}",
         partitions=PARTITIONS,
+    )
+    running = run_topology(
+        topology, config, settings, trigger=ProcessingTime(TRIGGER_SECONDS), spark=bench.spark()
     )
     return MillstreamHandle(running, name)
 
@@ -903,15 +903,13 @@ def large_state_run(
             outputs=[f"tp_out_{case}_{tag}"],
             options=ComputationOptions(key_intervals=1),
         )
-    running = run_topology(
-        topology,
-        config,
-        trigger=AvailableNow(),
-        spark=bench.spark(),
+    settings = replace(
+        config.run,
         keyspace=keyspace,
         checkpoint_root=bench.root / f"large-{tag}",
         partitions=PARTITIONS,
     )
+    running = run_topology(topology, config, settings, trigger=AvailableNow(), spark=bench.spark())
     try:
         for case in names:
             inject_events(

@@ -62,9 +62,9 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     state.add_argument("key", metavar="KEY", help="the key, as the computation sees it")
     state.add_argument(
         "--keyspace",
-        default="millstream",
+        default=None,
         metavar="NAME",
-        help="Cassandra keyspace of the state (default: millstream)",
+        help="Cassandra keyspace of the state (default: [run] keyspace, millstream)",
     )
     where = state.add_mutually_exclusive_group()
     where.add_argument(
@@ -200,11 +200,12 @@ def _state(args: argparse.Namespace) -> int:
 
         topology, _ = load_topology(args.topology)
         intervals = key_intervals_of(topology, args.computation)
+    config = load_config()
     return show_state(
-        load_config(),
+        config,
         args.computation,
         args.key,
-        keyspace=args.keyspace,
+        keyspace=args.keyspace or config.run.keyspace,
         intervals=intervals,
         codec=args.codec,
         value_format=args.value,

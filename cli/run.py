@@ -4,11 +4,16 @@
 ``python -m``) or from ``PYTHONPATH``; ``TOPOLOGY`` is a ``Topology`` or a zero-argument
 callable returning one (:func:`millstream.spark.runner.load_topology`). The module's code
 travels to the executors with each task, so they need only millstream installed.
+
+The deployment flags (keyspace, checkpoints, partitions, batch cap, metrics) override the
+``[run]`` settings (:class:`~millstream.engine.config.RunSettings`) when given; the settings
+they leave alone come from ``millstream.toml`` and ``MILLSTREAM_RUN_*``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 
@@ -34,9 +39,9 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     parser.add_argument(
         "--keyspace",
-        default="millstream",
+        default=None,
         metavar="NAME",
-        help="Cassandra keyspace of the state (default: millstream)",
+        help="Cassandra keyspace of the state (default: [run] keyspace, millstream)",
     )
     parser.add_argument(
         "--checkpoint-root",
@@ -59,28 +64,30 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser.add_argument(
         "--partitions",
         type=positive,
-        default=2,
+        default=None,
         metavar="N",
-        help="partitions of the topics it creates (default: 2)",
+        help="partitions of the topics it creates (default: [run] partitions, 2)",
     )
     parser.add_argument(
         "--max-offsets-per-trigger",
         type=int,
         default=None,
         metavar="N",
-        help="at most N records per micro-batch of each query (default: no limit)",
+        help="at most N records per micro-batch of each query (default: [run]'s, no limit)",
     )
     parser.add_argument(
         "--no-create-keyspace",
-        action="store_true",
+        dest="create_keyspace",
+        action="store_false",
+        default=None,
         help="the keyspace exists (by default a development keyspace is created if missing)",
     )
     parser.add_argument(
         "--metrics-port",
-        default="0",
+        default=None,
         metavar="[ADDRESS:]PORT",
         help="serve Prometheus metrics at http://ADDRESS:PORT/metrics (ADDRESS defaults to "
-        "127.0.0.1; 0, the default: off)",
+        "127.0.0.1; 0: off, the default unless [run] metrics_port says otherwise)",
     )
     parser.set_defaults(handler=run)
 
@@ -96,25 +103,22 @@ def run(args: argparse.Namespace) -> int:
     from millstream.spark.runner import AvailableNow, ProcessingTime, load_topology, run_topology
 
     config = load_config()
-    metrics_address, metrics_port = listen_address(args.metrics_port)
-    topology, module = load_topology(args.target)
-    # Executors import millstream but not the user's module: ship its code with each task.
-    from pyspark import cloudpickle
-
-    cloudpickle.register_pickle_by_value(module)  # type: ignore[no-untyped-call]
-    trigger = AvailableNow() if args.available_now else ProcessingTime(args.processing_time)
-    running = run_topology(
-        topology,
-        config,
-        trigger=trigger,
-        keyspace=args.keyspace,
-        checkpoint_root=args.checkpoint_root,
-        partitions=args.partitions,
-        max_offsets_per_trigger=args.max_offsets_per_trigger,
-        create_keyspace=not args.no_create_keyspace,
-        metrics_port=metrics_port,
-        metrics_address=metrics_address,
+    flags = {
+        "keyspace": args.keyspace,
+        "checkpoint_root": args.checkpoint_root,
+        "partitions": args.partitions,
+        "max_offsets_per_trigger": args.max_offsets_per_trigger,
+        "create_keyspace": args.create_keyspace,
+    }
+    if args.metrics_port is not None:
+        flags["metrics_address"], flags["metrics_port"] = listen_address(args.metrics_port)
+    settings = dataclasses.replace(
+        config.run, **{name: value for name, value in flags.items() if value is not None}
     )
+    # The runner ships the module's code to the executors itself.
+    topology, _ = load_topology(args.target)
+    trigger = AvailableNow() if args.available_now else ProcessingTime(args.processing_time)
+    running = run_topology(topology, config, settings, trigger=trigger)
     try:
         if args.available_now:
             rounds = running.process_available()

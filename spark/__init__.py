@@ -1,7 +1,13 @@
 """The Spark runtime: a topology as Spark Structured Streaming queries.
 
+The names a job needs are importable from here (the front door): :func:`run_topology`, the
+:class:`RunningTopology` it returns (its injectors, :meth:`~RunningTopology.add_injector`;
+:meth:`~RunningTopology.await_input_complete`; a context manager that stops it all), the
+triggers, :class:`RunSettings` (the run's deployment) and :func:`spark_session`.
+
 - :mod:`.runner`: :func:`run_topology` and :class:`RunningTopology`, one query per
   computation (the entry point);
+- :mod:`.user_code`: the job's own code, shipped to the executors by value;
 - :mod:`.batch`: a query's ``foreachBatch`` function, one micro-batch on the driver;
 - :mod:`.executor`: what runs on the executors (routing, the interval tasks);
 - :mod:`.driver_watermarks`: a computation's low-watermark bookkeeping on the driver;
@@ -12,6 +18,7 @@
 The model (``millstream.engine`` outside this package) imports none of it.
 """
 
+from millstream.engine.config import RunSettings
 from millstream.spark.metrics import BatchMetrics, ComputationMetrics, MetricCounts
 from millstream.spark.runner import (
     DEFAULT_KEYSPACE,
@@ -22,6 +29,7 @@ from millstream.spark.runner import (
     load_topology,
     run_topology,
 )
+from millstream.spark.session import spark_session
 
 __all__ = [
     "DEFAULT_KEYSPACE",
@@ -30,8 +38,10 @@ __all__ = [
     "ComputationMetrics",
     "MetricCounts",
     "ProcessingTime",
+    "RunSettings",
     "RunningTopology",
     "Trigger",
     "load_topology",
     "run_topology",
+    "spark_session",
 ]

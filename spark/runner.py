@@ -54,14 +54,23 @@ its output topics' end offsets, if it changed. When a wall-time timer is due lat
 sets an alarm that writes a wake-up message to the alarm topic at that time, which starts the
 batch that fires it.
 
-Use it from Python::
+**Deployment.** Where the state lives, how topics are made, how batches are retried: one
+:class:`~millstream.engine.config.RunSettings` (``config.run`` unless given: the ``[run]``
+table of ``millstream.toml``, or ``MILLSTREAM_RUN_*``). Before anything starts, the keyspace,
+the interval table, the watermark topic and every stream's topic are provisioned
+(:func:`millstream.connectors.provision`). The code of the topology's computations is shipped
+to the executors by value (:mod:`millstream.spark.user_code`).
 
-    running = run_topology(topology, load_config(), keyspace="zeitgeist", trigger=ProcessingTime(1))
-    running.await_idle(timeout=60)
+**A job** runs its topology and its injectors under one lifecycle, waits for its input to be
+complete, and stops::
+
+    config = load_config()
+    with run_topology(topology, config, RunSettings(keyspace="zeitgeist")) as running:
+        running.add_injector("search-logs", LogFileSource(logs, parse, "searches", follow=False))
+        running.await_input_complete(timeout=3600)
     print(running.metrics())
-    running.stop()
 
-or ``millstream run MODULE:TOPOLOGY`` (see :mod:`millstream.cli`).
+or ``millstream run MODULE:TOPOLOGY`` (see :mod:`millstream.cli`) for a topology alone.
 """
 
 from __future__ import annotations
@@ -76,28 +85,24 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from contextlib import ExitStack
+from dataclasses import dataclass, replace
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, TracebackType
 from typing import TYPE_CHECKING, Any
 
 from millstream.connectors import cassandra as cassandra_connector
 from millstream.connectors import kafka as kafka_connector
-from millstream.connectors.prometheus import DEFAULT_METRICS_ADDRESS
+from millstream.connectors.provisioning import provision
 from millstream.engine.authority import WatermarkAuthority
 from millstream.engine.clock import Clock, SystemClock
 from millstream.engine.computation import Computation
-from millstream.engine.config import MillstreamConfig
+from millstream.engine.config import DEFAULT_KEYSPACE, MillstreamConfig, RunSettings
 from millstream.engine.errors import CheckpointStorageError, TopologyError
 from millstream.engine.layout import IntervalLayout
-from millstream.engine.outages import DEFAULT_OUTAGE_TIMEOUT
+from millstream.engine.records import MAX_EVENT_TIME
 from millstream.engine.store import IntervalStore
-from millstream.engine.stores.cassandra import (
-    DEFAULT_KEYSPACE,
-    DEFAULT_TABLE,
-    CassandraIntervalStore,
-    create_schema,
-)
+from millstream.engine.stores.cassandra import CassandraIntervalStore
 from millstream.engine.topology import (
     ComputationOptions,
     ComputationSpec,
@@ -105,6 +110,9 @@ from millstream.engine.topology import (
     Topology,
 )
 from millstream.engine.watermarks import Hold
+from millstream.injectors.connect import connect_injector
+from millstream.injectors.process import InjectorOptions, InjectorProcess
+from millstream.injectors.source import Source
 from millstream.spark.batch import BatchHandler, batch_offsets
 from millstream.spark.driver_watermarks import (
     DriverWatermarks,
@@ -119,6 +127,7 @@ from millstream.spark.metrics import (
     describe,
     totals,
 )
+from millstream.spark.user_code import ship_user_code
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -201,111 +210,98 @@ def load_topology(target: str) -> tuple[Topology, ModuleType]:
 def run_topology(
     topology: Topology,
     config: MillstreamConfig,
+    settings: RunSettings | None = None,
     *,
     trigger: Trigger | None = None,
     spark: SparkSession | None = None,
-    keyspace: str = DEFAULT_KEYSPACE,
-    table: str = DEFAULT_TABLE,
-    checkpoint_root: Path | None = None,
-    partitions: int = 2,
-    topic_partitions: Mapping[str, int] | None = None,
-    create_keyspace: bool = True,
-    max_offsets_per_trigger: int | None = None,
-    batch_attempts: int = 3,
-    outage_timeout: float = DEFAULT_OUTAGE_TIMEOUT,
     on_batch: Callable[[BatchMetrics], None] | None = None,
     clock: Clock | None = None,
-    metrics_port: int | None = None,
-    metrics_address: str = DEFAULT_METRICS_ADDRESS,
+    **deprecated: Any,
 ) -> RunningTopology:
-    """Prepare the topology's topics and store and start it; see :class:`RunningTopology`.
+    """Provision the topology's store and topics and start it; see :class:`RunningTopology`.
 
-    ``trigger`` defaults to ``ProcessingTime(1.0)``. With :class:`AvailableNow` nothing runs
-    until :meth:`RunningTopology.process_available`.
+    ``settings`` defaults to ``config.run``. ``trigger`` defaults to ``ProcessingTime(1.0)``;
+    with :class:`AvailableNow` nothing runs until :meth:`RunningTopology.process_available`.
+    The result is a context manager that stops the topology (and its injectors) on exit.
+
+    The keywords that :class:`~millstream.engine.config.RunSettings` now holds (``keyspace``,
+    ``table``, ``checkpoint_root``, ``partitions``, ``topic_partitions``,
+    ``create_keyspace``, ``max_offsets_per_trigger``, ``batch_attempts``,
+    ``outage_timeout``, ``metrics_port``, ``metrics_address``) still work with a
+    ``DeprecationWarning``; they go in 0.3.
     """
+    settings = (settings or config.run).with_deprecated_keywords("run_topology", deprecated)
     running = RunningTopology(
         topology,
         config,
+        settings,
         trigger=trigger or ProcessingTime(),
         spark=spark,
-        keyspace=keyspace,
-        table=table,
-        checkpoint_root=checkpoint_root,
-        partitions=partitions,
-        topic_partitions=topic_partitions,
-        create_keyspace=create_keyspace,
-        max_offsets_per_trigger=max_offsets_per_trigger,
-        batch_attempts=batch_attempts,
-        outage_timeout=outage_timeout,
         on_batch=on_batch,
         clock=clock,
-        metrics_port=metrics_port,
-        metrics_address=metrics_address,
     )
     running.start()
     return running
 
 
+@dataclass
+class _HostedInjector:
+    """An injector process a running topology runs on a thread of its driver."""
+
+    process: InjectorProcess
+    thread: threading.Thread
+    failure: BaseException | None = None
+
+
 class RunningTopology:
-    """A topology running on Spark: one streaming query per computation.
+    """A topology running on Spark: one streaming query per computation, and the injectors
+    added to it (:meth:`add_injector`), stopped together by :meth:`stop` or at the end of a
+    ``with`` block.
 
-    Topics missing for any of its streams are created (``partitions`` each, or
-    ``topic_partitions[stream]``), and so are the Cassandra interval table and, with
-    ``create_keyspace`` (SimpleStrategy, ``config.cassandra_replication`` replicas), its keyspace.
-    ``max_offsets_per_trigger`` caps a micro-batch (Spark's Kafka option). A batch that fails
-    is run again up to ``batch_attempts`` times, and while Kafka or Cassandra cannot be reached
-    for up to ``outage_timeout`` seconds (:mod:`millstream.engine.outages`). Metrics of every
-    batch are kept (:meth:`batches`, :meth:`metrics`) and passed to ``on_batch``, which runs on
-    the driver thread of the computation's query. ``clock`` (default: the system clock)
-    decides when wall-time timers are due on the driver.
+    ``settings`` (default ``config.run``) is the run's deployment
+    (:class:`~millstream.engine.config.RunSettings`): :meth:`start` provisions its keyspace
+    (with ``create_keyspace``), interval table and topics (``partitions`` each, or
+    ``topic_partitions[stream]``); ``max_offsets_per_trigger`` caps a micro-batch (Spark's
+    Kafka option); a batch that fails is run again up to ``batch_attempts`` times, and while
+    Kafka or Cassandra cannot be reached for up to ``outage_timeout`` seconds
+    (:mod:`millstream.engine.outages`). Metrics of every batch are kept (:meth:`batches`,
+    :meth:`metrics`) and passed to ``on_batch``, which runs on the driver thread of the
+    computation's query. ``clock`` (default: the system clock) decides when wall-time timers
+    are due on the driver.
 
-    With ``metrics_port`` (``None`` or 0: off), :meth:`start` serves the topology's Prometheus
+    With ``settings.metrics_port`` (0: off), :meth:`start` serves the topology's Prometheus
     metrics (:mod:`millstream.spark.prometheus`, in :attr:`prometheus`) at
     ``http://<metrics_address>:<metrics_port>/metrics`` until :meth:`stop`.
+
+    The keywords :class:`~millstream.engine.config.RunSettings` now holds are deprecated
+    here as in :func:`run_topology`.
     """
 
     def __init__(
         self,
         topology: Topology,
         config: MillstreamConfig,
+        settings: RunSettings | None = None,
         *,
         trigger: Trigger,
         spark: SparkSession | None = None,
-        keyspace: str = DEFAULT_KEYSPACE,
-        table: str = DEFAULT_TABLE,
-        checkpoint_root: Path | None = None,
-        partitions: int = 2,
-        topic_partitions: Mapping[str, int] | None = None,
-        create_keyspace: bool = True,
-        max_offsets_per_trigger: int | None = None,
-        batch_attempts: int = 3,
-        outage_timeout: float = DEFAULT_OUTAGE_TIMEOUT,
         on_batch: Callable[[BatchMetrics], None] | None = None,
         clock: Clock | None = None,
-        metrics_port: int | None = None,
-        metrics_address: str = DEFAULT_METRICS_ADDRESS,
+        **deprecated: Any,
     ) -> None:
-        if batch_attempts < 1:
-            raise ValueError(f"batch_attempts must be at least 1, got {batch_attempts}")
-        if partitions < 1:
-            raise ValueError(f"partitions must be at least 1, got {partitions}")
+        settings = (settings or config.run).with_deprecated_keywords("RunningTopology", deprecated)
         topology.validate()
+        ship_user_code(topology.computations.values())
         if spark is None:
             from millstream.spark.session import spark_session
 
             spark = spark_session(config, app_name=f"millstream-{topology.name}")
         self.topology = topology
         self.config = config
+        self.settings = settings
         self.trigger = trigger
         self.spark = spark
-        self.keyspace = keyspace
-        self.table = table
-        self.checkpoint_root = checkpoint_root or config.home / "checkpoints"
-        self.partitions = partitions
-        self.topic_partitions = dict(topic_partitions or {})
-        self.max_offsets_per_trigger = max_offsets_per_trigger
-        self.batch_attempts = batch_attempts
-        self.outage_timeout = outage_timeout
+        self.checkpoint_root = settings.checkpoints(config.home)
         self.on_batch = on_batch
         self._lock = threading.Lock()
         self._batches: list[BatchMetrics] = []
@@ -313,8 +309,10 @@ class RunningTopology:
         # Per computation, for as long as it stays in this handle's topology: executors keep
         # their interval workers across the query's restarts (AvailableNow rounds) by it.
         self._run_tokens: dict[str, str] = {}
-        self._create_keyspace = create_keyspace
         self._prepared = False
+        self._injectors: dict[str, _HostedInjector] = {}
+        # The injectors' connections, closed by stop().
+        self._injector_connections = ExitStack()
         # The driver's clock: wall-time timers due, alarms. Executors use their own.
         self.clock = clock or SystemClock()
         # Per computation, kept across its query's restarts like the run tokens.
@@ -324,11 +322,9 @@ class RunningTopology:
         # The driver's own Cassandra session, for interval layouts (made at first use).
         self._layout_store: tuple[Any, CassandraIntervalStore] | None = None
         self._layout_store_lock = threading.Lock()
-        self.metrics_port = metrics_port
-        self.metrics_address = metrics_address
         self.prometheus: TopologyMetrics | None = None
         self.metrics_server: MetricsServer | None = None
-        if metrics_port:
+        if settings.metrics_port:
             # prometheus_client is only imported by a driver that serves metrics.
             from millstream.spark.prometheus import TopologyMetrics
 
@@ -339,18 +335,21 @@ class RunningTopology:
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Create topics and the store table; start every query unless triggered AvailableNow."""
+        """Provision the store and the topics; start every query unless triggered
+        AvailableNow."""
         if self.prometheus is not None:
             from millstream.connectors.prometheus import serve_metrics
 
             self.metrics_server = serve_metrics(
-                self.prometheus.registry, self.metrics_port or 0, self.metrics_address
+                self.prometheus.registry,
+                self.settings.metrics_port,
+                self.settings.metrics_address,
             )
             _log.info("serving Prometheus metrics at %s", self.metrics_server.url)
         try:
-            self._prepare_store()
-            self._watermark_publisher()  # creates (or checks) the watermark topic
-            self._create_topics(self.topology.computations.values())
+            provision(
+                self.config, self.settings, streams=_streams(self.topology.computations.values())
+            )
         except BaseException:
             if self.metrics_server is not None:
                 self.metrics_server.close()
@@ -361,8 +360,21 @@ class RunningTopology:
             for spec in self._ordered():
                 self._start_query(spec)
 
+    def __enter__(self) -> RunningTopology:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
     def stop(self) -> None:
-        """Stop every query (a batch in progress is interrupted and replayed on restart)."""
+        """Stop the injectors added to it, then every query (a batch in progress is
+        interrupted and replayed on restart)."""
+        self._stop_injectors()
         with self._lock:
             queries, self._queries = dict(self._queries), {}
             watermarks, self._watermarks = dict(self._watermarks), {}
@@ -418,6 +430,54 @@ class RunningTopology:
             "does a cycle produce without end?"
         )
 
+    def await_input_complete(
+        self,
+        timeout: float | None = None,
+        *,
+        poll: float = 0.5,
+        progress: Callable[[RunningTopology], object] | None = None,
+    ) -> None:
+        """With :class:`ProcessingTime`: wait until the input of every computation is
+        complete and processed, as a job with finite input (a replay, a backfill) ends.
+
+        Input is complete once every computation's input low watermark reached the end of
+        time (:data:`~millstream.engine.records.MAX_EVENT_TIME`): every source of its input
+        streams said it will send nothing more, as an injector whose source is exhausted
+        does, and every computation upstream finished its work. Then it waits until
+        everything was processed (:meth:`await_idle`). ``progress`` is called with this
+        handle every ``poll`` seconds meanwhile (to report, or raise to give up).
+
+        Raises the error of a failed query or injector, or ``TimeoutError`` after
+        ``timeout`` seconds (``None``: no limit).
+        """
+        if not isinstance(self.trigger, ProcessingTime):
+            raise TopologyError(
+                "await_input_complete needs a ProcessingTime trigger; use process_available"
+            )
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self.raise_failure()
+            if progress is not None:
+                progress(self)
+            if self.input_complete():
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"the input of topology {self.topology.name!r} was not complete after "
+                    f"{timeout} s; `millstream watermarks` shows what holds it"
+                )
+            time.sleep(poll)
+        remaining = 3600.0 if deadline is None else deadline - time.monotonic()
+        self.await_idle(timeout=max(60.0, remaining), poll=poll)
+
+    def input_complete(self) -> bool:
+        """Whether every computation's input low watermark reached the end of time."""
+        snapshots = self.watermark_snapshots()
+        return all(
+            name in snapshots and snapshots[name].input_watermark >= MAX_EVENT_TIME
+            for name in self.topology.computations
+        )
+
     def await_idle(self, timeout: float = 120.0, poll: float = 0.5) -> None:
         """With :class:`ProcessingTime`: wait until every query has processed everything its
         input topics hold (checked twice in a row, so in-flight productions are seen).
@@ -438,7 +498,7 @@ class RunningTopology:
         raise TimeoutError(f"topology {self.topology.name!r} was not idle after {timeout} s")
 
     def raise_failure(self) -> None:
-        """Raise the error of the first query that stopped with one, if any.
+        """Raise the error of the first query or injector that stopped with one, if any.
 
         A full or unwritable disk under the checkpoint becomes a
         :class:`~millstream.engine.errors.CheckpointStorageError` that says where and what
@@ -446,6 +506,10 @@ class RunningTopology:
         """
         with self._lock:
             queries = dict(self._queries)
+            injectors = list(self._injectors.values())
+        for hosted in injectors:
+            if hosted.failure is not None:
+                raise hosted.failure
         for name, query in queries.items():
             if not query.isActive:
                 failure = query.exception()
@@ -494,7 +558,10 @@ class RunningTopology:
         except TopologyError:
             self.topology.remove_computation(name)
             raise
-        self._create_topics([spec])
+        ship_user_code([spec])
+        provision(
+            self.config, self.settings, streams=_streams([spec]), store=False, watermark_topic=False
+        )
         if isinstance(self.trigger, ProcessingTime) and self._prepared:
             self._start_query(spec)
         return spec
@@ -523,6 +590,64 @@ class RunningTopology:
     def active_computations(self) -> list[str]:
         with self._lock:
             return sorted(name for name, query in self._queries.items() if query.isActive)
+
+    # -- injectors -------------------------------------------------------------------------
+
+    def add_injector(
+        self, name: str, source: Source, options: InjectorOptions | None = None
+    ) -> InjectorProcess:
+        """Run injector ``name`` (paper 5.2) over ``source`` under this topology's lifecycle.
+
+        It is connected as ``connect_injector`` connects one (its checkpoint in this run's
+        keyspace, its streams' topics provisioned; no metrics endpoint of its own) and runs on
+        a thread of this driver until its source is exhausted or :meth:`stop`. Returns the
+        process, for its ``stats`` and ``watermark``. Its failure is raised by
+        :meth:`raise_failure` and the ``await_*`` methods, as a query's is; it stops the
+        injector alone. A restarted job resumes each injector from its checkpoint.
+        """
+        with self._lock:
+            if name in self._injectors:
+                raise TopologyError(f"injector {name!r} already runs under this topology")
+        settings = replace(self.settings, metrics_port=0)
+        process = self._injector_connections.enter_context(
+            connect_injector(self.config, name, source, options, settings)
+        )
+        thread = threading.Thread(target=self._run_injector, args=(name,), name=f"injector-{name}")
+        hosted = _HostedInjector(process, thread)
+        with self._lock:
+            self._injectors[name] = hosted
+        thread.start()
+        return process
+
+    @property
+    def injectors(self) -> dict[str, InjectorProcess]:
+        """The injector processes added to this topology, by name (stopped ones too)."""
+        with self._lock:
+            return {name: hosted.process for name, hosted in self._injectors.items()}
+
+    def _run_injector(self, name: str) -> None:
+        hosted = self._injectors[name]
+        try:
+            hosted.process.run(until_exhausted=True)
+        except BaseException as exc:  # raised on the caller's thread by raise_failure
+            _log.error("injector %r stopped with an error: %r", name, exc)
+            hosted.failure = exc
+
+    def _stop_injectors(self, timeout: float = 60.0) -> None:
+        with self._lock:
+            hosted = list(self._injectors.values())
+        for one in hosted:
+            one.process.stop()
+        deadline = time.monotonic() + timeout
+        for one in hosted:
+            one.thread.join(max(0.0, deadline - time.monotonic()))
+            if one.thread.is_alive():
+                _log.warning(
+                    "injector %r did not stop within %s s; closing its connections under it",
+                    one.process.name,
+                    timeout,
+                )
+        self._injector_connections.close()
 
     # -- watermarks ------------------------------------------------------------------------
 
@@ -597,7 +722,7 @@ class RunningTopology:
                     # Dedup expiry on the executors' clock: the copy of a split keeps
                     # exactly the IDs they still count as seen.
                     store = CassandraIntervalStore(
-                        session, self.keyspace, SystemClock(), table=self.table
+                        session, self.settings.keyspace, SystemClock(), table=self.settings.table
                     )
                 except BaseException:
                     cluster.shutdown()
@@ -616,29 +741,6 @@ class RunningTopology:
         return totals(self.batches())
 
     # -- internals -------------------------------------------------------------------------
-
-    def _prepare_store(self) -> None:
-        cluster, session = cassandra_connector.connect(self.config)
-        try:
-            if self._create_keyspace:
-                cassandra_connector.create_keyspace(
-                    session, self.keyspace, self.config.cassandra_replication
-                )
-            create_schema(session, self.keyspace, self.table)
-        finally:
-            cluster.shutdown()
-
-    def _create_topics(self, specs: Iterable[ComputationSpec]) -> None:
-        streams: set[str] = set()
-        for spec in specs:
-            streams.update(i.stream for i in spec.inputs)
-            streams.update(spec.produced_streams)
-        by_count: dict[int, list[str]] = {}
-        for stream in sorted(streams):
-            count = self.topic_partitions.get(stream, self.partitions)
-            by_count.setdefault(count, []).append(kafka_connector.stream_topic(stream))
-        for count, topics in by_count.items():
-            kafka_connector.create_topics(self.config, topics, partitions=count)
 
     def _ordered(self) -> list[ComputationSpec]:
         # Producers before consumers where the graph allows (cycles: in declaration order).
@@ -671,10 +773,10 @@ class RunningTopology:
             if running is not None and running.isActive:
                 raise TopologyError(f"computation {spec.name!r} is already running")
         token = self._run_tokens.setdefault(spec.name, uuid.uuid4().hex)
-        settings = TaskSettings(self.config, self.keyspace, self.table, token)
+        settings = TaskSettings(self.config, self.settings.keyspace, self.settings.table, token)
         options: dict[str, str] = {}
-        if self.max_offsets_per_trigger is not None:
-            options["maxOffsetsPerTrigger"] = str(self.max_offsets_per_trigger)
+        if self.settings.max_offsets_per_trigger is not None:
+            options["maxOffsetsPerTrigger"] = str(self.settings.max_offsets_per_trigger)
         topics = sorted({kafka_connector.stream_topic(i.stream) for i in spec.inputs})
         alarm = kafka_connector.alarm_topic(self.config, self.topology.name, spec.name)
         wakes = sorted({kafka_connector.wake_topic(self.config, i.stream) for i in spec.inputs})
@@ -706,8 +808,8 @@ class RunningTopology:
                     settings=settings,
                     watermarks=watermarks,
                     checkpoint=self.checkpoint(spec.name),
-                    attempts=self.batch_attempts,
-                    outage_timeout=self.outage_timeout,
+                    attempts=self.settings.batch_attempts,
+                    outage_timeout=self.settings.outage_timeout,
                     clock=self.clock,
                     record=self._record,
                     layout_store=self._driver_store,
@@ -778,6 +880,15 @@ class RunningTopology:
         finally:
             consumer.close()
         return ends
+
+
+def _streams(specs: Iterable[ComputationSpec]) -> set[str]:
+    """Every stream the computations read or write."""
+    streams: set[str] = set()
+    for spec in specs:
+        streams.update(i.stream for i in spec.inputs)
+        streams.update(spec.produced_streams)
+    return streams
 
 
 def _end_offsets(query: StreamingQuery) -> dict[str, dict[str, int]]:

@@ -16,7 +16,7 @@ import logging
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -29,7 +29,6 @@ from millstream.devtools.proving.workload import (
 )
 from millstream.engine.config import load_config
 from millstream.engine.errors import MillstreamError
-from millstream.engine.records import MAX_EVENT_TIME
 
 __all__ = [
     "BATCHES_FILE",
@@ -114,26 +113,19 @@ def run_driver(directory: Path) -> int:
         log.write(json.dumps(line) + "\n")
         log.flush()
 
-    running = run_topology(
-        topology,
-        load_config(),
-        trigger=ProcessingTime(0.5),
+    config = load_config()
+    settings = replace(
+        config.run,
         keyspace=names.keyspace,
         checkpoint_root=directory / "checkpoints",
         max_offsets_per_trigger=run.max_offsets_per_trigger,
-        on_batch=on_batch,
     )
     try:
-        while True:
-            running.raise_failure()
-            if all(
-                running.input_watermark(name) >= MAX_EVENT_TIME for name in topology.computations
-            ):
-                break
-            time.sleep(0.5)
-        running.await_idle(timeout=600)
+        with run_topology(
+            topology, config, settings, trigger=ProcessingTime(0.5), on_batch=on_batch
+        ) as running:
+            running.await_input_complete()
     finally:
-        running.stop()
         log.close()
     print("finished", flush=True)
     return 0
@@ -147,9 +139,9 @@ def run_injector(directory: Path) -> int:
     names = run.names
     source = ProvingSource(run.workload, names.events, gate=directory / GATE_FILE)
     options = InjectorOptions(dead_letter_stream=names.injector_dead_letters)
-    with connect_injector(
-        load_config(), names.injector, source, options, keyspace=names.keyspace
-    ) as injector:
+    config = load_config()
+    settings = replace(config.run, keyspace=names.keyspace)
+    with connect_injector(config, names.injector, source, options, settings) as injector:
         stats = injector.run(until_exhausted=True)
     print(f"finished: {stats.emitted} records", flush=True)
     return 0

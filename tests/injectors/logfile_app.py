@@ -10,6 +10,7 @@ the replay is complete. Services come from the environment, as for ``millstream`
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 from millstream.engine.config import load_config
 from millstream.injectors import InjectorOptions, LogFileSource, LogLine
@@ -24,7 +25,9 @@ def parse(line: str) -> LogLine:
 def main(name: str, directory: str, stream: str, keyspace: str) -> int:
     source = LogFileSource(directory, parse, stream, follow=False, max_bytes_per_poll=2_000)
     options = InjectorOptions(poll_timeout=0)
-    with connect_injector(load_config(), name, source, options, keyspace=keyspace) as injector:
+    config = load_config()
+    settings = replace(config.run, keyspace=keyspace)
+    with connect_injector(config, name, source, options, settings) as injector:
         injector.start()
         print("started", flush=True)
         while not injector.exhausted:

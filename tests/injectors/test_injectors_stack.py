@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +25,7 @@ import pytest
 from millstream.connectors import kafka as kafka_connector
 from millstream.engine.clock import SystemClock
 from millstream.engine.computation import Computation
-from millstream.engine.config import MillstreamConfig
+from millstream.engine.config import MillstreamConfig, RunSettings
 from millstream.engine.context import Context
 from millstream.engine.errors import InjectorFencedError
 from millstream.engine.records import Record, decode_record
@@ -54,6 +55,11 @@ APP = Path(__file__).with_name("logfile_app.py")
 def read_stream(config: MillstreamConfig, topic: str) -> list[Record]:
     """Every record on ``topic`` (repeats included), read up to its current end."""
     return [decode_record(value) for _, _, value in read_topic(config, topic)]
+
+
+def run_settings(config: MillstreamConfig, keyspace: str) -> RunSettings:
+    """The run's settings with the test's own keyspace."""
+    return replace(config.run, keyspace=keyspace)
 
 
 def message_count(config: MillstreamConfig, topic: str) -> int:
@@ -149,7 +155,9 @@ def test_a_rotated_log_is_read_to_its_end_and_the_new_file_after_it(
     log = tmp_path / "app.log"
     write_lines(log, [(SECOND * n, "k", f"before-{n}") for n in range(1, 4)])
     source = LogFileSource(tmp_path, parse, stream)
-    with connect_injector(services, stream, source, keyspace=keyspace) as injector:
+    with connect_injector(
+        services, stream, source, settings=run_settings(services, keyspace)
+    ) as injector:
         injector.start()
         injector.step()
         write_lines(log, [(SECOND * 4, "k", "late-in-old-file")])
@@ -175,9 +183,8 @@ def test_a_zombie_copy_of_an_injector_process_cannot_checkpoint(
     write_lines(tmp_path / "a.log", [(SECOND * n, "k", f"v{n}") for n in range(1, 4)])
 
     def copy() -> Any:
-        return connect_injector(
-            services, stream, LogFileSource(tmp_path, parse, stream), keyspace=keyspace
-        )
+        source = LogFileSource(tmp_path, parse, stream)
+        return connect_injector(services, stream, source, settings=run_settings(services, keyspace))
 
     with copy() as zombie, copy() as successor:
         zombie.start()
@@ -220,10 +227,6 @@ def run_alarms(
     trigger: AvailableNow | ProcessingTime,
 ) -> RunningTopology:
     """A topology named ``stream`` of one :class:`Alarm` computation of the same name."""
-    from pyspark import cloudpickle
-
-    # Ship this module's code with each task: executors cannot import test modules.
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # type: ignore[no-untyped-call]
     kafka_connector.create_topics(config, [fired], partitions=1)
     topology = Topology(stream, streams=[stream])
     topology.add_computation(
@@ -233,15 +236,13 @@ def run_alarms(
         outputs=[fired],
         options=ComputationOptions(key_intervals=2),
     )
-    return run_topology(
-        topology,
-        config,
-        trigger=trigger,
-        spark=spark,
+    settings = replace(
+        config.run,
         keyspace=keyspace,
         checkpoint_root=tmp_path / "checkpoints",
         create_keyspace=False,
     )
+    return run_topology(topology, config, settings, trigger=trigger, spark=spark)
 
 
 def fired_tags(config: MillstreamConfig, topic: str) -> set[str]:
@@ -267,7 +268,7 @@ def test_an_expected_process_that_has_not_reported_holds_downstream_timers(
     def process(number: int) -> Any:
         source = LogFileSource(directories[number], parse, stream, out_of_order=SECOND)
         options = InjectorOptions(process=str(number), expected=("0", "1"))
-        return connect_injector(services, name, source, options, keyspace=keyspace)
+        return connect_injector(services, name, source, options, run_settings(services, keyspace))
 
     running = run_alarms(services, spark, name, fired, keyspace, tmp_path, AvailableNow())
     try:
@@ -310,7 +311,8 @@ def test_an_idle_injector_heartbeat_fires_an_event_time_timer(
     options = InjectorOptions(heartbeat=SECOND // 2, poll_timeout=0.1)
     running = run_alarms(services, spark, stream, fired, keyspace, tmp_path, ProcessingTime(0.2))
     try:
-        with connect_injector(services, stream, source, options, keyspace=keyspace) as injector:
+        settings = run_settings(services, keyspace)
+        with connect_injector(services, stream, source, options, settings) as injector:
             thread = threading.Thread(target=injector.run, daemon=True)
             thread.start()
             try:

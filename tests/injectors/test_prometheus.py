@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import urllib.error
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -103,9 +104,8 @@ def test_a_connected_injector_serves_its_metrics_while_it_runs(
     url = f"http://127.0.0.1:{port}/metrics"
     labels = {"injector": stream, "process": "1"}
     options = InjectorOptions(process="1", poll_timeout=0)
-    with connect_injector(
-        services, stream, source, options, keyspace=cassandra_keyspace(), metrics_port=port
-    ) as injector:
+    settings = replace(services.run, keyspace=cassandra_keyspace(), metrics_port=port)
+    with connect_injector(services, stream, source, options, settings) as injector:
         injector.start()
         while not injector.exhausted:
             injector.step()

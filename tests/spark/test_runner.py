@@ -19,7 +19,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -210,17 +210,18 @@ def start(
     spark: SparkSession,
     topology: Topology | None = None,
     trigger: Trigger | None = None,
-    **options: Any,
+    **settings: Any,
 ) -> RunningTopology:
-    return run_topology(
-        topology or pipeline.topology(),
-        config,
-        trigger=trigger or AvailableNow(),
-        spark=spark,
+    """Run the pipeline's topology in its keyspace; ``settings`` change more RunSettings."""
+    run = replace(
+        config.run,
         keyspace=pipeline.keyspace,
         checkpoint_root=pipeline.checkpoints,
         create_keyspace=False,
-        **options,
+        **settings,
+    )
+    return run_topology(
+        topology or pipeline.topology(), config, run, trigger=trigger or AvailableNow(), spark=spark
     )
 
 

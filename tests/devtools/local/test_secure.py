@@ -494,14 +494,8 @@ def test_a_topology_runs_on_spark_against_the_secured_services(
 
     caplog.set_level(logging.DEBUG, logger="millstream")
     with _DriverLog(spark, tmp_path / "driver.log") as driver_log:
-        running = run_topology(
-            topology,
-            client,
-            trigger=AvailableNow(),
-            spark=spark,
-            keyspace=keyspace,
-            checkpoint_root=tmp_path / "checkpoints",
-        )
+        settings = replace(client.run, keyspace=keyspace, checkpoint_root=tmp_path / "checkpoints")
+        running = run_topology(topology, client, settings, trigger=AvailableNow(), spark=spark)
         try:
             running.process_available(timeout=240)
             assert running.input_watermark("window_counts") == BASE + WINDOW
