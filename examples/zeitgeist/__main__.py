@@ -7,18 +7,13 @@ import sys
 import time
 from pathlib import Path
 
-from millstream.engine.config import load_config
+from millstream.connectors import load_config
+from millstream.spark import spark_session
+from zeitgeist.evaluation import JobInput, Report, describe_slice, print_reports, run_input
 from zeitgeist.generate import generate
-from zeitgeist.job import (
-    JobInput,
-    Report,
-    describe_slice,
-    print_reports,
-    register_for_spark,
-    run_input,
-)
 from zeitgeist.model import ModelParams
 from zeitgeist.pipeline import Names
+from zeitgeist.progress import JobProgress
 from zeitgeist.series import load_series
 
 NAB = Path(__file__).parent / "data" / "nab"
@@ -84,15 +79,14 @@ def main(argv: list[str] | None = None) -> int:
         inputs.append(_generated_input(args.seed, args.generated_days, args.generated_queries))
 
     config = load_config()
-    register_for_spark()
-    from millstream.spark.session import spark_session
-
+    # One Spark session for every input (the runner would otherwise make one per topology).
     spark = spark_session(config, app_name=f"zeitgeist-{run}")
     reports: list[Report] = []
     try:
         for job in inputs:
             names = Names(f"{run}_{job.name}".replace("-", "_"))
-            print(f"[{job.name}] replaying {describe_slice(job.series)}", flush=True)
+            progress = JobProgress(job.name)
+            progress.replaying(describe_slice(job.series))
             workdir = config.home / "zeitgeist" / names.run
             reports.append(
                 run_input(
@@ -102,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                     workdir,
                     params=ModelParams(),
                     spark=spark,
+                    progress=progress,
                     plot=not args.no_plots,
                 )
             )

@@ -1,38 +1,46 @@
 """Process one run of the job to its end: ``python -m zeitgeist.driver RUN ORIGIN``.
 
-The main job runs the injector and this driver side by side. Should the driver die (a crash,
-kill -9), this resumes it: the queries restart from their checkpoints, the state, timers and
-pending productions from Cassandra, and the anomalies stream receives nothing twice that a
-reader deduplicating by record ID would see. It exits 0 once every computation's input
-watermark reached the end of time and everything was processed.
+The main job runs its topology and its injector together (:func:`zeitgeist.job.run_job`); this
+runs the topology alone, its injector elsewhere (:func:`zeitgeist.job.inject`). Should the
+driver die (a crash, kill -9), this resumes it: the queries restart from their checkpoints, the
+state, timers and pending productions from Cassandra, and the anomalies stream receives nothing
+twice that a reader deduplicating by record ID would see. It exits 0 once every computation's
+input watermark reached the end of time and everything was processed.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
-from millstream.engine.config import load_config
-from zeitgeist.job import process, register_for_spark
+from millstream.connectors import load_config
+from zeitgeist.job import job_settings, process
 from zeitgeist.pipeline import Names
+from zeitgeist.progress import JobProgress
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="zeitgeist.driver", description=__doc__)
     parser.add_argument("run", help="the run's name (its streams are zeitgeist_RUN.*)")
     parser.add_argument("origin", type=int, help="where buckets start, µs mod 5 minutes")
-    parser.add_argument("--keyspace", default="millstream")
+    parser.add_argument("--keyspace", default=None, help="default: [run] keyspace")
     parser.add_argument("--checkpoint-root", type=Path, default=None)
     parser.add_argument("--anomalies", default="anomalies", help="the anomalies stream")
     args = parser.parse_args(argv)
-    register_for_spark()
+    config = load_config()
+    settings = job_settings(config)
+    if args.keyspace is not None:
+        settings = dataclasses.replace(settings, keyspace=args.keyspace)
+    if args.checkpoint_root is not None:
+        settings = dataclasses.replace(settings, checkpoint_root=args.checkpoint_root)
     process(
-        load_config(),
+        config,
         Names(args.run, anomalies=args.anomalies),
         origin=args.origin,
-        keyspace=args.keyspace,
-        checkpoint_root=args.checkpoint_root,
+        settings=settings,
+        progress=JobProgress(args.run),
     )
     print("finished", flush=True)
     return 0

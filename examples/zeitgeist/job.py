@@ -1,100 +1,112 @@
-"""Running Zeitgeist on the stack: replay an input through the log-file injector, process it
-on Spark, print anomalies as they come, then score them and plot each query.
+"""The Zeitgeist job: the topology of :mod:`zeitgeist.pipeline` and its log-file injector on
+the stack, under one lifecycle, until the logs are processed::
 
-The steps are separate functions so a test can kill the driver between them:
-:func:`inject` (the injector, to the end of the logs), :func:`process` (the topology, until
-its last watermark reached the end of time), :func:`collect` (what the run produced, read
-back from Kafka and deduplicated by record ID).
+    config = load_config()
+    names = Names("today")
+    run_job(config, names, Path("/var/log/searches"), origin=0)
+    for anomaly in read_anomalies(config, names):
+        print(anomaly)
+
+:func:`run_job` is the whole job. Its halves run apart too, as a deployment with its
+injector elsewhere would: :func:`inject` (the injector alone, to the end of the logs) and
+:func:`process` (the topology alone, until its input is complete; ``python -m
+zeitgeist.driver`` runs it, and resumes it after a crash). Where the state lives and how
+topics are made is ``config.run`` (``[run]`` in millstream.toml), plus the batch cap the job
+needs (:func:`job_settings`). What it tells its operator goes through a
+:class:`~zeitgeist.progress.JobProgress`.
 """
 
 from __future__ import annotations
 
-import io
 import json
-import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
-from millstream.connectors.kafka import create_topics, stream_topic
-from millstream.connectors.streams import tail_stream
-from millstream.engine.config import MillstreamConfig
-from millstream.engine.records import MAX_EVENT_TIME
-from millstream.injectors.connect import connect_injector
-from millstream.injectors.logfile import LogFileSource
-from millstream.injectors.process import InjectorOptions, InjectorProcess, InjectorStats
-from millstream.spark.runner import ProcessingTime, RunningTopology, run_topology
-from zeitgeist.model import BUCKET_MICROS, ModelParams
+from millstream.connectors import MillstreamConfig, RunSettings, provision, read_stream
+from millstream.injectors import InjectorStats, LogFileSource, connect_injector
+from millstream.spark import ProcessingTime, RunningTopology, run_topology
+from zeitgeist.model import ModelParams
 from zeitgeist.pipeline import Names, zeitgeist_topology
+from zeitgeist.progress import JobProgress
 from zeitgeist.replay import parse_search
-from zeitgeist.series import Detection, Score, Series, format_time, score
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 __all__ = [
-    "Collected",
-    "JobInput",
-    "Report",
-    "collect",
+    "MAX_OFFSETS_PER_TRIGGER",
+    "following_anomalies",
     "inject",
-    "print_reports",
+    "job_settings",
     "process",
-    "register_for_spark",
-    "run_input",
+    "read_anomalies",
+    "run_job",
 ]
 
-
-@dataclass(frozen=True)
-class JobInput:
-    """One input of a run: its series, and the truth to score against.
-
-    ``windows`` are labelled windows per query (any kind); ``truth`` windows per kind
-    ("spike", "dip") per query, for generated traffic whose truth knows the kind; ``outages``
-    the truth windows ``(query, start, end)`` of outages, which must be found as dips.
-    """
-
-    name: str
-    series: list[Series]
-    truth: dict[str, dict[str, list[tuple[int, int]]]] = field(default_factory=dict)
-    outages: list[tuple[str, int, int]] = field(default_factory=list)
-
-    @property
-    def origin(self) -> int:
-        """Where the series' 5-minute buckets start, mod 5 minutes (NAB's start at :x2:53)."""
-        return min(s.start for s in self.series) % BUCKET_MICROS
+# A micro-batch may hold one query's searches of many days, and a key's changes are committed
+# in one Cassandra batch, which holds at most 65,535 rows: cap what a micro-batch reads.
+MAX_OFFSETS_PER_TRIGGER = 60_000
+DEFAULT_TIMEOUT = 3600.0
 
 
-def register_for_spark() -> None:
-    """Ship this package's code to the executors by value (they cannot import it)."""
-    from pyspark import cloudpickle
-
-    import zeitgeist
-
-    cloudpickle.register_pickle_by_value(zeitgeist)  # type: ignore[no-untyped-call]
+def job_settings(config: MillstreamConfig) -> RunSettings:
+    """The run's deployment: ``config.run``, with the job's batch cap unless one is set."""
+    if config.run.max_offsets_per_trigger is not None:
+        return config.run
+    return replace(config.run, max_offsets_per_trigger=MAX_OFFSETS_PER_TRIGGER)
 
 
-def inject(
+def _log_source(names: Names, logs: Path) -> LogFileSource:
+    # follow=False: the replay's logs are complete, so the injector ends with them (and its
+    # last report says so: the end of time).
+    return LogFileSource(logs, parse_search, names.searches, pattern="*.log", follow=False)
+
+
+def _injector(names: Names) -> str:
+    return f"{names.topology}-logs"
+
+
+def run_job(
     config: MillstreamConfig,
     names: Names,
     logs: Path,
     *,
-    keyspace: str = "millstream",
-    started: Callable[[InjectorProcess], None] | None = None,
-) -> InjectorStats:
-    """Run the log-file injector over ``logs`` to its end (a replay ends with the end of time).
+    origin: int,
+    params: ModelParams | None = None,
+    settings: RunSettings | None = None,
+    spark: SparkSession | None = None,
+    progress: JobProgress | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> RunningTopology:
+    """Replay the search logs under ``logs`` through the job: the topology and the log-file
+    injector run together until every search is counted and judged. Returns the stopped
+    topology (for its metrics)."""
+    topology = zeitgeist_topology(names, params, origin=origin)
+    with run_topology(
+        topology,
+        config,
+        settings or job_settings(config),
+        trigger=ProcessingTime(0.5),
+        spark=spark,
+    ) as running:
+        running.add_injector(_injector(names), _log_source(names, logs))
+        running.await_input_complete(timeout, progress=progress.watch if progress else None)
+    return running
 
-    ``started`` gets the process first (to watch its stats or stop it from another thread).
-    """
-    source = LogFileSource(logs, parse_search, names.searches, pattern="*.log", follow=False)
+
+def inject(
+    config: MillstreamConfig, names: Names, logs: Path, *, settings: RunSettings | None = None
+) -> InjectorStats:
+    """The log-file injector alone, over ``logs`` to their end."""
+    source = _log_source(names, logs)
     with connect_injector(
-        config, f"{names.topology}-logs", source, InjectorOptions(), keyspace=keyspace
+        config, _injector(names), source, settings=settings or job_settings(config)
     ) as injector:
-        if started is not None:
-            started(injector)
         return injector.run(until_exhausted=True)
 
 
@@ -104,307 +116,57 @@ def process(
     *,
     origin: int,
     params: ModelParams | None = None,
+    settings: RunSettings | None = None,
     spark: SparkSession | None = None,
-    keyspace: str = "millstream",
-    checkpoint_root: Path | None = None,
-    timeout: float = 3600.0,
-    watch: Callable[[RunningTopology], None] | None = None,
+    progress: JobProgress | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
 ) -> RunningTopology:
-    """Run the job's topology until every computation's input watermark is the end of time
-    and everything is processed; returns the (stopped) topology for its metrics.
-
-    ``watch`` is called every half second while it runs (to report progress, or raise to
-    give up).
-    """
+    """The topology alone, until its input is complete and processed (its injector runs
+    elsewhere); returns the stopped topology. Run again after a crash, it resumes."""
     topology = zeitgeist_topology(names, params, origin=origin)
-    running = run_topology(
+    with run_topology(
         topology,
         config,
+        settings or job_settings(config),
         trigger=ProcessingTime(0.5),
         spark=spark,
-        keyspace=keyspace,
-        checkpoint_root=checkpoint_root,
-        max_offsets_per_trigger=60_000,  # one key must stay under a Cassandra batch (65,535 rows)
-    )
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            running.raise_failure()
-            if watch is not None:
-                watch(running)
-            if all(running.input_watermark(c) >= MAX_EVENT_TIME for c in topology.computations):
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{names.topology} did not finish within {timeout} s")
-            time.sleep(0.5)
-        running.await_idle(timeout=max(60.0, deadline - time.monotonic()))
-    finally:
-        running.stop()
+    ) as running:
+        running.await_input_complete(timeout, progress=progress.watch if progress else None)
     return running
 
 
-@dataclass
-class Collected:
-    """What one run put on its streams, deduplicated by record ID."""
-
-    anomalies: list[dict[str, Any]]
-    predictions: dict[str, list[dict[str, Any]]]  # per query, by bucket
-
-    @property
-    def detections(self) -> list[Detection]:
-        return [Detection(a["query"], a["kind"], int(a["bucket"])) for a in self.anomalies]
-
-
-def _read(config: MillstreamConfig, stream: str) -> list[dict[str, Any]]:
-    out = io.StringIO()
-    tail_stream(config, stream, out=out, from_beginning=True, dedup=True, value_format="json")
-    return [json.loads(line) for line in out.getvalue().splitlines()]
-
-
-def collect(config: MillstreamConfig, names: Names) -> Collected:
-    anomalies = sorted(
-        (
-            entry["value"]
-            for entry in _read(config, names.anomalies)
-            if isinstance(entry.get("value"), dict) and entry["value"].get("run") == names.run
-        ),
-        key=lambda a: (a["query"], a["bucket"], a["kind"]),
-    )
-    predictions: dict[str, dict[int, dict[str, Any]]] = {}
-    for entry in _read(config, names.predictions):
-        value = entry["value"]
-        predictions.setdefault(entry["key"], {})[int(value["bucket"])] = value
-    return Collected(
-        anomalies,
-        {q: [by[b] for b in sorted(by)] for q, by in predictions.items()},
-    )
-
-
-class AnomalyPrinter:
-    """Prints the run's anomalies as they reach the anomalies stream (a follower thread)."""
-
-    def __init__(self, config: MillstreamConfig, names: Names, out: TextIO) -> None:
-        self.names = names
-        self.out = out
-        self.stop = threading.Event()
-        self.printed = 0
-        self._pending = ""
-        self.thread = threading.Thread(
-            target=tail_stream,
-            args=(config, names.anomalies),
-            kwargs={
-                "out": self,
-                "follow": True,
-                "dedup": True,
-                "value_format": "json",
-                "stop": self.stop,
-            },
-            daemon=True,
-        )
-
-    def write(self, text: str) -> int:
-        self._pending += text
-        while "\n" in self._pending:
-            line, self._pending = self._pending.split("\n", 1)
-            value = json.loads(line).get("value")
-            if isinstance(value, dict) and value.get("run") == self.names.run:
-                self.printed += 1
-                print(
-                    f"  anomaly: {value['query']:<10} {value['kind']:<5} "
-                    f"{value['bucket_time']} UTC  observed {value['observed']:>6}  "
-                    f"expected {value['expected']:>8.1f}  score {value['score']:>7.1f}",
-                    file=self.out,
-                    flush=True,
-                )
-        return len(text)
-
-    def flush(self) -> None:
-        pass
-
-    def __enter__(self) -> AnomalyPrinter:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        time.sleep(1.0)  # the last anomalies' fetch
-        self.stop.set()
-        self.thread.join(10)
-
-
-@dataclass
-class Report:
-    """One input's outcome: scores, counts and speed."""
-
-    name: str
-    queries: int
-    events: int
-    processed: int
-    seconds: float
-    anomalies: int
-    overall: Score
-    per_kind: dict[str, Score] = field(default_factory=dict)
-    outages_found: int = 0
-    outages: int = 0
-    plots: list[Path] = field(default_factory=list)
-
-    @property
-    def rate(self) -> float:
-        return self.processed / self.seconds if self.seconds else 0.0
-
-
-def score_run(job: JobInput, detections: Sequence[Detection]) -> tuple[Score, dict[str, Score]]:
-    """NAB window scoring over all queries, and per kind when the truth knows kinds."""
-    overall = Score(0, 0, 0, 0)
-    for one in job.series:
-        overall += score(one.windows, [d.bucket for d in detections if d.query == one.query])
-    per_kind: dict[str, Score] = {}
-    for kind, windows in job.truth.items():
-        total = Score(0, 0, 0, 0)
-        for query, query_windows in windows.items():
-            total += score(
-                query_windows,
-                [d.bucket for d in detections if d.query == query and d.kind == kind],
-            )
-        per_kind[kind] = total
-    return overall, per_kind
-
-
-def run_input(
+def read_anomalies(
     config: MillstreamConfig,
-    job: JobInput,
     names: Names,
-    workdir: Path,
     *,
-    params: ModelParams | None = None,
-    spark: SparkSession | None = None,
-    out: TextIO = sys.stdout,
-    plot: bool = True,
-) -> Report:
-    """Replay ``job`` end to end: logs, injector, topology, scoring, plots."""
-    from zeitgeist.replay import write_logs
-
-    logs = workdir / "logs"
-    files, events = write_logs(job.series, logs)
-    print(
-        f"[{job.name}] {len(job.series)} queries, {events:,} search events in {files} log "
-        f"files under {logs}",
-        file=out,
-        flush=True,
-    )
-    started = time.monotonic()
-    injectors: list[InjectorProcess] = []
-    failure: list[BaseException] = []
-    last_status = [started]
-
-    def run_injector() -> None:
-        try:
-            inject(config, names, logs, started=injectors.append)
-        except BaseException as exc:  # raised again by the driver's thread
-            failure.append(exc)
-
-    def watch(running: RunningTopology) -> None:
-        if failure:
-            raise RuntimeError(f"the log-file injector failed: {failure[0]!r}") from failure[0]
-        if time.monotonic() - last_status[0] >= 15:
-            last_status[0] = time.monotonic()
-            emitted = injectors[0].stats.emitted if injectors else 0
-            marks = [running.input_watermark(c) for c in running.topology.computations]
-            low = min(marks)
-            shown = "end of input" if low >= MAX_EVENT_TIME else format_time(low) + " UTC"
-            print(
-                f"[{job.name}] {time.monotonic() - started:6.0f} s: injected {emitted:,} of "
-                f"{events:,}; every computation's input complete up to {shown}",
-                file=out,
-                flush=True,
-            )
-
-    create_topics(config, [stream_topic(names.anomalies)], partitions=2)
-    with AnomalyPrinter(config, names, out) as printer:
-        injector = threading.Thread(target=run_injector, name="injector", daemon=True)
-        injector.start()
-        try:
-            running = process(
-                config, names, origin=job.origin, params=params, spark=spark, watch=watch
-            )
-        finally:
-            for one in injectors:
-                one.stop()
-            injector.join(60)
-    if failure:
-        raise failure[0]
-    seconds = time.monotonic() - started
-    counter = names.computation("window_counter")
-    counted = running.metrics().get(counter)
-    processed = counted.processed if counted is not None else 0
-    collected = collect(config, names)
-    overall, per_kind = score_run(job, collected.detections)
-    outages_found = sum(
-        1
-        for query, start, end in job.outages
-        if any(
-            d.query == query and d.kind == "dip" and start <= d.bucket <= end
-            for d in collected.detections
-        )
-    )
-    report = Report(
-        job.name,
-        len(job.series),
-        events,
-        processed,
-        seconds,
-        len(collected.anomalies),
-        overall,
-        per_kind,
-        outages_found,
-        len(job.outages),
-    )
-    if plot:
-        from zeitgeist.plot import plot_queries
-
-        report.plots = plot_queries(job, collected, workdir / "plots")
-    print(f"[{job.name}] {printer.printed} anomalies printed as found", file=out, flush=True)
-    return report
+    follow: bool = False,
+    stop: threading.Event | None = None,
+) -> Iterator[dict[str, Any]]:
+    """The anomalies the run ``names`` found, each once (deduplicated by record ID); with
+    ``follow``, then those found from now on, until ``stop`` is set."""
+    for record in read_stream(config, names.anomalies, follow=follow, dedup=True, stop=stop):
+        anomaly = json.loads(record.value)
+        if isinstance(anomaly, dict) and anomaly.get("run") == names.run:
+            yield anomaly
 
 
-def print_reports(reports: Sequence[Report], out: TextIO = sys.stdout) -> None:
-    header = (
-        f"{'input':<12} {'queries':>7} {'events':>10} {'anomalies':>9} {'windows':>9} "
-        f"{'recall':>6} {'precision':>9} {'seconds':>8} {'events/s':>9}"
-    )
-    print("\n" + header, file=out)
-    print("-" * len(header), file=out)
-    for report in reports:
-        rows = [(report.name, report.overall)] + [
-            (f"  {kind}s", kind_score) for kind, kind_score in report.per_kind.items()
-        ]
-        for label, row in rows:
-            first = label == report.name
-            print(
-                f"{label:<12} {report.queries if first else '':>7} "
-                f"{format(report.processed, ',') if first else '':>10} "
-                f"{report.anomalies if first else row.detections:>9} "
-                f"{row.found:>4}/{row.windows:<4} {row.recall:>6.2f} {row.precision:>9.2f} "
-                f"{format(report.seconds, '.1f') if first else '':>8} "
-                f"{format(report.rate, ',.0f') if first else '':>9}",
-                file=out,
-            )
-        if report.outages:
-            print(
-                f"  outage reported as a dip: {report.outages_found} of {report.outages}",
-                file=out,
-            )
-    print(
-        "\nwindows: labelled anomaly windows found / all; precision = found / (found + "
-        "detections outside every window)",
-        file=out,
-    )
-    for report in reports:
-        for path in report.plots:
-            print(f"plot: {path}", file=out)
-    out.flush()
+@contextmanager
+def following_anomalies(
+    config: MillstreamConfig, names: Names, progress: JobProgress
+) -> Iterator[None]:
+    """Passes the run's anomalies to ``progress`` as they are found, while the block runs."""
+    provision(config, job_settings(config), streams=[names.anomalies], store=False)
+    stop = threading.Event()
 
+    def follow() -> None:
+        for anomaly in read_anomalies(config, names, follow=True, stop=stop):
+            progress.anomaly(anomaly)
 
-def describe_slice(series: Sequence[Series]) -> str:
-    start = min(s.start for s in series)
-    end = max(s.end for s in series) + BUCKET_MICROS
-    return f"{format_time(start)} to {format_time(end)} UTC"
+    thread = threading.Thread(target=follow, name="anomalies", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        time.sleep(1.0)  # the last anomalies' fetch
+        stop.set()
+        thread.join(10)

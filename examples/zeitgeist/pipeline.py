@@ -28,12 +28,16 @@ from array import array
 from dataclasses import dataclass
 from typing import Any
 
-from millstream.engine.codecs import JsonCodec
-from millstream.engine.computation import Computation
-from millstream.engine.context import Context
-from millstream.engine.records import MAX_EVENT_TIME, Record
-from millstream.engine.timers import Timer
-from millstream.engine.topology import ComputationOptions, Topology
+from millstream.engine import (
+    MAX_EVENT_TIME,
+    Computation,
+    ComputationOptions,
+    Context,
+    JsonCodec,
+    Record,
+    Timer,
+    Topology,
+)
 from zeitgeist.model import (
     BUCKET_MICROS,
     DetectorState,

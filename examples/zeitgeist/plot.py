@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from zeitgeist.job import Collected, JobInput
+    from zeitgeist.evaluation import Collected, JobInput
 
 __all__ = ["plot_queries"]
 

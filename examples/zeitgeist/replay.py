@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from millstream.injectors.source import Event
+from millstream.injectors import Event
 from zeitgeist.model import BUCKET_MICROS
 from zeitgeist.series import Series
 

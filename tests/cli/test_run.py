@@ -3,7 +3,7 @@ spark-submit on a Spark standalone cluster.
 
 The cluster is a Master and a Worker started from pyspark's own jars
 (:mod:`millstream.devtools.local.spark_standalone`); the pipeline is
-``examples/search_pipeline.py``, checked as in ``spark/test_runner.py``. Kafka and Cassandra
+``examples/search_pipeline``, checked as in ``spark/test_runner.py``. Kafka and Cassandra
 are reached through relays on ports of their own that only the ``MILLSTREAM_*`` variables
 name, and each relay records which process connected: so the test tells that the configured
 addresses reached both the driver and the executors, which the Worker runs as its children.

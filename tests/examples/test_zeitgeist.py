@@ -4,6 +4,7 @@ a kill -9 of the driver in the middle."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -25,8 +26,9 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 if str(EXAMPLES) not in sys.path:
     sys.path.insert(0, str(EXAMPLES))
 
+from zeitgeist.evaluation import JobInput, collect, score_run  # noqa: E402
 from zeitgeist.generate import generate  # noqa: E402
-from zeitgeist.job import JobInput, collect, inject, score_run  # noqa: E402
+from zeitgeist.job import inject, job_settings  # noqa: E402
 from zeitgeist.model import BUCKET_MICROS, ModelParams, bucket_of  # noqa: E402
 from zeitgeist.offline import reference_detections, trace  # noqa: E402
 from zeitgeist.pipeline import (  # noqa: E402
@@ -239,7 +241,8 @@ def test_a_slice_of_real_traffic_finds_its_anomaly_and_a_killed_driver_changes_n
     job = JobInput("ibm", [ibm])
     write_logs(job.series, tmp_path / "logs")
     checkpoints = tmp_path / "checkpoints"
-    stats = inject(services, names, tmp_path / "logs", keyspace=keyspace)
+    settings = dataclasses.replace(job_settings(services), keyspace=keyspace)
+    stats = inject(services, names, tmp_path / "logs", settings=settings)
     assert (stats.emitted, stats.dead_letters) == (ibm.events, 0)
 
     command = [

@@ -69,10 +69,10 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def _load_example() -> ModuleType:
-    # examples/ is not a package; load the module under its own name, as `millstream run`
+    # examples/ is not a package; load the package under its own name, as `millstream run`
     # does from that directory.
     spec = importlib.util.spec_from_file_location(
-        "search_pipeline", EXAMPLES / "search_pipeline.py"
+        "search_pipeline", EXAMPLES / "search_pipeline" / "__init__.py"
     )
     assert spec is not None
     assert spec.loader is not None

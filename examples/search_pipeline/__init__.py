@@ -8,7 +8,7 @@ was counted once. Run it with::
 
     SEARCH_PIPELINE_SUFFIX=demo millstream run search_pipeline:topology --available-now
 
-from this directory (``millstream run`` imports modules from the working directory).
+from ``examples/`` (``millstream run`` imports modules from the working directory).
 """
 
 from __future__ import annotations
@@ -17,11 +17,14 @@ import json
 import os
 from typing import Any
 
-from millstream.engine.codecs import JsonCodec
-from millstream.engine.computation import Computation
-from millstream.engine.context import Context
-from millstream.engine.records import Record
-from millstream.engine.topology import ComputationOptions, Topology
+from millstream.engine import (
+    Computation,
+    ComputationOptions,
+    Context,
+    JsonCodec,
+    Record,
+    Topology,
+)
 
 __all__ = ["CountPerQuery", "CountPerUser", "names", "pipeline_topology", "topology", "user_of"]
 
