@@ -46,6 +46,7 @@ from typing import Any, Final
 
 from millstream.connectors import cassandra as cassandra_connector
 from millstream.connectors import kafka as kafka_connector
+from millstream.connectors.provisioning import provision
 from millstream.devtools.local.process import alive, log_tail
 from millstream.devtools.proving.checks import CheckResult, NonVacuity, check_run
 from millstream.devtools.proving.processes import GATE_FILE, RunDescription, read_batches
@@ -823,7 +824,8 @@ def prove(
     run = _Run(config, description, directory, services, progress, environment)
     steps = len(faults) + 1
     run.step = max(1, tier.records // steps)
-    kafka_connector.create_watermark_topic(config)
+    # What the run's processes need, before either starts (each provisions it too).
+    provision(config, replace(config.run, keyspace=description.names.keyspace))
     checkpoint_disk = (
         _mount_checkpoint_disk(directory) if "disk-full" in {f.kind for f in faults} else None
     )
