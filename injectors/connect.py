@@ -26,6 +26,7 @@ from contextlib import ExitStack, contextmanager
 from millstream.connectors import cassandra as cassandra_connector
 from millstream.connectors import kafka as kafka_connector
 from millstream.connectors.prometheus import DEFAULT_METRICS_ADDRESS
+from millstream.connectors.services import reaching
 from millstream.engine.clock import Clock, SystemClock
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.stores.cassandra import (
@@ -59,7 +60,8 @@ def connect_injector(
     connections close when the block ends. ``metrics_port`` (``None`` or 0: off) serves its
     metrics meanwhile; the process's ``metrics`` is their registry."""
     clock = clock or SystemClock()
-    cluster, session = cassandra_connector.connect(config)
+    with reaching(config):  # a service not running: say which, and what to do
+        cluster, session = cassandra_connector.connect(config)
     try:
         if create_keyspace:
             cassandra_connector.create_keyspace(session, keyspace, config.cassandra_replication)
@@ -87,11 +89,12 @@ def connect_injector(
                     options=options,
                     metrics=registry,
                 )
-                kafka_connector.create_topics(
-                    config,
-                    [kafka_connector.stream_topic(s) for s in process.streams],
-                    partitions=partitions,
-                )
+                with reaching(config):
+                    kafka_connector.create_topics(
+                        config,
+                        [kafka_connector.stream_topic(s) for s in process.streams],
+                        partitions=partitions,
+                    )
                 yield process
         finally:
             channel.close()

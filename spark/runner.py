@@ -84,6 +84,7 @@ from typing import TYPE_CHECKING, Any
 from millstream.connectors import cassandra as cassandra_connector
 from millstream.connectors import kafka as kafka_connector
 from millstream.connectors.prometheus import DEFAULT_METRICS_ADDRESS
+from millstream.connectors.services import reaching
 from millstream.engine.authority import WatermarkAuthority
 from millstream.engine.clock import Clock, SystemClock
 from millstream.engine.computation import Computation
@@ -348,9 +349,10 @@ class RunningTopology:
             )
             _log.info("serving Prometheus metrics at %s", self.metrics_server.url)
         try:
-            self._prepare_store()
-            self._watermark_publisher()  # creates (or checks) the watermark topic
-            self._create_topics(self.topology.computations.values())
+            with reaching(self.config):  # a service not running: say which, and what to do
+                self._prepare_store()
+                self._watermark_publisher()  # creates (or checks) the watermark topic
+                self._create_topics(self.topology.computations.values())
         except BaseException:
             if self.metrics_server is not None:
                 self.metrics_server.close()

@@ -122,3 +122,34 @@ def test_retry_lets_other_errors_through_at_once() -> None:
 
     with pytest.raises(FencedError):
         outage.retry(fenced)
+
+
+@pytest.mark.parametrize(
+    ("error", "service"),
+    [
+        (NoHostAvailable("Unable to connect to any servers"), "Cassandra"),
+        (UnknownOutcomeError("commit timed out", marker=b"m"), "Cassandra"),
+        (RuntimeError('KafkaError{code=_TRANSPORT,val=-195,str="Connection refused"}'), "Kafka"),
+        (RuntimeError("org.apache.kafka.common.errors.TimeoutException: metadata"), "Kafka"),
+        (TimeoutError("no answer"), "Kafka or Cassandra"),
+    ],
+)
+def test_an_outage_names_the_service_it_waits_for(
+    error: Exception, service: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = Clock()
+    outage = Outage("batch 7", 5.0, sleep=clock.sleep, monotonic=lambda: clock.now)
+
+    def wait_forever() -> None:
+        while True:
+            outage.wait(error)
+
+    caplog.set_level("WARNING", logger="millstream.engine.outages")
+    with pytest.raises(ServiceOutageError) as failed:
+        wait_forever()
+    first, second = caplog.messages[:2]
+    assert first.startswith(f"batch 7: waiting for {service} (0 s so far; `millstream status`")
+    assert "`millstream up` starts it" in first
+    assert second.startswith(f"batch 7: waiting for {service} (0 s so far): ")  # said once
+    assert f"{service} unreachable for " in str(failed.value)
+    assert "`millstream up` starts it" in str(failed.value)
