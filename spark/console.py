@@ -229,7 +229,7 @@ class Console:
                 parts.append(f"{injection.label} {emitted:,}{unit}")
         for shown in computations:
             parts.append(
-                f"{shown.label}: input to {format_watermark(shown.input_watermark)}, "
+                f"{shown.label}: input watermark {format_watermark(shown.input_watermark)}, "
                 f"{shown.rate(now, self.window):,.0f} records/s, {shown.batches} batches"
                 + (f" ({shown.retried} retried)" if shown.retried else "")
             )

@@ -58,7 +58,7 @@ def test_without_a_terminal_it_prints_plain_lines_and_no_escape_code() -> None:
         "  anomaly: AAPL spike",
         "  anomaly: GOOG dip",
         # The last status, as the console stops.
-        "[0:02] injected 1,000 of 4,000 searches (25%); window_counter: input to "
+        "[0:02] injected 1,000 of 4,000 searches (25%); window_counter: input watermark "
         "2015-03-01 02:00:00 UTC, 2,000 records/s, 2 batches (1 retried)",
     ]
     assert "\x1b" not in out.getvalue()
@@ -82,7 +82,7 @@ def test_plain_lines_come_every_interval_while_something_changes() -> None:
         assert not printed.wait(0.3)  # nothing changed: no line
         console.on_batch(batch("counter", 10, MARCH + HOUR))
         assert printed.wait(5)
-    assert "counter: input to 2015-03-01 00:00:00 UTC" in seen[0]
+    assert "counter: input watermark 2015-03-01 00:00:00 UTC" in seen[0]
     assert all(line.startswith("[0:0") for line in seen)
 
 
