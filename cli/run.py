@@ -9,7 +9,6 @@ travels to the executors with each task, so they need only millstream installed.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 from millstream.cli.arguments import add_command, path_here, positive
@@ -82,27 +81,34 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="serve Prometheus metrics at http://ADDRESS:PORT/metrics (ADDRESS defaults to "
         "127.0.0.1; 0, the default: off)",
     )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show the logs here too (Spark's, Kafka's, millstream's); by default they go to "
+        "a file under <home>/logs and the console shows progress and warnings",
+    )
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr
-    )
-    # The driver's py4j chatter is not what an operator needs to read.
-    logging.getLogger("py4j").setLevel(logging.WARNING)
+    from millstream.connectors.logs import route_logs
     from millstream.connectors.prometheus import listen_address
     from millstream.engine.config import load_config
+    from millstream.spark.console import Console
     from millstream.spark.runner import AvailableNow, ProcessingTime, load_topology, run_topology
 
     config = load_config()
     metrics_address, metrics_port = listen_address(args.metrics_port)
+    # Logs go to a file of the run's own (guarded() closes it), the console shows progress.
+    routing = route_logs(config, "run", verbose=args.verbose)
+    print(f"millstream run: {routing.where()}", file=sys.stderr, flush=True)
     topology, module = load_topology(args.target)
     # Executors import millstream but not the user's module: ship its code with each task.
     from pyspark import cloudpickle
 
     cloudpickle.register_pickle_by_value(module)  # type: ignore[no-untyped-call]
     trigger = AvailableNow() if args.available_now else ProcessingTime(args.processing_time)
+    console = Console(live=False if args.verbose else None, log_file=routing.path)
     running = run_topology(
         topology,
         config,
@@ -114,7 +120,9 @@ def run(args: argparse.Namespace) -> int:
         create_keyspace=not args.no_create_keyspace,
         metrics_port=metrics_port,
         metrics_address=metrics_address,
+        on_batch=console.on_batch,
     )
+    console.start()
     try:
         if args.available_now:
             rounds = running.process_available()
@@ -123,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
             running.await_termination()
     finally:
         running.stop()
+        console.stop()
     for name, metrics in sorted(running.metrics().items()):
         print(
             f"  {name}: {metrics.inputs} inputs, {metrics.processed} processed, "
