@@ -109,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
     cloudpickle.register_pickle_by_value(module)  # type: ignore[no-untyped-call]
     trigger = AvailableNow() if args.available_now else ProcessingTime(args.processing_time)
     console = Console(live=False if args.verbose else None, log_file=routing.path)
+    console.track_topology(topology)
     running = run_topology(
         topology,
         config,

@@ -13,6 +13,7 @@ line every ``interval`` seconds instead, and no escape code ever::
     routing = route_logs(config, "my-job")
     print(f"logs: {routing.path}")
     with Console(log_file=routing.path) as console:
+        console.track_topology(topology)
         running = run_topology(topology, config, on_batch=console.on_batch)
         running.await_termination()
 """
@@ -32,6 +33,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TextIO
 
 from millstream.engine.records import MAX_EVENT_TIME, MIN_EVENT_TIME
+from millstream.engine.topology import Topology
 from millstream.spark.metrics import BatchMetrics
 
 if TYPE_CHECKING:
@@ -65,9 +67,10 @@ class _Computation:
 
     def rate(self, now: float, window: float) -> float:
         """Records read per second over the last ``window`` seconds (to ``now``)."""
-        # From the last batch that ended before the window (or the first batch's start).
+        # From the last batch that ended before the window, or before the latest batch when
+        # batches take longer than the window (the first one: from its start).
         samples = self.samples
-        while len(samples) > 1 and samples[1][0] <= now - window:
+        while len(samples) > 2 and samples[1][0] <= now - window:
             samples.popleft()
         if not samples:
             return 0.0
@@ -86,9 +89,9 @@ class _Injection:
 
 class Console:
     """The live status of a run on ``out`` (default: ``sys.stdout``); see the module
-    docstring. ``live``: ``None`` decides by whether ``out`` is a terminal. ``prefix`` is
-    left out of the computation names shown (a run's common prefix). ``log_file`` is shown
-    under the live status. Use it as a context manager, or :meth:`start` and :meth:`stop`.
+    docstring. ``live``: ``None`` decides by whether ``out`` is a terminal. ``log_file`` is
+    shown under the live status. Use it as a context manager, or :meth:`start` and
+    :meth:`stop`.
     """
 
     def __init__(
@@ -98,7 +101,6 @@ class Console:
         live: bool | None = None,
         interval: float = 15.0,
         window: float = 10.0,
-        prefix: str = "",
         log_file: Path | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -106,13 +108,13 @@ class Console:
         self.live = _is_terminal(self.stream) if live is None else live
         self.interval = interval
         self.window = window
-        self.prefix = prefix
         self.log_file = log_file
         self._clock = clock
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()
         self._out = _Lines(self.print)
         self._computations: dict[str, _Computation] = {}
+        self._topology: str | None = None
         self._injections: list[_Injection] = []
         self._started = clock()
         self._stop = threading.Event()
@@ -124,14 +126,31 @@ class Console:
 
     # -- feeding it ------------------------------------------------------------------------
 
+    def track_topology(self, topology: Topology) -> None:
+        """Show ``topology``'s computations in its order, before their first batches too,
+        without the topology's name where theirs start with it (``zeitgeist_r_model``:
+        ``model``). Calling it again changes nothing."""
+        with self._lock:
+            if self._topology == topology.name:
+                return
+            self._topology = topology.name
+            shown = {}
+            for name in topology.computations:
+                label = _label(name, topology.name)
+                computation = self._computations.get(name) or _Computation(label)
+                computation.label = label
+                shown[name] = computation
+            shown.update(self._computations)  # any other, after
+            self._computations = shown
+
     def on_batch(self, metrics: BatchMetrics) -> None:
         """Take a computation's batch into the status (``RunningTopology``'s ``on_batch``)."""
         now = self._clock()
         with self._lock:
             shown = self._computations.get(metrics.computation)
             if shown is None:
-                label = metrics.computation.removeprefix(self.prefix) or metrics.computation
-                shown = self._computations[metrics.computation] = _Computation(label)
+                shown = self._computations[metrics.computation] = _Computation(metrics.computation)
+            if not shown.samples:
                 shown.samples.append((now - metrics.seconds, 0))
             shown.batches += 1
             shown.retried += bool(metrics.failed_attempts)
@@ -230,7 +249,8 @@ class Console:
         for shown in computations:
             parts.append(
                 f"{shown.label}: input watermark {format_watermark(shown.input_watermark)}, "
-                f"{shown.rate(now, self.window):,.0f} records/s, {shown.batches} batches"
+                f"{shown.rate(now, self.window):,.0f} records/s, {shown.batches} "
+                + ("batch" if shown.batches == 1 else "batches")
                 + (f" ({shown.retried} retried)" if shown.retried else "")
             )
         return "; ".join(parts)
@@ -340,6 +360,13 @@ class _Lines:
 
     def flush(self) -> None:
         pass
+
+
+def _label(computation: str, topology: str) -> str:
+    for joint in "_.-":
+        if computation.startswith(topology + joint) and len(computation) > len(topology) + 1:
+            return computation[len(topology) + 1 :]
+    return computation
 
 
 def _is_terminal(stream: TextIO) -> bool:

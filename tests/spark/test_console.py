@@ -7,7 +7,9 @@ import threading
 
 import pytest
 
+from millstream.engine.computation import Computation
 from millstream.engine.records import MAX_EVENT_TIME
+from millstream.engine.topology import Topology
 from millstream.spark.console import Console, format_watermark
 from millstream.spark.metrics import BatchMetrics
 
@@ -36,12 +38,26 @@ def batch(computation: str, inputs: int, watermark: int, **more: object) -> Batc
     )
 
 
+def zeitgeist(name: str) -> Topology:
+    """Two stages, named as the Zeitgeist job names them: after their topology."""
+    topology = Topology(name, streams=[f"{name}.searches"])
+    topology.add_computation(
+        f"{name}_window_counter",
+        Computation(),
+        inputs=[f"{name}.searches"],
+        outputs=[f"{name}.counts"],
+    )
+    topology.add_computation(f"{name}_model", Computation(), inputs=[f"{name}.counts"])
+    return topology
+
+
 def test_without_a_terminal_it_prints_plain_lines_and_no_escape_code() -> None:
     out = io.StringIO()  # not a terminal, as in CI or a pipe
     clock = Clock()
     emitted = [0]
-    console = Console(out, interval=3600, prefix="zeitgeist_r_", clock=clock)
+    console = Console(out, interval=3600, clock=clock)
     assert not console.live
+    console.track_topology(zeitgeist("zeitgeist_r"))
     with console:
         console.track_injection("injected", lambda: emitted[0], total=4_000, unit="searches")
         emitted[0] = 1_000
@@ -59,7 +75,8 @@ def test_without_a_terminal_it_prints_plain_lines_and_no_escape_code() -> None:
         "  anomaly: GOOG dip",
         # The last status, as the console stops.
         "[0:02] injected 1,000 of 4,000 searches (25%); window_counter: input watermark "
-        "2015-03-01 02:00:00 UTC, 2,000 records/s, 2 batches (1 retried)",
+        "2015-03-01 02:00:00 UTC, 2,000 records/s, 2 batches (1 retried); "
+        "model: input watermark none yet, 0 records/s, 0 batches",
     ]
     assert "\x1b" not in out.getvalue()
 
@@ -96,8 +113,8 @@ def test_records_per_second_are_over_the_last_window() -> None:
         clock.now += 1
         console.on_batch(batch("c", 50, MARCH))
     assert "50 records/s" in console.status_line()
-    clock.now += 20  # no batch for longer than the window
-    assert ", 0 records/s" in console.status_line()
+    clock.now += 19  # no batch for longer than the window: the last one's rate, falling
+    assert ", 2 records/s" in console.status_line()  # 50 records in the last 20 s
 
 
 def test_watermarks_read_as_times() -> None:
@@ -127,3 +144,18 @@ def test_the_live_status_shows_injections_computations_and_the_log_file(
         assert part in shown
     assert "2015-03-01 00:00:00 UTC" in shown
     assert "anomaly: AAPL spike" in shown
+
+
+def test_a_topology_orders_and_names_the_computations_it_shows() -> None:
+    console = Console(io.StringIO())
+    console.on_batch(batch("zeitgeist_r_model", 5, MARCH))  # before the topology is known
+    console.track_topology(zeitgeist("zeitgeist_r"))
+    console.track_topology(zeitgeist("zeitgeist_r"))  # again: nothing changes
+    console.on_batch(batch("elsewhere", 1, MARCH))
+    line = console.status_line()
+    assert [part.split(":")[0] for part in line.split("; ")] == [
+        "window_counter",
+        "model",
+        "elsewhere",
+    ]
+    assert "model: input watermark 2015-03-01 00:00:00 UTC, 5 records/s, 1 batch" in line
