@@ -56,7 +56,7 @@ KEEP: Final = 50
 """Log files kept in ``<home>/logs``: a run deletes the oldest beyond these."""
 
 _FILE_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-_MAX_CONSOLE_LINE: Final = 400
+_MAX_CONSOLE_LINE: Final = 240
 # A line of an error's text that names an error: "pkg.SomeError: what" (a Python traceback's
 # last line, inside a Py4J error's pages of JVM stack too).
 _ERROR_LINE: Final = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b: .*")
@@ -169,8 +169,9 @@ def route_logs(
 
 
 class ConsoleFormatter(logging.Formatter):
-    """One line per record for a person: ``warning: <first line of the message>``; a record
-    that carries a traceback (or more lines) ends in ``; details in <log file>``."""
+    """One line per record for a person: ``warning: <first line of the message>``, cut
+    short if long; a record that carries a traceback, more lines or more words ends in
+    ``; details in <log file>``."""
 
     def __init__(self, log_file: Path) -> None:
         super().__init__()
@@ -179,9 +180,10 @@ class ConsoleFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         message = record.getMessage()
         first, _, rest = message.strip().partition("\n")
-        if len(first) > _MAX_CONSOLE_LINE:
+        cut = len(first) > _MAX_CONSOLE_LINE
+        if cut:
             first = first[: _MAX_CONSOLE_LINE - 1] + "…"
-        if record.exc_info or record.exc_text or rest.strip():
+        if cut or record.exc_info or record.exc_text or rest.strip():
             first = f"{first.rstrip('.')}; details in {self.log_file}"
         return f"{record.levelname.lower()}: {first}"
 

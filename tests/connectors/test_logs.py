@@ -192,3 +192,19 @@ def test_a_failure_is_a_line_for_the_console_and_a_traceback_in_the_file(
     logged = routing.path.read_text()
     assert logged.count("Traceback (most recent call last)") == 2
     assert "o99.awaitTermination" in logged
+
+
+def test_a_long_warning_is_cut_short_on_the_console_and_whole_in_the_file(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    routing = route_logs(MillstreamConfig(home=home), "test")
+    long = "waiting for Cassandra: ReadTimeout " + "x" * 400
+    try:
+        logging.getLogger("millstream.engine.outages").warning(long)
+    finally:
+        routing.close()
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("warning: waiting for Cassandra: ReadTimeout xxx")
+    assert line.endswith(f"…; details in {routing.path}")
+    assert len(line) < 300 + len(str(routing.path))
+    assert long in routing.path.read_text()
