@@ -105,7 +105,8 @@ def unreachable_service(exc: BaseException) -> str:
 
 class Outage:
     """Tracks one stretch of failures that are outages: how long to sleep before the next
-    try (growing to ``max_delay``), and when ``timeout`` seconds have gone by.
+    try (growing to ``max_delay``), and when ``timeout`` seconds have gone by. The first wait
+    ``advise_after`` seconds into a stretch says what to do if the service stopped.
 
     ``reconnect``, if given, is called after every ``reconnect_every`` waits of a stretch: a
     client can stay wedged after its service came back (a librdkafka consumer whose broker
@@ -123,6 +124,7 @@ class Outage:
         monotonic: Callable[[], float] = time.monotonic,
         reconnect: Callable[[], None] | None = None,
         reconnect_every: int = 3,
+        advise_after: float = 30.0,
     ) -> None:
         self.what = what
         self.reconnect = reconnect
@@ -134,6 +136,8 @@ class Outage:
         self._since: float | None = None
         self._delay = 0.5
         self.waits = 0
+        self.advise_after = advise_after
+        self._advised = False
 
     def wait(self, exc: BaseException, description: str | None = None) -> None:
         """Sleep before the next try; raise :class:`ServiceOutageError` once past the timeout.
@@ -154,12 +158,15 @@ class Outage:
                 "work runs again)"
             ) from exc
         self.waits += 1
+        # What to do, once: when the outage has lasted (a timeout or two is a busy service).
+        advise = elapsed >= self.advise_after and not self._advised
+        self._advised |= advise
         _log.warning(
             "%s: waiting for %s (%.0f s so far%s): %s",
             self.what,
             service,
             elapsed,
-            f"; {_LOCAL_STACK}" if self.waits == 1 else "",
+            f"; if it stopped, {_LOCAL_STACK}" if advise else "",
             told,
         )
         self._sleep(self._delay)
@@ -173,6 +180,7 @@ class Outage:
         self._since = None
         self._delay = 0.5
         self.waits = 0
+        self._advised = False
 
     def retry(self, action: Callable[[], _T]) -> _T:
         """Run ``action`` until it succeeds, waiting out outages; other errors propagate."""
