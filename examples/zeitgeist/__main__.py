@@ -6,8 +6,11 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from millstream.connectors.logs import route_logs
 from millstream.engine.config import load_config
+from millstream.spark.console import Console
 from zeitgeist.generate import generate
 from zeitgeist.job import (
     JobInput,
@@ -20,6 +23,9 @@ from zeitgeist.job import (
 from zeitgeist.model import ModelParams
 from zeitgeist.pipeline import Names
 from zeitgeist.series import load_series
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 NAB = Path(__file__).parent / "data" / "nab"
 DEFAULT_DAYS = 18.0  # the default NAB slice: Feb 26 to Mar 16, seven labelled windows
@@ -71,6 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--generated-queries", type=int, default=5)
     parser.add_argument("--run", default=None, help="the run's name (default: the time)")
     parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show the logs here too (Spark's, Kafka's, millstream's); by default they go to "
+        "a file under ~/.millstream/logs and the console shows progress and anomalies",
+    )
     args = parser.parse_args(argv)
 
     run = args.run or time.strftime("%Y%m%dt%H%M%S")
@@ -84,12 +96,16 @@ def main(argv: list[str] | None = None) -> int:
         inputs.append(_generated_input(args.seed, args.generated_days, args.generated_queries))
 
     config = load_config()
-    register_for_spark()
-    from millstream.spark.session import spark_session
-
-    spark = spark_session(config, app_name=f"zeitgeist-{run}")
+    # Spark's, Kafka's and millstream's logs go to a file; the console shows progress.
+    routing = route_logs(config, "zeitgeist", verbose=args.verbose)
+    print(routing.where(), flush=True)
+    spark: SparkSession | None = None
     reports: list[Report] = []
     try:
+        register_for_spark()
+        from millstream.spark.session import spark_session
+
+        spark = spark_session(config, app_name=f"zeitgeist-{run}")
         for job in inputs:
             names = Names(f"{run}_{job.name}".replace("-", "_"))
             print(f"[{job.name}] replaying {describe_slice(job.series)}", flush=True)
@@ -103,10 +119,17 @@ def main(argv: list[str] | None = None) -> int:
                     params=ModelParams(),
                     spark=spark,
                     plot=not args.no_plots,
+                    console=Console(live=False if args.verbose else None, log_file=routing.path),
                 )
             )
+    except Exception as exc:
+        # The traceback goes to the log file; the console gets the line that names the error.
+        print(f"zeitgeist: error: {routing.failed(exc)}", file=sys.stderr)
+        return 1
     finally:
-        spark.stop()
+        if spark is not None:
+            spark.stop()
+        routing.close()
     print_reports(reports)
     print(f"\nthe anomalies are on stream 'anomalies' (field run = '{run}_...'):")
     print("  .venv/bin/millstream tail anomalies --from-beginning --value json")

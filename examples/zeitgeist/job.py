@@ -9,6 +9,7 @@ back from Kafka and deduplicated by record ID).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import sys
@@ -26,6 +27,8 @@ from millstream.engine.records import MAX_EVENT_TIME
 from millstream.injectors.connect import connect_injector
 from millstream.injectors.logfile import LogFileSource
 from millstream.injectors.process import InjectorOptions, InjectorProcess, InjectorStats
+from millstream.spark.console import Console
+from millstream.spark.metrics import BatchMetrics
 from millstream.spark.runner import ProcessingTime, RunningTopology, run_topology
 from zeitgeist.model import BUCKET_MICROS, ModelParams
 from zeitgeist.pipeline import Names, zeitgeist_topology
@@ -109,12 +112,13 @@ def process(
     checkpoint_root: Path | None = None,
     timeout: float = 3600.0,
     watch: Callable[[RunningTopology], None] | None = None,
+    on_batch: Callable[[BatchMetrics], None] | None = None,
 ) -> RunningTopology:
     """Run the job's topology until every computation's input watermark is the end of time
     and everything is processed; returns the (stopped) topology for its metrics.
 
     ``watch`` is called every half second while it runs (to report progress, or raise to
-    give up).
+    give up); ``on_batch`` gets every batch's metrics (a :class:`Console`'s, say).
     """
     topology = zeitgeist_topology(names, params, origin=origin)
     running = run_topology(
@@ -125,6 +129,7 @@ def process(
         keyspace=keyspace,
         checkpoint_root=checkpoint_root,
         max_offsets_per_trigger=60_000,  # one key must stay under a Cassandra batch (65,535 rows)
+        on_batch=on_batch,
     )
     try:
         deadline = time.monotonic() + timeout
@@ -279,10 +284,15 @@ def run_input(
     spark: SparkSession | None = None,
     out: TextIO = sys.stdout,
     plot: bool = True,
+    console: Console | None = None,
 ) -> Report:
-    """Replay ``job`` end to end: logs, injector, topology, scoring, plots."""
+    """Replay ``job`` end to end: logs, injector, topology, scoring, plots. A ``console``
+    shows the injection's and the computations' progress meanwhile, and ``out`` is then
+    its own."""
     from zeitgeist.replay import write_logs
 
+    if console is not None:
+        out = console.out
     logs = workdir / "logs"
     files, events = write_logs(job.series, logs)
     print(
@@ -305,7 +315,9 @@ def run_input(
     def watch(running: RunningTopology) -> None:
         if failure:
             raise RuntimeError(f"the log-file injector failed: {failure[0]!r}") from failure[0]
-        if time.monotonic() - last_status[0] >= 15:
+        if console is not None:
+            console.track_topology(running.topology)
+        elif time.monotonic() - last_status[0] >= 15:
             last_status[0] = time.monotonic()
             emitted = injectors[0].stats.emitted if injectors else 0
             marks = [running.input_watermark(c) for c in running.topology.computations]
@@ -318,13 +330,23 @@ def run_input(
                 flush=True,
             )
 
+    if console is not None:
+        console.track_injection(
+            "injected", lambda: sum(one.stats.emitted for one in injectors), events, "searches"
+        )
     create_topics(config, [stream_topic(names.anomalies)], partitions=2)
-    with AnomalyPrinter(config, names, out) as printer:
+    with console or contextlib.nullcontext(), AnomalyPrinter(config, names, out) as printer:
         injector = threading.Thread(target=run_injector, name="injector", daemon=True)
         injector.start()
         try:
             running = process(
-                config, names, origin=job.origin, params=params, spark=spark, watch=watch
+                config,
+                names,
+                origin=job.origin,
+                params=params,
+                spark=spark,
+                watch=watch,
+                on_batch=console.on_batch if console is not None else None,
             )
         finally:
             for one in injectors:
