@@ -15,7 +15,7 @@ Exit codes, the same for every command:
        line was rejected, the others were sent)
   2    not done: a usage error, a setting missing or malformed, Kafka or
        Cassandra unreachable or refusing; a line on stderr says what to fix (an
-       unexpected error prints its traceback first)
+       unexpected error prints its traceback first; run's goes to its log file)
   130  interrupted (Ctrl-C); tail --follow ends this way, with 0 or 1 as above
 """
 
@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from millstream.cli import inspection, prove, run, stack, streams
 from millstream.cli.arguments import PlainHelp
+from millstream.connectors import logs
 from millstream.engine.errors import MillstreamError
 
 if TYPE_CHECKING:
@@ -59,6 +60,10 @@ def guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.
     A :class:`MillstreamError` says what was wrong and what to do; a Kafka or Cassandra client
     error, or a timeout, is said with where the service was looked for and how to check it;
     anything else is a bug, shown with its traceback. All exit 2; Ctrl-C exits 130.
+
+    A command that routed its logs to a file (``run``: :mod:`millstream.connectors.logs`)
+    has the routing closed as it ends, and an error's traceback goes to that file: the line
+    on stderr ends in where it is.
     """
 
     @functools.wraps(handler)
@@ -70,20 +75,34 @@ def guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.
             print(f"{command}: interrupted", file=sys.stderr)
             return 130
         except MillstreamError as exc:
-            print(f"{command}: error: {exc}", file=sys.stderr)
+            routing = logs.active()
+            print(f"{command}: error: {routing.failed(exc) if routing else exc}", file=sys.stderr)
             return 2
         except Exception as exc:
             unreachable = _unreachable(exc)
-            if unreachable is None:
+            routing = logs.active()
+            if unreachable is not None:
+                if routing is not None:
+                    routing.failed(exc)  # its traceback, for the log file
+                print(f"{command}: error: {unreachable}", file=sys.stderr)
+            elif routing is not None and not routing.verbose:
+                print(
+                    f"{command}: unexpected error ({routing.failed(exc)}); this is a bug in "
+                    "millstream: please report it with that file",
+                    file=sys.stderr,
+                )
+            else:
                 traceback.print_exc()
                 print(
                     f"{command}: unexpected error ({type(exc).__name__}); this is a bug in "
                     "millstream: please report it with the traceback above",
                     file=sys.stderr,
                 )
-            else:
-                print(f"{command}: error: {unreachable}", file=sys.stderr)
             return 2
+        finally:
+            routing = logs.active()
+            if routing is not None:
+                routing.close()
 
     return guarded_run
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import logging
 import sys
 
 from millstream.cli.arguments import add_command, path_here, positive
@@ -89,17 +88,20 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="serve Prometheus metrics at http://ADDRESS:PORT/metrics (ADDRESS defaults to "
         "127.0.0.1; 0: off, the default unless [run] metrics_port says otherwise)",
     )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show the logs here too (Spark's, Kafka's, millstream's); by default they go to "
+        "a file under <home>/logs and the console shows progress and warnings",
+    )
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr
-    )
-    # The driver's py4j chatter is not what an operator needs to read.
-    logging.getLogger("py4j").setLevel(logging.WARNING)
+    from millstream.connectors.logs import route_logs
     from millstream.connectors.prometheus import listen_address
     from millstream.engine.config import load_config
+    from millstream.spark.console import Console
     from millstream.spark.runner import AvailableNow, ProcessingTime, load_topology, run_topology
 
     config = load_config()
@@ -115,10 +117,16 @@ def run(args: argparse.Namespace) -> int:
     settings = dataclasses.replace(
         config.run, **{name: value for name, value in flags.items() if value is not None}
     )
+    # Logs go to a file of the run's own (guarded() closes it), the console shows progress.
+    routing = route_logs(config, "run", verbose=args.verbose)
+    print(f"millstream run: {routing.where()}", file=sys.stderr, flush=True)
     # The runner ships the module's code to the executors itself.
     topology, _ = load_topology(args.target)
     trigger = AvailableNow() if args.available_now else ProcessingTime(args.processing_time)
-    running = run_topology(topology, config, settings, trigger=trigger)
+    console = Console(live=False if args.verbose else None, log_file=routing.path)
+    console.track_topology(topology)
+    running = run_topology(topology, config, settings, trigger=trigger, on_batch=console.on_batch)
+    console.start()
     try:
         if args.available_now:
             rounds = running.process_available()
@@ -127,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
             running.await_termination()
     finally:
         running.stop()
+        console.stop()
     for name, metrics in sorted(running.metrics().items()):
         print(
             f"  {name}: {metrics.inputs} inputs, {metrics.processed} processed, "

@@ -18,7 +18,7 @@
     ├── TopologyError               a topology or computation declaration is invalid
     ├── UndeclaredStreamError       user code produced to a stream it did not declare
     ├── WatermarkReportError        a message on the watermark topic is not a valid report
-    ├── ServiceOutageError          Kafka or Cassandra stayed unreachable past the outage timeout
+    ├── ServiceOutageError          Kafka or Cassandra unreachable at start or past the timeout
     ├── CheckpointStorageError      the disk under a query's checkpoint is full or unwritable
     └── StoreError                  the interval store refused or lost track of a write
         ├── FencedError             another worker took the interval: stop, drop soft state
@@ -172,7 +172,8 @@ class WatermarkReportError(MillstreamError):
 
 class ServiceOutageError(MillstreamError):
     """Kafka or Cassandra stayed unreachable longer than the outage timeout
-    (:mod:`millstream.engine.outages`); the work that failed runs again on restart."""
+    (:mod:`millstream.engine.outages`), or did not answer as a run started
+    (:mod:`millstream.connectors.services`); the work that failed runs again on restart."""
 
 
 class CheckpointStorageError(MillstreamError):

@@ -20,7 +20,14 @@ from typing import Final, TypeVar
 
 from millstream.engine.errors import ServiceOutageError
 
-__all__ = ["DEFAULT_OUTAGE_TIMEOUT", "OUTAGE_MARKERS", "Outage", "ServiceOutageError", "is_outage"]
+__all__ = [
+    "DEFAULT_OUTAGE_TIMEOUT",
+    "OUTAGE_MARKERS",
+    "Outage",
+    "ServiceOutageError",
+    "is_outage",
+    "unreachable_service",
+]
 
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -28,7 +35,7 @@ _T = TypeVar("_T")
 DEFAULT_OUTAGE_TIMEOUT: Final = 900.0
 """Seconds a driver or injector waits for Kafka or Cassandra to come back before it fails."""
 
-OUTAGE_MARKERS: Final = (
+_CASSANDRA_MARKERS: Final = (
     # cassandra-driver: no node reachable, none answered in time, too few replicas alive.
     "NoHostAvailable",
     "OperationTimedOut",
@@ -37,9 +44,11 @@ OUTAGE_MARKERS: Final = (
     "WriteTimeout",
     "ConnectionShutdown",
     "ConnectionException",
-    "Connection refused",
     # millstream's store: writes whose outcome stayed unknown (resolved on the next attempt).
     "UnknownOutcomeError",
+)
+
+_KAFKA_MARKERS: Final = (
     # confluent-kafka and the JVM Kafka client: brokers unreachable, requests timed out.
     "_TRANSPORT",
     "_ALL_BROKERS_DOWN",
@@ -58,9 +67,17 @@ OUTAGE_MARKERS: Final = (
     "NotLeaderOrFollowerException",
     "org.apache.kafka.common.errors.TimeoutException",
     "DisconnectException",
+)
+
+OUTAGE_MARKERS: Final = (
+    *_CASSANDRA_MARKERS,
+    *_KAFKA_MARKERS,
+    "Connection refused",
     # millstream's own: a service was unreachable.
     "ServiceOutageError",
 )
+
+_LOCAL_STACK: Final = "`millstream status` shows the local stack, `millstream up` starts it"
 
 # Never an outage, whatever else the text holds: retrying cannot help a fenced zombie.
 _NOT_OUTAGES: Final = ("FencedError", "InjectorRetiredError")
@@ -75,9 +92,21 @@ def is_outage(exc: BaseException) -> bool:
     return isinstance(exc, TimeoutError) or any(marker in text for marker in OUTAGE_MARKERS)
 
 
+def unreachable_service(exc: BaseException) -> str:
+    """Which service an outage error speaks of: ``"Kafka"``, ``"Cassandra"``, or
+    ``"Kafka or Cassandra"`` when its text does not tell."""
+    text = f"{' '.join(cls.__name__ for cls in type(exc).__mro__)} {exc}"
+    kafka = any(marker in text for marker in _KAFKA_MARKERS)
+    cassandra = any(marker in text for marker in _CASSANDRA_MARKERS)
+    if kafka != cassandra:
+        return "Kafka" if kafka else "Cassandra"
+    return "Kafka or Cassandra"
+
+
 class Outage:
     """Tracks one stretch of failures that are outages: how long to sleep before the next
-    try (growing to ``max_delay``), and when ``timeout`` seconds have gone by.
+    try (growing to ``max_delay``), and when ``timeout`` seconds have gone by. The first wait
+    ``advise_after`` seconds into a stretch says what to do if the service stopped.
 
     ``reconnect``, if given, is called after every ``reconnect_every`` waits of a stretch: a
     client can stay wedged after its service came back (a librdkafka consumer whose broker
@@ -95,6 +124,7 @@ class Outage:
         monotonic: Callable[[], float] = time.monotonic,
         reconnect: Callable[[], None] | None = None,
         reconnect_every: int = 3,
+        advise_after: float = 30.0,
     ) -> None:
         self.what = what
         self.reconnect = reconnect
@@ -106,6 +136,8 @@ class Outage:
         self._since: float | None = None
         self._delay = 0.5
         self.waits = 0
+        self.advise_after = advise_after
+        self._advised = False
 
     def wait(self, exc: BaseException, description: str | None = None) -> None:
         """Sleep before the next try; raise :class:`ServiceOutageError` once past the timeout.
@@ -113,21 +145,28 @@ class Outage:
         ``description`` tells the error in the log and the message (default: its first line).
         """
         told = description or _first_line(exc)
+        service = unreachable_service(exc)
         now = self._monotonic()
         if self._since is None:
             self._since = now
         elapsed = now - self._since
         if elapsed >= self.timeout:
             raise ServiceOutageError(
-                f"{self.what}: Kafka or Cassandra unreachable for {elapsed:.0f} s "
+                f"{self.what}: {service} unreachable for {elapsed:.0f} s "
                 f"(outage timeout {self.timeout:.0f} s); last error: {told}. "
-                "Bring the service back and restart; nothing is lost (the work runs again)"
+                f"Bring {service} back ({_LOCAL_STACK}) and restart; nothing is lost (the "
+                "work runs again)"
             ) from exc
         self.waits += 1
+        # What to do, once: when the outage has lasted (a timeout or two is a busy service).
+        advise = elapsed >= self.advise_after and not self._advised
+        self._advised |= advise
         _log.warning(
-            "%s: waiting for Kafka or Cassandra (%.0f s so far): %s",
+            "%s: waiting for %s (%.0f s so far%s): %s",
             self.what,
+            service,
             elapsed,
+            f"; if it stopped, {_LOCAL_STACK}" if advise else "",
             told,
         )
         self._sleep(self._delay)
@@ -141,6 +180,7 @@ class Outage:
         self._since = None
         self._delay = 0.5
         self.waits = 0
+        self._advised = False
 
     def retry(self, action: Callable[[], _T]) -> _T:
         """Run ``action`` until it succeeds, waiting out outages; other errors propagate."""

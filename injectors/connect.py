@@ -30,6 +30,7 @@ from typing import Any
 from millstream.connectors import cassandra as cassandra_connector
 from millstream.connectors import kafka as kafka_connector
 from millstream.connectors.provisioning import provision
+from millstream.connectors.services import reaching
 from millstream.engine.clock import Clock, SystemClock
 from millstream.engine.config import MillstreamConfig, RunSettings
 from millstream.engine.stores.cassandra import CassandraIntervalStore
@@ -73,8 +74,9 @@ def _connected(
     settings: RunSettings,
     clock: Clock,
 ) -> Iterator[InjectorProcess]:
-    provision(config, settings, streams=injector_streams(name, source, options))
-    cluster, session = cassandra_connector.connect(config)
+    with reaching(config):  # a service not running: say which, and what to do
+        provision(config, settings, streams=injector_streams(name, source, options))
+        cluster, session = cassandra_connector.connect(config)
     try:
         store = CassandraIntervalStore(session, settings.keyspace, clock, table=settings.table)
         sink = kafka_connector.KafkaProductionSink(config)

@@ -3,7 +3,8 @@
 The names a job needs are importable from here (the front door): :func:`run_topology`, the
 :class:`RunningTopology` it returns (its injectors, :meth:`~RunningTopology.add_injector`;
 :meth:`~RunningTopology.await_input_complete`; a context manager that stops it all), the
-triggers, :class:`RunSettings` (the run's deployment) and :func:`spark_session`.
+triggers, :class:`RunSettings` (the run's deployment), :func:`spark_session` and the
+:class:`Console` that shows a run's progress (fed by ``on_batch``).
 
 - :mod:`.runner`: :func:`run_topology` and :class:`RunningTopology`, one query per
   computation (the entry point);
@@ -13,12 +14,14 @@ triggers, :class:`RunSettings` (the run's deployment) and :func:`spark_session`.
 - :mod:`.driver_watermarks`: a computation's low-watermark bookkeeping on the driver;
 - :mod:`.metrics`: what a batch counts;
 - :mod:`.prometheus`: those counts and the watermarks as Prometheus metrics;
-- :mod:`.session`: the Spark session and the Kafka source millstream configures.
+- :mod:`.session`: the Spark session and the Kafka source millstream configures;
+- :mod:`.console`: what a person running a topology sees of its progress.
 
 The model (``millstream.engine`` outside this package) imports none of it.
 """
 
 from millstream.engine.config import RunSettings
+from millstream.spark.console import Console
 from millstream.spark.metrics import BatchMetrics, ComputationMetrics, MetricCounts
 from millstream.spark.runner import (
     DEFAULT_KEYSPACE,
@@ -36,6 +39,7 @@ __all__ = [
     "AvailableNow",
     "BatchMetrics",
     "ComputationMetrics",
+    "Console",
     "MetricCounts",
     "ProcessingTime",
     "RunSettings",

@@ -192,6 +192,7 @@ class BatchHandler:
                     failed,
                     self.attempts,
                     failures[-1],
+                    exc_info=True,  # the traceback for the log file; the console shows a line
                 )
                 time.sleep(min(5.0, 0.5 * failed))
         return [], failures

@@ -94,6 +94,7 @@ from typing import TYPE_CHECKING, Any
 from millstream.connectors import cassandra as cassandra_connector
 from millstream.connectors import kafka as kafka_connector
 from millstream.connectors.provisioning import provision
+from millstream.connectors.services import reaching
 from millstream.engine.authority import WatermarkAuthority
 from millstream.engine.clock import Clock, SystemClock
 from millstream.engine.computation import Computation
@@ -347,9 +348,12 @@ class RunningTopology:
             )
             _log.info("serving Prometheus metrics at %s", self.metrics_server.url)
         try:
-            provision(
-                self.config, self.settings, streams=_streams(self.topology.computations.values())
-            )
+            with reaching(self.config):  # a service not running: say which, and what to do
+                provision(
+                    self.config,
+                    self.settings,
+                    streams=_streams(self.topology.computations.values()),
+                )
         except BaseException:
             if self.metrics_server is not None:
                 self.metrics_server.close()

@@ -17,7 +17,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from millstream.connectors import logs
 from millstream.engine.config import MillstreamConfig
+from millstream.engine.errors import ConfigError
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -83,7 +85,11 @@ def spark_session(
     app_name: str = "millstream",
     progress: Progress | None = None,
 ) -> SparkSession:
-    """Get or create the session, with the Kafka connector on its classpath."""
+    """Get or create the session, with the Kafka connector on its classpath.
+
+    While a program routes its logs (:func:`millstream.connectors.logs.route_logs`), a
+    driver JVM this starts logs to the run's log file, and so does what it prints.
+    """
     from pyspark.sql import SparkSession  # deferred: importing pyspark costs a second
 
     # Executors' Python workers must run this interpreter, with millstream importable.
@@ -98,8 +104,16 @@ def spark_session(
     jars = None
     if submitted is None and not config.spark_packages and config.spark_is_local:
         jars = local_connector_jars(config, progress or _stderr)
+    conf = spark_conf(config, app_name, jars, submitted)
+    routing = logs.active()
+    if routing is not None and submitted is None:
+        # spark-submit started its JVM already: its logs go where spark-submit sends them.
+        options = conf.get("spark.driver.extraJavaOptions", "")
+        conf["spark.driver.extraJavaOptions"] = f"{routing.jvm_options()} {options}".strip()
+        if not routing.verbose:
+            _launch_driver_jvm(conf, routing.path)
     builder = SparkSession.builder
-    for key, value in spark_conf(config, app_name, jars, submitted).items():
+    for key, value in conf.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
@@ -172,6 +186,35 @@ def _submitted_conf() -> dict[str, str] | None:
 
     SparkContext._ensure_initialized()  # connects to spark-submit's JVM; starts nothing
     return dict(SparkConf().getAll())
+
+
+def _launch_driver_jvm(conf: Mapping[str, str], log_file: Path) -> None:
+    """Start the driver's JVM with what it prints in ``log_file`` (unless one runs in this
+    process already); ``conf`` sends its log4j2 logs there too."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.errors import PySparkRuntimeError
+    from pyspark.java_gateway import launch_gateway
+
+    if SparkContext._gateway is not None:
+        return
+    submit_conf = SparkConf(loadDefaults=False).setAll(list(conf.items()))
+    with log_file.open("ab") as output:
+        try:
+            redirect = {"stdout": output, "stderr": output}
+            gateway = launch_gateway(submit_conf, redirect)  # type: ignore[no-untyped-call]
+        except PySparkRuntimeError as exc:
+            raise ConfigError(
+                f"the Spark driver JVM exited as it started: {_last_lines(log_file)} (all of "
+                f"its output is in {log_file}). Check that Java 17 or newer runs "
+                "(java -version) and the [spark] settings"
+            ) from exc
+    SparkContext._ensure_initialized(gateway=gateway)
+
+
+def _last_lines(path: Path, count: int = 3) -> str:
+    text = path.read_text(encoding="utf-8", errors="replace")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return " / ".join(lines[-count:])[-600:] or "no output"
 
 
 def _stderr(message: str) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Producer
 
+from millstream.connectors.logs import LIBRDKAFKA_LOGGER
 from millstream.engine.config import MillstreamConfig, setting_name
 from millstream.engine.errors import ConfigError
 
@@ -69,6 +70,8 @@ def client_settings(config: MillstreamConfig) -> dict[str, Any]:
         _log.debug("kafka client: %s", error)
 
     settings["error_cb"] = on_error
+    # librdkafka's own messages go to the run's log file (millstream.connectors.logs).
+    settings["logger"] = logging.getLogger(LIBRDKAFKA_LOGGER)
     return settings
 
 
@@ -134,8 +137,7 @@ def producer(config: MillstreamConfig, **settings: str | int | bool) -> Producer
             # The Java client's partitioner, so a key lands where Java producers put it too.
             "partitioner": "murmur2_random",
             **settings,
-        },
-        logger=_log,
+        }
     )
 
 
@@ -152,7 +154,6 @@ def consumer(config: MillstreamConfig, purpose: str, **settings: str | int | boo
             "group.id": f"{purpose}-{uuid.uuid4().hex}",
             "enable.auto.commit": False,
             "auto.offset.reset": "earliest",
-            "logger": _log,
             **settings,
         }
     )

@@ -43,7 +43,7 @@ _T = TypeVar("_T")
 
 
 def admin_client(config: MillstreamConfig) -> AdminClient:
-    return AdminClient(client_settings(config), logger=_log)
+    return AdminClient(client_settings(config))
 
 
 def create_topics(

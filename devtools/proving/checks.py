@@ -55,6 +55,8 @@ __all__ = ["CheckResult", "NonVacuity", "check_run", "read_messages"]
 _CHANGED = re.compile(r": (split|merge) of intervals \[")
 _FINISHING = re.compile(r": finishing a (split|merge)$")
 _FENCED = re.compile(r"^millstream\.engine\.errors\.FencedError: ")
+# An outage wait (millstream.engine.outages), whichever service it names.
+_WAITING = re.compile(r": waiting for (Kafka|Cassandra)")
 # Spark's own fence: a second query on one checkpoint fails to write the same batch's log.
 _SPARK_FENCED = "CONCURRENT_STREAM_LOG_UPDATE"
 
@@ -417,7 +419,7 @@ def _non_vacuity(
         except FileNotFoundError:
             continue
         counts.failed_attempts += sum("failed, retrying" in line for line in lines)
-        counts.outage_waits += sum("waiting for Kafka or Cassandra" in line for line in lines)
+        counts.outage_waits += sum(_WAITING.search(line) is not None for line in lines)
         counts.interval_changes += sum(_CHANGED.search(line) is not None for line in lines)
         counts.changes_finished_after_a_kill += sum(
             _FINISHING.search(line) is not None for line in lines

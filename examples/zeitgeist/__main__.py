@@ -6,15 +6,19 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from millstream.connectors import load_config
-from millstream.spark import spark_session
+from millstream.connectors import load_config, route_logs
+from millstream.spark import Console, spark_session
 from zeitgeist.evaluation import JobInput, Report, describe_slice, print_reports, run_input
 from zeitgeist.generate import generate
 from zeitgeist.model import ModelParams
 from zeitgeist.pipeline import Names
 from zeitgeist.progress import JobProgress
 from zeitgeist.series import load_series
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 NAB = Path(__file__).parent / "data" / "nab"
 DEFAULT_DAYS = 18.0  # the default NAB slice: Feb 26 to Mar 16, seven labelled windows
@@ -66,6 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--generated-queries", type=int, default=5)
     parser.add_argument("--run", default=None, help="the run's name (default: the time)")
     parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show the logs here too (Spark's, Kafka's, millstream's); by default they go to "
+        "a file under ~/.millstream/logs and the console shows progress and anomalies",
+    )
     args = parser.parse_args(argv)
 
     run = args.run or time.strftime("%Y%m%dt%H%M%S")
@@ -79,13 +89,19 @@ def main(argv: list[str] | None = None) -> int:
         inputs.append(_generated_input(args.seed, args.generated_days, args.generated_queries))
 
     config = load_config()
-    # One Spark session for every input (the runner would otherwise make one per topology).
-    spark = spark_session(config, app_name=f"zeitgeist-{run}")
+    # Spark's, Kafka's and millstream's logs go to a file; the console shows progress.
+    routing = route_logs(config, "zeitgeist", verbose=args.verbose)
+    print(routing.where(), flush=True)
+    spark: SparkSession | None = None
     reports: list[Report] = []
     try:
+        # One Spark session for every input (the runner would otherwise make one per
+        # topology); its JVM logs to the file too.
+        spark = spark_session(config, app_name=f"zeitgeist-{run}")
         for job in inputs:
             names = Names(f"{run}_{job.name}".replace("-", "_"))
-            progress = JobProgress(job.name)
+            console = Console(live=False if args.verbose else None, log_file=routing.path)
+            progress = JobProgress(job.name, console=console)
             progress.replaying(describe_slice(job.series))
             workdir = config.home / "zeitgeist" / names.run
             reports.append(
@@ -100,8 +116,14 @@ def main(argv: list[str] | None = None) -> int:
                     plot=not args.no_plots,
                 )
             )
+    except Exception as exc:
+        # The traceback goes to the log file; the console gets the line that names the error.
+        print(f"zeitgeist: error: {routing.failed(exc)}", file=sys.stderr)
+        return 1
     finally:
-        spark.stop()
+        if spark is not None:
+            spark.stop()
+        routing.close()
     print_reports(reports)
     print(f"\nthe anomalies are on stream 'anomalies' (field run = '{run}_...'):")
     print("  .venv/bin/millstream tail anomalies --from-beginning --value json")

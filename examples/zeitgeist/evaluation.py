@@ -142,7 +142,8 @@ def run_input(
     files, events = write_logs(job.series, logs)
     progress.logs_written(len(job.series), events, files, logs)
     started = time.monotonic()
-    with following_anomalies(config, names, progress):
+    # The progress (a console, live) shows the job while it runs; the anomalies scroll above.
+    with progress, following_anomalies(config, names, progress):
         running = run_job(
             config, names, logs, origin=job.origin, params=params, spark=spark, progress=progress
         )

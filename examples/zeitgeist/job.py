@@ -93,6 +93,7 @@ def run_job(
         settings or job_settings(config),
         trigger=ProcessingTime(0.5),
         spark=spark,
+        on_batch=progress.on_batch if progress else None,
     ) as running:
         running.add_injector(_injector(names), _log_source(names, logs))
         running.await_input_complete(timeout, progress=progress.watch if progress else None)
@@ -130,6 +131,7 @@ def process(
         settings or job_settings(config),
         trigger=ProcessingTime(0.5),
         spark=spark,
+        on_batch=progress.on_batch if progress else None,
     ) as running:
         running.await_input_complete(timeout, progress=progress.watch if progress else None)
     return running

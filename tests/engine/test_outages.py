@@ -122,3 +122,37 @@ def test_retry_lets_other_errors_through_at_once() -> None:
 
     with pytest.raises(FencedError):
         outage.retry(fenced)
+
+
+@pytest.mark.parametrize(
+    ("error", "service"),
+    [
+        (NoHostAvailable("Unable to connect to any servers"), "Cassandra"),
+        (UnknownOutcomeError("commit timed out", marker=b"m"), "Cassandra"),
+        (RuntimeError('KafkaError{code=_TRANSPORT,val=-195,str="Connection refused"}'), "Kafka"),
+        (RuntimeError("org.apache.kafka.common.errors.TimeoutException: metadata"), "Kafka"),
+        (TimeoutError("no answer"), "Kafka or Cassandra"),
+    ],
+)
+def test_an_outage_names_the_service_it_waits_for(
+    error: Exception, service: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = Clock()
+    outage = Outage("batch 7", 60.0, sleep=clock.sleep, monotonic=lambda: clock.now)
+
+    def wait_forever() -> None:
+        while True:
+            outage.wait(error)
+
+    caplog.set_level("WARNING", logger="millstream.engine.outages")
+    with pytest.raises(ServiceOutageError) as failed:
+        wait_forever()
+    waits = [m for m in caplog.messages if ": waiting for " in m]
+    assert waits[0].startswith(f"batch 7: waiting for {service} (0 s so far): ")
+    # What to do, once, when the outage has lasted 30 s: not for a timeout or two.
+    advised = [m for m in waits if "`millstream up` starts it" in m]
+    assert len(advised) == 1
+    assert advised[0].startswith(f"batch 7: waiting for {service} (3")
+    assert "so far; if it stopped, `millstream status` shows the local stack" in advised[0]
+    assert f"{service} unreachable for " in str(failed.value)
+    assert "`millstream up` starts it" in str(failed.value)

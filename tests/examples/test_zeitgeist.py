@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,6 +16,8 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 
@@ -21,6 +25,8 @@ from millstream.connectors import kafka as kafka_connector
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.records import MAX_EVENT_TIME, Record, injector_record_id
 from millstream.engine.testing import Watermark, record, run_computation, run_topology
+from millstream.injectors import InjectorStats
+from millstream.spark import BatchMetrics, Console, RunningTopology
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 if str(EXAMPLES) not in sys.path:
@@ -38,6 +44,7 @@ from zeitgeist.pipeline import (  # noqa: E402
     WindowCounter,
     zeitgeist_topology,
 )
+from zeitgeist.progress import JobProgress  # noqa: E402
 from zeitgeist.replay import parse_search, write_logs  # noqa: E402
 from zeitgeist.series import Detection, Series, load_series, parse_time, score  # noqa: E402
 
@@ -352,3 +359,49 @@ def test_a_wildly_timed_search_is_a_dead_letter_not_a_huge_state(tmp_path: Path)
     assert [json.loads(v) for v in run.values("counts")] == [{"bucket": start, "count": 1}]
     (letter,) = run.dead_letters
     assert "buckets away" in letter.error_message
+
+
+@pytest.mark.unit
+def test_the_job_progress_feeds_its_console_the_batches_the_injection_and_the_topology() -> None:
+    screen = io.StringIO()  # not a terminal: the console prints plain lines
+    progress = JobProgress("nab", console=Console(screen, live=False))
+    names = Names("progress")
+    stats = InjectorStats(emitted=40)
+    running = SimpleNamespace(
+        topology=zeitgeist_topology(names), injectors={"logs": SimpleNamespace(stats=stats)}
+    )
+    march = parse_time("2015-03-01 00:00:00")
+    with progress:
+        progress.logs_written(1, 100, 1, "logs")
+        for _ in range(2):  # every half second: the topology and the injection, shown once
+            progress.watch(cast(RunningTopology, running))
+        progress.on_batch(
+            BatchMetrics(
+                computation=names.computation("window_counter"),
+                batch_id=0,
+                inputs=40,
+                input_watermark=march,
+            )
+        )
+        progress.anomaly(
+            {
+                "query": "IBM",
+                "kind": "spike",
+                "bucket_time": "2015-03-01 00:00:00",
+                "observed": 9,
+                "expected": 2.0,
+                "score": 7.0,
+            }
+        )
+    lines = screen.getvalue().splitlines()
+    assert lines[0] == "[nab] 1 queries, 100 search events in 1 log files under logs"
+    assert lines[1].startswith("  anomaly: IBM        spike 2015-03-01 00:00:00 UTC")
+    # The console's last status, as it stops: what the job fed it.
+    assert re.fullmatch(
+        r"\[0:\d\d\] injected 40 of 100 searches \(40%\); "
+        r"window_counter: input watermark 2015-03-01 00:00:00 UTC, [\d,]+ records/s, 1 batch; "
+        r"model: input watermark none yet, 0 records/s, 0 batches; "
+        r"spike_detector: .*; dip_detector: .*",
+        lines[2],
+    ), lines
+    assert len(lines) == 3, lines

@@ -334,6 +334,7 @@ def test_a_driver_killed_mid_run_loses_and_duplicates_nothing(
         f"--keyspace={pipeline.keyspace}",
         f"--checkpoint-root={pipeline.checkpoints}",
         "--no-create-keyspace",
+        "--verbose",  # each batch's log line on stderr, where the kill waits for it
     ]
     env = {
         **os.environ,

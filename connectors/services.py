@@ -1,0 +1,86 @@
+"""Which of the services a run needs does not answer, and what to do about it.
+
+A driver or injector that cannot reach Kafka or Cassandra as it starts fails with whatever its
+client says (a bare ``TimeoutError`` from Kafka's admin client, ``NoHostAvailable`` from
+Cassandra's driver). :func:`reaching` turns such a failure into a
+:class:`~millstream.engine.errors.ServiceOutageError` that names the service, the address
+it was looked for at, and what to do, after trying to connect to each service
+(:func:`unreachable`); a failure while every service answers is raised as it was.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from millstream.engine.config import MillstreamConfig, setting_name
+from millstream.engine.errors import ServiceOutageError
+from millstream.engine.outages import is_outage
+
+__all__ = ["reaching", "unreachable"]
+
+_WHAT_TO_DO = (
+    "Is it running? `millstream status` shows the local stack and `millstream up` starts it"
+)
+
+
+def unreachable(config: MillstreamConfig, timeout: float = 2.0) -> list[str]:
+    """The services that refuse or ignore a connection at every address ``config`` gives
+    them, each as ``"Kafka at HOST:PORT (why)"``; empty if all answer."""
+    kafka = [_address(server) for server in config.kafka_bootstrap.split(",") if server.strip()]
+    cassandra = [(host, config.cassandra_port) for host in config.cassandra_hosts]
+    down = []
+    for name, addresses in (("Kafka", kafka), ("Cassandra", cassandra)):
+        reasons = [_refusal(address, timeout) for address in addresses]
+        if addresses and all(reasons):
+            where = ", ".join(f"{host}:{port}" for host, port in addresses)
+            down.append(f"{name} at {where} ({reasons[0]})")
+    return down
+
+
+@contextmanager
+def reaching(config: MillstreamConfig) -> Iterator[None]:
+    """Raise a :class:`ServiceOutageError` naming what to do for an outage the block fails
+    on while a service does not answer (see the module docstring)."""
+    try:
+        yield
+    except Exception as exc:
+        if isinstance(exc, ServiceOutageError) or not is_outage(exc):
+            raise
+        down = unreachable(config)
+        if not down:
+            raise
+        settings = []
+        if any(service.startswith("Kafka") for service in down):
+            settings.append(setting_name("kafka", "bootstrap"))
+        if any(service.startswith("Cassandra") for service in down):
+            settings.append(setting_name("cassandra", "hosts", "port"))
+        raise ServiceOutageError(
+            f"{' and '.join(down)} cannot be reached. {_WHAT_TO_DO}; services elsewhere are "
+            f"set by {' and '.join(settings)}. (The error: {_first_line(exc)})"
+        ) from exc
+
+
+def _address(server: str) -> tuple[str, int]:
+    server = server.strip().rpartition("://")[2]
+    host, _, port = server.rpartition(":")
+    return host.strip("[]") or "localhost", int(port or 9092)
+
+
+def _refusal(address: tuple[str, int], timeout: float) -> str | None:
+    """Why a connection to ``address`` failed, or None if it was accepted."""
+    try:
+        socket.create_connection(address, timeout=timeout).close()
+    except ConnectionRefusedError:
+        return "connection refused"
+    except TimeoutError:
+        return f"no answer within {timeout:g} s"
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0][:300]}" if lines else type(exc).__name__
