@@ -14,8 +14,14 @@ fi
 _stamp=$(cat setup.cfg pyproject.toml | sha256sum | cut -c1-16)
 if [ "$(cat .venv/.millstream-stamp 2>/dev/null)" != "$_stamp" ]; then
   echo "millstream: installing Python dependencies into .venv (first run takes a minute)" >&2
-  .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet -e '.[test,examples,docs]'
+  # pip's and setuptools' chatter (an editable install's BuildBackendWarning) goes to a log,
+  # shown whole if the install fails.
+  if ! { .venv/bin/python -m pip install --quiet --upgrade pip &&
+    .venv/bin/python -m pip install --quiet -e '.[test,examples,docs]'; } > .venv/install.log 2>&1; then
+    cat .venv/install.log >&2
+    echo "millstream: installing into .venv failed (log above, also in .venv/install.log)" >&2
+    exit 1
+  fi
   echo "$_stamp" > .venv/.millstream-stamp
 fi
 export PATH="$PWD/.venv/bin:$PATH"
