@@ -11,7 +11,6 @@ the next attempt drops.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time
@@ -23,11 +22,12 @@ from typing import TYPE_CHECKING, Final
 from millstream.connectors import kafka as kafka_connector
 from millstream.engine.clock import Clock
 from millstream.engine.driver import BatchPlan, ComputationDriver, IntervalOutcome
-from millstream.engine.errors import FencedError, TopologyError
+from millstream.engine.errors import TopologyError
 from millstream.engine.outages import DEFAULT_OUTAGE_TIMEOUT, Outage, is_outage
 from millstream.engine.pause_points import pause_point
 from millstream.engine.store import IntervalStore
 from millstream.engine.topology import ComputationSpec
+from millstream.spark.checkpoint import batch_offsets, fence_checkpoint
 from millstream.spark.driver_watermarks import DriverWatermarks
 from millstream.spark.executor import (
     ROUTED_SCHEMA,
@@ -58,11 +58,13 @@ class BatchHandler:
     """The ``foreachBatch`` function of one computation's query (runs on the driver).
 
     ``checkpoint`` is the query's checkpoint directory (its offset log tells each batch's
-    range); ``record`` receives the metrics of every batch that ran anything. A batch whose
-    attempt fails for another reason than an outage is tried ``attempts`` times; an outage
-    of Kafka or Cassandra (:mod:`millstream.engine.outages`) is waited out, for up to
-    ``outage_timeout`` seconds. ``layout_store`` gives the driver's own store (the runner's
-    Cassandra session) for the layout: reading it, and splitting and merging intervals.
+    range) and ``driver`` the id this driver claimed it with (:mod:`.checkpoint`): a batch
+    stops at once when another driver claimed it since. ``record`` receives the metrics of
+    every batch that ran anything. A batch whose attempt fails for another reason than an
+    outage is tried ``attempts`` times; an outage of Kafka or Cassandra
+    (:mod:`millstream.engine.outages`) is waited out, for up to ``outage_timeout`` seconds.
+    ``layout_store`` gives the driver's own store (the runner's Cassandra session) for the
+    layout: reading it, and splitting and merging intervals.
 
     What happens between batches (watermarks, ticks, rebalancing) is the model's
     :class:`~millstream.engine.driver.ComputationDriver`; the handler adds what is Spark's:
@@ -82,6 +84,7 @@ class BatchHandler:
         record: Callable[[BatchMetrics], None],
         layout_store: Callable[[], IntervalStore],
         outage_timeout: float = DEFAULT_OUTAGE_TIMEOUT,
+        driver: str | None = None,
     ):
         self.spec = spec
         self.layout_store = layout_store
@@ -89,6 +92,7 @@ class BatchHandler:
         self.settings = settings
         self.watermarks = watermarks
         self.checkpoint = checkpoint
+        self.driver_id = driver
         self.attempts = attempts
         self.outage_timeout = outage_timeout
         self.clock = clock
@@ -113,6 +117,8 @@ class BatchHandler:
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
+        # A zombie stops before anything, a rebalance (which acquires intervals) included.
+        fence_checkpoint(self.checkpoint, batch_id, self.spec.name, self.driver_id)
         consumed, has_data = self._consumed(batch_id)
         # Kafka or Cassandra down (a restart, a network cut) is waited out, not a failure:
         # whatever a failed attempt committed is a duplicate for the next one.
@@ -137,7 +143,7 @@ class BatchHandler:
         reporting = time.monotonic()
         # Nor publish a report for a batch the other driver has run past: stale, and on the
         # compacted topic it could outlive the newer report it follows.
-        fence_checkpoint(self.checkpoint, batch_id, self.spec.name)
+        fence_checkpoint(self.checkpoint, batch_id, self.spec.name, self.driver_id)
         self._finish(batch_id, outage)
         bookkeeping += time.monotonic() - reporting
         if not rows and not failures:
@@ -171,7 +177,7 @@ class BatchHandler:
             pause_point("driver.batch", self.spec.name)
             # A driver stopped for long (a zombie) must not take the intervals back from the
             # one that replaced it: retrying, it would acquire their sequencers anew.
-            fence_checkpoint(self.checkpoint, batch_id, self.spec.name)
+            fence_checkpoint(self.checkpoint, batch_id, self.spec.name, self.driver_id)
             try:
                 return self._run(batch, plan), failures
             except Exception as exc:
@@ -249,54 +255,6 @@ class BatchHandler:
         )
         collected = routed.repartition(self.tasks, "slot").mapInArrow(task, RESULT_SCHEMA).collect()
         return [ResultRow.of(row.asDict()) for row in collected]
-
-
-def fence_checkpoint(checkpoint: Path, batch_id: int, computation: str) -> None:
-    """Raise :class:`~millstream.engine.errors.FencedError` if another driver has taken the
-    query's checkpoint past ``batch_id``: it logged the next batch's offsets or committed
-    this one, which the driver running ``batch_id`` never does itself before it returns.
-
-    Spark's own fence (two writers of one batch's log entry) acts only when a zombie writes
-    its next entry, after its ``foreachBatch`` ran; this stops it before.
-    """
-    if (checkpoint / "offsets" / str(batch_id + 1)).exists() or (
-        checkpoint / "commits" / str(batch_id)
-    ).exists():
-        raise FencedError(
-            f"another driver runs computation {computation!r}: its checkpoint {checkpoint} "
-            f"has moved past batch {batch_id}, which this driver was running; this driver is "
-            "a zombie (it was stopped or cut off) and stops, leaving the work to the other"
-        )
-
-
-def batch_offsets(checkpoint: Path, batch_id: int) -> dict[str, dict[int, int]] | None:
-    """The Kafka end offsets of a batch, from the query's offset log (``None``: no entry).
-
-    The log is Spark's write-ahead record of each batch's range: a version line, a metadata
-    line, then one JSON line per source (``{"topic": {"partition": offset}}``).
-    """
-    file = checkpoint / "offsets" / str(batch_id)
-    try:
-        lines = file.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        return None
-    if len(lines) < 3 or not lines[0].startswith("v"):
-        raise TopologyError(
-            f"cannot read Spark's offset log entry {file}: unexpected layout {lines[:1]!r}; "
-            "this Spark version is not supported by millstream"
-        )
-    offsets: dict[str, dict[int, int]] = {}
-    for line in lines[2:]:
-        if line.strip() in ("", "-"):
-            continue
-        try:
-            for topic, partitions in json.loads(line).items():
-                offsets.setdefault(topic, {}).update(
-                    {int(p): int(o) for p, o in partitions.items()}
-                )
-        except (ValueError, AttributeError) as exc:
-            raise TopologyError(f"cannot read Spark's offset log entry {file}: {exc}") from exc
-    return offsets
 
 
 def short_error(exc: BaseException) -> str:

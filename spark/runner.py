@@ -80,6 +80,7 @@ import json
 import logging
 import math
 import os
+import socket
 import sys
 import threading
 import time
@@ -89,7 +90,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType, TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from millstream.connectors import cassandra as cassandra_connector
 from millstream.connectors import kafka as kafka_connector
@@ -99,7 +100,7 @@ from millstream.engine.authority import WatermarkAuthority
 from millstream.engine.clock import Clock, SystemClock
 from millstream.engine.computation import Computation
 from millstream.engine.config import DEFAULT_KEYSPACE, MillstreamConfig, RunSettings
-from millstream.engine.errors import CheckpointStorageError, TopologyError
+from millstream.engine.errors import CheckpointStorageError, FencedError, TopologyError
 from millstream.engine.layout import IntervalLayout
 from millstream.engine.records import MAX_EVENT_TIME
 from millstream.engine.store import IntervalStore
@@ -114,7 +115,13 @@ from millstream.engine.watermarks import Hold
 from millstream.injectors.connect import connect_injector
 from millstream.injectors.process import InjectorOptions, InjectorProcess
 from millstream.injectors.source import Source
-from millstream.spark.batch import BatchHandler, batch_offsets
+from millstream.spark.batch import BatchHandler, short_error
+from millstream.spark.checkpoint import (
+    batch_offsets,
+    checkpoint_holder,
+    claim_checkpoint,
+    lost_checkpoint_race,
+)
 from millstream.spark.driver_watermarks import (
     DriverWatermarks,
     WatermarkSnapshot,
@@ -152,6 +159,9 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
+
+# How often in a row a driver restarts a query that lost its checkpoint to a zombie.
+_TAKE_BACKS: Final = 5
 
 # What a JVM's IOException says when the disk under a checkpoint refuses a write.
 _STORAGE_FAILURES = ("No space left on device", "Disk quota exceeded", "Read-only file system")
@@ -305,6 +315,10 @@ class RunningTopology:
         self.checkpoint_root = settings.checkpoints(config.home)
         self.on_batch = on_batch
         self._lock = threading.Lock()
+        # Who this driver is to the checkpoints it claims (millstream.spark.checkpoint).
+        self.driver_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+        # Per computation: the restarts after races lost to a zombie since its last batch.
+        self._take_backs: dict[str, int] = {}
         self._batches: list[BatchMetrics] = []
         self._queries: dict[str, StreamingQuery] = {}
         # Per computation, for as long as it stays in this handle's topology: executors keep
@@ -504,6 +518,13 @@ class RunningTopology:
     def raise_failure(self) -> None:
         """Raise the error of the first query or injector that stopped with one, if any.
 
+        A query that lost its checkpoint to a zombie (another driver of it, stopped for long,
+        wrote the next batch's log entry first) is restarted from the checkpoint instead, as
+        long as this driver holds it (:mod:`millstream.spark.checkpoint`); the zombie's
+        query stops at its next batch. A driver whose checkpoint another driver took over
+        gets :class:`~millstream.engine.errors.FencedError`. The ``await_*`` methods call
+        this as they wait, so they keep a topology running through such a race.
+
         A full or unwritable disk under the checkpoint becomes a
         :class:`~millstream.engine.errors.CheckpointStorageError` that says where and what
         to do, not pages of JVM stack.
@@ -519,6 +540,9 @@ class RunningTopology:
                 failure = query.exception()
                 if failure is None:
                     continue
+                if lost_checkpoint_race(failure):
+                    self._take_back(name, failure)
+                    continue
                 text = str(failure)
                 for cause in _STORAGE_FAILURES:
                     if cause in text:
@@ -529,6 +553,40 @@ class RunningTopology:
                             "the batch runs again from the checkpoint"
                         ) from failure
                 raise failure
+
+    def _take_back(self, name: str, failure: BaseException) -> None:
+        """After another driver wrote ``name``'s checkpoint first: restart its query if this
+        driver holds the checkpoint (the other is a zombie, and stops at its next batch),
+        else stop as the zombie this driver is (:mod:`millstream.spark.checkpoint`)."""
+        checkpoint = self.checkpoint(name)
+        holder = checkpoint_holder(checkpoint)
+        if holder != self.driver_id:
+            raise FencedError(
+                f"computation {name!r} stopped: driver {holder} took it over (its checkpoint "
+                f"{checkpoint}); this driver ({self.driver_id}) is a zombie, it was stopped or "
+                "cut off for long, and leaves the work to the other"
+            ) from failure
+        with self._lock:
+            taken = self._take_backs[name] = self._take_backs.get(name, 0) + 1
+            spec = self.topology.computations.get(name)
+            self._queries.pop(name, None)
+        if spec is None:
+            return  # removed meanwhile
+        if taken > _TAKE_BACKS:
+            raise FencedError(
+                f"computation {name!r} lost its checkpoint {checkpoint} to another driver "
+                f"{taken} times in a row: is a second driver of topology "
+                f"{self.topology.name!r} running with this checkpoint root?"
+            ) from failure
+        _log.warning(
+            "computation %r: another driver wrote its checkpoint first (a zombie: this driver "
+            "holds it); restarting its query from the checkpoint (%d/%d): %s",
+            name,
+            taken,
+            _TAKE_BACKS,
+            short_error(failure),
+        )
+        self._start_query(spec)
 
     def await_termination(self, poll: float = 1.0) -> None:
         """Block until every query stopped; raises the error of a failed one."""
@@ -786,6 +844,7 @@ class RunningTopology:
         wakes = sorted({kafka_connector.wake_topic(self.config, i.stream) for i in spec.inputs})
         wakes.append(alarm)
         kafka_connector.create_wake_topics(self.config, wakes)
+        claim_checkpoint(self.checkpoint(spec.name), self.driver_id)
         starting_offsets = self._starting_offsets(topics, wakes)
         # Wake the query once it starts (after the starting offsets were taken), so that its
         # first batch runs every interval: a restarted computation learns its pending timers
@@ -817,6 +876,7 @@ class RunningTopology:
                     clock=self.clock,
                     record=self._record,
                     layout_store=self._driver_store,
+                    driver=self.driver_id,
                 )
             )
             .option("checkpointLocation", str(self.checkpoint(spec.name)))
@@ -850,6 +910,7 @@ class RunningTopology:
     def _record(self, metrics: BatchMetrics) -> None:
         with self._lock:
             self._batches.append(metrics)
+            self._take_backs.pop(metrics.computation, None)
         _log.info("%s", describe(metrics))
         if self.prometheus is not None:
             self.prometheus.observe(metrics)

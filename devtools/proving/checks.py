@@ -59,6 +59,8 @@ _FENCED = re.compile(r"^millstream\.engine\.errors\.FencedError: ")
 _WAITING = re.compile(r": waiting for (Kafka|Cassandra)")
 # Spark's own fence: a second query on one checkpoint fails to write the same batch's log.
 _SPARK_FENCED = "CONCURRENT_STREAM_LOG_UPDATE"
+# The driver holding a checkpoint restarts a query that lost such a race to a zombie.
+_TAKEN_BACK = "another driver wrote its checkpoint first"
 
 
 @dataclass
@@ -106,6 +108,7 @@ class NonVacuity:
     unknown_outcomes: int = 0
     failed_attempts: int = 0
     spark_fenced_queries: int = 0
+    queries_taken_back: int = 0
     outage_waits: int = 0
     interval_changes: int = 0
     changes_finished_after_a_kill: int = 0
@@ -114,6 +117,7 @@ class NonVacuity:
         return [
             ("zombie or stale writes fenced", self.fenced_attempts),
             ("zombie queries stopped by Spark's checkpoint", self.spark_fenced_queries),
+            ("queries restarted after losing a checkpoint race", self.queries_taken_back),
             ("strong productions re-sent", self.resent_productions),
             ("duplicates dropped by exactly-once", self.duplicates_absorbed),
             ("inputs rerun by the stage without exactly-once", self.reprocessed_downstream),
@@ -427,7 +431,11 @@ def _non_vacuity(
         # A fenced attempt's error names its interval, sequencer and lease: one message per
         # write refused, however often Spark's logs repeat it.
         counts.fenced_attempts += len({line for line in lines if _FENCED.match(line)})
-        counts.spark_fenced_queries += sum(_SPARK_FENCED in line for line in lines)
+        taken_back = [line for line in lines if _TAKEN_BACK in line]
+        counts.queries_taken_back += len(taken_back)
+        counts.spark_fenced_queries += sum(_SPARK_FENCED in line for line in lines) - sum(
+            _SPARK_FENCED in line for line in taken_back
+        )
     # The rollup stage runs without exactly-once: an input it ran again (a replayed batch)
     # sent its weak productions again, under the same record IDs; its state, which sets,
     # absorbed the rerun.

@@ -93,7 +93,7 @@ def test_a_driver_whose_checkpoint_another_driver_ran_past_is_fenced(tmp_path: P
     (taking the intervals' sequencers back from its successor) and published a stale
     watermark report, which on the compacted topic can outlive the newer one."""
     from millstream.engine.errors import FencedError
-    from millstream.spark.batch import fence_checkpoint
+    from millstream.spark.checkpoint import fence_checkpoint
 
     (tmp_path / "offsets").mkdir()
     (tmp_path / "commits").mkdir()
@@ -108,3 +108,44 @@ def test_a_driver_whose_checkpoint_another_driver_ran_past_is_fenced(tmp_path: P
     (tmp_path / "offsets" / "35").write_text("v1\n{}\n{}\n")  # ... or planned the next
     with pytest.raises(FencedError, match="zombie"):
         fence_checkpoint(tmp_path, 34, "tally")
+
+
+@pytest.mark.unit
+def test_a_driver_whose_checkpoint_another_driver_claimed_is_fenced_at_its_next_batch(
+    tmp_path: Path,
+) -> None:
+    from millstream.engine.errors import FencedError
+    from millstream.spark.checkpoint import (
+        checkpoint_holder,
+        claim_checkpoint,
+        fence_checkpoint,
+    )
+
+    checkpoint = tmp_path / "tally"
+    assert checkpoint_holder(checkpoint) is None
+    claim_checkpoint(checkpoint, "host:1:old")
+    fence_checkpoint(checkpoint, 0, "tally", "host:1:old")  # its own
+    claim_checkpoint(checkpoint, "host:2:new")  # a successor started the query
+    assert checkpoint_holder(checkpoint) == "host:2:new"
+    assert [p.name for p in checkpoint.iterdir()] == ["millstream-driver"]  # no temporary left
+    with pytest.raises(FencedError, match=r"driver host:2:new took over computation 'tally'"):
+        fence_checkpoint(checkpoint, 0, "tally", "host:1:old")
+    fence_checkpoint(checkpoint, 0, "tally", "host:2:new")
+
+
+@pytest.mark.unit
+def test_a_lost_checkpoint_race_is_told_from_other_query_failures() -> None:
+    from millstream.spark.checkpoint import lost_checkpoint_race
+
+    spark = (
+        "[CONCURRENT_STREAM_LOG_UPDATE] Concurrent update to the log. Multiple streaming jobs "
+        "detected for 9."
+    )
+    assert lost_checkpoint_race(spark)
+    assert lost_checkpoint_race(
+        "millstream.engine.errors.FencedError: another driver runs computation 'c': its "
+        "checkpoint /x has moved past batch 8, which this driver was running"
+    )
+    assert lost_checkpoint_race("FencedError: driver h:1:a took over computation 'c' (its")
+    assert not lost_checkpoint_race("FencedError: a newer sequencer holds interval 3")
+    assert not lost_checkpoint_race("java.io.IOException: No space left on device")

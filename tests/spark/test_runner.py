@@ -461,6 +461,59 @@ def test_a_task_whose_interval_was_taken_commits_nothing(
     assert produced == [b"retry"]
 
 
+def wait_counted(
+    running: RunningTopology, session: Session, pipeline: Pipeline, count: int
+) -> None:
+    """Supervise ``running`` until stage 1 counted ``count`` events, then until idle."""
+    deadline = time.monotonic() + 180
+    while sum(states(session, pipeline.keyspace, pipeline.per_user).values()) < count:
+        assert time.monotonic() < deadline, f"stage 1 had not counted {count} events"
+        running.raise_failure()
+        time.sleep(0.2)
+    running.await_idle(timeout=120)
+
+
+def test_a_driver_takes_its_checkpoint_back_from_a_zombie_and_a_superseded_driver_stops(
+    services: MillstreamConfig, spark: SparkSession, cassandra: Session, pipeline: Pipeline
+) -> None:
+    """Found by the proving ground: a driver stopped for long (a zombie) came back after its
+    successor started and wrote the next entry of a query's offset log first; Spark then
+    failed the successor's query, and the successor exited. The driver that holds the
+    checkpoint restarts its query instead; a driver whose checkpoint was claimed stops."""
+    from millstream.engine.errors import FencedError
+    from millstream.spark.checkpoint import claim_checkpoint
+
+    lots = events(120, seed=2)
+    kafka_connector.create_topics(services, [pipeline.searches], partitions=2)
+    running = start(pipeline, services, spark, trigger=ProcessingTime(0.5))
+    try:
+        produce(services, pipeline.searches, [encode_record(r) for r in lots[:40]])
+        wait_counted(running, cassandra, pipeline, 40)
+        checkpoint = running.checkpoint(pipeline.per_user)
+        logged = [int(p.name) for p in (checkpoint / "offsets").iterdir() if p.name.isdigit()]
+        latest = max(logged)
+        assert (checkpoint / "commits" / str(latest)).exists()
+        # The zombie resumes and logs the next batch before this driver does.
+        zombie = checkpoint / "offsets" / ".zombie"
+        zombie.write_bytes((checkpoint / "offsets" / str(latest)).read_bytes())
+        os.replace(zombie, checkpoint / "offsets" / str(latest + 1))
+        query = running.queries[pipeline.per_user].runId
+
+        produce(services, pipeline.searches, [encode_record(r) for r in lots[40:80]])
+        wait_counted(running, cassandra, pipeline, 80)
+        assert running.queries[pipeline.per_user].runId != query, "the query never lost a race"
+        assert_results(cassandra, pipeline, lots[:80])
+
+        # A successor claims the checkpoint: this driver is the zombie now, and stops.
+        claim_checkpoint(checkpoint, "elsewhere:1:successor")
+        produce(services, pipeline.searches, [encode_record(r) for r in lots[80:]])
+        with pytest.raises(FencedError, match="driver elsewhere:1:successor took it over"):
+            running.await_idle(timeout=120)  # stage 1 never catches up: its query stopped
+        assert sum(states(cassandra, pipeline.keyspace, pipeline.per_user).values()) == 80
+    finally:
+        running.stop()
+
+
 def test_computations_are_added_and_removed_while_the_others_keep_running(
     services: MillstreamConfig, spark: SparkSession, cassandra: Session, pipeline: Pipeline
 ) -> None:
