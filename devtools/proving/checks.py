@@ -117,7 +117,7 @@ class NonVacuity:
         return [
             ("zombie or stale writes fenced", self.fenced_attempts),
             ("zombie queries stopped by Spark's checkpoint", self.spark_fenced_queries),
-            ("queries restarted after losing a checkpoint race", self.queries_taken_back),
+            ("queries restarted after a zombie's log write", self.queries_taken_back),
             ("strong productions re-sent", self.resent_productions),
             ("duplicates dropped by exactly-once", self.duplicates_absorbed),
             ("inputs rerun by the stage without exactly-once", self.reprocessed_downstream),
