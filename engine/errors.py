@@ -14,12 +14,14 @@
     │   │   ├── UnknownSchemaError  the writer's schema fingerprint is not registered
     │   │   └── MalformedRecordError bad marker, corrupt or truncated body, wrong shape
     │   ├── OversizedRecordError    an encoded record is larger than a stream carries
-    │   └── AbsurdTimestampError    an event time outside the plausible range (unit mistake?)
+    │   ├── AbsurdTimestampError    an event time outside the plausible range (unit mistake?)
+    │   └── PoisonRecordError       a message made the engine itself fail: isolated, quarantined
     ├── TopologyError               a topology or computation declaration is invalid
     ├── UndeclaredStreamError       user code produced to a stream it did not declare
     ├── WatermarkReportError        a message on the watermark topic is not a valid report
     ├── ServiceOutageError          Kafka or Cassandra unreachable at start or past the timeout
     ├── CheckpointStorageError      the disk under a query's checkpoint is full or unwritable
+    ├── PoisonIsolationError        a failing batch's failure could not be pinned on few records
     └── StoreError                  the interval store refused or lost track of a write
         ├── FencedError             another worker took the interval: stop, drop soft state
         │   └── RetiredIntervalError the interval was split or merged away: route by the layout
@@ -44,6 +46,8 @@ __all__ = [
     "MavenError",
     "MillstreamError",
     "OversizedRecordError",
+    "PoisonIsolationError",
+    "PoisonRecordError",
     "PortInUseError",
     "RecordDecodeError",
     "RecordError",
@@ -114,6 +118,17 @@ class AbsurdTimestampError(RecordError):
     """An event time lies outside ``records.MIN_EVENT_TIME``..``records.MAX_EVENT_TIME``."""
 
 
+class PoisonRecordError(RecordError):
+    """A message made the engine itself (not user code) fail whenever it was in a batch: a
+    decoder, a library or a worker crashed on it. The Spark runtime isolated it by bisecting
+    the failing batch, quarantined it in the query's checkpoint, and dead-lettered it with
+    the original error and traceback (:mod:`millstream.spark.quarantine`).
+
+    The message is a bug report: report it with the dead letter's raw bytes. To run the
+    record again once the bug is fixed, produce its raw bytes to the stream anew.
+    """
+
+
 class TopologyError(MillstreamError):
     """A topology declaration is inconsistent: duplicate names, unknown streams, bad options."""
 
@@ -181,6 +196,14 @@ class CheckpointStorageError(MillstreamError):
 
     Nothing is lost: the batch it could not log runs again from the checkpoint once the
     topology restarts with space.
+    """
+
+
+class PoisonIsolationError(MillstreamError):
+    """A micro-batch kept failing and more of its records failed alone than a batch may
+    dead-letter (:data:`millstream.spark.isolation.MAX_ISOLATED`): a failure that many
+    records trip is taken for a bug or a broken worker, not for poison, and nothing was
+    dead-lettered. Fix the cause (the error is chained) and restart: the batch runs again.
     """
 
 

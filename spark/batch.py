@@ -6,7 +6,10 @@ Spark job that routes the input and works each key interval (:mod:`.executor`), 
 the interval rows as the batch's :class:`~millstream.spark.metrics.BatchMetrics`. A
 failed job is run again, up to ``attempts`` times, and for as long as an outage of Kafka or
 Cassandra lasts (up to ``outage_timeout``): whatever a failed attempt committed is a duplicate
-the next attempt drops.
+the next attempt drops. A batch still failing after its attempts, for another reason than an
+outage or a fence, is searched for poison pills (:mod:`~millstream.spark.isolation`): the
+messages found are quarantined (:mod:`~millstream.spark.quarantine`) and dead-lettered, and
+the batch runs again without them.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -22,12 +25,12 @@ from typing import TYPE_CHECKING, Final
 from millstream.connectors import kafka as kafka_connector
 from millstream.engine.clock import Clock
 from millstream.engine.driver import BatchPlan, ComputationDriver, IntervalOutcome
-from millstream.engine.errors import TopologyError
+from millstream.engine.errors import FencedError, PoisonIsolationError, TopologyError
 from millstream.engine.outages import DEFAULT_OUTAGE_TIMEOUT, Outage, is_outage
 from millstream.engine.pause_points import pause_point
 from millstream.engine.store import IntervalStore
 from millstream.engine.topology import ComputationSpec
-from millstream.spark.checkpoint import batch_offsets, fence_checkpoint
+from millstream.spark.checkpoint import batch_offsets, fence_checkpoint, lost_checkpoint_race
 from millstream.spark.driver_watermarks import DriverWatermarks
 from millstream.spark.executor import (
     ROUTED_SCHEMA,
@@ -37,10 +40,19 @@ from millstream.spark.executor import (
     router,
     tick_rows,
 )
+from millstream.spark.isolation import (
+    MAX_ISOLATED,
+    OffsetRange,
+    Position,
+    batch_ranges,
+    count,
+    isolate,
+)
 from millstream.spark.metrics import RESULT_SCHEMA, BatchMetrics, ResultRow, summarize
+from millstream.spark.quarantine import Quarantine, QuarantinedRecord, python_traceback
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 __all__ = [
     "BatchHandler",
@@ -52,6 +64,10 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 _ERROR_LINE: Final = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b.*")
+
+# A sub-run of an isolation fails when it fails this many times in a row.
+_SUB_RUN_TRIES: Final = 2
+_FENCES: Final = (FencedError.__name__, "RetiredIntervalError")
 
 
 class BatchHandler:
@@ -65,6 +81,16 @@ class BatchHandler:
     (:mod:`millstream.engine.outages`) is waited out, for up to ``outage_timeout`` seconds.
     ``layout_store`` gives the driver's own store (the runner's Cassandra session) for the
     layout: reading it, and splitting and merging intervals.
+
+    A batch that failed ``attempts`` times, neither on an outage nor on a fence, is looked
+    through for poison pills (:mod:`~millstream.spark.isolation`): first a control, the batch
+    without its records (its ticks only), which, failing too, fails the query as before; then
+    sub-runs on halves of its offset ranges. The messages that fail alone are quarantined in
+    the checkpoint (:mod:`~millstream.spark.quarantine`), and the whole batch runs again, in
+    which the router rejects them as :class:`~millstream.engine.errors.PoisonRecordError`
+    dead letters. Failing on more than :data:`~millstream.spark.isolation.MAX_ISOLATED`
+    records alone, a batch fails the query with
+    :class:`~millstream.engine.errors.PoisonIsolationError`.
 
     What happens between batches (watermarks, ticks, rebalancing) is the model's
     :class:`~millstream.engine.driver.ComputationDriver`; the handler adds what is Spark's:
@@ -114,12 +140,14 @@ class BatchHandler:
         )
         self._slots = IntervalSlots(self.tasks)  # each interval's task
         self._slots_of: Mapping[int, int] | None = None  # the driver's spread they follow
+        self.quarantine = Quarantine(checkpoint)
+        self.quarantine.load()
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         # A zombie stops before anything, a rebalance (which acquires intervals) included.
         fence_checkpoint(self.checkpoint, batch_id, self.spec.name, self.driver_id)
-        consumed, has_data = self._consumed(batch_id)
+        consumed, previous, has_data = self._consumed(batch_id)
         # Kafka or Cassandra down (a restart, a network cut) is waited out, not a failure:
         # whatever a failed attempt committed is a duplicate for the next one.
         outage = Outage(
@@ -129,7 +157,8 @@ class BatchHandler:
         )
         plan = self.driver.begin(consumed, had_input=has_data, retry=outage.retry)
         bookkeeping = time.monotonic() - started
-        rows, failures = self._attempt(batch, batch_id, plan, has_data, outage)
+        batch_run = _BatchRun(batch, batch_id, plan, has_data, outage, consumed, previous)
+        rows, failures = self._attempt(batch_run)
         self.driver.absorb(
             IntervalOutcome(
                 row.interval,
@@ -148,11 +177,14 @@ class BatchHandler:
         bookkeeping += time.monotonic() - reporting
         if not rows and not failures:
             return  # nothing ran (only watermark reports came): no metrics
-        self._record_metrics(batch_id, rows, failures, plan, started, bookkeeping)
+        self._record_metrics(batch_run, rows, failures, started, bookkeeping)
 
-    def _consumed(self, batch_id: int) -> tuple[dict[str, dict[int, int]], bool]:
-        """The batch's end offsets from the query's offset log, and whether it has input
-        (the first batch of a run, or one whose data topics moved)."""
+    def _consumed(
+        self, batch_id: int
+    ) -> tuple[dict[str, dict[int, int]], dict[str, dict[int, int]] | None, bool]:
+        """The batch's end offsets from the query's offset log, the previous batch's (its
+        start; ``None`` for the first), and whether it has input (the first batch of a run,
+        or one whose data topics moved)."""
         checkpoint = self.checkpoint
         consumed = batch_offsets(checkpoint, batch_id)
         if consumed is None:
@@ -164,30 +196,43 @@ class BatchHandler:
         has_data = previous is None or any(
             consumed.get(topic) != previous.get(topic) for topic in self.data_topics
         )
-        return consumed, has_data
+        return consumed, previous, has_data
 
-    def _attempt(
-        self, batch: DataFrame, batch_id: int, plan: BatchPlan, has_data: bool, outage: Outage
-    ) -> tuple[list[ResultRow], list[str]]:
-        """Run the batch (if it has input or ticks) until an attempt succeeds: its interval
-        rows, and what the failed attempts before it said."""
+    def _attempt(self, run: _BatchRun) -> tuple[list[ResultRow], list[str]]:
+        """Run the batch (if it has input or ticks) until an attempt succeeds, isolating
+        poison pills if it keeps failing: its interval rows, and what the failed attempts
+        before it said."""
         failures: list[str] = []
+        try:
+            return self._retried(run, failures), failures
+        except Exception as exc:
+            if not run.has_data or is_outage(exc) or _fenced(exc):
+                raise
+            failure = exc
+        self._isolate(run, failure)
+        return self._retried(run, failures), failures
+
+    def _retried(self, run: _BatchRun, failures: list[str]) -> list[ResultRow]:
+        """The batch's rows once an attempt succeeded (``failures``: what those before it
+        said); raises the last failure after ``attempts`` ones."""
+        batch_id = run.batch_id
         failed = 0
-        while has_data or plan.ticks:
+        while run.has_data or run.plan.ticks:
             pause_point("driver.batch", self.spec.name)
             # A driver stopped for long (a zombie) must not take the intervals back from the
             # one that replaced it: retrying, it would acquire their sequencers anew.
             fence_checkpoint(self.checkpoint, batch_id, self.spec.name, self.driver_id)
             try:
-                return self._run(batch, plan), failures
+                return self._run(run.batch, run.plan, self._quarantined(run))
             except Exception as exc:
                 failures.append(short_error(exc))
                 if is_outage(exc):
-                    outage.wait(exc, failures[-1])
+                    run.outage.wait(exc, failures[-1])
                     continue
                 # A failed task (fenced, a crashed worker) left nothing half-applied for any
                 # key; running the whole batch again is safe, its committed part being
-                # duplicates now. Out of attempts, the query fails and its checkpoint stays.
+                # duplicates now. Out of attempts, the query fails and its checkpoint stays
+                # (or the caller looks for poison pills).
                 failed += 1
                 if failed >= self.attempts:
                     raise
@@ -201,7 +246,134 @@ class BatchHandler:
                     exc_info=True,  # the traceback for the log file; the console shows a line
                 )
                 time.sleep(min(5.0, 0.5 * failed))
-        return [], failures
+        return []
+
+    def _quarantined(self, run: _BatchRun) -> dict[Position, str]:
+        """The quarantined messages of the batch (by position), for its router."""
+        if not self.quarantine.records:
+            return {}
+        # A partition the previous batch did not read is taken from offset 0: a superset.
+        return self.quarantine.within(
+            batch_ranges(run.consumed, run.previous or {}, self.data_topics)
+        )
+
+    def _ranges(self, run: _BatchRun) -> list[OffsetRange]:
+        """The offset ranges of the batch's data topics, each from the first offset read."""
+        if run.ranges is None:
+            starts = run.previous or {}
+            if any(
+                partition not in starts.get(topic, {})
+                for topic in self.data_topics
+                for partition in run.consumed.get(topic, {})
+            ):
+                starts = self._first_offsets(run.batch, starts)
+            run.ranges = batch_ranges(run.consumed, starts, self.data_topics)
+        return run.ranges
+
+    def _first_offsets(
+        self, batch: DataFrame, known: Mapping[str, Mapping[int, int]]
+    ) -> dict[str, dict[int, int]]:
+        """``known`` starts, and the first offset the batch read of every other partition
+        (the first batch of a query has no previous batch to start where it ended)."""
+        from pyspark.sql import functions as F  # noqa: N812  (pyspark's convention)
+
+        starts = {topic: dict(partitions) for topic, partitions in known.items()}
+        data = batch.where(F.col("topic").isin(self.data_topics))
+        for row in data.groupBy("topic", "partition").agg(F.min("offset").alias("first")).collect():
+            starts.setdefault(row["topic"], {}).setdefault(int(row["partition"]), int(row["first"]))
+        return starts
+
+    def _isolate(self, run: _BatchRun, failure: Exception) -> None:
+        """Quarantine the messages that make the batch fail (see the class docstring), or
+        raise: ``failure`` if the batch fails without its records, or no record fails
+        alone; :class:`PoisonIsolationError` if too many do."""
+        name, batch_id = self.spec.name, run.batch_id
+        ranges = self._ranges(run)
+        if not ranges:
+            raise failure
+        _log.warning(
+            "computation %r batch %d failed %d times (%s); looking for the messages of its %d "
+            "offsets that make it fail (poison pills), a control run first",
+            name,
+            batch_id,
+            self.attempts,
+            short_error(failure),
+            count(ranges),
+        )
+        errors: list[tuple[tuple[OffsetRange, ...], Exception]] = []
+
+        def fails(part: Sequence[OffsetRange] | None) -> bool:
+            """Whether a sub-run of the batch on ``part`` (``None``: no records, ticks
+            only) fails twice in a row; ``errors`` keeps what it said."""
+            tries = 0
+            while tries < _SUB_RUN_TRIES:
+                fence_checkpoint(self.checkpoint, batch_id, name, self.driver_id)
+                run.sub_runs += 1
+                try:
+                    self._run(run.batch, run.plan, self._quarantined(run), records=part or [])
+                    return False
+                except Exception as exc:
+                    if _fenced(exc):
+                        raise
+                    if is_outage(exc):
+                        run.outage.wait(exc, short_error(exc))
+                        continue
+                    errors.append((tuple(part or ()), exc))
+                    tries += 1
+            return True
+
+        if fails(None):
+            _log.warning(
+                "computation %r batch %d fails without its records too: not a poison pill",
+                name,
+                batch_id,
+            )
+            raise failure
+        found = isolate(ranges, fails)
+        if found.too_many:
+            raise PoisonIsolationError(
+                f"computation {name!r} batch {batch_id} fails on more than {MAX_ISOLATED} "
+                "of its records alone: taken for a bug or a broken worker rather than poison "
+                f"pills, nothing was dead-lettered. Its error: {short_error(failure)}; fix the "
+                "cause and restart (the batch runs again)"
+            ) from failure
+        if not found.poison:
+            _log.warning(
+                "computation %r batch %d: no message of it fails alone; not a poison pill",
+                name,
+                batch_id,
+            )
+            raise failure
+        for position in found.poison:
+            # What it said alone; if it never ran alone, what the batch said without the rest.
+            alone = [exc for part, exc in errors if part == _alone(position)]
+            self._quarantine(run, position, (alone or [errors[-1][1]])[-1])
+
+    def _quarantine(self, run: _BatchRun, position: Position, error: Exception) -> None:
+        record = QuarantinedRecord(
+            topic=position.topic,
+            partition=position.partition,
+            offset=position.offset,
+            computation=self.spec.name,
+            batch_id=run.batch_id,
+            quarantined_at=self.clock.now(),
+            error=short_error(error),
+            traceback=python_traceback(error),
+        )
+        self.quarantine.add(record)
+        run.isolated += 1
+        _log.warning(
+            "computation %r: message %s/%d@%d made the engine fail in batch %d, isolated in "
+            "%d sub-run(s); quarantined in %s, it becomes a PoisonRecordError dead letter: %s",
+            self.spec.name,
+            position.topic,
+            position.partition,
+            position.offset,
+            run.batch_id,
+            run.sub_runs,
+            self.quarantine.directory,
+            record.error,
+        )
 
     def _finish(self, batch_id: int, outage: Outage) -> None:
         """Between batches: rebalance, then publish the computation's report."""
@@ -212,19 +384,20 @@ class BatchHandler:
 
     def _record_metrics(
         self,
-        batch_id: int,
+        run: _BatchRun,
         rows: list[ResultRow],
         failures: list[str],
-        plan: BatchPlan,
         started: float,
         bookkeeping: float,
     ) -> None:
         counts = (row.counts.counts() for row in rows)
-        metrics = summarize(self.spec.name, batch_id, counts, started, failures)
+        metrics = summarize(self.spec.name, run.batch_id, counts, started, failures)
         self.record(
             replace(
                 metrics,
-                input_watermark=plan.timer_watermark,
+                isolated=run.isolated,
+                isolation_runs=run.sub_runs,
+                input_watermark=run.plan.timer_watermark,
                 watermark=self.driver.watermarks.watermark,
                 watermark_seconds=bookkeeping,
             )
@@ -238,14 +411,24 @@ class BatchHandler:
             self._slots_of = assignment
         return self._slots
 
-    def _run(self, batch: DataFrame, plan: BatchPlan) -> list[ResultRow]:
+    def _run(
+        self,
+        batch: DataFrame,
+        plan: BatchPlan,
+        quarantine: Mapping[Position, str],
+        records: Sequence[OffsetRange] | None = None,
+    ) -> list[ResultRow]:
+        """Run the batch, or a sub-run of it: only its ``records`` (if given), with its
+        ticks only if it has no records (an isolation's control, or the whole batch)."""
         from pyspark.sql import functions as F  # noqa: N812  (pyspark's convention)
 
         slots = self._task_slots()
         # Wake-up messages only started the batch.
         routed = batch.where(F.col("topic").isin(self.data_topics))
-        routed = routed.mapInArrow(router(self.spec, plan.layout, slots), ROUTED_SCHEMA)
-        if plan.ticks:
+        if records is not None:
+            routed = routed.where(_selecting(records))
+        routed = routed.mapInArrow(router(self.spec, plan.layout, slots, quarantine), ROUTED_SCHEMA)
+        if plan.ticks and not records:
             ticking = self.spark.createDataFrame(tick_rows(plan.ticks, slots), ROUTED_SCHEMA)
             routed = routed.unionByName(ticking)
         # An explicit partition count: adaptive execution would otherwise coalesce the few
@@ -255,6 +438,63 @@ class BatchHandler:
         )
         collected = routed.repartition(self.tasks, "slot").mapInArrow(task, RESULT_SCHEMA).collect()
         return [ResultRow.of(row.asDict()) for row in collected]
+
+
+class _BatchRun:
+    """One micro-batch as the handler runs it: its data, plan and ranges, and what isolating
+    poison pills in it took."""
+
+    def __init__(
+        self,
+        batch: DataFrame,
+        batch_id: int,
+        plan: BatchPlan,
+        has_data: bool,
+        outage: Outage,
+        consumed: dict[str, dict[int, int]],
+        previous: dict[str, dict[int, int]] | None,
+    ) -> None:
+        self.batch = batch
+        self.batch_id = batch_id
+        self.plan = plan
+        self.has_data = has_data
+        self.outage = outage
+        self.consumed = consumed
+        self.previous = previous
+        self.ranges: list[OffsetRange] | None = None  # read when needed
+        self.isolated = 0
+        self.sub_runs = 0
+
+
+def _selecting(ranges: Sequence[OffsetRange]) -> Column:
+    """A filter of a Kafka source's rows that keeps those in ``ranges``."""
+    from pyspark.sql import functions as F  # noqa: N812  (pyspark's convention)
+
+    selection = F.lit(False)
+    for r in ranges:
+        selection = selection | (
+            (F.col("topic") == r.topic)
+            & (F.col("partition") == r.partition)
+            & (F.col("offset") >= r.start)
+            & (F.col("offset") < r.end)
+        )
+    return selection
+
+
+def _alone(position: Position) -> tuple[OffsetRange, ...]:
+    """The ranges of a sub-run of ``position`` alone."""
+    return (OffsetRange(position.topic, position.partition, position.offset, position.offset + 1),)
+
+
+def _fenced(exc: BaseException) -> bool:
+    """Whether a failure says another driver or task took over (a zombie's fence), which
+    isolating poison pills must not second-guess."""
+    text = f"{type(exc).__name__}: {exc}"
+    return (
+        isinstance(exc, FencedError)
+        or lost_checkpoint_race(exc)
+        or any(fence in text for fence in _FENCES)
+    )
 
 
 def short_error(exc: BaseException) -> str:

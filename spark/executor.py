@@ -61,12 +61,16 @@ from millstream.engine.cache import StateCache
 from millstream.engine.clock import SystemClock
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.deadletters import Origin
+from millstream.engine.errors import PoisonRecordError
+from millstream.engine.fault_points import armed_faults, fault_point
 from millstream.engine.layout import IntervalLayout
 from millstream.engine.protocol import Delivery, Rejected, WorkerPool
 from millstream.engine.records import Record
 from millstream.engine.routing import decode_delivery, rejected_interval
 from millstream.engine.topology import ComputationSpec
+from millstream.spark.isolation import Position
 from millstream.spark.metrics import RESULT_SCHEMA, ResultRow, interval_counts
+from millstream.spark.quarantine import POISON_ERROR_PREFIX
 
 if TYPE_CHECKING:
     from millstream.connectors.kafka import KafkaProductionSink
@@ -282,10 +286,16 @@ def router(
     spec: ComputationSpec,
     layout: IntervalLayout | None = None,
     slots: IntervalSlots | None = None,
+    quarantine: Mapping[Position, str] | None = None,
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The ``mapInArrow`` function that decodes, keys and routes ``spec``'s input to the
     intervals of ``layout`` (default: those the computation starts with), and their tasks
     (``slots``; default: one task).
+
+    ``quarantine`` maps the (topic, partition, offset) of each quarantined message
+    (:mod:`millstream.spark.quarantine`) to its
+    :class:`~millstream.engine.errors.PoisonRecordError` message: such a message is
+    rejected as it is, before anything decodes it.
 
     Input columns: ``value`` (bytes), ``topic``, ``partition``, ``offset``, ``kafka_ts``
     (the Kafka message timestamp in µs). Output: :data:`ROUTED_SCHEMA`, column by column (no
@@ -295,6 +305,7 @@ def router(
     slots = slots or IntervalSlots(1)
     reject_interval = rejected_interval(spec, layout)
     streams = _streams_by_topic(spec)
+    quarantined = dict(quarantine or {})
 
     def route(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
@@ -303,6 +314,29 @@ def router(
                 *(batch.column(name).to_pylist() for name in _SOURCE_COLUMNS), strict=True
             ):
                 stream = streams[topic]
+                # One test per row when nothing is quarantined.
+                poison = (
+                    quarantined.get(Position(topic, partition, offset)) if quarantined else None
+                )
+                if poison is not None:
+                    rows.append(
+                        RoutedRow(
+                            interval=reject_interval,
+                            stream=stream,
+                            partition=partition,
+                            offset=offset,
+                            kafka_ts=kafka_ts,
+                            key=None,
+                            record_key=None,
+                            record_value=None,
+                            record_ts=None,
+                            record_id=None,
+                            raw=value if value is not None else b"",
+                            error=POISON_ERROR_PREFIX + poison,
+                            slot=slots.slot(reject_interval),
+                        )
+                    )
+                    continue
                 record, key, error = decode_delivery(spec, stream, value)
                 if error is None:
                     assert record is not None
@@ -385,6 +419,8 @@ def interval_task(
     """
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        fault_point("executor.task", spec.name)
+        faults = armed_faults("executor.record", spec.name)
         by_interval: dict[int, list[RoutedRow]] = {}
         for batch in batches:
             columns = (batch.column(name).to_pylist() for name in RoutedRow._fields)
@@ -403,6 +439,7 @@ def interval_task(
                 watermark,
                 timer_watermark,
                 layout,
+                faults,
             )
             for interval, interval_rows in sorted(by_interval.items())
         ]
@@ -425,12 +462,16 @@ def _run_interval(
     watermark: int,
     timer_watermark: int,
     layout: IntervalLayout | None,
+    faults: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
-    """Run one interval's rows; its :data:`RESULT_SCHEMA` row (:meth:`ResultRow.columns`)."""
+    """Run one interval's rows; its :data:`RESULT_SCHEMA` row (:meth:`ResultRow.columns`).
+    ``faults``: record IDs (hex) a fault harness armed (:mod:`~millstream.engine.fault_points`)."""
     started, cpu_started = time.monotonic(), time.thread_time()
     # Ticks (no stream) first; they carry no input.
     rows.sort(key=lambda row: (row.stream or "", row.partition or 0, row.offset or 0))
     inputs = _inputs(spec, rows)
+    if faults:
+        _inject_faults(spec, inputs, faults)
     worker, cached = workers.worker(spec, interval, layout, run=run_token)
     result = worker.process(inputs, watermark, timer_watermark=timer_watermark)
     rejected = sum(isinstance(item, Rejected) for item in inputs)
@@ -443,6 +484,14 @@ def _run_interval(
         cpu_seconds=time.thread_time() - cpu_started,
         progress=result.progress,
     ).columns()
+
+
+def _inject_faults(
+    spec: ComputationSpec, inputs: list[Delivery | Rejected], faults: frozenset[str]
+) -> None:
+    for item in inputs:
+        if isinstance(item, Delivery):
+            fault_point("executor.record", spec.name, item.record.record_id.hex(), faults)
 
 
 def _inputs(spec: ComputationSpec, rows: list[RoutedRow]) -> list[Delivery | Rejected]:
@@ -460,12 +509,18 @@ def _inputs(spec: ComputationSpec, rows: list[RoutedRow]) -> list[Delivery | Rej
             record = Record(row.record_key, row.record_value, row.record_ts, row.record_id)
             inputs.append(Delivery(row.key, record, origin))
         else:
-            inputs.append(_rejected(spec, origin, row.raw, cast(int, row.kafka_ts)))
+            inputs.append(_rejected(spec, origin, row.raw, cast(int, row.kafka_ts), row.error))
     return inputs
 
 
-def _rejected(spec: ComputationSpec, origin: Origin, raw: bytes, kafka_ts: int) -> Rejected:
+def _rejected(
+    spec: ComputationSpec, origin: Origin, raw: bytes, kafka_ts: int, error_text: str | None
+) -> Rejected:
     assert origin.stream is not None
+    if error_text is not None and error_text.startswith(POISON_ERROR_PREFIX):
+        # Quarantined: never decoded again (that may be what crashes); located by position.
+        poison = PoisonRecordError(error_text.removeprefix(POISON_ERROR_PREFIX))
+        return Rejected(origin, raw, poison, kafka_ts)
     record, _, error = decode_delivery(spec, origin.stream, raw)
     if error is None:
         error = RuntimeError(

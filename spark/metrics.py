@@ -169,15 +169,20 @@ class BatchMetrics(MetricCounts):
     """What one micro-batch of one computation did, summed over its intervals.
 
     ``failed_attempts`` describes the attempts that failed before the one these counts come
-    from. ``input_watermark`` is the input low watermark once the batch was consumed (its
-    timers ran under it) and ``watermark`` the computation's own after the batch (µs);
-    ``watermark_seconds`` of ``seconds`` went to reading, applying and publishing reports.
+    from. ``isolated`` counts the poison pills the batch isolated and quarantined, in
+    ``isolation_runs`` sub-runs (:mod:`millstream.spark.isolation`; what those committed
+    counts as duplicates here). ``input_watermark`` is the input low watermark once the
+    batch was consumed (its timers ran under it) and ``watermark`` the computation's own after
+    the batch (µs); ``watermark_seconds`` of ``seconds`` went to reading, applying and
+    publishing reports.
     """
 
     computation: str
     batch_id: int
     seconds: float = 0.0
     failed_attempts: tuple[str, ...] = ()
+    isolated: int = 0
+    isolation_runs: int = 0
     input_watermark: int = 0
     watermark: int = 0
     watermark_seconds: float = 0.0
@@ -185,11 +190,14 @@ class BatchMetrics(MetricCounts):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ComputationMetrics(MetricCounts):
-    """Totals of a computation's batches in this run (``pending``: after the latest batch)."""
+    """Totals of a computation's batches in this run (``pending``: after the latest batch;
+    ``failed_attempts``, ``isolated`` and ``isolation_runs`` as in :class:`BatchMetrics`)."""
 
     computation: str
     batches: int = 0
     failed_attempts: int = 0
+    isolated: int = 0
+    isolation_runs: int = 0
 
     @property
     def cache_hit_rate(self) -> float:
@@ -230,6 +238,8 @@ def totals(batches: Iterable[BatchMetrics]) -> dict[str, ComputationMetrics]:
             computation=batch.computation,
             batches=previous.batches + 1,
             failed_attempts=previous.failed_attempts + len(batch.failed_attempts),
+            isolated=previous.isolated + batch.isolated,
+            isolation_runs=previous.isolation_runs + batch.isolation_runs,
             **summed,
         )
     return found
@@ -239,7 +249,11 @@ def describe(metrics: BatchMetrics) -> str:
     """One log line for a batch: its non-zero counters and time."""
     parts = ", ".join(f"{name}={value}" for name, value in metrics.counts().items() if value)
     retried = f", after {len(metrics.failed_attempts)} failed attempt(s)"
+    isolated = (
+        f", {metrics.isolated} poison record(s) isolated in {metrics.isolation_runs} sub-run(s)"
+    )
     return (
         f"computation {metrics.computation!r} batch {metrics.batch_id}: {parts or 'empty'} "
         f"in {metrics.seconds:.2f}s{retried if metrics.failed_attempts else ''}"
+        f"{isolated if metrics.isolation_runs else ''}"
     )

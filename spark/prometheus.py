@@ -137,6 +137,19 @@ class TopologyMetrics:
             _LABELS,
             registry=self.registry,
         )
+        self._isolated = Counter(
+            "millstream_poison_records_total",
+            "Messages that made the engine fail, isolated from their batch and quarantined "
+            "(each one dead letter with PoisonRecordError).",
+            _LABELS,
+            registry=self.registry,
+        )
+        self._isolation_runs = Counter(
+            "millstream_isolation_runs_total",
+            "Sub-runs of failing micro-batches run to isolate poison records.",
+            _LABELS,
+            registry=self.registry,
+        )
         self._seconds = Histogram(
             "millstream_batch_seconds",
             "Wall seconds of a micro-batch on the driver, watermark bookkeeping included.",
@@ -167,6 +180,8 @@ class TopologyMetrics:
         self._pending.labels(*labels).set(batch.pending)
         self._batches.labels(*labels).inc()
         self._failed_attempts.labels(*labels).inc(len(batch.failed_attempts))
+        self._isolated.labels(*labels).inc(batch.isolated)
+        self._isolation_runs.labels(*labels).inc(batch.isolation_runs)
         self._seconds.labels(*labels).observe(batch.seconds)
         if batch.intervals:
             self._hit_ratio.labels(*labels).set(batch.cache_hits / batch.intervals)
