@@ -63,7 +63,7 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-_ERROR_LINE: Final = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b.*")
+_ERROR_LINE: Final = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Fault)\b.*")
 
 # A sub-run of an isolation fails when it fails this many times in a row.
 _SUB_RUN_TRIES: Final = 2

@@ -29,7 +29,7 @@ from millstream.engine.records import Record, decode_record, encode_record, inje
 from millstream.engine.topology import ComputationOptions, Topology
 from millstream.spark.quarantine import QUARANTINE_DIRECTORY
 from millstream.spark.runner import AvailableNow, RunningTopology, run_topology
-from tests.spark.test_runner import read_topic, register_by_value, states
+from tests.spark.test_runner import read_topic, register_by_value
 
 if TYPE_CHECKING:
     from cassandra.cluster import Session
@@ -149,12 +149,25 @@ def dead_letters(config: MillstreamConfig, counting: Counting) -> list[DeadLette
     ]
 
 
+def counts(session: Session, counting: Counting) -> dict[str, int]:
+    """The count committed for each key, from every interval."""
+    found: dict[str, int] = {}
+    for interval in range(INTERVALS):
+        rows = session.execute(
+            f"SELECT key, value FROM {counting.keyspace}.intervals "
+            "WHERE computation = %s AND interval = %s AND kind = 'state'",
+            (counting.name, interval),
+        )
+        found.update({row.key: IntCodec().decode(row.value) for row in rows})
+    return found
+
+
 def assert_counted(
     config: MillstreamConfig, session: Session, counting: Counting, counted: list[Record]
 ) -> None:
     """State and outputs hold each of ``counted`` exactly once, and nothing else."""
     expected = Counter(record.key for record in counted)
-    assert states(session, counting.keyspace, counting.name) == dict(expected)
+    assert counts(session, counting) == dict(expected)
     outputs = [decode_record(value).value for _, _, value in read_topic(config, counting.outputs)]
     assert sorted(outputs) == sorted(record.record_id for record in counted)
 
@@ -162,13 +175,11 @@ def assert_counted(
 def rewind(checkpoint: Path, batch_id: int) -> None:
     """Make the query's checkpoint say that ``batch_id`` ran but was not committed (a driver
     that died right after it): its next run replays the batch."""
-    for log in ("offsets", "commits"):
-        for entry in (checkpoint / log).iterdir():
-            if entry.name.isdigit() and int(entry.name) > batch_id:
-                entry.unlink()
-    (checkpoint / "commits" / str(batch_id)).unlink()
-    for crc in (checkpoint / "commits").glob(f".{batch_id}.crc"):
-        crc.unlink()
+    for log, after in (("offsets", batch_id + 1), ("commits", batch_id)):
+        for entry in list((checkpoint / log).iterdir()):
+            number = entry.name.removeprefix(".").removesuffix(".crc")
+            if number.isdigit() and int(number) >= after:
+                entry.unlink()  # the entry and its checksum file
 
 
 def test_a_record_that_crashes_the_engine_is_dead_lettered_once_and_the_rest_counted(
@@ -243,7 +254,7 @@ def test_a_failure_of_every_batch_is_not_bisected_into_dead_letters(
     assert "PoisonIsolationError" not in str(failed.value)
     assert dead_letters(services, counting) == []
     assert not (counting.checkpoint / QUARANTINE_DIRECTORY).exists()
-    assert states(cassandra, counting.keyspace, counting.name) == {}
+    assert counts(cassandra, counting) == {}
 
     # Disarmed, the same batch runs: nothing was lost.
     shutil.rmtree(counting.faults)
