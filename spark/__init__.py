@@ -10,6 +10,8 @@ triggers, :class:`RunSettings` (the run's deployment), :func:`spark_session` and
   computation (the entry point);
 - :mod:`.user_code`: the job's own code, shipped to the executors by value;
 - :mod:`.batch`: a query's ``foreachBatch`` function, one micro-batch on the driver;
+- :mod:`.isolation` and :mod:`.quarantine`: a record that makes the engine fail (a poison
+  pill) found by bisecting its batch, and kept in the query's checkpoint;
 - :mod:`.executor`: what runs on the executors (routing, the interval tasks);
 - :mod:`.driver_watermarks`: a computation's low-watermark bookkeeping on the driver;
 - :mod:`.metrics`: what a batch counts;

@@ -332,8 +332,9 @@ class BatchHandler:
         found = isolate(ranges, fails)
         if found.too_many:
             raise PoisonIsolationError(
-                f"computation {name!r} batch {batch_id} fails on more than {MAX_ISOLATED} "
-                "of its records alone: taken for a bug or a broken worker rather than poison "
+                f"computation {name!r} batch {batch_id} fails on more than {found.limit} of its "
+                f"{count(ranges)} records alone (a batch isolates at most {MAX_ISOLATED}, and "
+                "half of its records): taken for a bug or a broken worker rather than poison "
                 f"pills, nothing was dead-lettered. Its error: {short_error(failure)}; fix the "
                 "cause and restart (the batch runs again)"
             ) from failure

@@ -39,7 +39,11 @@ store or Kafka outage) fails the task: the interval's commit either applied comp
 key or not at all, the worker forgets its soft state, and the driver re-runs the batch
 (see :mod:`millstream.spark.runner`). Rejected input is re-decoded here rather than
 shipped as an exception object: user exceptions need not be picklable, and re-running the
-(deterministic) decoder and extractor yields the genuine exception for the dead letter.
+(deterministic) decoder and extractor yields the genuine exception for the dead letter. A
+quarantined message (:mod:`millstream.spark.quarantine`) is the exception: the router rejects
+it undecoded, with its :class:`~millstream.engine.errors.PoisonRecordError` as text, and it is
+never decoded here either. The fault points ``executor.task`` and ``executor.record``
+(:mod:`millstream.engine.fault_points`) cost one test per task and one per interval unset.
 """
 
 from __future__ import annotations

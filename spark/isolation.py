@@ -182,6 +182,7 @@ class Isolation:
     poison: tuple[Position, ...]
     probes: int
     too_many: bool = False
+    limit: int = MAX_ISOLATED
 
 
 def isolate(
@@ -194,6 +195,7 @@ def isolate(
     without which the rest runs through; see the module docstring. At most ``limit`` and
     half the batch: one more found and the result is ``too_many``, with no record."""
     limit = min(limit, max(1, count(ranges) // 2))
+
     probes = 0
 
     def counted(part: Sequence[OffsetRange]) -> bool:
@@ -206,10 +208,10 @@ def isolate(
     while True:
         found = narrow(remaining, counted)
         if found is None:
-            return Isolation((), probes)
+            return Isolation((), probes, limit=limit)
         candidates.append(found)
         if len(candidates) > limit:
-            return Isolation((), probes, too_many=True)
+            return Isolation((), probes, too_many=True, limit=limit)
         remaining = without(remaining, [found])
         if not remaining or not counted(remaining):
-            return Isolation(tuple(candidates), probes)
+            return Isolation(tuple(candidates), probes, limit=limit)

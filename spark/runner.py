@@ -31,11 +31,13 @@ changes are one conditional batch, so a failure never leaves part of a key appli
 intervals (and earlier keys of the same interval) may have committed, which is harmless,
 because the batch is then run again and everything already committed is a duplicate. The
 driver re-runs a failed batch up to ``batch_attempts`` times (Spark's own task retries do not
-exist in ``local`` mode); if it still fails, the computation's query stops with the error,
-its checkpoint does not advance, and restarting it replays the batch. The same holds after a
-driver crash: Structured Streaming replays the uncommitted batch, and every record it repeats
-is dropped as a duplicate by its dedup ID (computations with ``exactly_once=False`` run such
-records again, as they accept).
+exist in ``local`` mode); if it still fails, on something else than an outage or a fence,
+the batch is bisected for poison pills, records that make the engine itself fail, which are
+quarantined and dead-lettered (:mod:`millstream.spark.isolation`); if none can be pinned down,
+the computation's query stops with the error, its checkpoint does not advance, and restarting
+it replays the batch. The same holds after a driver crash: Structured Streaming replays the
+uncommitted batch, and every record it repeats is dropped as a duplicate by its dedup ID
+(computations with ``exactly_once=False`` run such records again, as they accept).
 
 **Low watermarks** (:mod:`millstream.engine.watermarks`). Reports go to the compacted
 watermark topic (``config.kafka_watermark_topic``), which the driver reads itself; a query
