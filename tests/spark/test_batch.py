@@ -1,19 +1,29 @@
-"""The batch handler's shuffle: every task gets whole intervals, and as many as the others."""
+"""The batch handler's shuffle (every task gets whole intervals, and as many as the others),
+its fences, and its search for poison pills (with a stand-in for the Spark job)."""
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
-from millstream.spark.batch import short_error
+from millstream.engine.clock import ManualClock
+from millstream.engine.errors import FencedError, PoisonIsolationError, ServiceOutageError
+from millstream.engine.outages import Outage
+from millstream.spark.batch import BatchHandler, _BatchRun, short_error
 from millstream.spark.executor import (
     IntervalSlots,
     partition_representatives,
     spark_int_hash,
 )
+from millstream.spark.isolation import MAX_ISOLATED, OffsetRange, Position
+from millstream.spark.metrics import ResultRow
+from millstream.spark.quarantine import QUARANTINE_DIRECTORY, Quarantine
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -149,3 +159,133 @@ def test_a_lost_checkpoint_race_is_told_from_other_query_failures() -> None:
     assert lost_checkpoint_race("FencedError: driver h:1:a took over computation 'c' (its")
     assert not lost_checkpoint_race("FencedError: a newer sequencer holds interval 3")
     assert not lost_checkpoint_race("java.io.IOException: No space left on device")
+
+
+class _FakeRuns:
+    """Stands for the Spark job of a batch of topic ``t``: fails while it holds an
+    unquarantined ``poison`` offset of partition 0 (every run when ``always``), with
+    ``error``."""
+
+    def __init__(self, poison: set[int], error: Exception, always: bool = False) -> None:
+        self.poison = poison
+        self.error = error
+        self.always = always
+        self.runs: list[tuple[list[OffsetRange] | None, set[Position]]] = []
+
+    def __call__(
+        self,
+        batch: object,
+        plan: object,
+        quarantine: Mapping[Position, str],
+        records: Sequence[OffsetRange] | None = None,
+    ) -> list[ResultRow]:
+        self.runs.append((None if records is None else list(records), set(quarantine)))
+        held = {
+            offset
+            for offset in self.poison
+            if Position("t", 0, offset) not in quarantine
+            and (records is None or any(Position("t", 0, offset) in r for r in records))
+        }
+        if self.always or held:
+            raise self.error
+        return []
+
+
+def _handler(tmp_path: Path, runs: _FakeRuns, monkeypatch: pytest.MonkeyPatch) -> BatchHandler:
+    """A handler with only what running and isolating a batch needs (no Spark)."""
+    handler = BatchHandler.__new__(BatchHandler)
+    handler.spec = cast(Any, SimpleNamespace(name="count"))
+    handler.checkpoint = tmp_path
+    handler.driver_id = None
+    handler.attempts = 2
+    handler.clock = ManualClock(1_700_000_000_000_000)
+    handler.data_topics = ["t"]
+    handler.quarantine = Quarantine(tmp_path)
+    monkeypatch.setattr(handler, "_run", runs)
+    monkeypatch.setattr("millstream.spark.batch.time.sleep", lambda seconds: None)
+    return handler
+
+
+def _batch_run() -> _BatchRun:
+    return _BatchRun(
+        cast(Any, None),
+        3,
+        cast(Any, SimpleNamespace(ticks=())),
+        True,
+        Outage("test", 1.0, sleep=lambda seconds: None, monotonic=itertools.count(0, 0.4).__next__),
+        {"t": {0: 164, 1: 64}},
+        {"t": {0: 100, 1: 0}},
+    )
+
+
+@pytest.mark.unit
+def test_a_poison_record_is_isolated_quarantined_and_the_batch_run_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = _FakeRuns({140}, RuntimeError("PythonException: InjectedFault: boom"))
+    handler = _handler(tmp_path, runs, monkeypatch)
+    run = _batch_run()
+    rows, failures = handler._attempt(run)
+    assert rows == []
+    assert len(failures) == 2  # the batch's own attempts; the sub-runs are counted apart
+    assert run.isolated == 1
+    assert run.sub_runs == len(runs.runs) - 3 <= 2 * 7 + 3  # 128 offsets
+    assert runs.runs[2] == ([], set())  # the control: no records
+    assert runs.runs[-1] == (None, {Position("t", 0, 140)})  # the whole batch, quarantined
+    (entry,) = Quarantine(tmp_path).load().values()
+    assert (entry.topic, entry.partition, entry.offset, entry.batch_id) == ("t", 0, 140, 3)
+    assert "InjectedFault: boom" in entry.error
+    # A later handler on the checkpoint skips the record at once.
+    again = _FakeRuns({140}, RuntimeError("PythonException: InjectedFault: boom"))
+    later = _handler(tmp_path, again, monkeypatch)
+    later.quarantine.load()
+    assert later._attempt(_batch_run()) == ([], [])
+    assert again.runs == [(None, {Position("t", 0, 140)})]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("error", "raised"),
+    [
+        (FencedError("another worker took interval 3"), FencedError),
+        (RuntimeError("PythonException: millstream.engine.errors.FencedError: x"), RuntimeError),
+        (
+            RuntimeError("PythonException: cassandra.cluster.NoHostAvailable: down"),
+            ServiceOutageError,
+        ),
+    ],
+)
+def test_fences_and_outages_are_not_searched_for_poison(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: Exception, raised: type[Exception]
+) -> None:
+    runs = _FakeRuns({140}, error)
+    handler = _handler(tmp_path, runs, monkeypatch)
+    monkeypatch.setattr(handler, "attempts", 1)
+    with pytest.raises(raised):
+        handler._attempt(_batch_run())
+    assert all(records is None for records, _ in runs.runs)
+    assert not (tmp_path / QUARANTINE_DIRECTORY).exists()
+
+
+@pytest.mark.unit
+def test_a_batch_that_fails_without_its_records_fails_as_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    error = RuntimeError("PythonException: InjectedFault: every task")
+    runs = _FakeRuns(set(), error, always=True)
+    run = _batch_run()
+    with pytest.raises(RuntimeError) as failed:
+        _handler(tmp_path, runs, monkeypatch)._attempt(run)
+    assert failed.value is error
+    assert [records for records, _ in runs.runs] == [None, None, [], []]  # 2 tries, 2 controls
+    assert not (tmp_path / QUARANTINE_DIRECTORY).exists()
+
+
+@pytest.mark.unit
+def test_more_records_failing_alone_than_a_batch_isolates_is_no_poison(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = _FakeRuns(set(range(100, 100 + MAX_ISOLATED + 1)), RuntimeError("KeyError: x"))
+    with pytest.raises(PoisonIsolationError, match=f"more than {MAX_ISOLATED} of its 128"):
+        _handler(tmp_path, runs, monkeypatch)._attempt(_batch_run())
+    assert not (tmp_path / QUARANTINE_DIRECTORY).exists()

@@ -54,6 +54,9 @@ def test_a_batch_sums_its_interval_rows() -> None:
     assert (metrics.inputs, metrics.processed, metrics.pending, metrics.intervals) == (7, 2, 1, 2)
     assert "inputs=7" in describe(metrics)
     assert "rescans" not in describe(metrics)
+    assert "poison" not in describe(metrics)
+    isolating = BatchMetrics(computation="a", batch_id=4, inputs=9, isolated=1, isolation_runs=9)
+    assert describe(isolating).endswith(", 1 poison record(s) isolated in 9 sub-run(s)")
 
 
 def test_totals_sum_batches_but_keep_the_latest_pending() -> None:
@@ -61,10 +64,12 @@ def test_totals_sum_batches_but_keep_the_latest_pending() -> None:
         BatchMetrics(computation="a", batch_id=0, inputs=5, pending=3, failed_attempts=("x",)),
         BatchMetrics(computation="b", batch_id=0, inputs=1),
         BatchMetrics(computation="a", batch_id=1, inputs=2, pending=0, cache_hits=1, intervals=2),
+        BatchMetrics(computation="a", batch_id=2, isolated=1, isolation_runs=9),
     ]
     found = totals(batches)
     a = found["a"]
-    assert (a.batches, a.inputs, a.pending, a.failed_attempts) == (2, 7, 0, 1)
+    assert (a.batches, a.inputs, a.pending, a.failed_attempts) == (3, 7, 0, 1)
+    assert (a.isolated, a.isolation_runs) == (1, 9)
     assert a.cache_hit_rate == 0.5
     assert found["b"].inputs == 1
     assert MetricCounts(inputs=1) + MetricCounts(inputs=2) == MetricCounts(inputs=3)

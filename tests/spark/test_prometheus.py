@@ -73,6 +73,8 @@ def test_batches_add_up_per_computation() -> None:
             rescans=1,
             seconds=2.0,
             failed_attempts=("FencedError: taken",),
+            isolated=1,
+            isolation_runs=9,
         )
     )
     metrics.observe(batch("totals", 0, inputs=7, processed=7, intervals=2, cache_hits=2))
@@ -91,6 +93,8 @@ def test_batches_add_up_per_computation() -> None:
     assert samples["millstream_cache_hits_total", orders] == 3
     assert samples["millstream_batches_total", orders] == 2
     assert samples["millstream_batch_failed_attempts_total", orders] == 1
+    assert samples["millstream_poison_records_total", orders] == 1
+    assert samples["millstream_isolation_runs_total", orders] == 9
     # Levels are the latest batch's.
     assert samples["millstream_productions_pending", orders] == 1
     assert samples["millstream_cache_hit_ratio", orders] == 0.75
