@@ -68,6 +68,7 @@ _ERROR_LINE: Final = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrup
 # A sub-run of an isolation fails when it fails this many times in a row.
 _SUB_RUN_TRIES: Final = 2
 _FENCES: Final = (FencedError.__name__, "RetiredIntervalError")
+_SUB_RUN: Final = "computation %r batch %d: sub-run on %s %s"
 
 
 class BatchHandler:
@@ -309,9 +310,9 @@ class BatchHandler:
             while tries < _SUB_RUN_TRIES:
                 fence_checkpoint(self.checkpoint, batch_id, name, self.driver_id)
                 run.sub_runs += 1
+                what = f"{count(part)} offsets" if part else "no records (the control)"
                 try:
                     self._run(run.batch, run.plan, self._quarantined(run), records=part or [])
-                    return False
                 except Exception as exc:
                     if _fenced(exc):
                         raise
@@ -320,6 +321,10 @@ class BatchHandler:
                         continue
                     errors.append((tuple(part or ()), exc))
                     tries += 1
+                    _log.info(_SUB_RUN, name, batch_id, what, "failed")
+                else:
+                    _log.info(_SUB_RUN, name, batch_id, what, "ran through")
+                    return False
             return True
 
         if fails(None):
