@@ -61,6 +61,9 @@ _WAITING = re.compile(r": waiting for (Kafka|Cassandra)")
 _SPARK_FENCED = "CONCURRENT_STREAM_LOG_UPDATE"
 # The driver holding a checkpoint restarts a query that lost such a race to a zombie.
 _TAKEN_BACK = "another driver wrote its checkpoint first"
+# The dead letters of the poison fault's messages.
+_POISON = "PoisonRecordError"
+_TOMBSTONE = "TombstoneError"
 
 
 @dataclass
@@ -109,6 +112,7 @@ class NonVacuity:
     failed_attempts: int = 0
     spark_fenced_queries: int = 0
     queries_taken_back: int = 0
+    poison_pills_isolated: int = 0
     outage_waits: int = 0
     interval_changes: int = 0
     changes_finished_after_a_kill: int = 0
@@ -118,6 +122,7 @@ class NonVacuity:
             ("zombie or stale writes fenced", self.fenced_attempts),
             ("zombie queries stopped by Spark's checkpoint", self.spark_fenced_queries),
             ("queries restarted after a zombie's log write", self.queries_taken_back),
+            ("records the engine failed on, isolated", self.poison_pills_isolated),
             ("strong productions re-sent", self.resent_productions),
             ("duplicates dropped by exactly-once", self.duplicates_absorbed),
             ("inputs rerun by the stage without exactly-once", self.reprocessed_downstream),
@@ -163,6 +168,12 @@ def _records(config: MillstreamConfig, stream: str) -> list[Record]:
     return [decode_record(value) for _, _, value in read_messages(config, topic)]
 
 
+def _input(config: MillstreamConfig, stream: str) -> tuple[list[Record], int]:
+    """The records of an input stream, and how many tombstones (empty values) it holds."""
+    values = [value for _, _, value in read_messages(config, kafka_connector.stream_topic(stream))]
+    return [decode_record(value) for value in values if value], sum(not v for v in values)
+
+
 def check_run(
     config: MillstreamConfig,
     names: ProvingNames,
@@ -197,9 +208,14 @@ def _check_input(
     expected: ExpectedOutcome,
     result: CheckResult,
 ) -> None:
-    records = _records(config, names.events)
+    records, tombstones = _input(config, names.events)
     ids = {record.record_id for record in records}
     result.figures["input records on the stream"] = len(records)
+    result.add(
+        "unexpected",
+        abs(tombstones - expected.tombstones),
+        f"{tombstones} tombstones on {names.events}, {expected.tombstones} sent",
+    )
     result.figures["distinct input records"] = len(ids)
     wanted = {injector_record_id(names.injector, "proving", i): i for i in range(workload.records)}
     missing = [i for record_id, i in wanted.items() if record_id not in ids]
@@ -211,24 +227,46 @@ def _check_input(
     strangers = ids - wanted.keys()
     result.add("unexpected", len(strangers), f"{len(strangers)} input records of no index")
     # Accounting: every distinct input is processed, a dead letter, or a counted drop.
-    dead = {
-        decode_dead_letter(record.value).origin.cause_id()
-        for record in _records(config, names.dead_letters("tally"))
-    }
+    dead: set[bytes] = set()  # malformed records' (user code raised on them)
+    poison: set[bytes] = set()  # records the engine failed on: dead letters of PoisonRecordError
+    tombstones_dead: set[bytes] = set()  # by position: a tombstone has no record ID
+    for record in _records(config, names.dead_letters("tally")):
+        letter = decode_dead_letter(record.value)
+        if letter.error_type == _POISON:
+            # The router rejects a quarantined message before decoding it: its own ID is in
+            # the envelope it kept.
+            poison.add(decode_record(letter.raw).record_id)
+        elif letter.error_type == _TOMBSTONE:
+            tombstones_dead.add(letter.origin.cause_id())
+        else:
+            dead.add(letter.origin.cause_id())
     injector_dead = len(_records(config, names.injector_dead_letters))
-    result.figures["dead letters (distinct)"] = len(dead)
+    result.figures["dead letters (distinct)"] = len(dead) + len(poison) + len(tombstones_dead)
     result.figures["injector dead letters"] = injector_dead
     malformed_ids = {injector_record_id(names.injector, "proving", i) for i in expected.malformed}
     lost_dead = malformed_ids - dead
     result.add("lost", len(lost_dead), f"{len(lost_dead)} malformed records without a dead letter")
     result.add("unexpected", len(dead - malformed_ids), "a dead letter for a well-formed record")
+    poisoned_ids = {injector_record_id(names.injector, "proving", i) for i in expected.poisoned}
+    result.figures["poisoned records isolated"] = len(poison)
+    result.add(
+        "lost", len(poisoned_ids - poison), "a record the engine failed on without a dead letter"
+    )
+    result.add("unexpected", len(poison - poisoned_ids), "a record taken for a poison pill")
+    result.figures["tombstone dead letters"] = len(tombstones_dead)
+    result.add(
+        "lost" if len(tombstones_dead) < expected.tombstones else "unexpected",
+        abs(len(tombstones_dead) - expected.tombstones),
+        f"{len(tombstones_dead)} tombstone dead letters for {expected.tombstones} tombstones",
+    )
     processed = sum(len(s) for s in expected.sequences.values())
     result.figures["expected processed"] = processed
-    mismatch = len(ids) - (processed + len(dead & malformed_ids) + injector_dead)
+    settled = len(dead & malformed_ids) + len(poison & poisoned_ids)
+    mismatch = len(ids) - (processed + settled + injector_dead)
     result.add(
         "accounting mismatch",
         abs(mismatch),
-        f"{len(ids)} distinct inputs != {processed} processed + {len(dead)} dead letters "
+        f"{len(ids)} distinct inputs != {processed} processed + {settled} dead letters "
         f"+ {injector_dead} drops",
     )
 
@@ -417,6 +455,7 @@ def _non_vacuity(
         )
         if batch["computation"] == "tally":
             counts.duplicates_absorbed += int(batch["duplicates"])
+        counts.poison_pills_isolated += int(batch.get("isolated", 0))
     for log in driver_logs:
         try:
             lines = log.read_text(errors="replace").splitlines()

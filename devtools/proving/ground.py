@@ -51,15 +51,19 @@ from millstream.devtools.local.process import alive, log_tail
 from millstream.devtools.proving.checks import CheckResult, NonVacuity, check_run
 from millstream.devtools.proving.processes import GATE_FILE, RunDescription, read_batches
 from millstream.devtools.proving.workload import ExpectedOutcome, Workload, expected_outcome
+from millstream.engine import fault_points
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.errors import MillstreamError
 from millstream.engine.pause_points import ENVIRONMENT_VARIABLE
+from millstream.engine.records import injector_record_id
 
 __all__ = [
     "CHECKPOINT_DISK",
     "CRASHES",
     "FAULTS",
+    "INPUT_FAULTS",
     "OUTAGE_SECONDS",
+    "POISON_FILE",
     "RESOURCE_FAULTS",
     "SPLIT_HOT_SHARE",
     "TIERS",
@@ -88,12 +92,21 @@ FAULTS: Final = {
     "kafka-outage": "the Kafka broker unreachable (SIGSTOP) for a minute, then SIGCONT",
     "cassandra-outage": "the Cassandra node unreachable (SIGSTOP) for a minute, then SIGCONT",
     "disk-full": "the disk under the driver's checkpoints full, then space again (needs root)",
+    "poison": "a record the engine fails on, and tombstones, among the input: dead letters",
 }
 
 # Resource faults: slow (an outage lasts a minute) or needing root (a tmpfs to fill).
 RESOURCE_FAULTS: Final = ("kafka-outage", "cassandra-outage", "disk-full")
-# The crashes every tier runs; the CI tier leaves the resource faults out.
-CRASHES: Final = tuple(kind for kind in FAULTS if kind not in RESOURCE_FAULTS)
+# Input faults: messages that must not stop a stream (each costs the batch's bisection).
+INPUT_FAULTS: Final = ("poison",)
+# The crashes every tier runs; the CI tier leaves the resource and input faults out.
+CRASHES: Final = tuple(
+    kind for kind in FAULTS if kind not in RESOURCE_FAULTS and kind not in INPUT_FAULTS
+)
+# Tombstones the poison fault sends besides its poisoned record.
+_TOMBSTONES: Final = 3
+# What the poison fault sent, for the checks (the run directory's).
+POISON_FILE: Final = "poison.json"
 # The checkpoint disk of a run with the disk-full fault: small, so that filling it is quick.
 CHECKPOINT_DISK: Final = "256m"
 
@@ -140,7 +153,9 @@ TIERS: Final = {
     "ci": Tier(records=4_000, keys=20, rate=150.0, faults=1, kinds=CRASHES),
     "t1": Tier(records=100_000, keys=100, rate=2_000.0, faults=3),
     # About ten minutes and thirty faults: the crashes and the full disk, three of each.
-    "t2": Tier(records=60_000, keys=100, rate=1_000.0, faults=3, kinds=(*CRASHES, "disk-full")),
+    "t2": Tier(
+        records=60_000, keys=100, rate=1_000.0, faults=3, kinds=(*CRASHES, "disk-full", "poison")
+    ),
 }
 
 
@@ -163,7 +178,7 @@ def schedule(seed: int, tier: Tier, kinds: tuple[str, ...] | None = None) -> lis
         for _ in range(tier.faults):
             computation = (
                 "tally"
-                if kind in ("driver-send", "zombie", "split")
+                if kind in ("driver-send", "zombie", "split", "poison")
                 else rng.choice(("tally", "rollup"))
             )
             place = rng.choice(_SPLIT_STEPS) if kind == "split" else ""
@@ -403,6 +418,10 @@ class _Run:
         env = {**os.environ, **environment}
         env["MILLSTREAM_KAFKA_WATERMARK_TOPIC"] = config.kafka_watermark_topic
         env[ENVIRONMENT_VARIABLE] = str(self.pauses)
+        self.faults = directory / "faults"
+        env[fault_points.ENVIRONMENT_VARIABLE] = str(self.faults)
+        self.poisoned: list[int] = []
+        self.tombstones = 0
         self.driver = _Role("driver", directory, env)
         self.injector = _Role("injector", directory, env)
         self.zombies: list[_Role] = []
@@ -503,6 +522,8 @@ class _Run:
             self._outage_fault(fault, outcome)
         elif kind == "disk-full":
             self._disk_full_fault(outcome)
+        elif kind == "poison":
+            self._poison_fault(outcome)
         elif kind == "injector":
             self._injector_fault(outcome)
         else:
@@ -709,6 +730,49 @@ class _Run:
         outcome.applied = True
         outcome.detail = f"killed after {self.injected()} records read; restarted"
 
+    def _poison_fault(self, outcome: FaultOutcome) -> None:
+        """Arm an engine fault on a well-formed record the injector has not sent yet and
+        send tombstones; the record must be isolated and both dead-lettered."""
+        workload = self.description.workload
+        names = self.description.names
+        first = self.injected()
+        last = min(self.cap, first + max(1, self.step // 4))
+        candidates = [
+            i for i in range(first, last) if not workload.malformed(i) and i not in self.poisoned
+        ]
+        if not candidates:
+            outcome.detail = f"no record left to poison among {first}..{last}"
+            return
+        index = self.rng.choice(candidates)
+        record_id = injector_record_id(names.injector, "proving", index)
+        fault_points.arm_fault(self.faults, "executor.record", "tally", record_id.hex())
+        self.poisoned.append(index)
+        producer = kafka_connector.producer(self.config)
+        for number in range(_TOMBSTONES):
+            key = f"tombstone-{self.tombstones + number}".encode()
+            producer.produce(kafka_connector.stream_topic(names.events), key=key, value=None)
+        if producer.flush(30) != 0:
+            raise MillstreamError("the poison fault's tombstones were not sent within 30 s")
+        self.tombstones += _TOMBSTONES
+        sent = {"poisoned": self.poisoned, "tombstones": self.tombstones}
+        (self.directory / POISON_FILE).write_text(json.dumps(sent))
+        outcome.target = f"record {index} of tally's input, {_TOMBSTONES} tombstones"
+        since = time.time()
+        self.nudge()
+
+        def isolated() -> bool:
+            if self.injected() <= index:
+                self.nudge()
+            return any(
+                b["at"] >= since and b["computation"] == "tally" and b.get("isolated", 0) > 0
+                for b in self.batches()
+            )
+
+        outcome.applied = self.wait(isolated, 300, "the poisoned record to be isolated")
+        outcome.detail = (
+            "isolated and dead-lettered" if outcome.applied else "NOT seen isolated within 300 s"
+        )
+
     def stop_everything(self) -> None:
         for role in (self.driver, self.injector, *self.zombies):
             if role.proc is not None and role.exited() is None:
@@ -768,11 +832,14 @@ def recheck(
     """Run the checks again on a kept run (``expected``: what to hold it against, by default
     the fold of its workload)."""
     run = RunDescription.read(directory)
+    poison = directory / POISON_FILE
+    sent = json.loads(poison.read_text()) if poison.exists() else {}
     return check_run(
         run_config(config, run.run),
         run.names,
         run.workload,
-        expected or expected_outcome(run.workload),
+        expected
+        or expected_outcome(run.workload, sent.get("poisoned", ()), sent.get("tombstones", 0)),
         run.key_intervals,
         read_batches(directory),
         sorted(directory.glob("driver-*.log")),

@@ -34,7 +34,7 @@ from __future__ import annotations
 import functools
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -393,6 +393,10 @@ class ExpectedOutcome:
     sequences: dict[str, set[int]] = field(default_factory=dict)
     windows: dict[str, dict[int, int]] = field(default_factory=dict)
     malformed: set[int] = field(default_factory=set)
+    # Well-formed records the engine was made to fail on (the poison fault): dead letters.
+    poisoned: set[int] = field(default_factory=set)
+    # Tombstones (null values) sent among the input by the poison fault: dead letters.
+    tombstones: int = 0
 
     def rollups(self) -> dict[str, dict[str, int]]:
         found: dict[str, dict[str, int]] = {}
@@ -407,13 +411,19 @@ class ExpectedOutcome:
                 yield key, window, count
 
 
-def expected_outcome(workload: Workload) -> ExpectedOutcome:
-    """The fold of the workload's distinct input, as an exact run leaves it."""
-    outcome = ExpectedOutcome()
+def expected_outcome(
+    workload: Workload, poisoned: Iterable[int] = (), tombstones: int = 0
+) -> ExpectedOutcome:
+    """The fold of the workload's distinct input, as an exact run leaves it; the records at
+    ``poisoned`` made the engine fail and ``tombstones`` null messages went out among the
+    input (the poison fault), all of them dead letters."""
+    outcome = ExpectedOutcome(poisoned=set(poisoned), tombstones=tombstones)
     for index in range(workload.records):
         key = workload.key(index)
         if workload.malformed(index):
             outcome.malformed.add(index)
+            continue
+        if index in outcome.poisoned:
             continue
         outcome.sequences.setdefault(key, set()).add(workload.sequence(index))
         window = workload.window_of(workload.timestamp(index))

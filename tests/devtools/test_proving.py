@@ -85,6 +85,20 @@ def test_the_source_is_a_pure_function_of_its_index_and_honours_its_gate(tmp_pat
 
 
 @pytest.mark.unit
+def test_a_poisoned_record_is_no_part_of_the_expected_fold() -> None:
+    workload = Workload(records=200, keys=5, seed=4, rate=100.0)
+    whole = expected_outcome(workload)
+    index = next(i for i in range(100, 200) if not workload.malformed(i))
+    poisoned = expected_outcome(workload, [index], tombstones=3)
+    assert poisoned.poisoned == {index}
+    assert poisoned.tombstones == 3
+    key, window = workload.key(index), workload.window_of(workload.timestamp(index))
+    assert poisoned.sequences[key] == whole.sequences[key] - {workload.sequence(index)}
+    assert poisoned.windows[key][window] == whole.windows[key][window] - 1
+    assert poisoned.malformed == whole.malformed
+
+
+@pytest.mark.unit
 def test_a_skewed_workload_puts_its_share_on_one_hash_range_and_counts_each_key_on() -> None:
     from collections import Counter
 
