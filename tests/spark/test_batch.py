@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, cast
 import pytest
 
 from millstream.engine.clock import ManualClock
+from millstream.engine.driver import BatchPlan
 from millstream.engine.errors import FencedError, PoisonIsolationError, ServiceOutageError
 from millstream.engine.outages import Outage
 from millstream.spark.batch import BatchHandler, _BatchRun, short_error
@@ -171,6 +172,7 @@ class _FakeRuns:
         self.error = error
         self.always = always
         self.runs: list[tuple[list[OffsetRange] | None, set[Position]]] = []
+        self.timer_watermarks: list[int] = []
 
     def __call__(
         self,
@@ -180,6 +182,7 @@ class _FakeRuns:
         records: Sequence[OffsetRange] | None = None,
     ) -> list[ResultRow]:
         self.runs.append((None if records is None else list(records), set(quarantine)))
+        self.timer_watermarks.append(cast(Any, plan).timer_watermark)
         held = {
             offset
             for offset in self.poison
@@ -210,7 +213,7 @@ def _batch_run() -> _BatchRun:
     return _BatchRun(
         cast(Any, None),
         3,
-        cast(Any, SimpleNamespace(ticks=())),
+        cast(Any, BatchPlan(watermark=10, timer_watermark=20, ticks=[], layout=cast(Any, None))),
         True,
         Outage("test", 1.0, sleep=lambda seconds: None, monotonic=itertools.count(0, 0.4).__next__),
         {"t": {0: 164, 1: 64}},
@@ -232,6 +235,12 @@ def test_a_poison_record_is_isolated_quarantined_and_the_batch_run_again(
     assert run.sub_runs == len(runs.runs) - 3 <= 2 * 7 + 3  # 128 offsets
     assert runs.runs[2] == ([], set())  # the control: no records
     assert runs.runs[-1] == (None, {Position("t", 0, 140)})  # the whole batch, quarantined
+    # Only whole runs of the batch fire the timers its input made due: a sub-run firing one
+    # would close a window before the records of the halves after it (found by the proving
+    # ground: windows fired twice).
+    assert runs.timer_watermarks[:2] == [20, 20]
+    assert set(runs.timer_watermarks[2:-1]) == {10}
+    assert runs.timer_watermarks[-1] == 20
     (entry,) = Quarantine(tmp_path).load().values()
     assert (entry.topic, entry.partition, entry.offset, entry.batch_id) == ("t", 0, 140, 3)
     assert "InjectedFault: boom" in entry.error
