@@ -10,7 +10,7 @@ from millstream.engine.codecs import AvroCodec, BytesCodec, Codec, IntCodec, Jso
 from millstream.engine.computation import Computation
 from millstream.engine.context import Context, TypedState
 from millstream.engine.rebalance import RebalancePolicy
-from millstream.engine.records import MAX_EVENT_TIME, MIN_EVENT_TIME, Record
+from millstream.engine.records import MAX_EVENT_TIME, MIN_EVENT_TIME, Deletion, Record
 from millstream.engine.timers import TimeDomain, Timer
 from millstream.engine.topology import ComputationOptions, InputStream, Topology, record_key
 
@@ -23,6 +23,7 @@ __all__ = [
     "Computation",
     "ComputationOptions",
     "Context",
+    "Deletion",
     "InputStream",
     "IntCodec",
     "JsonCodec",

@@ -18,12 +18,16 @@ The engine serializes calls per key and retries them after failures, hiding dupl
 as the computation keeps all per-key data in the context. One instance serves many keys (and
 may run in several processes at once), so attributes must hold only configuration. External
 side effects are not covered by the exactly-once guarantee; make them idempotent.
+
+A computation whose input streams carry deletions as Kafka tombstones (messages with a key
+and no value) can take them: ``ComputationOptions(tombstones="deliver")`` and
+:meth:`~Computation.process_deletion`. Otherwise they are dead letters.
 """
 
 from __future__ import annotations
 
 from millstream.engine.context import Context
-from millstream.engine.records import Record
+from millstream.engine.records import Deletion, Record
 from millstream.engine.timers import Timer
 
 __all__ = ["Computation"]
@@ -42,4 +46,17 @@ class Computation:
         """Handle a due timer of ``ctx.key``; raise to dead-letter the firing."""
         raise NotImplementedError(
             f"{type(self).__name__} set timer {timer.tag!r} but does not override process_timer"
+        )
+
+    def process_deletion(self, ctx: Context, deletion: Deletion) -> None:
+        """Handle a Kafka tombstone of ``ctx.key`` (``deletion.key``), with
+        ``ComputationOptions(tombstones="deliver")``; raise to dead-letter it.
+
+        Called in order with the key's records, exactly once per tombstone on the stream
+        (see :class:`~millstream.engine.records.Deletion`): clear the key's state here
+        (``ctx.clear_state()``), delete its timers, produce what the deletion means.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} takes tombstones as deletions but does not override "
+            "process_deletion"
         )

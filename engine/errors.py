@@ -15,7 +15,8 @@
     │   │   └── MalformedRecordError bad marker, corrupt or truncated body, wrong shape
     │   ├── OversizedRecordError    an encoded record is larger than a stream carries
     │   ├── AbsurdTimestampError    an event time outside the plausible range (unit mistake?)
-    │   └── PoisonRecordError       a message made the engine itself fail: isolated, quarantined
+    │   ├── PoisonRecordError       a message made the engine itself fail: isolated, quarantined
+    │   └── TombstoneError          a message with no value (a Kafka tombstone), not taken
     ├── TopologyError               a topology or computation declaration is invalid
     ├── UndeclaredStreamError       user code produced to a stream it did not declare
     ├── WatermarkReportError        a message on the watermark topic is not a valid report
@@ -55,6 +56,7 @@ __all__ = [
     "ServiceOutageError",
     "ServiceStartError",
     "StoreError",
+    "TombstoneError",
     "TopologyError",
     "UndeclaredStreamError",
     "UnknownOutcomeError",
@@ -126,6 +128,17 @@ class PoisonRecordError(RecordError):
 
     The message is a bug report: report it with the dead letter's raw bytes. To run the
     record again once the bug is fixed, produce its raw bytes to the stream anew.
+    """
+
+
+class TombstoneError(RecordError):
+    """A Kafka message with no value (a *tombstone*: what a compacted topic, Kafka Connect or
+    a CDC source writes for a delete) that the consumer does not take as a deletion.
+
+    By default a tombstone is dead-lettered. A computation whose stream means deletions by
+    them sets ``ComputationOptions(tombstones="deliver")`` and overrides
+    ``Computation.process_deletion``; even then a tombstone without a key, or whose key is
+    not UTF-8, cannot name what it deletes and is dead-lettered.
     """
 
 

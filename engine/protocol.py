@@ -14,8 +14,8 @@ one batch of input at a time (a Spark micro-batch's share of the interval):
 4. For each key, in key order, with its records in delivery order:
 
    * drop duplicates: repeats within the batch, and IDs the store holds for the key;
-   * run ``process_record``, collecting its state, timer and production changes; a call that
-     raises contributes nothing but a dead letter;
+   * run ``process_record`` (``process_deletion`` for a deletion), collecting its state,
+     timer and production changes; a call that raises contributes nothing but a dead letter;
    * fire the key's due timers in timestamp order (event time against the input low
      watermark, wall time against the injected clock), each a call like a record's.
 
@@ -55,6 +55,7 @@ from millstream.engine.productions import Production, ProductionSink
 from millstream.engine.records import (
     MAX_EVENT_TIME,
     MIN_EVENT_TIME,
+    Deletion,
     Record,
     check_event_time,
     check_record_size,
@@ -82,10 +83,12 @@ _MAX_COMMIT_ATTEMPTS = 5
 
 @dataclass(frozen=True, slots=True)
 class Delivery:
-    """An input record for the interval, under the key the consumer's extractor gave it."""
+    """An input record for the interval, under the key the consumer's extractor gave it; or
+    a :class:`~millstream.engine.records.Deletion` (a tombstone the computation takes),
+    under the deletion's key."""
 
     key: str
-    record: Record
+    record: Record | Deletion
     origin: Origin = field(default_factory=Origin)
 
 
@@ -513,7 +516,10 @@ class _KeyRun:
         try:
             check_event_time(record.timestamp)
         except AbsurdTimestampError as exc:
-            self._dead_letter(origin, exc, encode_record(record), record.record_id, self.watermark)
+            self._dead_letter(origin, exc, _raw(record), record.record_id, self.watermark)
+            return
+        if isinstance(record, Deletion):
+            self._deletion(record, origin)
             return
         if record.timestamp < self.watermark:
             self.result.late += 1
@@ -530,6 +536,21 @@ class _KeyRun:
             origin,
             lambda: encode_record(record),
             record.timestamp,
+            self.watermark,
+        )
+
+    def _deletion(self, deletion: Deletion, origin: Origin) -> None:
+        # Late or not, a deletion runs: it has no envelope for the late stream, and dropping
+        # it would keep what its producer deleted.
+        if deletion.timestamp < self.watermark:
+            self.result.late += 1
+        computation = self.spec.computation
+        self._call(
+            deletion.record_id,
+            lambda ctx: computation.process_deletion(ctx, deletion),
+            origin,
+            lambda: b"",
+            deletion.timestamp,
             self.watermark,
         )
 
@@ -690,6 +711,11 @@ def _check_tag(tag: str) -> None:
         raise ValueError(
             f"timer tag {tag!r}: tags starting with {RESERVED_TAG_PREFIX!r} are the engine's"
         )
+
+
+def _raw(item: Record | Deletion) -> bytes:
+    """The bytes a dead letter keeps of an input: a record's envelope; a tombstone has none."""
+    return encode_record(item) if isinstance(item, Record) else b""
 
 
 def _plausible(timestamp: int) -> int:

@@ -17,7 +17,9 @@ Record IDs are deterministic, so retries reproduce them and consumers deduplicat
 * an injector derives an ID from the source position (:func:`injector_record_id`);
 * a computation derives an ID from (computation, cause, index of the production within the
   call) (:func:`production_record_id`), where the cause is the input record's ID or the
-  firing timer's :func:`timer_identity`.
+  firing timer's :func:`timer_identity`;
+* a :class:`Deletion` (a Kafka tombstone taken as a delete) has no envelope to carry an ID,
+  so it gets one from its position on the stream (:func:`deletion_record_id`).
 
 IDs are BLAKE2b digests (``digest_size=16``) of an unambiguous, type-tagged, length-prefixed
 encoding of their parts, with a distinct domain per rule. BLAKE2b rather than mmh3: two
@@ -56,6 +58,7 @@ __all__ = [
     "MIN_EVENT_TIME",
     "RECORD_ID_BYTES",
     "SINGLE_OBJECT_MARKER",
+    "Deletion",
     "Record",
     "RegisteredSchema",
     "SchemaRegistry",
@@ -65,6 +68,7 @@ __all__ = [
     "decode_record",
     "decode_single_object",
     "default_registry",
+    "deletion_record_id",
     "encode_record",
     "encode_single_object",
     "injector_record_id",
@@ -120,6 +124,38 @@ class Record:
             raise ValueError(
                 f"record_id must be {RECORD_ID_BYTES} bytes, got {self.record_id!r}; "
                 "derive it with injector_record_id or production_record_id"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class Deletion:
+    """A Kafka tombstone (a message with a key and no value) taken as the deletion of
+    ``key``, for computations that opt in (``ComputationOptions(tombstones="deliver")``).
+
+    ``key`` is the Kafka message key (UTF-8), ``timestamp`` the Kafka message timestamp in
+    µs, ``stream`` the stream it came on. A tombstone carries no record ID, so
+    ``record_id`` is derived from its position (:func:`deletion_record_id`): a replayed batch
+    delivers the same position, whose ID the engine finds among the dedup IDs; a producer
+    sending the tombstone again writes a new position, a second deletion.
+    """
+
+    key: str
+    timestamp: int
+    stream: str
+    record_id: bytes
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.key, str):
+            raise TypeError(f"deletion key must be str, got {type(self.key).__name__}")
+        if not isinstance(self.timestamp, int) or isinstance(self.timestamp, bool):
+            raise TypeError(
+                f"deletion timestamp must be int microseconds since the epoch, "
+                f"got {type(self.timestamp).__name__}"
+            )
+        if not isinstance(self.record_id, bytes) or len(self.record_id) != RECORD_ID_BYTES:
+            raise ValueError(
+                f"record_id must be {RECORD_ID_BYTES} bytes, got {self.record_id!r}; "
+                "derive it with deletion_record_id"
             )
 
 
@@ -316,6 +352,17 @@ def injector_record_id(source: str, partition_or_file: str | int, offset: int) -
     if offset < 0:
         raise ValueError(f"offset must be non-negative, got {offset}")
     return _derive_id("injector", source, partition_or_file, offset)
+
+
+def deletion_record_id(stream: str, partition: int, offset: int) -> bytes:
+    """The ID of the :class:`Deletion` a tombstone at ``offset`` of ``partition`` of
+    ``stream`` means: the same for every read of that message, distinct from every other
+    rule's IDs (an injector reading a topic named like the stream included)."""
+    if not stream:
+        raise ValueError("stream must be a non-empty name")
+    if offset < 0:
+        raise ValueError(f"offset must be non-negative, got {offset}")
+    return _derive_id("deletion", stream, partition, offset)
 
 
 def production_record_id(computation: str, cause_id: bytes, index: int) -> bytes:

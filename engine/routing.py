@@ -6,6 +6,12 @@ key decides the key interval (:func:`~millstream.engine.keys.key_interval`) and 
 delivered (oversized, undecodable, an unknown schema, a key extractor that raises or returns
 no ``str``) is rejected into the interval of the empty key, where it becomes a dead letter.
 
+A *tombstone* (a Kafka message with no value) is no record: it is rejected with a
+:class:`~millstream.engine.errors.TombstoneError`, unless the consumer takes tombstones
+(``ComputationOptions(tombstones="deliver")``), which gets it as a
+:class:`~millstream.engine.records.Deletion` of its Kafka message key
+(:func:`decode_tombstone`).
+
 The Spark runtime and :mod:`millstream.engine.testing` both route with these functions, so a
 user's test sees the same keys, intervals and rejections as the real run.
 """
@@ -15,15 +21,25 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from millstream.engine.deadletters import Origin
+from millstream.engine.errors import TombstoneError
 from millstream.engine.keys import key_interval
 from millstream.engine.layout import IntervalLayout
 from millstream.engine.protocol import Delivery, Rejected
-from millstream.engine.records import Record, check_record_size, decode_record, encode_record
+from millstream.engine.records import (
+    Deletion,
+    Record,
+    check_record_size,
+    decode_record,
+    deletion_record_id,
+    encode_record,
+)
 from millstream.engine.topology import ComputationSpec
 
 __all__ = [
     "decode_delivery",
+    "decode_tombstone",
     "deliver",
+    "deliver_tombstone",
     "interval_of",
     "key_of",
     "rejected_interval",
@@ -44,15 +60,19 @@ def key_of(spec: ComputationSpec, stream: str, record: Record) -> str:
 
 
 def decode_delivery(
-    spec: ComputationSpec, stream: str, raw: bytes
+    spec: ComputationSpec, stream: str, raw: bytes | None
 ) -> tuple[Record | None, str | None, Exception | None]:
-    """The record and the consumer's key of one message of ``stream``, or why it cannot be
-    delivered.
+    """The record and the consumer's key of one message value of ``stream``, or why it
+    cannot be delivered.
 
     The error is one of the record errors, or whatever the key extractor raised (user code
     must not stop a partition). The record is returned whenever it decoded, to locate the
-    dead letter by its record ID.
+    dead letter by its record ID. A tombstone (``raw`` is ``None``) is a
+    :class:`TombstoneError` here; a consumer that takes tombstones decodes them with
+    :func:`decode_tombstone`, which needs the message's key and position.
     """
+    if raw is None:
+        return None, None, _tombstone_not_taken(spec, stream)
     try:
         check_record_size(raw)
         record = decode_record(raw)
@@ -63,6 +83,70 @@ def decode_delivery(
     except Exception as exc:
         return record, None, exc
     return record, key, None
+
+
+def decode_tombstone(
+    spec: ComputationSpec,
+    stream: str,
+    key: bytes | None,
+    partition: int,
+    offset: int,
+    timestamp: int,
+) -> tuple[Deletion | None, TombstoneError | None]:
+    """What a tombstone (a message with no value) of ``stream`` at ``offset`` of
+    ``partition`` means to the consumer: the :class:`Deletion` of its Kafka message ``key``
+    if the consumer takes tombstones, else why it is a dead letter.
+
+    ``timestamp`` is the message's Kafka timestamp (µs). The deletion's record ID is derived
+    from the position (:func:`~millstream.engine.records.deletion_record_id`), so every read
+    of the message, a replayed batch's included, yields the same deletion.
+    """
+    if spec.options.tombstones != "deliver":
+        return None, _tombstone_not_taken(spec, stream)
+    where = f"of stream {stream!r} at partition {partition} offset {offset}"
+    if key is None:
+        return None, TombstoneError(
+            f"a tombstone {where} has no key, so it names nothing to delete; producers of "
+            f"deletions for {spec.name!r} must key each tombstone by what it deletes"
+        )
+    try:
+        text = key.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return None, TombstoneError(
+            f"the key of a tombstone {where} is not UTF-8 ({exc}), so it names no key of "
+            f"{spec.name!r}; key tombstones by the UTF-8 encoding of the key they delete"
+        )
+    return Deletion(text, timestamp, stream, deletion_record_id(stream, partition, offset)), None
+
+
+def deliver_tombstone(
+    spec: ComputationSpec, stream: str, key: bytes | None, timestamp: int, origin: Origin
+) -> Delivery | Rejected:
+    """A tombstone of ``stream`` at ``origin`` (which has its partition and offset) as the
+    consumer's input: a delivery of its :class:`Deletion`, or a rejection."""
+    if origin.partition is None or origin.offset is None:
+        raise ValueError(f"a tombstone is identified by its position; {origin} has none")
+    deletion, error = decode_tombstone(
+        spec, stream, key, origin.partition, origin.offset, timestamp
+    )
+    if error is not None:
+        return Rejected(origin, b"", error, timestamp)
+    assert deletion is not None
+    return Delivery(deletion.key, deletion, origin)
+
+
+def _tombstone_not_taken(spec: ComputationSpec, stream: str) -> TombstoneError:
+    if spec.options.tombstones == "deliver":
+        return TombstoneError(
+            f"a tombstone of stream {stream!r} reached the record decoder; {spec.name!r} "
+            "takes tombstones as deletions, which decode_tombstone makes from their key"
+        )
+    return TombstoneError(
+        f"a tombstone (a message with no value) of stream {stream!r} is no record; "
+        f"{spec.name!r} does not take deletions. If a tombstone on this stream means a "
+        "delete, set ComputationOptions(tombstones='deliver') and override "
+        "Computation.process_deletion"
+    )
 
 
 def deliver(

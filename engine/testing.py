@@ -13,8 +13,10 @@ in-memory store, with a hand-advanced clock and input low watermark::
     assert [IntCodec().decode(v) for v in run.values("counts")] == [2]
     assert run.state == {}  # the window's state was cleared when it fired
 
-Steps are records (or ``(stream, record)`` pairs for topologies), :class:`Watermark` to move
-the injectors' low watermark, and :class:`AdvanceClock` to move wall time. Consecutive records
+Steps are records (or ``(stream, record)`` pairs for topologies), :func:`tombstone` s (Kafka
+messages with no value, as a compacted topic or a CDC source writes for a delete; routed as on
+Spark: a dead letter, or a deletion for a computation that takes them), :class:`Watermark` to
+move the injectors' low watermark, and :class:`AdvanceClock` to move wall time. Consecutive records
 form one batch; a watermark or clock step first runs everything up to then to completion,
 timers included, then moves time. Productions flow to the consumers of their stream (routed
 and keyed by :mod:`millstream.engine.routing`, as on Spark), and each round is a batch of every
@@ -48,7 +50,7 @@ from millstream.engine.records import (
     Record,
     injector_record_id,
 )
-from millstream.engine.routing import deliver, split_by_interval
+from millstream.engine.routing import deliver, deliver_tombstone, split_by_interval
 from millstream.engine.stores.memory.store import InjectedCrash, MemoryIntervalStore
 from millstream.engine.timers import Timer
 from millstream.engine.topology import (
@@ -71,11 +73,13 @@ __all__ = [
     "SendOutcome",
     "Step",
     "TestingSink",
+    "Tombstone",
     "TopologyHarness",
     "Watermark",
     "record",
     "run_computation",
     "run_topology",
+    "tombstone",
 ]
 
 END_OF_TIME = MAX_EVENT_TIME + 1
@@ -111,7 +115,16 @@ class AdvanceClock:
     micros: int
 
 
-Step = Record | tuple[str, Record] | Watermark | AdvanceClock
+@dataclass(frozen=True, slots=True)
+class Tombstone:
+    """A Kafka message with ``key`` (bytes, or ``None``: no key) and no value, with Kafka
+    timestamp ``timestamp`` (µs); see :func:`tombstone`."""
+
+    key: bytes | None
+    timestamp: int
+
+
+Step = Record | Tombstone | tuple[str, Record | Tombstone] | Watermark | AdvanceClock
 
 
 def record(key: str, value: bytes, timestamp: int, record_id: bytes | None = None) -> Record:
@@ -119,6 +132,17 @@ def record(key: str, value: bytes, timestamp: int, record_id: bytes | None = Non
     if record_id is None:
         record_id = injector_record_id("millstream.testing", 0, next(_record_numbers))
     return Record(key, value, timestamp, record_id)
+
+
+def tombstone(key: str | bytes | None, timestamp: int) -> Tombstone:
+    """A tombstone of ``key`` (a ``str`` is UTF-8 encoded; bytes are kept as they are, valid
+    UTF-8 or not; ``None``: a message without a key) at Kafka timestamp ``timestamp``.
+
+    A computation that takes tombstones (``ComputationOptions(tombstones="deliver")``) gets
+    it in ``process_deletion``; any other makes it a dead letter. Its position on the stream
+    (the harness's streams have one partition) is its identity, as on Kafka.
+    """
+    return Tombstone(key.encode("utf-8") if isinstance(key, str) else key, timestamp)
 
 
 class SendOutcome(enum.Enum):
@@ -245,14 +269,18 @@ class TopologyHarness:
         self._produced: dict[str, set[bytes]] = {name: set() for name in self._specs}
         self._routed = 0
 
-    def inject(self, stream: str, item: Record) -> None:
-        """Queue a record of an injected stream for every consumer of the stream."""
+    def inject(self, stream: str, item: Record | Tombstone) -> None:
+        """Queue a record or a tombstone of an injected stream for every consumer of the
+        stream."""
         if stream not in self.topology.external_streams:
             raise TopologyError(
                 f"{stream!r} is not an injected stream of topology {self.topology.name!r}; "
                 f"inject into one of {sorted(self.topology.external_streams)}"
             )
-        self._route(Production(stream, item))
+        if isinstance(item, Tombstone):
+            self._route_tombstone(stream, item)
+        else:
+            self._route(Production(stream, item))
 
     def step(self, item: Step) -> None:
         if isinstance(item, Watermark):
@@ -263,7 +291,7 @@ class TopologyHarness:
             self.run_until_idle()
             self.clock.advance(item.micros)
             self.run_until_idle()
-        elif isinstance(item, Record):
+        elif isinstance(item, Record | Tombstone):
             self.inject(_INPUT_STREAM, item)
         else:
             self.inject(*item)
@@ -364,6 +392,15 @@ class TopologyHarness:
                 deliver(consumer, production.stream, production.record, origin)
             )
 
+    def _route_tombstone(self, stream: str, item: Tombstone) -> None:
+        offset = self._written.get(stream, 0)
+        self._written[stream] = offset + 1
+        origin = Origin(stream=stream, partition=0, offset=offset)
+        for consumer in self.topology.consumers(stream):
+            self._queues[consumer.name].append(
+                deliver_tombstone(consumer, stream, item.key, item.timestamp, origin)
+            )
+
     def _inject_watermark(self, watermark: int, process: str, records: int | None) -> None:
         said = max(self.process_watermarks.get(process, MIN_EVENT_TIME), watermark)
         self.process_watermarks[process] = said
@@ -391,7 +428,7 @@ def _offsets(counts: Mapping[str, int]) -> dict[str, dict[int, int]]:
 
 def run_topology(
     topology: Topology,
-    steps: Iterable[tuple[str, Record] | Watermark | AdvanceClock],
+    steps: Iterable[tuple[str, Record | Tombstone] | Watermark | AdvanceClock],
     *,
     clock: ManualClock | None = None,
     sink: TestingSink | None = None,
@@ -406,7 +443,7 @@ def run_topology(
 
 def run_computation(
     computation: Computation,
-    steps: Iterable[Record | Watermark | AdvanceClock],
+    steps: Iterable[Record | Tombstone | Watermark | AdvanceClock],
     *,
     outputs: Iterable[str] = ("output",),
     options: ComputationOptions | None = None,

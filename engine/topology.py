@@ -22,6 +22,7 @@ import re
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from millstream.engine.computation import Computation
 from millstream.engine.deadletters import default_dead_letter_stream
@@ -36,6 +37,7 @@ __all__ = [
     "ComputationSpec",
     "InputStream",
     "KeyExtractor",
+    "Tombstones",
     "Topology",
     "record_key",
 ]
@@ -51,6 +53,10 @@ _MINUTE = 60 * 1_000_000
 # Defaults of the deprecated Bloom options: only a value other than these warns.
 _BLOOM_EXPECTED_IDS = 100_000
 _BLOOM_FALSE_POSITIVE_RATE = 0.01
+
+Tombstones = Literal["dead-letter", "deliver"]
+"""What a computation does with a Kafka tombstone (a message with no value): see
+:class:`ComputationOptions`."""
 
 
 def record_key(record: Record) -> str:
@@ -96,6 +102,17 @@ class ComputationOptions:
       batch and merge cold neighbours (:class:`~millstream.engine.rebalance.RebalancePolicy`),
       and spread the intervals over the batch's tasks by load; ``key_intervals`` is then
       where the computation starts. ``None`` (the default): the intervals stay as they are.
+    * ``tombstones``: what a Kafka message with no value (a *tombstone*: a compacted topic's,
+      Kafka Connect's or a CDC source's delete) on an input stream means. ``"dead-letter"``
+      (the default): it is no record, and becomes a dead letter
+      (:class:`~millstream.engine.errors.TombstoneError`). ``"deliver"``: it deletes its
+      Kafka message key, and :meth:`Computation.process_deletion
+      <millstream.engine.computation.Computation.process_deletion>` gets it as a
+      :class:`~millstream.engine.records.Deletion` under that key (the key extractors do
+      not apply: a tombstone has no record to extract from); one without a key, or whose
+      key is not UTF-8, is dead-lettered. A deletion is exactly-once by its position on the
+      stream (:func:`~millstream.engine.records.deletion_record_id`), is never late-streamed
+      (it has no envelope to forward), and runs even behind the watermark.
     """
 
     exactly_once: bool = True
@@ -114,8 +131,13 @@ class ComputationOptions:
     process_late: bool = True
     state_ttl: int | None = None
     rebalance: RebalancePolicy | None = None
+    tombstones: Tombstones = "dead-letter"
 
     def __post_init__(self) -> None:
+        if self.tombstones not in get_args(Tombstones):
+            raise TopologyError(
+                f"tombstones must be one of {list(get_args(Tombstones))}, got {self.tombstones!r}"
+            )
         if not 1 <= self.key_intervals <= MAX_KEY_INTERVALS:
             raise TopologyError(
                 f"key_intervals must be in [1, {MAX_KEY_INTERVALS}], got {self.key_intervals}"
@@ -280,6 +302,12 @@ class Topology:
                 f"computation {name!r} uses its late stream {late!r} as another of its "
                 "streams; name another late_stream in its options"
             )
+        if spec.options.tombstones == "deliver" and not _overrides(computation, "process_deletion"):
+            raise TopologyError(
+                f"computation {name!r} takes tombstones as deletions (tombstones='deliver') "
+                "but does not override process_deletion; override it, or leave tombstones "
+                "to the dead letters"
+            )
         self._computations[name] = spec
         return spec
 
@@ -336,6 +364,10 @@ class Topology:
                 "; ".join(problems) + ": declare injector streams with Topology.add_stream or add "
                 "the computation that produces them"
             )
+
+
+def _overrides(computation: Computation, hook: str) -> bool:
+    return getattr(type(computation), hook) is not getattr(Computation, hook)
 
 
 def _check_name(what: str, name: str) -> None:

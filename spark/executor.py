@@ -6,8 +6,10 @@ Spark's Python workers (``mapInArrow``: whole record batches, column by column, 
 1. :func:`router`: decodes each Kafka message, applies the consumer's key
    extractor *of the stream (topic) the message came from*, and tags the row with its key
    interval. A message that cannot be made a delivery (oversized, undecodable, unknown schema,
-   failing or non-``str`` key extractor) becomes a *rejected* row in the interval of the empty
-   key, carrying its raw bytes.
+   failing or non-``str`` key extractor, a tombstone the computation does not take) becomes
+   a *rejected* row in the interval of the empty key, carrying its raw bytes and its error.
+   A tombstone the computation takes (``ComputationOptions.tombstones``) becomes a
+   *deletion* row under its Kafka message key.
 2. :func:`interval_task`, after a shuffle that gives each task (one per core) every row of
    its share of the intervals: turns each interval's rows back into
    :class:`~millstream.engine.protocol.Delivery` / ``Rejected`` inputs, in (stream, partition,
@@ -65,12 +67,12 @@ from millstream.engine.cache import StateCache
 from millstream.engine.clock import SystemClock
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.deadletters import Origin
-from millstream.engine.errors import PoisonRecordError
+from millstream.engine.errors import PoisonRecordError, TombstoneError
 from millstream.engine.fault_points import armed_faults, fault_point
 from millstream.engine.layout import IntervalLayout
 from millstream.engine.protocol import Delivery, Rejected, WorkerPool
-from millstream.engine.records import Record
-from millstream.engine.routing import decode_delivery, rejected_interval
+from millstream.engine.records import Deletion, Record
+from millstream.engine.routing import decode_delivery, decode_tombstone, rejected_interval
 from millstream.engine.topology import ComputationSpec
 from millstream.spark.isolation import Position
 from millstream.spark.metrics import RESULT_SCHEMA, ResultRow, interval_counts
@@ -90,17 +92,20 @@ __all__ = [
     "interval_task",
     "partition_representatives",
     "router",
+    "source_columns",
     "spark_int_hash",
     "tick_rows",
 ]
 
 
 class RoutedRow(NamedTuple):
-    """One row :func:`router` emits (:data:`ROUTED_SCHEMA`): a delivery has ``key`` and the
-    ``record_*`` fields, a rejected message ``raw`` and ``error`` (a description; the
-    exception is rebuilt later), a tick (:func:`tick_rows`) nothing but its interval; ``slot``
-    is the value to repartition by that sends the row to its interval's task
-    (:class:`IntervalSlots`)."""
+    """One row :func:`router` emits (:data:`ROUTED_SCHEMA`): a rejected message has an
+    ``error`` (a description; the exception is rebuilt later) and ``raw`` (``None`` for a
+    tombstone); a delivery has no ``error``, its ``key`` and the ``record_*`` fields; a
+    deletion (a tombstone the computation takes) has no ``error``, its ``key``,
+    ``record_ts`` and ``record_id`` and no ``record_value``; a tick (:func:`tick_rows`) has
+    nothing but its interval. ``slot`` is the value to repartition by that sends the row to
+    its interval's task (:class:`IntervalSlots`)."""
 
     interval: int
     stream: str | None
@@ -205,6 +210,15 @@ _RESULT_ARROW: Final = _arrow_schema(RESULT_SCHEMA)
 _SOURCE_COLUMNS: Final = ("value", "topic", "partition", "offset", "kafka_ts")
 
 
+def source_columns(spec: ComputationSpec) -> tuple[str, ...]:
+    """The Kafka source's columns :func:`router` reads for ``spec``: the message key too
+    only if the computation takes tombstones as deletions of their key (the default path
+    carries no key it does not use)."""
+    if spec.options.tombstones == "deliver":
+        return (*_SOURCE_COLUMNS, "key")
+    return _SOURCE_COLUMNS
+
+
 @dataclass(frozen=True, slots=True)
 class TaskSettings:
     """What an executor needs besides the computation: endpoints, store table, run token."""
@@ -301,21 +315,28 @@ def router(
     :class:`~millstream.engine.errors.PoisonRecordError` message: such a message is
     rejected as it is, before anything decodes it.
 
-    Input columns: ``value`` (bytes), ``topic``, ``partition``, ``offset``, ``kafka_ts``
-    (the Kafka message timestamp in µs). Output: :data:`ROUTED_SCHEMA`, column by column (no
-    pandas, no per-row objects beyond the decoded record).
+    Input columns (:func:`source_columns`): ``value`` (bytes; ``None`` for a tombstone),
+    ``topic``, ``partition``, ``offset``, ``kafka_ts`` (the Kafka message timestamp in µs),
+    and ``key`` (bytes) if the computation takes tombstones. Output: :data:`ROUTED_SCHEMA`,
+    column by column (no pandas, no per-row objects beyond the decoded record). Every input
+    row yields one output row.
     """
     layout = layout or IntervalLayout.initial(spec.options.key_intervals)
     slots = slots or IntervalSlots(1)
     reject_interval = rejected_interval(spec, layout)
     streams = _streams_by_topic(spec)
     quarantined = dict(quarantine or {})
+    takes_tombstones = spec.options.tombstones == "deliver"
 
     def route(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             rows: list[RoutedRow] = []
-            for value, topic, partition, offset, kafka_ts in zip(
-                *(batch.column(name).to_pylist() for name in _SOURCE_COLUMNS), strict=True
+            columns = [batch.column(name).to_pylist() for name in _SOURCE_COLUMNS]
+            message_keys = (
+                batch.column("key").to_pylist() if takes_tombstones else [None] * batch.num_rows
+            )
+            for value, topic, partition, offset, kafka_ts, message_key in zip(
+                *columns, message_keys, strict=True
             ):
                 stream = streams[topic]
                 # One test per row when nothing is quarantined.
@@ -341,49 +362,81 @@ def router(
                         )
                     )
                     continue
-                record, key, error = decode_delivery(spec, stream, value)
-                if error is None:
-                    assert record is not None
-                    assert key is not None
-                    interval = layout.interval_of(key)
-                    rows.append(
-                        RoutedRow(
-                            interval=interval,
-                            stream=stream,
-                            partition=partition,
-                            offset=offset,
-                            kafka_ts=kafka_ts,
-                            key=key,
-                            record_key=record.key,
-                            record_value=record.value,
-                            record_ts=record.timestamp,
-                            record_id=record.record_id,
-                            raw=None,
-                            error=None,
-                            slot=slots.slot(interval),
-                        )
+                error: Exception | None
+                if value is None and takes_tombstones:
+                    deletion, error = decode_tombstone(
+                        spec, stream, message_key, partition, offset, kafka_ts
                     )
+                    if deletion is not None:
+                        interval = layout.interval_of(deletion.key)
+                        rows.append(
+                            RoutedRow(
+                                interval=interval,
+                                stream=stream,
+                                partition=partition,
+                                offset=offset,
+                                kafka_ts=kafka_ts,
+                                key=deletion.key,
+                                record_key=None,
+                                record_value=None,
+                                record_ts=deletion.timestamp,
+                                record_id=deletion.record_id,
+                                raw=None,
+                                error=None,
+                                slot=slots.slot(interval),
+                            )
+                        )
+                        continue
                 else:
-                    rows.append(
-                        RoutedRow(
-                            interval=reject_interval,
-                            stream=stream,
-                            partition=partition,
-                            offset=offset,
-                            kafka_ts=kafka_ts,
-                            key=None,
-                            record_key=None,
-                            record_value=None,
-                            record_ts=None,
-                            record_id=None,
-                            raw=value,
-                            error=f"{type(error).__qualname__}: {error}",
-                            slot=slots.slot(reject_interval),
+                    record, key, error = decode_delivery(spec, stream, value)
+                    if error is None:
+                        assert record is not None
+                        assert key is not None
+                        interval = layout.interval_of(key)
+                        rows.append(
+                            RoutedRow(
+                                interval=interval,
+                                stream=stream,
+                                partition=partition,
+                                offset=offset,
+                                kafka_ts=kafka_ts,
+                                key=key,
+                                record_key=record.key,
+                                record_value=record.value,
+                                record_ts=record.timestamp,
+                                record_id=record.record_id,
+                                raw=None,
+                                error=None,
+                                slot=slots.slot(interval),
+                            )
                         )
+                        continue
+                assert error is not None
+                rows.append(
+                    RoutedRow(
+                        interval=reject_interval,
+                        stream=stream,
+                        partition=partition,
+                        offset=offset,
+                        kafka_ts=kafka_ts,
+                        key=None,
+                        record_key=None,
+                        record_value=None,
+                        record_ts=None,
+                        record_id=None,
+                        raw=value,
+                        error=_described(error),
+                        slot=slots.slot(reject_interval),
                     )
+                )
             yield _record_batch(rows, _ROUTED_ARROW)
 
     return route
+
+
+def _described(error: Exception) -> str:
+    """A rejected row's ``error``: never empty, and naming the error's class first."""
+    return f"{type(error).__qualname__}: {error}"
 
 
 def _record_batch(rows: Iterable[Sequence[Any]], schema: pa.Schema) -> pa.RecordBatch:
@@ -504,27 +557,35 @@ def _inputs(spec: ComputationSpec, rows: list[RoutedRow]) -> list[Delivery | Rej
         if row.stream is None:
             continue  # a tick: the interval runs for its timers and resends only
         origin = Origin(stream=row.stream, partition=row.partition, offset=row.offset)
-        if row.raw is None:
-            assert row.key is not None
-            assert row.record_key is not None
-            assert row.record_value is not None
-            assert row.record_ts is not None
-            assert row.record_id is not None
-            record = Record(row.record_key, row.record_value, row.record_ts, row.record_id)
-            inputs.append(Delivery(row.key, record, origin))
-        else:
+        if row.error is not None:
             inputs.append(_rejected(spec, origin, row.raw, cast(int, row.kafka_ts), row.error))
+            continue
+        assert row.key is not None
+        assert row.record_ts is not None
+        assert row.record_id is not None
+        if row.record_value is None:
+            deletion = Deletion(row.key, row.record_ts, row.stream, row.record_id)
+            inputs.append(Delivery(row.key, deletion, origin))
+            continue
+        assert row.record_key is not None
+        record = Record(row.record_key, row.record_value, row.record_ts, row.record_id)
+        inputs.append(Delivery(row.key, record, origin))
     return inputs
 
 
 def _rejected(
-    spec: ComputationSpec, origin: Origin, raw: bytes, kafka_ts: int, error_text: str | None
+    spec: ComputationSpec, origin: Origin, raw: bytes | None, kafka_ts: int, error_text: str
 ) -> Rejected:
     assert origin.stream is not None
-    if error_text is not None and error_text.startswith(POISON_ERROR_PREFIX):
+    if error_text.startswith(POISON_ERROR_PREFIX):
         # Quarantined: never decoded again (that may be what crashes); located by position.
         poison = PoisonRecordError(error_text.removeprefix(POISON_ERROR_PREFIX))
-        return Rejected(origin, raw, poison, kafka_ts)
+        return Rejected(origin, raw or b"", poison, kafka_ts)
+    if raw is None:
+        # A tombstone: no user code judged it, so the router's description is the whole
+        # error (re-deciding would need the message key, which the row does not carry).
+        message = error_text.removeprefix(f"{TombstoneError.__qualname__}: ")
+        return Rejected(origin, b"", TombstoneError(message), kafka_ts)
     record, _, error = decode_delivery(spec, origin.stream, raw)
     if error is None:
         error = RuntimeError(

@@ -129,7 +129,7 @@ from millstream.spark.driver_watermarks import (
     WatermarkSnapshot,
     offsets_consumer,
 )
-from millstream.spark.executor import TaskSettings
+from millstream.spark.executor import TaskSettings, source_columns
 from millstream.spark.metrics import (
     BatchMetrics,
     ComputationMetrics,
@@ -862,7 +862,10 @@ class RunningTopology:
             starting_offsets=starting_offsets,
             options=options,
         ).select(
-            "value", "topic", "partition", "offset", F.unix_micros("timestamp").alias("kafka_ts")
+            *(
+                F.unix_micros("timestamp").alias(name) if name == "kafka_ts" else F.col(name)
+                for name in source_columns(spec)
+            )
         )
         writer = (
             source.writeStream.queryName(f"{self.topology.name}.{spec.name}.{uuid.uuid4().hex}")

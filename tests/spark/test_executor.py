@@ -13,9 +13,16 @@ from millstream.engine.clock import ManualClock
 from millstream.engine.computation import Computation
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.context import Context
+from millstream.engine.deadletters import DeadLetter, Origin, decode_dead_letter
 from millstream.engine.layout import IntervalLayout
 from millstream.engine.protocol import WorkerPool
-from millstream.engine.records import Record, encode_record, injector_record_id
+from millstream.engine.records import (
+    Deletion,
+    Record,
+    deletion_record_id,
+    encode_record,
+    injector_record_id,
+)
 from millstream.engine.stores.memory.store import MemoryIntervalStore
 from millstream.engine.testing import TestingSink
 from millstream.engine.topology import ComputationOptions, Topology
@@ -65,6 +72,7 @@ def sink(monkeypatch: pytest.MonkeyPatch) -> Iterator[TestingSink]:
 
 
 SETTINGS = TaskSettings(MillstreamConfig(), "keyspace", "table", "run-1")
+SPEC_OF_DEFAULTS = Topology("t", streams=["in"]).add_computation("c", Computation(), inputs=["in"])
 
 
 def messages(*values: bytes) -> pa.RecordBatch:
@@ -141,3 +149,111 @@ def test_messages_are_routed_worked_and_counted_by_interval(sink: TestingSink) -
     assert all(row.computation == "windows" and row.counts.intervals == 1 for row in results)
     assert by_interval[good[0].interval].progress.oldest_work is None  # nothing left to do
     assert sorted(p.record.value for p in sink.delivered("out")) == [b"a", b"b"]
+
+
+def kafka_batch(
+    values: list[bytes | None], keys: list[bytes | None] | None = None
+) -> pa.RecordBatch:
+    """Messages of stream ``in`` at offsets 0, 1, ...; with ``keys``, the key column too."""
+    columns = {
+        "value": pa.array(values, pa.binary()),
+        "topic": pa.array(["in"] * len(values)),
+        "partition": pa.array([0] * len(values), pa.int32()),
+        "offset": pa.array(range(len(values)), pa.int64()),
+        "kafka_ts": pa.array([5] * len(values), pa.int64()),
+    }
+    if keys is not None:
+        columns["key"] = pa.array(keys, pa.binary())
+    return pa.RecordBatch.from_pydict(columns)
+
+
+def dead_letters(sink: TestingSink, computation: str) -> dict[int | None, DeadLetter]:
+    """The computation's dead letters by the offset of their input."""
+    letters = (
+        decode_dead_letter(p.record.value) for p in sink.delivered(f"{computation}.dead-letters")
+    )
+    return {letter.origin.offset: letter for letter in letters}
+
+
+def test_a_tombstone_or_an_empty_value_is_dead_lettered_and_the_partition_goes_on(
+    sink: TestingSink,
+) -> None:
+    topology = Topology("t", streams=["in"])
+    spec = topology.add_computation("windows", Windows(), inputs=["in"], outputs=["out"])
+    routed = list(
+        router(spec)(iter([kafka_batch([record("a", 10, 0), None, b"", record("b", 20, 1)])]))
+    )
+    rows = [RoutedRow(**row) for batch in routed for row in batch.to_pylist()]
+    assert len(rows) == 4
+    tombstone, empty = rows[1], rows[2]
+    assert tombstone.error is not None
+    assert tombstone.error.startswith("TombstoneError: ")
+    assert "tombstones='deliver'" in tombstone.error
+    assert empty.error is not None
+    assert empty.error.startswith("MalformedRecordError: ")
+
+    task = interval_task(spec, SETTINGS, 0, 0)
+    results = [ResultRow.of(row) for batch in task(iter(routed)) for row in batch.to_pylist()]
+    assert sum(row.counts.rejected for row in results) == 2
+    assert sum(row.counts.processed for row in results) == 2
+    letters = dead_letters(sink, "windows")
+    assert {offset: letter.error_type for offset, letter in letters.items()} == {
+        1: "TombstoneError",
+        2: "MalformedRecordError",
+    }
+    assert letters[1].origin == Origin(stream="in", partition=0, offset=1)
+    assert (letters[1].raw, letters[1].raw_size) == (b"", 0)
+    assert letters[1].error_message == tombstone.error.removeprefix("TombstoneError: ")
+    assert sorted(p.record.value for p in sink.delivered("out")) == [b"a", b"b"]
+
+
+class Registry(Computation):
+    """Keeps each key's latest value; a deletion clears it and says so on ``out``."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.set_state(record.value)
+
+    def process_deletion(self, ctx: Context, deletion: Deletion) -> None:
+        ctx.clear_state()
+        ctx.produce("out", f"deleted {deletion.key}".encode(), deletion.timestamp)
+
+
+def test_a_computation_taking_tombstones_gets_each_keyed_one_as_a_deletion(
+    sink: TestingSink,
+) -> None:
+    topology = Topology("t", streams=["in"])
+    spec = topology.add_computation(
+        "registry",
+        Registry(),
+        inputs=["in"],
+        outputs=["out"],
+        options=ComputationOptions(key_intervals=4, tombstones="deliver"),
+    )
+    assert executor.source_columns(spec) == (*executor.source_columns(SPEC_OF_DEFAULTS), "key")
+    layout = IntervalLayout.initial(4)
+    batch = kafka_batch(
+        [record("a", 10, 0), record("b", 11, 1), None, None, None],
+        [b"a", b"b", b"a", None, b"\xff"],
+    )
+    routed = list(router(spec, layout)(iter([batch])))
+    rows = [RoutedRow(**row) for batch in routed for row in batch.to_pylist()]
+    deletion = rows[2]
+    assert (deletion.key, deletion.error, deletion.record_value) == ("a", None, None)
+    assert (deletion.record_ts, deletion.record_id) == (5, deletion_record_id("in", 0, 2))
+    assert deletion.interval == layout.interval_of("a")
+
+    task = interval_task(spec, SETTINGS, 0, 0, layout)
+    results = [ResultRow.of(row) for batch in task(iter(routed)) for row in batch.to_pylist()]
+    assert sum(row.counts.processed for row in results) == 3  # two records, one deletion
+    assert sum(row.counts.rejected for row in results) == 2
+    store = executor._CACHE[SETTINGS.endpoints].workers.store
+    assert isinstance(store, MemoryIntervalStore)
+    assert store.states("registry") == {"b": b"b"}
+    assert [p.record.value for p in sink.delivered("out")] == [b"deleted a"]
+    letters = dead_letters(sink, "registry")
+    assert {offset: letter.error_type for offset, letter in letters.items()} == {
+        3: "TombstoneError",
+        4: "TombstoneError",
+    }
+    assert "has no key" in letters[3].error_message
+    assert "not UTF-8" in letters[4].error_message
