@@ -125,6 +125,12 @@ SOURCE_OPTIONS: Mapping[str, str] = {
     # holds the fetch for fetch.max.wait.ms (Kafka's default: 500 ms) before answering, and
     # each such wait lands in a micro-batch's latency. The range a task reads already exists.
     "kafka.fetch.max.wait.ms": "10",
+    # The Java client's default is read_uncommitted: without this, the records of another
+    # producer's aborted (or still open) transaction on an input stream would be processed.
+    # Spark passes it to the executors' consumers and to the driver's offset lookups, so a
+    # batch ends at the last stable offset and skips what aborted transactions and their
+    # markers occupy (SPARK-25005).
+    "kafka.isolation.level": "read_committed",
 }
 """Kafka source options :func:`kafka_stream` sets unless ``options`` say otherwise."""
 

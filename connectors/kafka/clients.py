@@ -146,7 +146,8 @@ def consumer(config: MillstreamConfig, purpose: str, **settings: str | int | boo
 
     millstream's progress lives in Spark checkpoints, never in consumer groups; this is for
     reading topics directly (offsets, tests, benchmarks). Without an explicit position it
-    starts at the earliest offset. ``purpose`` prefixes the throwaway group id.
+    starts at the earliest offset. It reads committed data only: never the records of an
+    aborted or open transaction. ``purpose`` prefixes the throwaway group id.
     """
     return Consumer(
         {
@@ -154,6 +155,9 @@ def consumer(config: MillstreamConfig, purpose: str, **settings: str | int | boo
             "group.id": f"{purpose}-{uuid.uuid4().hex}",
             "enable.auto.commit": False,
             "auto.offset.reset": "earliest",
+            # librdkafka's default too; said here because every millstream reader must skip
+            # aborted transactions, as the Spark source does (spark.session.SOURCE_OPTIONS).
+            "isolation.level": "read_committed",
             **settings,
         }
     )
