@@ -18,8 +18,10 @@ from millstream.engine.productions import Production
 from millstream.engine.protocol import Delivery, IntervalWorker, Rejected
 from millstream.engine.records import (
     MAX_RECORD_BYTES,
+    Deletion,
     Record,
     dead_letter_record_id,
+    deletion_record_id,
     encode_record,
     injector_record_id,
     production_record_id,
@@ -933,3 +935,111 @@ def test_dead_letters_pending_delivery_hold_the_oldest_work(
     worker = workers.worker(workers.spec(Appender()))
     result = worker.process(deliver(make_record("k", b"boom", timestamp=7)), 0)
     assert result.progress == IntervalProgress(oldest_work=7, pending=1)
+
+
+class Ledger(Computation):
+    """Appends each record's value to its key's JSON list; a deletion clears the key and
+    counts its calls, producing ``deleted <key>``."""
+
+    def __init__(self) -> None:
+        self.deletions: list[Deletion] = []
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        items = ctx.state(JSON)
+        items.set([*items.get([]), record.value.decode()])
+
+    def process_deletion(self, ctx: Context, deletion: Deletion) -> None:
+        self.deletions.append(deletion)
+        ctx.clear_state()
+        ctx.produce("out", f"deleted {deletion.key}".encode(), deletion.timestamp)
+
+
+def tombstone_at(key: str, offset: int, timestamp: int = 50) -> Delivery:
+    """The delivery of a tombstone of ``key`` at ``offset`` of partition 0 of ``in``."""
+    origin = Origin(stream="in", partition=0, offset=offset)
+    return Delivery(
+        key, Deletion(key, timestamp, "in", deletion_record_id("in", 0, offset)), origin
+    )
+
+
+def test_a_deletion_runs_in_order_with_its_keys_records(
+    workers: Workers, make_record: RecordFactory
+) -> None:
+    ledger = Ledger()
+    spec = workers.spec(ledger)
+    worker = workers.worker(spec)
+    result = worker.process(
+        [
+            *deliver(make_record("k", b"a"), make_record("j", b"x")),
+            tombstone_at("k", 2),
+            *deliver(make_record("k", b"b")),
+        ],
+        WM,
+    )
+    assert workers.state(spec) == {"k": ["b"], "j": ["x"]}
+    assert (result.processed, result.duplicates, result.dead_letters) == (4, 0, [])
+    assert [p.record.value for p in workers.sink.delivered("out")] == [b"deleted k"]
+    # Its productions' IDs derive from the deletion's, as a record's from its record ID.
+    (production,) = workers.sink.delivered("out")
+    assert production.record_id == production_record_id("comp", deletion_record_id("in", 0, 2), 0)
+
+
+def test_a_replayed_deletion_is_a_duplicate_and_a_resent_tombstone_a_second_deletion(
+    workers: Workers, make_record: RecordFactory
+) -> None:
+    ledger = Ledger()
+    spec = workers.spec(ledger)
+    batch = [*deliver(make_record("k", b"a")), tombstone_at("k", 1)]
+    workers.store.inject(FaultPoint.AFTER_COMMIT)
+    with pytest.raises(InjectedCrash):
+        workers.worker(spec).process(batch, WM)
+
+    # The batch is replayed (by a new owner of the interval): the same position yields the
+    # same deletion ID, which the store holds among the dedup IDs.
+    replay = workers.worker(spec).process(batch, WM)
+    assert (replay.processed, replay.duplicates) == (0, 2)
+    assert len(ledger.deletions) == 1
+    assert workers.state(spec) == {}
+
+    # The producer sending the tombstone again writes it at a new offset: a second deletion,
+    # which deletes what was written since.
+    again = workers.worker(spec).process(
+        [*deliver(make_record("k", b"b")), tombstone_at("k", 5)], WM
+    )
+    assert (again.processed, again.duplicates) == (2, 0)
+    assert len(ledger.deletions) == 2
+    assert workers.state(spec) == {}
+    assert [p.record.value for p in workers.sink.delivered("out")] == [b"deleted k"] * 2
+
+
+def test_a_deletion_behind_the_watermark_still_runs_and_is_never_late_streamed(
+    workers: Workers,
+) -> None:
+    ledger = Ledger()
+    options = ComputationOptions(key_intervals=1, late_stream="late", process_late=False)
+    spec = workers.spec(ledger, options=options)
+    result = workers.worker(spec).process([tombstone_at("k", 0, timestamp=10)], 1_000)
+    assert (result.processed, result.late) == (1, 1)
+    assert len(ledger.deletions) == 1
+    assert workers.sink.delivered("late") == []
+
+
+def test_a_deletion_with_an_absurd_timestamp_or_a_failing_hook_is_a_dead_letter(
+    workers: Workers,
+) -> None:
+    class Failing(Ledger):
+        def process_deletion(self, ctx: Context, deletion: Deletion) -> None:
+            raise ValueError(f"cannot delete {deletion.key}")
+
+    spec = workers.spec(Failing())
+    result = workers.worker(spec).process(
+        [tombstone_at("k", 0, timestamp=-1), tombstone_at("k", 1)], WM
+    )
+    letters = [decode_dead_letter(p.record.value) for p in workers.sink.delivered()]
+    assert [(letter.origin.offset, letter.error_type) for letter in letters] == [
+        (0, "AbsurdTimestampError"),
+        (1, "ValueError"),
+    ]
+    assert all(letter.raw == b"" and letter.origin.key == "k" for letter in letters)
+    assert letters[1].origin.record_id == deletion_record_id("in", 0, 1)
+    assert len(result.dead_letters) == 2

@@ -9,7 +9,7 @@ from millstream.engine.computation import Computation
 from millstream.engine.context import Context
 from millstream.engine.errors import TopologyError
 from millstream.engine.productions import Production
-from millstream.engine.records import Record
+from millstream.engine.records import Deletion, Record
 from millstream.engine.stores.memory.store import InjectedCrash
 from millstream.engine.testing import (
     END_OF_TIME,
@@ -20,9 +20,10 @@ from millstream.engine.testing import (
     record,
     run_computation,
     run_topology,
+    tombstone,
 )
 from millstream.engine.timers import TimeDomain, Timer
-from millstream.engine.topology import Topology
+from millstream.engine.topology import ComputationOptions, Topology
 
 pytestmark = pytest.mark.unit
 
@@ -345,3 +346,50 @@ def test_intervals_split_and_merge_in_the_harness_and_every_window_is_counted_on
     assert len(run.records("counts")) == len(expected)  # each window fired once
     assert run.state == {}
     assert run.pending_timers == []
+
+
+class Profiles(Computation):
+    """Keeps each user's latest profile; a deletion (GDPR erasure, say) forgets it."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.set_state(record.value)
+
+    def process_deletion(self, ctx: Context, deletion: Deletion) -> None:
+        ctx.clear_state()
+        ctx.produce("erasures", deletion.key.encode(), deletion.timestamp)
+
+
+def test_a_tombstone_is_a_dead_letter_and_the_stream_goes_on() -> None:
+    run = run_computation(
+        WindowCounter(),
+        [record("cat", b"", 10), tombstone("cat", 15), record("cat", b"", 20), Watermark(100)],
+        outputs=["counts"],
+    )
+    assert [COUNT.decode(v) for v in run.values("counts")] == [2]
+    (letter,) = run.dead_letters
+    assert letter.error_type == "TombstoneError"
+    assert (letter.origin.stream, letter.origin.partition, letter.origin.offset) == ("input", 0, 1)
+    assert letter.raw == b""
+
+
+def test_a_computation_taking_tombstones_forgets_a_key_in_order_with_its_records() -> None:
+    run = run_computation(
+        Profiles(),
+        [
+            record("ann", b"v1", 10),
+            record("bob", b"v1", 11),
+            tombstone("ann", 12),
+            record("bob", b"v2", 13),
+            tombstone(None, 14),
+            tombstone(b"\xff", 15),
+            tombstone("eve", 16),  # nothing to forget: the hook runs all the same
+        ],
+        outputs=["erasures"],
+        options=ComputationOptions(tombstones="deliver"),
+    )
+    assert run.state == {"bob": b"v2"}
+    assert run.values("erasures") == [b"ann", b"eve"]
+    assert sorted((d.origin.offset, d.error_type) for d in run.dead_letters) == [
+        (4, "TombstoneError"),
+        (5, "TombstoneError"),
+    ]

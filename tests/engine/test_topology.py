@@ -3,8 +3,9 @@ from collections.abc import Callable
 import pytest
 
 from millstream.engine.computation import Computation
+from millstream.engine.context import Context
 from millstream.engine.errors import TopologyError
-from millstream.engine.records import Record
+from millstream.engine.records import Deletion, Record
 from millstream.engine.topology import ComputationOptions, Topology, record_key
 
 pytestmark = pytest.mark.unit
@@ -107,6 +108,7 @@ def test_duplicate_names_and_non_computations_are_refused() -> None:
         {"weak_production_delay": -1.0},
         {"max_timer_firings_per_key": 0},
         {"dead_letter_stream": "bad name"},
+        {"tombstones": "ignore"},
     ],
 )
 def test_options_are_validated(options: dict[str, object]) -> None:
@@ -164,3 +166,18 @@ def test_a_late_stream_is_written_like_an_output_and_cannot_be_another_stream() 
                 outputs=["out"],
                 options=ComputationOptions(late_stream=clash),
             )
+
+
+def test_taking_tombstones_needs_a_process_deletion() -> None:
+    topology = Topology(streams=["in"])
+    deliver = ComputationOptions(tombstones="deliver")
+    with pytest.raises(TopologyError, match="does not override process_deletion"):
+        topology.add_computation("a", NOOP, inputs=["in"], options=deliver)
+
+    class Deleting(Computation):
+        def process_deletion(self, ctx: Context, deletion: Deletion) -> None:
+            ctx.clear_state()
+
+    spec = topology.add_computation("a", Deleting(), inputs=["in"], options=deliver)
+    assert spec.options.tombstones == "deliver"
+    assert ComputationOptions().tombstones == "dead-letter"
