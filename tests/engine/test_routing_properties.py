@@ -33,7 +33,13 @@ from millstream.engine.records import (
     encode_record,
 )
 from millstream.engine.routing import decode_delivery, decode_tombstone
-from millstream.engine.topology import ComputationOptions, ComputationSpec, Topology
+from millstream.engine.topology import (
+    ComputationOptions,
+    ComputationSpec,
+    KeyExtractor,
+    Tombstones,
+    Topology,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -63,13 +69,15 @@ def by_value(record: Record) -> str:
     return record.value.decode("utf-8")
 
 
-def consumer(extractor: object = None, tombstones: str = "dead-letter") -> ComputationSpec:
+def consumer(
+    extractor: KeyExtractor | None = None, tombstones: Tombstones = "dead-letter"
+) -> ComputationSpec:
     topology = Topology("fuzz", streams=["in"])
     return topology.add_computation(
         "c",
         Keyed(),
-        inputs={"in": extractor},  # type: ignore[dict-item]
-        options=ComputationOptions(key_intervals=4, tombstones=tombstones),  # type: ignore[arg-type]
+        inputs={"in": extractor},
+        options=ComputationOptions(key_intervals=4, tombstones=tombstones),
     )
 
 

@@ -34,7 +34,13 @@ from millstream.engine.records import (
     encode_record,
 )
 from millstream.engine.routing import rejected_interval
-from millstream.engine.topology import ComputationOptions, ComputationSpec, Topology
+from millstream.engine.topology import (
+    ComputationOptions,
+    ComputationSpec,
+    KeyExtractor,
+    Tombstones,
+    Topology,
+)
 from millstream.spark import executor
 from millstream.spark.executor import IntervalSlots, RoutedRow, router, source_columns
 
@@ -72,13 +78,13 @@ def by_value(record: Record) -> str:
     return record.value.decode("utf-8")
 
 
-def consumer(extractor: object, tombstones: str) -> ComputationSpec:
+def consumer(extractor: KeyExtractor | None, tombstones: Tombstones) -> ComputationSpec:
     topology = Topology("fuzz", streams=[TOPIC])
     return topology.add_computation(
         "c",
         Keyed(),
-        inputs={TOPIC: extractor},  # type: ignore[dict-item]
-        options=ComputationOptions(key_intervals=8, tombstones=tombstones),  # type: ignore[arg-type]
+        inputs={TOPIC: extractor},
+        options=ComputationOptions(key_intervals=8, tombstones=tombstones),
     )
 
 
@@ -176,6 +182,8 @@ def test_every_message_yields_one_row_that_is_a_record_a_deletion_or_a_rejection
                 assert row.key == message.key.decode("utf-8")
                 assert row.interval == layout.interval_of(row.key)
                 assert row.record_ts == message.kafka_ts
+                assert row.partition is not None
+                assert row.offset is not None
                 assert row.record_id == deletion_record_id(TOPIC, row.partition, row.offset)
             else:
                 assert message.value is not None
