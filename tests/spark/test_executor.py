@@ -120,12 +120,12 @@ def test_messages_are_routed_worked_and_counted_by_interval(sink: TestingSink) -
         )
     )
     rows = [RoutedRow(**row) for batch in routed for row in batch.to_pylist()]
-    good = [row for row in rows if row.raw is None]
+    good = [row for row in rows if row.error is None]
     assert [(row.key, row.record_ts, row.interval) for row in good] == [
         ("a", 10, layout.interval_of("a")),
         ("b", 20, layout.interval_of("b")),
     ]
-    (bad,) = [row for row in rows if row.raw is not None]
+    (bad,) = [row for row in rows if row.error is not None]
     assert bad.raw == b"not a record"
     assert bad.error is not None
     assert bad.key is None
