@@ -13,14 +13,14 @@ in-memory store, with a hand-advanced clock and input low watermark::
     assert [IntCodec().decode(v) for v in run.values("counts")] == [2]
     assert run.state == {}  # the window's state was cleared when it fired
 
-Steps are records (or ``(stream, record)`` pairs for topologies), :func:`tombstone` s (Kafka
-messages with no value, as a compacted topic or a CDC source writes for a delete; routed as on
-Spark: a dead letter, or a deletion for a computation that takes them), :class:`Watermark` to
-move the injectors' low watermark, and :class:`AdvanceClock` to move wall time. Consecutive records
-form one batch; a watermark or clock step first runs everything up to then to completion,
-timers included, then moves time. Productions flow to the consumers of their stream (routed
-and keyed by :mod:`millstream.engine.routing`, as on Spark), and each round is a batch of every
-computation, run by the batch cycle the Spark runtime runs
+Steps are records (or ``(stream, record)`` pairs for topologies), tombstones
+(:func:`tombstone`: Kafka messages with no value, as a compacted topic or a CDC source writes
+for a delete; routed as on Spark, a dead letter or a deletion for a computation that takes
+them), :class:`Watermark` to move the injectors' low watermark, and :class:`AdvanceClock` to
+move wall time. Consecutive records form one batch; a watermark or clock step first runs
+everything up to then to completion, timers included, then moves time. Productions flow to the
+consumers of their stream (routed and keyed by :mod:`millstream.engine.routing`, as on Spark),
+and each round is a batch of every computation, run by the batch cycle the Spark runtime runs
 (:class:`~millstream.engine.driver.ComputationDriver`): a computation reads the reports of its
 producers (and of the test's injector) from an in-memory watermark topic, applies one only
 once it has consumed the input the report covers, runs its intervals with input or work due,
