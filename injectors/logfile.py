@@ -2,8 +2,6 @@
 
 Every line of every file matching ``pattern`` becomes one record, through a user ``parse``
 function that returns the line's event time (µs), key and value (or ``None`` to skip it).
-A line ``parse`` rejects (it raises, or the line is not UTF-8) becomes a dead letter with
-its file and offset; the injector goes on.
 
 * **Files are known by identity, not by path.** A file's identity is its inode plus a digest
   of its first line, so renaming it (``app.log`` → ``app.log.1`` on rotation) keeps its
@@ -11,18 +9,42 @@ its file and offset; the injector goes on.
   from ``(identity, byte offset of its line)``: after a crash the same lines get the same
   IDs and consumers drop the repeats.
 * **Position** (checkpointed by the injector process): per file, its identity, the offset
-  read up to, its first and highest event time, and whether it is finished. A restart
-  re-opens each file by identity and seeks to its offset; nothing is lost or read twice.
+  read up to, a digest of the bytes just before that offset, its first and highest event
+  time, and whether it is finished. A restart re-opens each file by identity and seeks to
+  its offset; nothing is lost or read twice.
 * **Finished files.** In ``follow`` mode (the default) a file is finished once it was read
   to its end and a newer file (by modification time) exists beside it: it was rotated away.
-  Without ``follow`` (a replay), every file is finished once read, and the source says
-  its input is complete when all are, so the process reports the end of time.
+  A finished file that grows again is read again. Without ``follow`` (a replay), every file
+  is finished once read, and the source says its input is complete when all are, so the
+  process reports the end of time.
+* **Rotation** by rename: the renamed file keeps its identity and is drained, then the new
+  file is read. **copytruncate**: the file is copied, then truncated in place. The
+  truncation is seen (the file is shorter than the offset read, or the bytes before that
+  offset changed), and what the file holds now is read from 0 as a new file. The copy, if
+  ``pattern`` matches it, is recognised (same first line, same bytes before the offset read)
+  and carries on the original's identity from where the original was left, so the lines
+  written between the last poll and the truncation are read once, and nothing twice. While
+  the original is still being read, a new file that starts with the same first line may be
+  such a copy in the making: it waits until the original is finished.
 * **Watermark** (paper figure 10): the minimum, over unfinished files, of the file's first
   event time. With ``out_of_order`` (µs) it is instead the file's highest event time minus
   ``out_of_order``: the bounded out-of-orderness of Spark's ``withWatermark`` and Flink's
   ``forBoundedOutOfOrderness``; lines older than that arrive late. With ``idle_after``
   (µs), once no file grew for that long the watermark moves to the clock minus
   ``out_of_order``, so an idle directory of live logs does not hold downstream timers.
+
+**Bad input** never stops the source and never costs a good line. Lines end at ``\\n`` alone
+(a trailing ``\\r`` is dropped; a ``\\r`` inside a line is part of it). A line that is not
+UTF-8, that ``parse`` rejects (it raises), or for which it returns something other than a
+:class:`LogLine` with a ``str`` key, ``bytes`` value and a plausible ``int`` event time,
+becomes one dead letter whose origin is the file (``stream``: its identity) and the line's
+byte offset (``offset``), and it never moves the watermark. A line longer than
+``max_line_bytes`` (default: the engine's record limit) is never held whole: it becomes one
+dead letter with its first ``max_line_bytes`` bytes as soon as it passes the limit, and the
+rest of it is skipped up to its newline, however long, a chunk at a time (also across polls
+and restarts). NUL bytes and other binary junk are just bytes: a line of them reaches
+``parse`` if it is valid UTF-8 and is a dead letter if ``parse`` rejects it. A file deleted
+before it was read to its end is logged with what was left unread.
 """
 
 from __future__ import annotations
@@ -30,13 +52,15 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import stat as stat_module
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from millstream.engine.clock import Clock
-from millstream.engine.errors import InjectorError
+from millstream.engine.errors import InjectorError, OversizedRecordError
+from millstream.engine.records import MAX_RECORD_BYTES, check_event_time
 from millstream.injectors.source import (
     Event,
     Poll,
@@ -49,6 +73,13 @@ from millstream.injectors.source import (
 __all__ = ["LineParser", "LogFileSource", "LogLine"]
 
 DEFAULT_MAX_BYTES_PER_POLL = 4 * 1024 * 1024
+DEFAULT_MAX_LINE_BYTES = MAX_RECORD_BYTES
+
+_FIRST_LINE_BYTES = 64 * 1024
+# The bytes before the offset read that tell the same content (a copy) from new content (a
+# truncated and refilled file).
+_TAIL_BYTES = 256
+_SKIP_CHUNK_BYTES = 1024 * 1024
 
 _log = logging.getLogger(__name__)
 
@@ -69,6 +100,13 @@ class _File:
     first_event: int | None = None
     max_event: int | None = None
     finished: bool = False
+    skipping: bool = False  # inside an oversized line, already dead-lettered
+    tail: str | None = None  # digest of the bytes just before ``offset``
+
+    @property
+    def head(self) -> str:
+        """The digest of the file's first line (the identity's second part)."""
+        return self.identity.split("-")[1]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -79,6 +117,8 @@ class _File:
             "first_event": self.first_event,
             "max_event": self.max_event,
             "finished": self.finished,
+            "skipping": self.skipping,
+            "tail": self.tail,
         }
 
     @classmethod
@@ -91,12 +131,28 @@ class _File:
             first_event=document.get("first_event"),
             max_event=document.get("max_event"),
             finished=bool(document.get("finished", False)),
+            skipping=bool(document.get("skipping", False)),
+            tail=document.get("tail"),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class _Seen:
+    """A regular file as one scan found it."""
+
+    path: Path
+    inode: int
+    size: int
+    mtime: float
+    mtime_ns: int
+    head: str  # digest of its first line
 
 
 class LogFileSource(Source):
     """Tails ``directory``'s files matching ``pattern`` into ``stream``; see the module
-    docstring. ``clock`` is needed only with ``idle_after``."""
+    docstring. ``clock`` is needed only with ``idle_after``. ``max_bytes_per_poll`` bounds
+    what one poll reads, ``max_line_bytes`` the longest line kept (longer ones are dead
+    letters)."""
 
     def __init__(
         self,
@@ -110,6 +166,7 @@ class LogFileSource(Source):
         idle_after: int | None = None,
         clock: Clock | None = None,
         max_bytes_per_poll: int = DEFAULT_MAX_BYTES_PER_POLL,
+        max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
     ) -> None:
         if idle_after is not None and clock is None:
             raise InjectorError("LogFileSource: idle_after needs a clock")
@@ -117,6 +174,8 @@ class LogFileSource(Source):
             raise InjectorError(f"out_of_order must be non-negative µs, got {out_of_order}")
         if max_bytes_per_poll < 1:
             raise InjectorError("max_bytes_per_poll must be positive")
+        if max_line_bytes < 1:
+            raise InjectorError("max_line_bytes must be positive")
         self.directory = Path(directory)
         self.parse = parse
         self.streams = (stream,)
@@ -127,6 +186,7 @@ class LogFileSource(Source):
         self.idle_after = idle_after
         self.clock = clock
         self.max_bytes_per_poll = max_bytes_per_poll
+        self.max_line_bytes = max_line_bytes
         self._files: dict[str, _File] = {}  # by identity
         self._last_growth: int | None = None
         self._idle_watermark: int | None = None
@@ -147,15 +207,19 @@ class LogFileSource(Source):
         records: list[SourceRecord] = []
         rejected: list[RejectedInput] = []
         budget = self.max_bytes_per_poll
-        present = self._scan()
-        newest = max((mtime for _, mtime in present.values()), default=None)
-        for file, mtime in sorted(present.values(), key=lambda item: item[1]):
+        present, newest = self._scan()
+        for file, seen in sorted(present.values(), key=lambda item: item[1].mtime):
+            size = seen.size
             if file.finished:
-                continue
+                if not (self.follow and size > file.offset):
+                    continue
+                file.finished = False  # rotated away, yet written again: read what came
             if budget > 0:
-                budget -= self._read(file, records, rejected, budget)
-            at_end = file.offset >= _size(file.path)
-            if at_end and (not self.follow or (newest is not None and mtime < newest)):
+                consumed, read_size = self._read(file, records, rejected, budget)
+                budget -= consumed
+                size = read_size if read_size is not None else size
+            at_end = file.offset >= size
+            if at_end and (not self.follow or seen.mtime < newest):
                 file.finished = True
         for identity in [i for i in self._files if i not in present]:
             gone = self._files.pop(identity)
@@ -178,31 +242,58 @@ class LogFileSource(Source):
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _scan(self) -> dict[str, tuple[_File, float]]:
-        """The files now in the directory, by identity, with their modification times."""
-        present: dict[str, tuple[_File, float]] = {}
+    def _scan(self) -> tuple[dict[str, tuple[_File, _Seen]], float]:
+        """The files to read now, by identity, and the newest modification time among them."""
+        present: dict[str, tuple[_File, _Seen]] = {}
+        unknown: list[tuple[str, _Seen]] = []
         for path in sorted(self.directory.glob(self.pattern)):
-            try:
-                stat = path.stat()
-            except FileNotFoundError:
-                continue  # rotated away between listing and stat: found next poll
-            if not path.is_file():
+            seen = _look(path, complete=self.follow)
+            if seen is None:
                 continue
-            identity = _identity(path, stat.st_ino, complete=self.follow)
-            if identity is None:
-                continue  # no complete first line yet
+            identity = f"{seen.inode}-{seen.head}"
             file = self._files.get(identity)
-            if file is not None and stat.st_size < file.offset:
-                # Truncated in place (copytruncate): what it holds now is new content, which
-                # must not reuse the old lines' IDs.
-                identity = f"{identity}-{stat.st_mtime_ns}"
+            if file is not None and not _same_content(file, seen):
+                # Truncated in place (copytruncate), perhaps refilled: what it holds now is
+                # new content, which must not reuse the old lines' IDs.
+                identity = f"{identity}-{seen.mtime_ns}"
                 file = self._files.get(identity)
             if file is None:
-                file = _File(identity, stat.st_ino, path)
-                self._files[identity] = file
+                unknown.append((identity, seen))
+                continue
             file.path = path
-            present[identity] = (file, stat.st_mtime)
-        return present
+            present[identity] = (file, seen)
+        # Oldest first: of new files that start alike, the oldest is read first.
+        for identity, seen in sorted(unknown, key=lambda item: item[1].mtime):
+            original = self._original_of(seen, present)
+            if original is not None:
+                # The copy of a file truncated in place: it carries on where that one was left.
+                original.inode, original.path = seen.inode, seen.path
+                present[original.identity] = (original, seen)
+            elif _copy_of_a_live_file(seen, present):
+                # Read as that file's continuation once it is truncated. Its time must not
+                # make the file it copies look rotated away.
+                continue
+            else:
+                file = _File(identity, seen.inode, seen.path)
+                self._files[identity] = file
+                present[identity] = (file, seen)
+        newest = max((seen.mtime for _, seen in present.values()), default=float("-inf"))
+        return present, newest
+
+    def _original_of(self, seen: _Seen, present: dict[str, tuple[_File, _Seen]]) -> _File | None:
+        """The known file, no longer where it was read, of which ``seen`` is a copy: it
+        starts with the same line and holds the same bytes before that file's offset."""
+        for file in self._files.values():
+            if file.identity in present or file.head != seen.head or file.inode == seen.inode:
+                continue
+            if seen.size < file.offset:
+                continue
+            if file.offset == 0 or (
+                file.tail is not None
+                and _digest_at(seen.path, seen.inode, file.offset) == file.tail
+            ):
+                return file
+        return None
 
     def _read(
         self,
@@ -210,55 +301,89 @@ class LogFileSource(Source):
         records: list[SourceRecord],
         rejected: list[RejectedInput],
         budget: int,
-    ) -> int:
+    ) -> tuple[int, int | None]:
+        """Reads ``file`` from its offset, about ``budget`` bytes: the bytes consumed, and
+        the file's size as read (``None``: it is gone or its path names another file now)."""
         try:
-            with file.path.open("rb") as handle:
-                handle.seek(file.offset)
-                data = handle.read(budget)
-                if len(data) == budget:
-                    # Finish the line that straddles the budget.
-                    data += handle.readline()
+            handle = file.path.open("rb")
         except FileNotFoundError:
-            return 0
-        if not data:
-            return 0
-        end = data.rfind(b"\n") + 1
-        if end == 0 and self.follow:
-            return 0  # a line still being written
-        if end == 0 or (not self.follow and not data.endswith(b"\n")):
-            end = len(data)  # the unterminated last line of a finished replay file
-        offset = file.offset
-        for raw in data[:end].splitlines(keepends=True):
-            line_offset, offset = offset, offset + len(raw)
-            text = raw.rstrip(b"\r\n")
-            if not text:
-                continue
-            try:
-                parsed: object = self.parse(text.decode("utf-8"))
-            except Exception as exc:
-                rejected.append(RejectedInput.of(file.identity, line_offset, text, exc))
-                continue
-            if parsed is None:
-                continue
-            if not isinstance(parsed, Event):
-                error = TypeError(f"parse returned {type(parsed).__name__}, not LogLine or None")
-                rejected.append(RejectedInput.of(file.identity, line_offset, text, error))
-                continue
-            records.append(
-                SourceRecord(
-                    self.stream,
-                    parsed.key,
-                    parsed.value,
-                    parsed.timestamp,
-                    file.identity,
-                    line_offset,
-                )
+            return 0, None
+        with handle:
+            if os.fstat(handle.fileno()).st_ino != file.inode:
+                return 0, None  # rotated between the scan and now: the next scan sorts it out
+            start = file.offset
+            handle.seek(start)
+            # Until past the budget: a poll ends at the end of a line.
+            while file.offset - start <= budget:
+                if file.skipping:
+                    if not self._skip(file, handle, budget - (file.offset - start) + 1):
+                        break
+                    continue
+                line = handle.readline(self.max_line_bytes + 1)
+                if not line:
+                    break
+                if not line.endswith(b"\n") and len(line) > self.max_line_bytes:
+                    error = OversizedRecordError(
+                        f"line longer than max_line_bytes ({self.max_line_bytes} bytes): "
+                        f"its first {self.max_line_bytes} bytes are kept here, the rest is "
+                        "skipped up to its end"
+                    )
+                    raw = line[: self.max_line_bytes]
+                    rejected.append(RejectedInput.of(file.identity, file.offset, raw, error))
+                    file.offset += len(line)
+                    file.skipping = True
+                    continue
+                if not line.endswith(b"\n") and self.follow:
+                    break  # a line still being written
+                # A whole line, or the unterminated last line of a finished replay file.
+                self._take(file, line, records, rejected)
+                file.offset += len(line)
+            if file.offset != start:
+                file.tail = _digest_before(handle, file.offset)
+            size = os.fstat(handle.fileno()).st_size
+        return file.offset - start, size
+
+    def _skip(self, file: _File, handle: IO[bytes], budget: int) -> bool:
+        """Skips the rest of an oversized line a chunk at a time; ``False`` at the end of
+        the file (the line goes on when more is written)."""
+        chunk = handle.read(min(_SKIP_CHUNK_BYTES, budget))
+        if not chunk:
+            return False
+        newline = chunk.find(b"\n")
+        if newline < 0:
+            file.offset += len(chunk)
+            return True
+        file.offset += newline + 1
+        file.skipping = False
+        handle.seek(file.offset)
+        return True
+
+    def _take(
+        self,
+        file: _File,
+        line: bytes,
+        records: list[SourceRecord],
+        rejected: list[RejectedInput],
+    ) -> None:
+        """Parses one line read at ``file.offset`` into a record or a dead letter."""
+        text = line.removesuffix(b"\n").removesuffix(b"\r")
+        if not text:
+            return
+        try:
+            event = _checked(self.parse(text.decode("utf-8")))
+        except Exception as exc:  # a bad line, whatever parse raises: a dead letter
+            rejected.append(RejectedInput.of(file.identity, file.offset, text, exc))
+            return
+        if event is None:
+            return
+        records.append(
+            SourceRecord(
+                self.stream, event.key, event.value, event.timestamp, file.identity, file.offset
             )
-            if file.first_event is None:
-                file.first_event = parsed.timestamp
-            file.max_event = max(file.max_event or parsed.timestamp, parsed.timestamp)
-        file.offset = offset
-        return end
+        )
+        if file.first_event is None:
+            file.first_event = event.timestamp
+        file.max_event = max(file.max_event or event.timestamp, event.timestamp)
 
     def _watermark(self) -> int | None:
         holds: list[int] = []
@@ -285,21 +410,81 @@ class LogFileSource(Source):
         return None
 
 
-def _identity(path: Path, inode: int, *, complete: bool) -> str | None:
-    """``<inode>-<digest of the first line>``, or ``None`` before a first line exists
-    (with ``complete``, before a first *terminated* line exists)."""
+def _checked(parsed: object) -> Event | None:
+    """What ``parse`` returned, checked before it counts for the watermark: a bad event
+    time must become a dead letter, never the source's low watermark."""
+    if parsed is None:
+        return None
+    if not isinstance(parsed, Event):
+        raise TypeError(f"parse returned {type(parsed).__name__}, not LogLine or None")
+    if not isinstance(parsed.timestamp, int) or isinstance(parsed.timestamp, bool):
+        raise TypeError(f"parse returned event time {parsed.timestamp!r}, not int µs")
+    if not isinstance(parsed.key, str):
+        raise TypeError(f"parse returned key {parsed.key!r}, not str")
+    if not isinstance(parsed.value, bytes):
+        raise TypeError(f"parse returned value of type {type(parsed.value).__name__}, not bytes")
+    check_event_time(parsed.timestamp)
+    return parsed
+
+
+def _look(path: Path, *, complete: bool) -> _Seen | None:
+    """``path`` as it is now, or ``None`` if it is gone, not a regular file, or has no first
+    line yet (with ``complete``, no *terminated* first line)."""
+    try:
+        if not stat_module.S_ISREG(path.stat().st_mode):
+            return None  # a directory, a FIFO (opening it would block), ...
+        with path.open("rb") as handle:
+            stat = os.fstat(handle.fileno())
+            first = handle.readline(_FIRST_LINE_BYTES)
+    except FileNotFoundError:
+        return None  # rotated away between listing and opening: found next poll
+    if not first or (complete and not first.endswith(b"\n") and len(first) < _FIRST_LINE_BYTES):
+        return None
+    return _Seen(
+        path=path,
+        inode=stat.st_ino,
+        size=stat.st_size,
+        mtime=stat.st_mtime,
+        mtime_ns=stat.st_mtime_ns,
+        head=hashlib.blake2b(first, digest_size=8).hexdigest(),
+    )
+
+
+def _same_content(file: _File, seen: _Seen) -> bool:
+    """Whether ``seen`` still holds what ``file`` was read from, up to its offset."""
+    if seen.size < file.offset:
+        return False
+    if file.tail is None:
+        return True
+    digest = _digest_at(seen.path, seen.inode, file.offset)
+    return digest is None or digest == file.tail  # None: replaced since; the read checks
+
+
+def _copy_of_a_live_file(seen: _Seen, present: dict[str, tuple[_File, _Seen]]) -> bool:
+    """Whether ``seen`` is a copy (perhaps in the making) of an unfinished file being read:
+    it starts with the same line and ends with the same bytes as that file at its length."""
+    for file, live in present.values():
+        if file.finished or file.head != seen.head or live.inode == seen.inode:
+            continue
+        at = min(seen.size, live.size)
+        ours = _digest_at(seen.path, seen.inode, at)
+        if ours is not None and ours == _digest_at(live.path, live.inode, at):
+            return True
+    return False
+
+
+def _digest_before(handle: IO[bytes], offset: int) -> str:
+    start = max(0, offset - _TAIL_BYTES)
+    handle.seek(start)
+    return hashlib.blake2b(handle.read(offset - start), digest_size=8).hexdigest()
+
+
+def _digest_at(path: Path, inode: int, offset: int) -> str | None:
+    """The digest of the bytes before ``offset`` in ``path`` if it is still file ``inode``."""
     try:
         with path.open("rb") as handle:
-            first = handle.readline(64 * 1024)
+            if os.fstat(handle.fileno()).st_ino != inode:
+                return None
+            return _digest_before(handle, offset)
     except FileNotFoundError:
         return None
-    if not first or (complete and not first.endswith(b"\n") and len(first) < 64 * 1024):
-        return None
-    return f"{inode}-{hashlib.blake2b(first, digest_size=8).hexdigest()}"
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0

@@ -1,9 +1,16 @@
 """The pubsub injector: an external Kafka topic, written by ordinary producers, into a stream.
 
 The feed's messages carry JSON or Avro values; a user ``pick`` function returns each one's
-event time (µs) and key, and the record's value is the message value as it came. A message
-that does not decode, or that ``pick`` rejects, becomes a dead letter with its topic,
-partition and offset.
+event time (µs) and key, and the record's value is the message value as it came.
+
+**Bad messages** never stop the source and never cost a good one. A message that does not
+decode, that ``pick`` rejects (it raises), for which it returns an event time that is not a
+plausible ``int`` (µs since the epoch, years 1970..9999) or no key (``None``), or a
+tombstone (no value) becomes one dead letter whose origin is ``<topic>/<partition>``
+(``stream``) and the message's offset (``offset``; the message id), and it never moves the
+watermark. Its offset is checkpointed like a good message's, after the dead letter is sent:
+a message counts as handled once its record or its dead letter is on Kafka. Messages of
+aborted transactions are never read (``read_committed``).
 
 * **Record IDs** derive from ``(topic, partition, offset)``, so a restarted injector that
   re-reads a message re-sends the same ID.
@@ -35,8 +42,8 @@ from fastavro import parse_schema, schemaless_reader
 
 from millstream.engine.clock import Clock
 from millstream.engine.config import MillstreamConfig
-from millstream.engine.errors import InjectorError
-from millstream.engine.records import MIN_EVENT_TIME
+from millstream.engine.errors import InjectorError, MalformedRecordError
+from millstream.engine.records import MIN_EVENT_TIME, check_event_time
 from millstream.injectors.source import Poll, Position, RejectedInput, Source, SourceRecord
 
 __all__ = ["KafkaFeedSource", "Pick"]
@@ -123,6 +130,8 @@ class KafkaFeedSource(Source):
             self.config,
             "millstream-feed",
             **{"enable.partition.eof": True},
+            # An aborted transaction of the feed's producer never becomes records.
+            **{"isolation.level": "read_committed"},
             **self.consumer_settings,
         )
         self._assign()
@@ -135,11 +144,17 @@ class KafkaFeedSource(Source):
         rejected: list[RejectedInput] = []
         now = self.clock.now() if self.clock is not None else None
         for message in reader.consume(self.max_records_per_poll, timeout):
-            partition, offset = message.partition(), message.offset()
-            assert partition is not None
-            assert offset is not None
-            state = self._partitions.setdefault(partition, _Partition())
             error = message.error()
+            partition, offset = message.partition(), message.offset()
+            if error is not None and partition is None:
+                # An event of the client, not of a message (a broker went away, ...):
+                # librdkafka recovers from all but fatal ones by itself.
+                if error.fatal():
+                    raise InjectorError(f"reading feed topic {self.topic!r}: {error}")
+                _log.warning("reading feed topic %r: %s", self.topic, error)
+                continue
+            assert partition is not None
+            state = self._partitions.setdefault(partition, _Partition())
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:
                     state.caught_up = True
@@ -147,19 +162,19 @@ class KafkaFeedSource(Source):
                 raise InjectorError(
                     f"reading feed topic {self.topic!r} partition {partition}: {error}"
                 )
+            assert offset is not None
             state.next_offset = offset + 1
             state.caught_up = False
             state.last_arrival = now
-            raw = message.value() or b""
+            value = message.value()
+            raw = value or b""
             origin = f"{self.topic}/{partition}"
             try:
-                timestamp, key = self.pick(self._decode(raw))
-                if not isinstance(timestamp, int) or isinstance(timestamp, bool):
-                    raise TypeError(f"pick returned event time {timestamp!r}, not int µs")
-            except Exception as exc:
+                timestamp, key = self._pick(value)
+            except Exception as exc:  # a bad message, whatever pick raises: a dead letter
                 rejected.append(RejectedInput.of(origin, offset, raw, exc))
                 continue
-            records.append(SourceRecord(self.stream, str(key), raw, timestamp, origin, offset))
+            records.append(SourceRecord(self.stream, key, raw, timestamp, origin, offset))
             state.max_event = max(state.max_event or timestamp, timestamp)
         return Poll(
             records=records,
@@ -212,6 +227,21 @@ class KafkaFeedSource(Source):
             ]
         )
         self._assigned = set(self._partitions)
+
+    def _pick(self, value: bytes | None) -> tuple[int, str]:
+        """A message's event time and key, checked before they count for the watermark: a
+        bad event time must become a dead letter, never the source's low watermark."""
+        if value is None:
+            raise MalformedRecordError(
+                "the message has no value (a tombstone: a deletion on a compacted topic)"
+            )
+        timestamp, key = self.pick(self._decode(value))
+        if not isinstance(timestamp, int) or isinstance(timestamp, bool):
+            raise TypeError(f"pick returned event time {timestamp!r}, not int µs")
+        if key is None:
+            raise TypeError("pick returned no key (None)")
+        check_event_time(timestamp)
+        return timestamp, str(key)
 
     def _decode(self, raw: bytes) -> Any:
         if self.value_format == "json":
