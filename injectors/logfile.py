@@ -250,18 +250,22 @@ class LogFileSource(Source):
             seen = _look(path, complete=self.follow)
             if seen is None:
                 continue
-            identity = f"{seen.inode}-{seen.head}"
-            file = self._files.get(identity)
-            if file is not None and not _same_content(file, seen):
-                # Truncated in place (copytruncate), perhaps refilled: what it holds now is
-                # new content, which must not reuse the old lines' IDs.
-                identity = f"{identity}-{seen.mtime_ns}"
-                file = self._files.get(identity)
+            # Known by what it carries (its inode and first line), not by its identity: a
+            # copy carries on its original's identity.
+            carried = [
+                f for f in self._files.values() if (f.inode, f.head) == (seen.inode, seen.head)
+            ]
+            file = next((f for f in carried if _same_content(f, seen)), None)
             if file is None:
+                identity = f"{seen.inode}-{seen.head}"
+                if carried or identity in self._files:
+                    # Truncated in place (copytruncate), perhaps refilled: what it holds now
+                    # is new content, which must not reuse the old lines' IDs.
+                    identity = f"{identity}-{seen.mtime_ns}"
                 unknown.append((identity, seen))
                 continue
             file.path = path
-            present[identity] = (file, seen)
+            present[file.identity] = (file, seen)
         # Oldest first: of new files that start alike, the oldest is read first.
         for identity, seen in sorted(unknown, key=lambda item: item[1].mtime):
             original = self._original_of(seen, present)

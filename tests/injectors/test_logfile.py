@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import os
+import random
+import shutil
+import tracemalloc
 from pathlib import Path
 
 import pytest
 
 from millstream.engine.clock import ManualClock
+from millstream.engine.deadletters import MAX_RAW_BYTES
 from millstream.engine.records import MAX_EVENT_TIME
 from millstream.injectors import InjectorOptions, LogFileSource, LogLine
+from millstream.injectors.logfile import DEFAULT_MAX_LINE_BYTES
 from millstream.injectors.testing import InjectorHarness, injector_harness
 
 pytestmark = pytest.mark.unit
@@ -162,3 +167,230 @@ def test_a_truncated_file_is_new_content_with_new_ids(tmp_path: Path) -> None:
     harness.process.step()
     assert logs(harness) == ["one", "two", "one"]
     assert harness.records("lines")[2].record_id not in first_ids
+
+
+# -- bad input: one dead letter per bad line, with its file and byte offset; nothing good lost
+
+
+def origins(harness: InjectorHarness) -> list[tuple[str | None, int | None, str]]:
+    return [(d.origin.stream, d.origin.offset, d.error_type) for d in harness.dead_letters()]
+
+
+def identity_of(path: Path) -> str:
+    """The origin a dead letter names a file by: the identity its records' IDs derive from."""
+    return str(path.stat().st_ino)
+
+
+def test_invalid_utf8_and_binary_junk_are_one_dead_letter_per_line(tmp_path: Path) -> None:
+    junk = random.Random(7).randbytes(300).replace(b"\n", b"") + b"\r\x00\x00\r"
+    lines = [b"1 a one", b"\xff\xfe invalid utf-8", b"\x00" * 64, junk, b"2 a two"]
+    (tmp_path / "app.log").write_bytes(b"\n".join(lines) + b"\n")
+    harness = harness_for(tmp_path)
+    harness.process.step()
+    assert logs(harness) == ["one", "two"]
+    starts = [sum(len(line) + 1 for line in lines[:n]) for n in range(len(lines))]
+    assert [(offset, error) for _, offset, error in origins(harness)] == [
+        (starts[1], "UnicodeDecodeError"),
+        (starts[2], "ValueError"),  # NULs are valid UTF-8: parse rejects them
+        (starts[3], "UnicodeDecodeError"),  # one line, \r and all
+    ]
+    assert harness.dead_letters()[2].raw == junk.removesuffix(b"\r")
+    # The origin names the file by identity, the one its good records' IDs derive from.
+    (stream,) = {stream for stream, _, _ in origins(harness)}
+    assert str(stream).startswith(identity_of(tmp_path / "app.log") + "-")
+
+
+def test_a_carriage_return_ends_a_line_only_before_its_newline(tmp_path: Path) -> None:
+    (tmp_path / "app.log").write_bytes(b"1 a crlf\r\n2 a in\rside\n")
+    harness = harness_for(tmp_path)
+    harness.process.step()
+    assert logs(harness) == ["crlf", "in\rside"]
+    assert harness.dead_letters() == []
+
+
+def test_a_10_mb_line_is_one_dead_letter_with_its_prefix_and_never_held_whole(
+    tmp_path: Path,
+) -> None:
+    huge = b"2 a " + b"z" * (10 * 1024 * 1024)
+    (tmp_path / "app.log").write_bytes(b"1 a one\n" + huge + b"\n3 a three\n")
+    harness = harness_for(tmp_path)
+    tracemalloc.start()
+    try:
+        harness.process.step()
+        harness.process.step()
+        harness.process.step()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert logs(harness) == ["one", "three"]
+    assert origins(harness) == [(origins(harness)[0][0], 8, "OversizedRecordError")]
+    letter = harness.dead_letters()[0]
+    assert letter.raw == huge[: min(DEFAULT_MAX_LINE_BYTES, MAX_RAW_BYTES)]
+    assert "max_line_bytes" in letter.error_message
+    # The line is read a bounded piece at a time: a few times the line limit at most.
+    assert peak < 4 * DEFAULT_MAX_LINE_BYTES, f"peak {peak} bytes"
+
+
+def test_an_oversized_line_still_being_written_is_skipped_across_polls_and_restarts(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "app.log"
+    log.write_bytes(b"1 a one\n" + b"x" * 250)
+    source = LogFileSource(tmp_path, parse, "lines", max_line_bytes=100)
+    harness = injector_harness("logs", source)
+    harness.process.start()
+    harness.process.step()
+    with log.open("ab") as handle:
+        handle.write(b"y" * 300)
+    harness.process.step()
+    harness.restart(LogFileSource(tmp_path, parse, "lines", max_line_bytes=100))
+    harness.process.step()
+    with log.open("ab") as handle:
+        handle.write(b"z" * 30 + b"\n2 a two\n")
+    harness.process.step()
+    assert logs(harness) == ["one", "two"]
+    assert [(offset, error) for _, offset, error in origins(harness)] == [
+        (8, "OversizedRecordError")
+    ]
+    assert harness.dead_letters()[0].raw == b"x" * 100
+
+
+def test_what_parse_returns_is_checked_before_it_moves_the_watermark(tmp_path: Path) -> None:
+    def typed(line: str) -> object:
+        kind, seconds = line.split(" ")
+        at = int(seconds) * SECOND
+        return {
+            "ok": LogLine(at, "k", b"ok"),
+            "ns": LogLine(at * 1_000_000_000, "k", b"ns"),  # a unit mistake: out of range
+            "float": LogLine(float(at), "k", b""),  # type: ignore[arg-type]
+            "key": LogLine(at, None, b""),  # type: ignore[arg-type]
+            "value": LogLine(at, "k", "text"),  # type: ignore[arg-type]
+            "dict": {"at": at},
+        }[kind]
+
+    (tmp_path / "app.log").write_text(
+        "ok 100\nns 9999999999\nfloat 500\nkey 600\nvalue 700\ndict 800\nok 110\n"
+    )
+    source = LogFileSource(tmp_path, typed, "lines", out_of_order=10 * SECOND)  # type: ignore[arg-type]
+    harness = injector_harness("logs", source)
+    harness.process.start()
+    harness.process.step()
+    assert [r.value for r in harness.records("lines")] == [b"ok", b"ok"]
+    assert [error for _, _, error in origins(harness)] == [
+        "AbsurdTimestampError",
+        "TypeError",
+        "TypeError",
+        "TypeError",
+        "TypeError",
+    ]
+    assert harness.process.watermark == 100 * SECOND  # the highest good event, minus 10 s
+
+
+def test_copytruncate_reads_the_copy_s_unread_rest_once_and_the_live_file_from_0(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "app.log"
+    write(log, "1 a one", "2 a two")
+    harness = harness_for(tmp_path)
+    harness.process.step()
+    write(log, "3 a three")  # written just before the rotation, not read yet
+    shutil.copyfile(log, tmp_path / "app.log.1")  # logrotate's copytruncate: copy, then
+    with log.open("r+") as handle:  # truncate in place; the writer goes on at 0
+        handle.truncate(0)
+    write(log, "4 a four")
+    touch_later(log, 5)
+    harness.process.step()
+    harness.process.step()
+    assert logs(harness) == ["one", "two", "three", "four"]
+    assert len({r.record_id for r in harness.records("lines")}) == 4
+    assert len(harness.sink.sent) == 4  # nothing sent twice either
+    # A restart reads nothing again.
+    harness.restart(LogFileSource(tmp_path, parse, "lines"))
+    harness.process.step()
+    assert len(harness.sink.sent) == 4
+
+
+def test_a_copy_seen_before_its_original_is_truncated_is_read_once(tmp_path: Path) -> None:
+    log = tmp_path / "app.log"
+    write(log, "1 a one", "2 a two")
+    harness = harness_for(tmp_path)
+    harness.process.step()
+    write(log, "3 a three")
+    copy = tmp_path / "app.log.1"
+    shutil.copyfile(log, copy)
+    touch_later(copy, 5)  # the copy is newer than the file it copies
+    harness.process.step()  # the copy exists, the original is not truncated yet
+    with log.open("r+") as handle:
+        handle.truncate(0)
+    write(log, "4 a four")
+    touch_later(log, 10)
+    harness.process.step()
+    harness.process.step()
+    assert logs(harness) == ["one", "two", "three", "four"]
+    assert len(harness.sink.sent) == 4
+
+
+def test_a_file_truncated_and_refilled_past_its_offset_is_read_from_0(tmp_path: Path) -> None:
+    log = tmp_path / "app.log"
+    write(log, "1 a one", "2 a two")
+    harness = harness_for(tmp_path)
+    harness.process.step()
+    log.write_text("1 a one\n3 a new-three\n4 a new-four\n")  # same first line, longer
+    harness.process.step()
+    harness.process.step()
+    harness.process.step()
+    assert logs(harness) == ["one", "two", "one", "new-three", "new-four"]
+    assert len({r.record_id for r in harness.records("lines")}) == 5
+    assert len(harness.sink.sent) == 5  # the new content is not read again either
+
+
+def test_rotation_in_the_middle_of_a_file_drains_it_then_reads_the_new_one(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "app.log"
+    write(log, *(f"{n} a old-{n}" for n in range(1, 41)))
+    source = LogFileSource(tmp_path, parse, "lines", max_bytes_per_poll=50)
+    harness = injector_harness("logs", source)
+    harness.process.start()
+    harness.process.step()  # part of the file read
+    log.rename(tmp_path / "app.log.1")
+    write(log, "50 a new-50")
+    touch_later(log, 5)
+    for _ in range(30):
+        harness.process.step()
+    assert logs(harness) == [f"old-{n}" for n in range(1, 41)] + ["new-50"]
+    assert len(harness.sink.sent) == 41
+
+
+def test_a_file_deleted_while_read_costs_only_its_unread_lines(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    doomed = tmp_path / "a.log"
+    write(doomed, *(f"{n} a a-{n}" for n in range(1, 21)))
+    source = LogFileSource(tmp_path, parse, "lines", max_bytes_per_poll=30)
+    harness = injector_harness("logs", source)
+    harness.process.start()
+    harness.process.step()
+    read_before = len(logs(harness))
+    doomed.unlink()
+    write(tmp_path / "b.log", "30 b b-30")
+    harness.process.step()
+    harness.process.step()
+    assert logs(harness) == [f"a-{n}" for n in range(1, read_before + 1)] + ["b-30"]
+    assert "vanished before it was read to its end" in caplog.text
+    assert harness.dead_letters() == []
+
+
+def test_a_rotated_file_written_again_is_read_again(tmp_path: Path) -> None:
+    log = tmp_path / "app.log"
+    write(log, "1 a one")
+    harness = harness_for(tmp_path)
+    harness.process.step()
+    log.rename(tmp_path / "app.log.1")
+    write(log, "5 a new")
+    touch_later(log, 5)
+    harness.process.step()  # app.log.1 read to its end, older than app.log: finished
+    write(tmp_path / "app.log.1", "2 a straggler")  # the writer had not reopened yet
+    touch_later(log, 10)
+    harness.process.step()
+    assert sorted(logs(harness)) == ["new", "one", "straggler"]
