@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,6 +29,7 @@ from millstream.engine.clock import SystemClock
 from millstream.engine.computation import Computation
 from millstream.engine.config import MillstreamConfig, RunSettings
 from millstream.engine.context import Context
+from millstream.engine.deadletters import decode_dead_letter
 from millstream.engine.errors import InjectorFencedError
 from millstream.engine.records import Record, decode_record
 from millstream.engine.timers import Timer
@@ -332,3 +335,127 @@ def test_an_idle_injector_heartbeat_fires_an_event_time_timer(
                 thread.join(30)
     finally:
         running.stop()
+
+
+class LogWriter:
+    """Writes lines to log files and remembers what each good and bad line should become."""
+
+    def __init__(self) -> None:
+        self.good: list[str] = []
+        self.bad: list[tuple[int, int, str]] = []  # (inode, byte offset, error type)
+        self.count = 0
+
+    def good_lines(self, path: Path, count: int) -> None:
+        with path.open("ab") as handle:
+            for _ in range(count):
+                self.count += 1
+                value = f"good-{self.count}"
+                line = f"{SECOND * (1_000 + self.count)} k{self.count % 5} {value}\n"
+                handle.write(line.encode())
+                self.good.append(value)
+
+    def bad_line(self, path: Path, line: bytes, error_type: str) -> None:
+        with path.open("ab") as handle:
+            handle.write(line + b"\n")
+        stat = path.stat()
+        self.bad.append((stat.st_ino, stat.st_size - len(line) - 1, error_type))
+
+    def every_kind_of_bad_line(self, path: Path) -> None:
+        junk = random.Random(len(self.bad)).randbytes(200).replace(b"\n", b"") + b"\r\x00"
+        self.bad_line(path, b"1000000000 k \xff\xfe invalid utf-8", "UnicodeDecodeError")
+        self.good_lines(path, 3)
+        self.bad_line(path, b"\x00" * 100, "ValueError")  # NULs: UTF-8, but no fields
+        self.bad_line(path, junk, "UnicodeDecodeError")  # one line, whatever \r it holds
+        self.good_lines(path, 3)
+        self.bad_line(path, b"not a log line", "ValueError")
+        self.bad_line(path, b"99999999999999999999999 k ns-not-us", "AbsurdTimestampError")
+        self.good_lines(path, 3)
+        # Over the line limit, and under it but over the record limit once enveloped.
+        self.bad_line(path, b"1000000000 k " + b"x" * 10 * 1024 * 1024, "OversizedRecordError")
+        self.bad_line(path, b"1000000000 k " + b"y" * 999_980, "OversizedRecordError")
+        self.good_lines(path, 3)
+
+
+def test_bad_lines_rotation_and_truncation_mid_run_lose_and_repeat_no_good_line(
+    services: MillstreamConfig,
+    cassandra_keyspace: Callable[[], str],
+    streams: StreamNames,
+    tmp_path: Path,
+) -> None:
+    keyspace = cassandra_keyspace()
+    name = streams.new("badlines")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    log = logs / "app.log"
+    writer = LogWriter()
+    writer.good_lines(log, 200)
+    writer.every_kind_of_bad_line(log)
+    writer.good_lines(log, 200)
+    source = LogFileSource(logs, parse, name, max_bytes_per_poll=64 * 1024)
+    options = InjectorOptions(poll_timeout=0.1)
+    settings = run_settings(services, keyspace)
+    started = time.monotonic()
+    with connect_injector(services, name, source, options, settings) as injector:
+        failures: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                injector.run()
+            except BaseException as exc:  # handed to the test thread, which raises it
+                failures.append(exc)
+                raise
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        try:
+
+            def wait_for(records: int, dead_letters: int) -> None:
+                deadline = time.monotonic() + 120
+                while (
+                    message_count(services, name) < records
+                    or message_count(services, f"{name}.dead-letters") < dead_letters
+                ):
+                    assert not failures, f"the injector failed: {failures[0]!r}"
+                    assert time.monotonic() < deadline, f"stuck: {injector.stats}"
+                    time.sleep(0.2)
+
+            wait_for(100, 0)  # mid-run
+            # Rotation by rename: lines written just before it are drained from the old file.
+            writer.every_kind_of_bad_line(log)
+            writer.good_lines(log, 100)
+            log.rename(logs / "app.log.1")
+            writer.good_lines(log, 50)
+            writer.every_kind_of_bad_line(log)
+            wait_for(len(writer.good) - 20, 0)
+            # copytruncate: the lines written just before it are read from the copy.
+            writer.good_lines(log, 100)
+            writer.every_kind_of_bad_line(log)
+            shutil.copyfile(log, logs / "app.log.2")
+            with log.open("r+b") as handle:
+                handle.truncate(0)
+            writer.good_lines(log, 50)
+            writer.every_kind_of_bad_line(log)
+            writer.good_lines(log, 50)
+            wait_for(len(writer.good), len(writer.bad))
+            assert thread.is_alive(), "the injector stopped"
+        finally:
+            injector.stop()
+            thread.join(30)
+        assert not failures
+        stats = injector.stats
+    elapsed = time.monotonic() - started
+
+    records = read_stream(services, name)
+    assert sorted(r.value.decode() for r in records) == sorted(writer.good)  # each once
+    assert len({r.record_id for r in records}) == len(writer.good)
+    letters = [decode_dead_letter(r.value) for r in read_stream(services, f"{name}.dead-letters")]
+    found = sorted(
+        (int(str(d.origin.stream).split("-")[0]), d.origin.offset or 0, d.error_type)
+        for d in letters
+    )
+    assert found == sorted(writer.bad)  # each bad line once, with its file and byte offset
+    assert stats.dead_letters == len(writer.bad)
+    print(
+        f"{len(writer.good)} good lines, {len(writer.bad)} bad ones, in {elapsed:.1f} s "
+        f"({stats.polls} polls)"
+    )
