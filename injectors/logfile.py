@@ -37,8 +37,9 @@ function that returns the line's event time (µs), key and value (or ``None`` to
 (a trailing ``\\r`` is dropped; a ``\\r`` inside a line is part of it). A line that is not
 UTF-8, that ``parse`` rejects (it raises), or for which it returns something other than a
 :class:`LogLine` with a ``str`` key, ``bytes`` value and a plausible ``int`` event time,
-becomes one dead letter whose origin is the file (``stream``: its identity) and the line's
-byte offset (``offset``), and it never moves the watermark. A line longer than
+becomes one dead letter whose origin is the file (``stream``: its identity, the one its
+records' IDs derive from) and the byte offset where the line starts (``offset``); its
+message starts with the file's path at the time. It never moves the watermark. A line longer than
 ``max_line_bytes`` (default: the engine's record limit) is never held whole: it becomes one
 dead letter with its first ``max_line_bytes`` bytes as soon as it passes the limit, and the
 rest of it is skipped up to its newline, however long, a chunk at a time (also across polls
@@ -54,7 +55,7 @@ import logging
 import os
 import stat as stat_module
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -332,8 +333,7 @@ class LogFileSource(Source):
                         f"its first {self.max_line_bytes} bytes are kept here, the rest is "
                         "skipped up to its end"
                     )
-                    raw = line[: self.max_line_bytes]
-                    rejected.append(RejectedInput.of(file.identity, file.offset, raw, error))
+                    rejected.append(_rejected(file, line[: self.max_line_bytes], error))
                     file.offset += len(line)
                     file.skipping = True
                     continue
@@ -376,7 +376,7 @@ class LogFileSource(Source):
         try:
             event = _checked(self.parse(text.decode("utf-8")))
         except Exception as exc:  # a bad line, whatever parse raises: a dead letter
-            rejected.append(RejectedInput.of(file.identity, file.offset, text, exc))
+            rejected.append(_rejected(file, text, exc))
             return
         if event is None:
             return
@@ -412,6 +412,14 @@ class LogFileSource(Source):
             # Everything read: the highest event time seen bounds what is still to come.
             return max((f.max_event for f in self._files.values() if f.max_event), default=None)
         return None
+
+
+def _rejected(file: _File, raw: bytes, error: Exception) -> RejectedInput:
+    """The line at ``file.offset`` as a dead letter; its message starts with the file's path
+    at the time, which the origin (the file's identity) does not tell."""
+    rejected = RejectedInput.of(file.identity, file.offset, raw, error)
+    message = f"{file.path} at byte {file.offset}: {rejected.error_message}"
+    return replace(rejected, error_message=message)
 
 
 def _checked(parsed: object) -> Event | None:

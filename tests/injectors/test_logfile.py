@@ -195,9 +195,12 @@ def test_invalid_utf8_and_binary_junk_are_one_dead_letter_per_line(tmp_path: Pat
         (starts[3], "UnicodeDecodeError"),  # one line, \r and all
     ]
     assert harness.dead_letters()[2].raw == junk.removesuffix(b"\r")
-    # The origin names the file by identity, the one its good records' IDs derive from.
+    # The origin names the file by identity, the one its good records' IDs derive from;
+    # the message by its path.
     (stream,) = {stream for stream, _, _ in origins(harness)}
     assert str(stream).startswith(identity_of(tmp_path / "app.log") + "-")
+    message = harness.dead_letters()[0].error_message
+    assert message.startswith(f"{tmp_path / 'app.log'} at byte {starts[1]}: 'utf-8' codec")
 
 
 def test_a_carriage_return_ends_a_line_only_before_its_newline(tmp_path: Path) -> None:

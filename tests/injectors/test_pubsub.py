@@ -144,3 +144,32 @@ def test_a_missing_feed_topic_is_a_clear_error(services: MillstreamConfig) -> No
     with pytest.raises(InjectorError, match="does not exist"):
         source.open(None)
     source.close()
+
+
+def test_tombstones_and_an_aborted_transaction_never_become_records(
+    services: MillstreamConfig, kafka_topic: Callable[..., str], unique: Callable[[str], str]
+) -> None:
+    feed = kafka_topic(1)
+    send(services, feed, [(0, event(10, "ann"))])
+    tombstones = kafka_connector.producer(services)
+    tombstones.produce(feed, key=b"ann", value=None, partition=0)  # a deletion
+    assert tombstones.flush(30) == 0
+    aborting = kafka_connector.producer(services, **{"transactional.id": unique("aborting")})
+    aborting.init_transactions(30)
+    aborting.begin_transaction()
+    aborting.produce(feed, value=event(11, "ghost"), partition=0)
+    aborting.abort_transaction(30)
+    send(services, feed, [(0, event(12, "bob"))])
+    source = KafkaFeedSource(services, feed, pick, "searches")
+    harness = injector_harness("feed", source, InjectorOptions(poll_timeout=2.0))
+    harness.process.start()
+    for _ in range(5):
+        harness.process.step()
+        if len(harness.records("searches")) == 2 and len(harness.dead_letters()) == 1:
+            break
+    harness.process.step()
+    assert [r.key for r in harness.records("searches")] == ["ann", "bob"]
+    assert [(d.origin.stream, d.origin.offset, d.error_type) for d in harness.dead_letters()] == [
+        (f"{feed}/0", 1, "MalformedRecordError")
+    ]
+    harness.process.source.close()
