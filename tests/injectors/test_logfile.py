@@ -7,6 +7,7 @@ import random
 import shutil
 import tracemalloc
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -397,3 +398,35 @@ def test_a_rotated_file_written_again_is_read_again(tmp_path: Path) -> None:
     touch_later(log, 10)
     harness.process.step()
     assert sorted(logs(harness)) == ["new", "one", "straggler"]
+
+
+def test_a_file_rotated_between_the_scan_and_the_read_is_not_read_as_the_old_one(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "app.log"
+    write(log, "1 a one", "2 a two")
+
+    class RotatedAfterScan(LogFileSource):
+        """Rotates ``app.log`` right after its next scan found it, as logrotate might."""
+
+        rotate = False
+
+        def _scan(self) -> Any:
+            found = super()._scan()
+            if self.rotate:
+                self.rotate = False
+                write(log, "3 a three")
+                log.rename(tmp_path / "app.log.1")
+                write(log, "10 b ten", "11 b eleven", "12 b twelve")
+                touch_later(log, 5)
+            return found
+
+    source = RotatedAfterScan(tmp_path, parse, "lines")
+    harness = injector_harness("logs", source)
+    harness.process.start()
+    harness.process.step()
+    source.rotate = True
+    for _ in range(3):
+        harness.process.step()
+    assert logs(harness) == ["one", "two", "three", "ten", "eleven", "twelve"]
+    assert harness.dead_letters() == []
