@@ -39,11 +39,11 @@ UTF-8, that ``parse`` rejects (it raises), or for which it returns something oth
 :class:`LogLine` with a ``str`` key, ``bytes`` value and a plausible ``int`` event time,
 becomes one dead letter whose origin is the file (``stream``: its identity, the one its
 records' IDs derive from) and the byte offset where the line starts (``offset``); its
-message starts with the file's path at the time. It never moves the watermark. A line longer than
-``max_line_bytes`` (default: the engine's record limit) is never held whole: it becomes one
-dead letter with its first ``max_line_bytes`` bytes as soon as it passes the limit, and the
-rest of it is skipped up to its newline, however long, a chunk at a time (also across polls
-and restarts). NUL bytes and other binary junk are just bytes: a line of them reaches
+message starts with the file's path at the time. It never moves the watermark. A line
+longer than ``max_line_bytes`` (default: the engine's record limit) is never held whole: it
+becomes one dead letter with its first ``max_line_bytes`` bytes as soon as it passes the
+limit, and the rest of it is skipped up to its newline, however long, a chunk at a time
+(also across polls and restarts). NUL bytes and other binary junk are just bytes: a line of them reaches
 ``parse`` if it is valid UTF-8 and is a dead letter if ``parse`` rejects it. A file deleted
 before it was read to its end is logged with what was left unread.
 """
