@@ -43,9 +43,9 @@ message starts with the file's path at the time. It never moves the watermark. A
 longer than ``max_line_bytes`` (default: the engine's record limit) is never held whole: it
 becomes one dead letter with its first ``max_line_bytes`` bytes as soon as it passes the
 limit, and the rest of it is skipped up to its newline, however long, a chunk at a time
-(also across polls and restarts). NUL bytes and other binary junk are just bytes: a line of them reaches
-``parse`` if it is valid UTF-8 and is a dead letter if ``parse`` rejects it. A file deleted
-before it was read to its end is logged with what was left unread.
+(also across polls and restarts). NUL bytes and other binary junk are just bytes: a line of
+them reaches ``parse`` if it is valid UTF-8 and is a dead letter if ``parse`` rejects it. A
+file deleted before it was read to its end is logged with what was left unread.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import pytest
 from millstream.engine.clock import ManualClock
 from millstream.engine.deadletters import MAX_RAW_BYTES
 from millstream.engine.records import MAX_EVENT_TIME
-from millstream.injectors import InjectorOptions, LogFileSource, LogLine
+from millstream.injectors import InjectorOptions, LineParser, LogFileSource, LogLine
 from millstream.injectors.logfile import DEFAULT_MAX_LINE_BYTES
 from millstream.injectors.testing import InjectorHarness, injector_harness
 
@@ -275,7 +275,8 @@ def test_what_parse_returns_is_checked_before_it_moves_the_watermark(tmp_path: P
     (tmp_path / "app.log").write_text(
         "ok 100\nns 9999999999\nfloat 500\nkey 600\nvalue 700\ndict 800\nok 110\n"
     )
-    source = LogFileSource(tmp_path, typed, "lines", out_of_order=10 * SECOND)  # type: ignore[arg-type]
+    parse_anything: LineParser = typed  # type: ignore[assignment]
+    source = LogFileSource(tmp_path, parse_anything, "lines", out_of_order=10 * SECOND)
     harness = injector_harness("logs", source)
     harness.process.start()
     harness.process.step()
