@@ -81,6 +81,8 @@ _FIRST_LINE_BYTES = 64 * 1024
 # truncated and refilled file).
 _TAIL_BYTES = 256
 _SKIP_CHUNK_BYTES = 1024 * 1024
+# A file renamed between a scan's listing and its look at the file is missed by that scan.
+_SCANS_TO_FORGET = 2
 
 _log = logging.getLogger(__name__)
 
@@ -103,6 +105,7 @@ class _File:
     finished: bool = False
     skipping: bool = False  # inside an oversized line, already dead-lettered
     tail: str | None = None  # digest of the bytes just before ``offset``
+    missed: int = 0  # scans in a row that did not find it (not checkpointed)
 
     @property
     def head(self) -> str:
@@ -222,7 +225,13 @@ class LogFileSource(Source):
             at_end = file.offset >= size
             if at_end and (not self.follow or seen.mtime < newest):
                 file.finished = True
+        for file, _ in present.values():
+            file.missed = 0
         for identity in [i for i in self._files if i not in present]:
+            missing = self._files[identity]
+            missing.missed += 1
+            if missing.missed < _SCANS_TO_FORGET:
+                continue
             gone = self._files.pop(identity)
             if not gone.finished:
                 _log.warning(
@@ -257,6 +266,8 @@ class LogFileSource(Source):
                 f for f in self._files.values() if (f.inode, f.head) == (seen.inode, seen.head)
             ]
             file = next((f for f in carried if _same_content(f, seen)), None)
+            if file is None and carried and _changed_since(seen):
+                continue  # truncated while looked at: its first line may be the old one
             if file is None:
                 identity = f"{seen.inode}-{seen.head}"
                 if carried or identity in self._files:
@@ -473,16 +484,28 @@ def _same_content(file: _File, seen: _Seen) -> bool:
 
 
 def _copy_of_a_live_file(seen: _Seen, present: dict[str, tuple[_File, _Seen]]) -> bool:
-    """Whether ``seen`` is a copy (perhaps in the making) of an unfinished file being read:
-    it starts with the same line and ends with the same bytes as that file at its length."""
+    """Whether ``seen`` may be a copy (perhaps in the making) of an unfinished file being
+    read: it starts with the same line and ends with the same bytes as that file at its
+    length. When that file changed since it was looked at (truncated after the copy), the
+    next poll tells."""
     for file, live in present.values():
         if file.finished or file.head != seen.head or live.inode == seen.inode:
             continue
         at = min(seen.size, live.size)
-        ours = _digest_at(seen.path, seen.inode, at)
-        if ours is not None and ours == _digest_at(live.path, live.inode, at):
+        ours = _bytes_before(seen.path, seen.inode, at)
+        theirs = _bytes_before(live.path, live.inode, at)
+        if ours is None or theirs is None or len(theirs) < len(ours) or theirs == ours:
             return True
     return False
+
+
+def _changed_since(seen: _Seen) -> bool:
+    """Whether ``seen.path`` is gone, another file, or shorter than when it was seen."""
+    try:
+        now = seen.path.stat()
+    except FileNotFoundError:
+        return True
+    return now.st_ino != seen.inode or now.st_size < seen.size
 
 
 def _digest_before(handle: IO[bytes], offset: int) -> str:
@@ -493,10 +516,19 @@ def _digest_before(handle: IO[bytes], offset: int) -> str:
 
 def _digest_at(path: Path, inode: int, offset: int) -> str | None:
     """The digest of the bytes before ``offset`` in ``path`` if it is still file ``inode``."""
+    before = _bytes_before(path, inode, offset)
+    return None if before is None else hashlib.blake2b(before, digest_size=8).hexdigest()
+
+
+def _bytes_before(path: Path, inode: int, offset: int) -> bytes | None:
+    """The bytes before ``offset`` in ``path`` (fewer if it is shorter now) if it is still
+    file ``inode``."""
     try:
         with path.open("rb") as handle:
             if os.fstat(handle.fileno()).st_ino != inode:
                 return None
-            return _digest_before(handle, offset)
+            start = max(0, offset - _TAIL_BYTES)
+            handle.seek(start)
+            return handle.read(offset - start)
     except FileNotFoundError:
         return None

@@ -14,7 +14,7 @@ import pytest
 from millstream.engine.clock import ManualClock
 from millstream.engine.deadletters import MAX_RAW_BYTES
 from millstream.engine.records import MAX_EVENT_TIME
-from millstream.injectors import InjectorOptions, LineParser, LogFileSource, LogLine
+from millstream.injectors import InjectorOptions, LineParser, LogFileSource, LogLine, logfile
 from millstream.injectors.logfile import DEFAULT_MAX_LINE_BYTES
 from millstream.injectors.testing import InjectorHarness, injector_harness
 
@@ -431,3 +431,91 @@ def test_a_file_rotated_between_the_scan_and_the_read_is_not_read_as_the_old_one
         harness.process.step()
     assert logs(harness) == ["one", "two", "three", "ten", "eleven", "twelve"]
     assert harness.dead_letters() == []
+
+
+def copytruncate(log: Path, copy: Path, *new_lines: str) -> None:
+    shutil.copyfile(log, copy)
+    with log.open("r+") as handle:
+        handle.truncate(0)
+    write(log, *new_lines)
+    touch_later(log, 5)
+
+
+def test_a_file_truncated_while_a_scan_looks_at_it_is_read_once_from_0(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = tmp_path / "app.log"
+    write(log, "1 a one", "2 a two")
+    harness = harness_for(tmp_path)
+    harness.process.step()
+    write(log, "3 a three")
+    look = logfile._look
+    armed = [True]
+
+    def look_then_rotate(path: Path, *, complete: bool) -> Any:
+        seen = look(path, complete=complete)
+        if armed[0] and path == log:
+            armed[0] = False  # its first line is the old one; what follows is not
+            copytruncate(log, tmp_path / "app.log.1", "10 b ten", "11 b eleven")
+        return seen
+
+    monkeypatch.setattr(logfile, "_look", look_then_rotate)
+    for _ in range(3):
+        harness.process.step()
+    assert logs(harness) == ["one", "two", "three", "ten", "eleven"]
+    assert len(harness.sink.sent) == 5
+
+
+def test_a_file_renamed_while_a_scan_lists_the_directory_is_not_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = tmp_path / "app.log"
+    write(log, "1 a one", "2 a two")
+    harness = harness_for(tmp_path)
+    harness.process.step()
+    look = logfile._look
+    armed = [True]
+
+    def rotate_then_look(path: Path, *, complete: bool) -> Any:
+        if armed[0] and path == log:
+            armed[0] = False  # listed as app.log, gone by the time it is opened
+            log.rename(tmp_path / "app.log.1")
+        return look(path, complete=complete)
+
+    monkeypatch.setattr(logfile, "_look", rotate_then_look)
+    harness.process.step()  # finds neither name
+    write(log, "10 b ten")
+    touch_later(log, 5)
+    harness.process.step()
+    harness.process.step()
+    assert logs(harness) == ["one", "two", "ten"]
+    assert len(harness.sink.sent) == 3
+
+
+def test_a_copy_whose_original_is_truncated_while_a_scan_compares_them_is_read_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log, copy = tmp_path / "app.log", tmp_path / "app.log.1"
+    write(log, "1 a one", "2 a two")
+    harness = harness_for(tmp_path)
+    harness.process.step()
+    write(log, "3 a three")
+    shutil.copyfile(log, copy)  # the first half of a copytruncate
+    look = logfile._look
+    armed = [True]
+
+    def look_then_truncate(path: Path, *, complete: bool) -> Any:
+        seen = look(path, complete=complete)
+        if armed[0] and path == copy:
+            armed[0] = False  # the second half, before the scan compares the two
+            with log.open("r+") as handle:
+                handle.truncate(0)
+            write(log, "10 b ten")
+            touch_later(log, 5)
+        return seen
+
+    monkeypatch.setattr(logfile, "_look", look_then_truncate)
+    for _ in range(3):
+        harness.process.step()
+    assert logs(harness) == ["one", "two", "three", "ten"]
+    assert len(harness.sink.sent) == 4
