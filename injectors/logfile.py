@@ -328,12 +328,19 @@ class LogFileSource(Source):
             if os.fstat(handle.fileno()).st_ino != file.inode:
                 return 0, None  # rotated between the scan and now: the next scan sorts it out
             start = file.offset
-            handle.seek(start)
+            # The tail is digested from the bytes read, not read again after them: the file
+            # may be truncated and refilled meanwhile.
+            handle.seek(max(0, start - _TAIL_BYTES))
+            tail = _Tail(handle.read(start - max(0, start - _TAIL_BYTES)))
+            if file.tail is not None and tail.digest() != file.tail:
+                return 0, None  # truncated since the scan: the next scan sorts it out
             # Until past the budget: a poll ends at the end of a line.
             while file.offset - start <= budget:
                 if file.skipping:
-                    if not self._skip(file, handle, budget - (file.offset - start) + 1):
+                    skipped = self._skip(file, handle, budget - (file.offset - start) + 1)
+                    if not skipped:
                         break
+                    tail.add(skipped)
                     continue
                 line = handle.readline(self.max_line_bytes + 1)
                 if not line:
@@ -347,31 +354,30 @@ class LogFileSource(Source):
                     rejected.append(_rejected(file, line[: self.max_line_bytes], error))
                     file.offset += len(line)
                     file.skipping = True
+                    tail.add(line)
                     continue
                 if not line.endswith(b"\n") and self.follow:
                     break  # a line still being written
                 # A whole line, or the unterminated last line of a finished replay file.
                 self._take(file, line, records, rejected)
                 file.offset += len(line)
+                tail.add(line)
             if file.offset != start:
-                file.tail = _digest_before(handle, file.offset)
+                file.tail = tail.digest()
             size = os.fstat(handle.fileno()).st_size
         return file.offset - start, size
 
-    def _skip(self, file: _File, handle: IO[bytes], budget: int) -> bool:
-        """Skips the rest of an oversized line a chunk at a time; ``False`` at the end of
-        the file (the line goes on when more is written)."""
+    def _skip(self, file: _File, handle: IO[bytes], budget: int) -> bytes:
+        """Skips the rest of an oversized line a chunk at a time: the last bytes skipped
+        (none at the end of the file: the line goes on when more is written)."""
         chunk = handle.read(min(_SKIP_CHUNK_BYTES, budget))
-        if not chunk:
-            return False
         newline = chunk.find(b"\n")
-        if newline < 0:
-            file.offset += len(chunk)
-            return True
-        file.offset += newline + 1
-        file.skipping = False
-        handle.seek(file.offset)
-        return True
+        end = len(chunk) if newline < 0 else newline + 1
+        file.offset += end
+        if newline >= 0:
+            file.skipping = False
+            handle.seek(file.offset)
+        return chunk[max(0, end - _TAIL_BYTES) : end]
 
     def _take(
         self,
@@ -486,17 +492,32 @@ def _same_content(file: _File, seen: _Seen) -> bool:
 def _copy_of_a_live_file(seen: _Seen, present: dict[str, tuple[_File, _Seen]]) -> bool:
     """Whether ``seen`` may be a copy (perhaps in the making) of an unfinished file being
     read: it starts with the same line and ends with the same bytes as that file at its
-    length. When that file changed since it was looked at (truncated after the copy), the
-    next poll tells."""
+    length. When that file changed since it was looked at (truncated after the copy, and
+    perhaps refilled), the next poll tells."""
     for file, live in present.values():
         if file.finished or file.head != seen.head or live.inode == seen.inode:
             continue
         at = min(seen.size, live.size)
         ours = _bytes_before(seen.path, seen.inode, at)
         theirs = _bytes_before(live.path, live.inode, at)
-        if ours is None or theirs is None or len(theirs) < len(ours) or theirs == ours:
+        if ours is None or ours == theirs or not _still_holds(file, live):
             return True
     return False
+
+
+def _still_holds(file: _File, live: _Seen) -> bool:
+    """Whether ``live.path`` still holds what ``file`` read: the same file, first line and
+    bytes before its offset (it may have been truncated and refilled since it was seen)."""
+    try:
+        with live.path.open("rb") as handle:
+            if os.fstat(handle.fileno()).st_ino != live.inode:
+                return False
+            first = handle.readline(_FIRST_LINE_BYTES)
+            if hashlib.blake2b(first, digest_size=8).hexdigest() != file.head:
+                return False
+            return file.tail is None or _digest_before(handle, file.offset) == file.tail
+    except FileNotFoundError:
+        return False
 
 
 def _changed_since(seen: _Seen) -> bool:
@@ -506,6 +527,19 @@ def _changed_since(seen: _Seen) -> bool:
     except FileNotFoundError:
         return True
     return now.st_ino != seen.inode or now.st_size < seen.size
+
+
+class _Tail:
+    """The last bytes read, up to ``_TAIL_BYTES``."""
+
+    def __init__(self, before: bytes) -> None:
+        self.data = before
+
+    def add(self, read: bytes) -> None:
+        self.data = (self.data + read[-_TAIL_BYTES:])[-_TAIL_BYTES:]
+
+    def digest(self) -> str:
+        return hashlib.blake2b(self.data, digest_size=8).hexdigest()
 
 
 def _digest_before(handle: IO[bytes], offset: int) -> str:

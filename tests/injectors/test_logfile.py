@@ -510,12 +510,34 @@ def test_a_copy_whose_original_is_truncated_while_a_scan_compares_them_is_read_o
             armed[0] = False  # the second half, before the scan compares the two
             with log.open("r+") as handle:
                 handle.truncate(0)
-            write(log, "10 b ten")
+            write(log, "10 b ten", "11 b eleven", "12 b twelve")  # longer than the copy
             touch_later(log, 5)
         return seen
 
     monkeypatch.setattr(logfile, "_look", look_then_truncate)
     for _ in range(3):
         harness.process.step()
-    assert logs(harness) == ["one", "two", "three", "ten"]
-    assert len(harness.sink.sent) == 4
+    assert logs(harness) == ["one", "two", "three", "ten", "eleven", "twelve"]
+    assert len(harness.sink.sent) == 6
+
+
+def test_a_file_truncated_while_it_is_read_is_carried_on_by_its_copy(tmp_path: Path) -> None:
+    log, copy = tmp_path / "app.log", tmp_path / "app.log.1"
+    write(log, "1 a one", "2 a two")
+
+    class TruncatedWhileRead(LogFileSource):
+        """Rotates ``app.log`` by copytruncate right after it read line 3."""
+
+        def _take(self, *args: Any) -> None:
+            super()._take(*args)
+            if args[1].startswith(b"3 "):
+                copytruncate(log, copy, "10 b ten")
+
+    harness = injector_harness("logs", TruncatedWhileRead(tmp_path, parse, "lines"))
+    harness.process.start()
+    harness.process.step()
+    write(log, "3 a three", "4 a four")
+    for _ in range(3):
+        harness.process.step()
+    assert logs(harness) == ["one", "two", "three", "four", "ten"]
+    assert len(harness.sink.sent) == 5
