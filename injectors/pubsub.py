@@ -42,7 +42,7 @@ from fastavro import parse_schema, schemaless_reader
 
 from millstream.engine.clock import Clock
 from millstream.engine.config import MillstreamConfig
-from millstream.engine.errors import InjectorError, MalformedRecordError
+from millstream.engine.errors import InjectorError, TombstoneError
 from millstream.engine.records import MIN_EVENT_TIME, check_event_time
 from millstream.injectors.source import Poll, Position, RejectedInput, Source, SourceRecord
 
@@ -232,8 +232,9 @@ class KafkaFeedSource(Source):
         """A message's event time and key, checked before they count for the watermark: a
         bad event time must become a dead letter, never the source's low watermark."""
         if value is None:
-            raise MalformedRecordError(
-                "the message has no value (a tombstone: a deletion on a compacted topic)"
+            raise TombstoneError(
+                "the message has no value (a tombstone: a deletion on a compacted topic); a "
+                "feed carries events, so it is a dead letter"
             )
         timestamp, key = self.pick(self._decode(value))
         if not isinstance(timestamp, int) or isinstance(timestamp, bool):

@@ -170,6 +170,6 @@ def test_tombstones_and_an_aborted_transaction_never_become_records(
     harness.process.step()
     assert [r.key for r in harness.records("searches")] == ["ann", "bob"]
     assert [(d.origin.stream, d.origin.offset, d.error_type) for d in harness.dead_letters()] == [
-        (f"{feed}/0", 1, "MalformedRecordError")
+        (f"{feed}/0", 1, "TombstoneError")
     ]
     harness.process.source.close()

@@ -103,7 +103,7 @@ def test_every_bad_message_is_one_dead_letter_with_its_message_id(
         (f"{FEED}/0", offset) for offset in bad
     ]
     assert [d.error_type for d in letters] == [
-        "MalformedRecordError",
+        "TombstoneError",
         "UnicodeDecodeError",
         "JSONDecodeError",
         "KeyError",
