@@ -6,7 +6,10 @@ protocol: a process *acquires* the partition when it starts, which moves the seq
 every checkpoint it writes carries ``IF sequencer = mine``. Two copies of one process (a
 restarted one and a zombie that was only paused) can therefore never both advance it: the
 older copy's next checkpoint fails with :class:`~millstream.engine.errors.InjectorFencedError`
-and it stops. A write with an unknown outcome is resolved before the process goes on.
+and it stops. A write with an unknown outcome is resolved before the process goes on: the
+:class:`~millstream.engine.errors.UnknownOutcomeError` propagates (an outage, which the process
+waits out, :mod:`millstream.engine.outages`), and the next :meth:`CheckpointStore.save` asks
+``was_applied`` before it writes anything else, however long Cassandra was away meanwhile.
 """
 
 from __future__ import annotations
@@ -33,7 +36,6 @@ _KEY = "checkpoint"
 _VERSION = 1
 # Checkpoints carry no dedup IDs; the store still wants a TTL for them.
 _NO_DEDUP_TTL = 1
-_RESOLVE_ATTEMPTS = 5
 
 
 def checkpoint_partition(injector: str, process: str) -> str:
@@ -86,6 +88,8 @@ class CheckpointStore:
         self.store = store
         self.partition = checkpoint_partition(injector, process)
         self._lease: Lease | None = None
+        # The marker of a write whose outcome is unknown, and what it wrote.
+        self._unresolved: tuple[bytes, Checkpoint] | None = None
 
     @property
     def token(self) -> int:
@@ -97,32 +101,41 @@ class CheckpointStore:
     def acquire(self) -> Checkpoint:
         """Take the checkpoint over from any earlier copy and read it."""
         self._lease = self.store.acquire(self.partition, 0)
+        # A new lease fences any write of the old one whose outcome was unknown.
+        self._unresolved = None
         state = self.store.read_state(self._lease, _KEY)
         return Checkpoint() if state is None else Checkpoint.decode(state)
 
     def save(self, checkpoint: Checkpoint) -> None:
-        """Write ``checkpoint`` if this process still holds the partition."""
+        """Write ``checkpoint`` if this process still holds the partition.
+
+        A write whose outcome is unknown raises its
+        :class:`~millstream.engine.errors.UnknownOutcomeError`; call ``save`` again (with the
+        same checkpoint, after a wait): it first resolves that write with ``was_applied``, as
+        the store's contract demands before any other write, and writes again only if it did
+        not apply. A failure of the resolution itself (Cassandra down) leaves it pending.
+        """
         lease = self._lease
         if lease is None:
             raise InjectorError("the checkpoint was not acquired: call acquire() first")
-        change = KeyChanges(_KEY, state=checkpoint.encode())
-        for _ in range(_RESOLVE_ATTEMPTS):
+        try:
+            if self._unresolved is not None:
+                marker, pending = self._unresolved
+                applied = self.store.was_applied(lease, marker)
+                self._unresolved = None
+                if applied and pending == checkpoint:
+                    return
             try:
-                self.store.commit(lease, [change], dedup_ttl=_NO_DEDUP_TTL)
-                return
-            except FencedError as exc:
-                raise self._fenced() from exc
+                self.store.commit(
+                    lease,
+                    [KeyChanges(_KEY, state=checkpoint.encode())],
+                    dedup_ttl=_NO_DEDUP_TTL,
+                )
             except UnknownOutcomeError as exc:
-                try:
-                    if self.store.was_applied(lease, exc.marker):
-                        return
-                except FencedError as fenced:
-                    raise self._fenced() from fenced
-                change = KeyChanges(_KEY, state=checkpoint.encode())
-        raise InjectorError(
-            f"checkpoint of {self.partition!r}: {_RESOLVE_ATTEMPTS} writes in a row had an "
-            "unknown outcome; is Cassandra overloaded or down?"
-        )
+                self._unresolved = (exc.marker, checkpoint)
+                raise
+        except FencedError as exc:
+            raise self._fenced() from exc
 
     def _fenced(self) -> InjectorFencedError:
         return InjectorFencedError(

@@ -220,6 +220,8 @@ class InjectorProcess:
             options.outage_timeout,
             sleep=self._wait,
             monotonic=lambda: self.clock.now() / 1e6,
+            # A consumer wedged by an outage outlives it; the driver replaces its own too.
+            reconnect=getattr(watermarks, "reconnect", None),
         )
         self.metrics = metrics
         if metrics is not None:
@@ -369,18 +371,21 @@ class InjectorProcess:
     def _send(self, productions: list[Production]) -> None:
         timeout = self.options.send_timeout
         waiting = productions
-        while waiting:
+
+        def send_waiting() -> None:
+            nonlocal waiting
             acknowledged = self.sink.send(waiting, timeout)
             waiting = [p for p in waiting if p.record_id not in acknowledged]
             if waiting:
                 # Sending them again is harmless: consumers drop repeats by record ID.
-                self._outage.wait(
-                    TimeoutError(
-                        f"Kafka did not acknowledge {len(waiting)} of {len(productions)} "
-                        f"records within {timeout} s"
-                    )
+                raise TimeoutError(
+                    f"Kafka did not acknowledge {len(waiting)} of {len(productions)} "
+                    f"records within {timeout} s"
                 )
-        self._outage.over()
+
+        # An unreachable broker either leaves records unacknowledged or makes the sink
+        # raise: both are waited out, and only what Kafka took is ever checkpointed.
+        self._outage.retry(send_waiting)
         self.stats.emitted += sum(1 for p in productions if p.stream != self.dead_letter_stream)
 
     def _report(self, *, heartbeat: bool) -> None:

@@ -35,7 +35,14 @@ from millstream.engine.records import Record, decode_record
 from millstream.engine.timers import Timer
 from millstream.engine.topology import ComputationOptions, Topology
 from millstream.engine.watermarks import injector_source
-from millstream.injectors import InjectorOptions, LogFileSource
+from millstream.injectors import (
+    InjectorOptions,
+    LogFileSource,
+    Poll,
+    Position,
+    Source,
+    SourceRecord,
+)
 from millstream.injectors.connect import connect_injector
 from millstream.spark.runner import (
     AvailableNow,
@@ -458,4 +465,98 @@ def test_bad_lines_rotation_and_truncation_mid_run_lose_and_repeat_no_good_line(
     print(
         f"{len(writer.good)} good lines, {len(writer.bad)} bad ones, in {elapsed:.1f} s "
         f"({stats.polls} polls)"
+    )
+
+
+class Paced(Source):
+    """``total`` numbered records, ``per_poll`` a poll, at most one poll per ``interval`` s."""
+
+    def __init__(self, stream: str, total: int, per_poll: int, interval: float) -> None:
+        self.streams = (stream,)
+        self.total, self.per_poll, self.interval = total, per_poll, interval
+        self.next = 0
+
+    def open(self, position: Position | None) -> None:
+        self.next = int(position["next"]) if position else 0
+
+    def poll(self, timeout: float) -> Poll:
+        time.sleep(self.interval)
+        end = min(self.total, self.next + self.per_poll)
+        records = [
+            SourceRecord(self.streams[0], f"k{n % 5}", str(n).encode(), SECOND * (1 + n), "n", n)
+            for n in range(self.next, end)
+        ]
+        self.next = end
+        return Poll(records, position={"next": end}, watermark=SECOND * (1 + end))
+
+    def close(self) -> None:
+        pass
+
+
+def test_an_injector_rides_out_a_frozen_kafka_broker(
+    services: MillstreamConfig,
+    cassandra_keyspace: Callable[[], str],
+    streams: StreamNames,
+) -> None:
+    if os.environ.get("MILLSTREAM_EXTERNAL_SERVICES") == "1":
+        pytest.skip("needs the local stack's Kafka process to freeze")
+    from millstream.devtools.local.stack import LocalStack
+
+    brokers = [s for s in LocalStack(services, lambda _m: None).status() if s.name == "kafka"]
+    assert brokers, "no local Kafka broker"
+    broker = brokers[0].pid
+    assert broker is not None
+    name = streams.new("outage")
+    total = 2_000
+    source = Paced(name, total, per_poll=20, interval=0.05)
+    # A short send timeout: the frozen broker's sends time out and are waited out.
+    options = InjectorOptions(poll_timeout=0.05, send_timeout=2.0, outage_timeout=120.0)
+    settings = run_settings(services, cassandra_keyspace())
+    started = time.monotonic()
+    with connect_injector(services, name, source, options, settings) as injector:
+        failures: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                injector.run()
+            except BaseException as exc:  # handed to the test thread, which raises it
+                failures.append(exc)
+                raise
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        try:
+            while injector.stats.emitted < 200:
+                assert not failures, f"the injector failed: {failures[0]!r}"
+                assert time.monotonic() - started < 30, f"stuck: {injector.stats}"
+                time.sleep(0.1)
+            os.kill(broker, signal.SIGSTOP)
+            try:
+                time.sleep(15)
+                assert thread.is_alive(), f"the injector stopped: {failures!r}"
+            finally:
+                os.kill(broker, signal.SIGCONT)
+            frozen_at = injector.stats.emitted
+            while injector.stats.emitted < total:
+                assert not failures, f"the injector failed: {failures[0]!r}"
+                assert time.monotonic() - started < 55, f"stuck: {injector.stats}"
+                time.sleep(0.1)
+            assert thread.is_alive(), "the injector stopped"
+        finally:
+            injector.stop()
+            thread.join(30)
+        assert not failures
+        stats = injector.stats
+    elapsed = time.monotonic() - started
+
+    records = read_stream(services, name)
+    by_id = {r.record_id: r.value.decode() for r in records}
+    # Every record once for a consumer (repeats, re-sent after a send timed out, carry the
+    # same ID and are dropped), none lost.
+    assert sorted(by_id.values(), key=int) == [str(n) for n in range(total)]
+    assert stats.emitted == total
+    assert frozen_at < total, "the broker froze after the input was all sent"
+    print(
+        f"frozen at {frozen_at} records; {len(records) - total} repeats on the topic; "
+        f"{elapsed:.0f} s"
     )
