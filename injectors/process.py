@@ -377,10 +377,11 @@ class InjectorProcess:
             acknowledged = self.sink.send(waiting, timeout)
             waiting = [p for p in waiting if p.record_id not in acknowledged]
             if waiting:
-                # Sending them again is harmless: consumers drop repeats by record ID.
+                # Sending them again is harmless: consumers drop repeats by record ID. The
+                # code is librdkafka's for an undelivered message: the outage names Kafka.
                 raise TimeoutError(
                     f"Kafka did not acknowledge {len(waiting)} of {len(productions)} "
-                    f"records within {timeout} s"
+                    f"records within {timeout} s (_MSG_TIMED_OUT)"
                 )
 
         # An unreachable broker either leaves records unacknowledged or makes the sink

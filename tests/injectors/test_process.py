@@ -275,7 +275,9 @@ def test_kafka_that_never_acknowledges_is_waited_out_then_stops_the_process_clea
 
     process = harness.new_process(Numbers(), options, wait=wait)
     process.start()
-    with pytest.raises(ServiceOutageError, match=r"unreachable for 3[0-9] s.*did not acknowledge"):
+    with pytest.raises(
+        ServiceOutageError, match=r"Kafka unreachable for 3[0-9] s.*did not acknowledge"
+    ):
         process.step()
     # It kept sending, backing off up to 5 s between tries, for the whole outage timeout.
     assert len(sends) >= 6
