@@ -328,6 +328,26 @@ def router(
     quarantined = dict(quarantine or {})
     takes_tombstones = spec.options.tombstones == "deliver"
 
+    def rejected(
+        stream: str, partition: int, offset: int, kafka_ts: int, raw: bytes | None, error: str
+    ) -> RoutedRow:
+        """The row of a message that becomes a dead letter in the rejected interval."""
+        return RoutedRow(
+            interval=reject_interval,
+            stream=stream,
+            partition=partition,
+            offset=offset,
+            kafka_ts=kafka_ts,
+            key=None,
+            record_key=None,
+            record_value=None,
+            record_ts=None,
+            record_id=None,
+            raw=raw,
+            error=error,
+            slot=slots.slot(reject_interval),
+        )
+
     def route(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             rows: list[RoutedRow] = []
@@ -344,23 +364,9 @@ def router(
                     quarantined.get(Position(topic, partition, offset)) if quarantined else None
                 )
                 if poison is not None:
-                    rows.append(
-                        RoutedRow(
-                            interval=reject_interval,
-                            stream=stream,
-                            partition=partition,
-                            offset=offset,
-                            kafka_ts=kafka_ts,
-                            key=None,
-                            record_key=None,
-                            record_value=None,
-                            record_ts=None,
-                            record_id=None,
-                            raw=value if value is not None else b"",
-                            error=POISON_ERROR_PREFIX + poison,
-                            slot=slots.slot(reject_interval),
-                        )
-                    )
+                    raw = value if value is not None else b""
+                    error_text = POISON_ERROR_PREFIX + poison
+                    rows.append(rejected(stream, partition, offset, kafka_ts, raw, error_text))
                     continue
                 error: Exception | None
                 if value is None and takes_tombstones:
@@ -412,23 +418,7 @@ def router(
                         )
                         continue
                 assert error is not None
-                rows.append(
-                    RoutedRow(
-                        interval=reject_interval,
-                        stream=stream,
-                        partition=partition,
-                        offset=offset,
-                        kafka_ts=kafka_ts,
-                        key=None,
-                        record_key=None,
-                        record_value=None,
-                        record_ts=None,
-                        record_id=None,
-                        raw=value,
-                        error=_described(error),
-                        slot=slots.slot(reject_interval),
-                    )
-                )
+                rows.append(rejected(stream, partition, offset, kafka_ts, value, _described(error)))
             yield _record_batch(rows, _ROUTED_ARROW)
 
     return route
