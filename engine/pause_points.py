@@ -33,6 +33,12 @@ PLACES: Final = {
     "driver.report": "the driver, after a batch ran, before it publishes the watermark report",
     "executor.commit": "an interval task, leased and its user code run, before it commits",
     "executor.send": "an interval task, committed, before it sends the checkpointed productions",
+    "executor.transaction": (
+        "an interval task, its productions in an open Kafka transaction, before it commits it"
+    ),
+    "executor.delivered": (
+        "an interval task, its Kafka transaction committed, before it deletes the pending rows"
+    ),
     "rebalance.fence": "the driver, a split or merge journaled and its sources fenced",
     "rebalance.copy": "the driver, the sources' keys copied into the new intervals",
     "rebalance.retire": "the driver, the sources retired, before the layout is finished",
