@@ -48,7 +48,8 @@ def provision(
       SimpleStrategy, ``config.cassandra_replication`` replicas) and its interval table,
       visible to every node (schema agreement);
     - with ``watermark_topic``: the compacted watermark topic (an existing one must be
-      compacted: :func:`millstream.connectors.kafka.create_watermark_topic`);
+      compacted: :func:`millstream.connectors.kafka.create_watermark_topic`) and the topic
+      transactional productions commit their markers on;
     - a topic for each of ``streams``, with ``settings.partitions_of(stream)`` partitions.
 
     Raises :class:`~millstream.engine.errors.StoreError` if the keyspace is missing and
@@ -60,6 +61,7 @@ def provision(
         _provision_store(config, settings)
     if watermark_topic:
         kafka.create_watermark_topic(config, timeout=timeout)
+        kafka.create_transaction_marker_topic(config, timeout=timeout)
     by_count: dict[int, list[str]] = {}
     for stream in sorted(set(streams)):
         by_count.setdefault(settings.partitions_of(stream), []).append(kafka.stream_topic(stream))

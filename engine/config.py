@@ -242,6 +242,11 @@ class MillstreamConfig:
     # Replicas of every topic millstream creates (streams, dead letters, watermark, wake-ups);
     # the brokers' min.insync.replicas decides how many must acknowledge a write.
     kafka_replication: int = 1
+    # Seconds an open Kafka transaction of transactional productions may last before the
+    # broker aborts it: the longest a dead owner's transaction holds read_committed readers
+    # back (its successor's open aborts it sooner). Kafka caps it at the brokers'
+    # transaction.max.timeout.ms (15 minutes by default).
+    kafka_transaction_timeout: float = 30.0
     cassandra_hosts: tuple[str, ...] = (_LOOPBACK,)
     cassandra_port: int = 9042
     cassandra_storage_port: int = 7000
@@ -280,6 +285,11 @@ class MillstreamConfig:
                 raise ValueError(
                     f"{kind} replication must be at least 1, got {getattr(self, name)}"
                 )
+        if not 1.0 <= self.kafka_transaction_timeout <= 900.0:
+            raise ValueError(
+                "kafka transaction_timeout must be 1 to 900 seconds, got "
+                f"{self.kafka_transaction_timeout}"
+            )
         if self.executor_cache_bytes < 0:
             raise ValueError(
                 f"executor cache_bytes must be non-negative, got {self.executor_cache_bytes}"
@@ -413,6 +423,7 @@ def _from_toml(file: Path) -> dict[str, Any]:
     _take(values, "kafka_controller_port", kafka, "controller_port", int)
     _take(values, "kafka_watermark_topic", kafka, "watermark_topic", str)
     _take(values, "kafka_replication", kafka, "replication", int)
+    _take(values, "kafka_transaction_timeout", kafka, "transaction_timeout", float)
     _take(values, "kafka_security_protocol", kafka, "security_protocol", str)
     _take(values, "kafka_sasl_mechanism", kafka, "sasl_mechanism", str)
     _take(values, "kafka_username", kafka, "username", str)
@@ -517,6 +528,7 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
         "MILLSTREAM_KAFKA_CONTROLLER_PORT": ("kafka_controller_port", int),
         "MILLSTREAM_KAFKA_WATERMARK_TOPIC": ("kafka_watermark_topic", str),
         "MILLSTREAM_KAFKA_REPLICATION": ("kafka_replication", int),
+        "MILLSTREAM_KAFKA_TRANSACTION_TIMEOUT": ("kafka_transaction_timeout", float),
         "MILLSTREAM_CASSANDRA_HOSTS": ("cassandra_hosts", _split),
         "MILLSTREAM_CASSANDRA_PORT": ("cassandra_port", int),
         "MILLSTREAM_CASSANDRA_STORAGE_PORT": ("cassandra_storage_port", int),

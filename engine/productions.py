@@ -16,6 +16,17 @@ a production is checkpointed in the store relative to being sent (paper 6.1.2, 6
   input (idempotent computations).
 
 Dead letters are always checkpointed, whatever the policy.
+
+**Transactional productions** (``ComputationOptions.transactional_productions``, on by default
+for exactly-once computations with strong productions) make the delivery itself exactly-once
+for every reader, not only for millstream's deduplicating consumers. Each commit's checkpointed
+productions carry a :class:`CommitTag` (the lease token and the commit's number under it, so
+tags order as commits happen). A :class:`TransactionalSink` sends an interval's productions in
+one transaction that also records a *marker*: the highest tag delivered so far. A worker that
+takes an interval over first :meth:`~TransactionalSink.open` s it, which fences every earlier
+producer of the interval (aborting its open transaction) and returns the marker: pending
+productions tagged at or below it were delivered and are dropped without a resend; the rest
+go in a new transaction. A transaction whose outcome is unknown is resolved the same way.
 """
 
 from __future__ import annotations
@@ -23,11 +34,19 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence, Set
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, Self
 
 from millstream.engine.records import Record, encode_record
 
-__all__ = ["Production", "ProductionPolicy", "ProductionSink"]
+__all__ = [
+    "CommitTag",
+    "DeliveryOutcome",
+    "Production",
+    "ProductionPolicy",
+    "ProductionSink",
+    "TransactionUnavailableError",
+    "TransactionalSink",
+]
 
 
 class ProductionPolicy(enum.Enum):
@@ -37,17 +56,39 @@ class ProductionPolicy(enum.Enum):
     WEAK = "weak"
 
 
+@dataclass(frozen=True, order=True, slots=True)
+class CommitTag:
+    """Names one commit of an interval: the ``token`` of the lease that made it and its
+    ``number`` under that lease. Tokens only grow (:mod:`millstream.engine.sequencer`), so
+    tags order as the commits happened."""
+
+    token: int
+    number: int
+
+    def encode(self) -> str:
+        return f"{self.token}:{self.number}"
+
+    @classmethod
+    def decode(cls, text: str) -> Self:
+        token, _, number = text.partition(":")
+        return cls(int(token), int(number))
+
+
 @dataclass(frozen=True, slots=True)
 class Production:
     """A record bound for a named stream.
 
     ``encoded`` is the record's envelope if the producer already encoded it (the engine does,
-    to check its size), so the store and the sink do not encode it again.
+    to check its size), so the store and the sink do not encode it again. ``tag`` names the
+    commit that checkpointed it when its computation's productions are transactional
+    (``None``: not checkpointed yet, or by a commit that did not tag it; such a production
+    is never taken for delivered).
     """
 
     stream: str
     record: Record
     encoded: bytes | None = field(default=None, compare=False, repr=False)
+    tag: CommitTag | None = field(default=None, compare=False)
 
     @property
     def record_id(self) -> bytes:
@@ -70,3 +111,47 @@ class ProductionSink(Protocol):
     """
 
     def send(self, productions: Sequence[Production], timeout: float) -> Set[bytes]: ...
+
+
+class DeliveryOutcome(enum.Enum):
+    """What :meth:`TransactionalSink.deliver` knows of its transaction."""
+
+    COMMITTED = "committed"
+    UNKNOWN = "unknown"
+    """Aborted, or its commit's outcome not known: :meth:`~TransactionalSink.open` tells."""
+    FENCED = "fenced"
+    """Another producer of the interval was opened since: this one is void."""
+
+
+class TransactionUnavailableError(Exception):
+    """The transaction coordinator did not answer in time; nothing was decided.
+
+    Not a :class:`~millstream.engine.errors.MillstreamError` of the batch: the worker keeps
+    the productions pending and opens the interval again at its next delivery.
+    """
+
+
+class TransactionalSink(Protocol):
+    """Delivers an interval's productions in transactions that record what was delivered
+    (Kafka transactions in production, :class:`~millstream.engine.testing.TestingTransactions`
+    in tests). One producer per interval; calls for different intervals may run on several
+    threads at once."""
+
+    def open(self, computation: str, interval: int, timeout: float) -> CommitTag | None:
+        """Become the interval's only producer: fence every producer opened before (an open
+        transaction of theirs is aborted, one being committed completes first), then return
+        the marker of the last committed transaction (``None``: none ever). Raises
+        :class:`TransactionUnavailableError` if that cannot be done within ``timeout``."""
+        ...
+
+    def deliver(
+        self,
+        computation: str,
+        interval: int,
+        productions: Sequence[Production],
+        marker: CommitTag,
+        timeout: float,
+    ) -> DeliveryOutcome:
+        """Send ``productions`` and record ``marker`` in one transaction of the interval's
+        producer (opened before); readers of committed data see all of them or none."""
+        ...

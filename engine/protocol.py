@@ -26,6 +26,14 @@ one batch of input at a time (a Spark micro-batch's share of the interval):
    commit marker back before committing again what did not apply.
 7. **Send** the checkpointed productions and delete those the sink acknowledged.
 
+With transactional productions (``ComputationOptions.transactional_productions``) steps 2 and
+7 go through a :class:`~millstream.engine.productions.TransactionalSink`: the commit of step 6
+tags its productions with the lease token; the interval's pending productions leave in one
+transaction whose marker is the highest tag it delivers; a worker whose view of the interval
+is new (a takeover, a transaction whose outcome is unknown) first opens the interval's
+producer, fencing every earlier one, and drops the pending productions the marker says were
+delivered, without a resend. A plain ``read_committed`` reader then sees each once.
+
 If anything fails (a fenced write, a crash, an unresolved outcome) the exception propagates
 and the worker forgets its soft state; the batch's inputs must not be acknowledged, so they
 come again and, being duplicates of whatever was committed, are harmless.
@@ -51,7 +59,14 @@ from millstream.engine.errors import (
 )
 from millstream.engine.layout import IntervalLayout
 from millstream.engine.pause_points import pause_point
-from millstream.engine.productions import Production, ProductionSink
+from millstream.engine.productions import (
+    CommitTag,
+    DeliveryOutcome,
+    Production,
+    ProductionSink,
+    TransactionalSink,
+    TransactionUnavailableError,
+)
 from millstream.engine.records import (
     MAX_EVENT_TIME,
     MIN_EVENT_TIME,
@@ -120,7 +135,14 @@ class BatchResult:
     unacknowledged by this worker or by a previous owner of the interval), and
     ``unknown_outcomes`` the commits whose outcome was unknown, since the worker's last
     finished batch (read back, or settled by this batch's takeover of the interval).
-    ``expired``: keys whose state expired (``ComputationOptions.state_ttl``)."""
+    ``expired``: keys whose state expired (``ComputationOptions.state_ttl``).
+
+    Transactional productions: ``transactions`` committed; ``transaction_failures``
+    transactions aborted or of unknown outcome, and opens the coordinator did not answer in
+    time (the productions stay pending); ``fenced_producers`` transactions refused because
+    another producer of the interval was opened since (this worker was a zombie);
+    ``marker_resolved`` pending productions an open found delivered by the marker, dropped
+    without a resend."""
 
     lease: Lease
     rescanned: bool
@@ -135,6 +157,10 @@ class BatchResult:
     resent: int = 0
     unknown_outcomes: int = 0
     expired: int = 0
+    transactions: int = 0
+    transaction_failures: int = 0
+    fenced_producers: int = 0
+    marker_resolved: int = 0
     progress: IntervalProgress = field(default_factory=IntervalProgress)
 
 
@@ -144,6 +170,11 @@ class _SoftState:
     scope: int  # of the worker's entries in the state cache
     pending: dict[bytes, Production]
     next_timers: NextTimers | None = None  # None: read it after the next commit
+    # Transactional productions: whether the interval's producer must be opened (and the
+    # pending productions resolved by its marker) before the next delivery, and the marker
+    # the last committed transaction recorded.
+    unresolved: bool = True
+    marker: CommitTag | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +200,9 @@ class IntervalWorker:
     several threads share a lock there, so a computation is called by one thread at a time
     while their reads, commits and sends overlap. ``layout`` is the computation's current
     :class:`~millstream.engine.layout.IntervalLayout` once its intervals split or merged
-    (default: the ``key_intervals`` it started with).
+    (default: the ``key_intervals`` it started with). ``transactions`` delivers the
+    productions of a computation whose options make them transactional; without it they go
+    to ``sink`` like any other.
     """
 
     def __init__(
@@ -183,6 +216,7 @@ class IntervalWorker:
         cache: StateCache | None = None,
         user_code: AbstractContextManager[Any] | None = None,
         layout: IntervalLayout | None = None,
+        transactions: TransactionalSink | None = None,
     ) -> None:
         self.layout = layout or IntervalLayout.initial(spec.options.key_intervals)
         if interval not in self.layout.ids:
@@ -194,6 +228,7 @@ class IntervalWorker:
         self.interval = interval
         self._store = store
         self._sink = sink
+        self._transactions = transactions if spec.options.transactional else None
         self._clock = clock
         self._cache = cache if cache is not None else StateCache()
         self._user_code = user_code if user_code is not None else nullcontext()
@@ -259,6 +294,10 @@ class IntervalWorker:
 
     def _resend(self, soft: _SoftState, result: BatchResult) -> None:
         """Step 2: send the committed productions not yet acknowledged."""
+        if self._transactions is not None:
+            if soft.pending:
+                self._deliver(soft, result, resending=True)
+            return
         self._send_productions(soft, list(soft.pending.values()), result)
 
     def _gather(
@@ -339,6 +378,11 @@ class IntervalWorker:
         to_commit = [c for c in changes.values() if not c.is_empty()]
         if to_commit:
             pause_point("executor.commit", self.spec.name)
+        if self._transactions is not None:
+            # One commit per lease: the token alone would do, the number leaves room for more.
+            tag = CommitTag(soft.lease.token, 1)
+            for change in to_commit:
+                change.productions = [replace(p, tag=tag) for p in change.productions]
         self._commit_resolving(soft.lease, to_commit)
         result.unknown_outcomes, self._unknown_outcomes = self._unknown_outcomes, 0
         result.committed_keys = len(to_commit)
@@ -350,6 +394,10 @@ class IntervalWorker:
         checkpointed = [p for c in committed for p in c.productions]
         if checkpointed:
             pause_point("executor.send", self.spec.name)
+        if self._transactions is not None:
+            if soft.pending:
+                self._deliver(soft, result, resending=False)
+            return
         self._send_productions(soft, checkpointed, result)
 
     def _finish(self, soft: _SoftState, result: BatchResult) -> BatchResult:
@@ -456,6 +504,64 @@ class IntervalWorker:
                 soft.pending[production.record_id] = production
         for key, snapshot in after.items():
             self._cache.put(soft.scope, key, snapshot)
+
+    def _deliver(self, soft: _SoftState, result: BatchResult, *, resending: bool) -> None:
+        """Deliver every pending production in one transaction (transactional productions).
+
+        An interval whose producer is not open here yet, or whose last transaction ended
+        unknown, is opened first: that fences every earlier producer of it, and its marker
+        says which pending productions were delivered already (dropped without a resend).
+        The transaction's marker is the highest tag it delivers or the interval delivered
+        before, so it never goes back, even when a zombie's stale view delivers. A second
+        unknown outcome, a fenced producer or an unanswered open leaves the productions
+        pending for the next batch.
+        """
+        transactions = self._transactions
+        assert transactions is not None
+        name, timeout = self.spec.name, self.spec.options.send_timeout
+        for _ in range(2):
+            if soft.unresolved:
+                try:
+                    marker = transactions.open(name, self.interval, timeout)
+                except TransactionUnavailableError:
+                    result.transaction_failures += 1
+                    return
+                soft.unresolved, soft.marker = False, marker
+                delivered = [
+                    p.record_id
+                    for p in soft.pending.values()
+                    if p.tag is not None and marker is not None and p.tag <= marker
+                ]
+                if delivered:
+                    self._drop_delivered(soft, delivered)
+                    result.marker_resolved += len(delivered)
+                    if resending:
+                        result.resent -= len(delivered)
+            productions = list(soft.pending.values())
+            if not productions:
+                return
+            marker = max(
+                (t for t in (soft.marker, *(p.tag for p in productions)) if t is not None),
+                default=CommitTag(soft.lease.token, 0),  # untagged productions only
+            )
+            outcome = transactions.deliver(name, self.interval, productions, marker, timeout)
+            if outcome is DeliveryOutcome.COMMITTED:
+                soft.marker = marker
+                result.transactions += 1
+                pause_point("executor.delivered", name)
+                self._drop_delivered(soft, [p.record_id for p in productions])
+                result.acknowledged += len(productions)
+                return
+            soft.unresolved = True
+            result.transaction_failures += 1
+            if outcome is DeliveryOutcome.FENCED:
+                result.fenced_producers += 1
+                return
+
+    def _drop_delivered(self, soft: _SoftState, record_ids: list[bytes]) -> None:
+        self._store.delete_productions(soft.lease, record_ids)
+        for record_id in record_ids:
+            soft.pending.pop(record_id, None)
 
     def _send_productions(
         self, soft: _SoftState, productions: list[Production], result: BatchResult
@@ -765,10 +871,11 @@ class WorkerPool:
     soft state is what saves its next batch on the interval a rescan (the sequencer tells
     the worker whether it is still valid).
 
-    The workers share ``store``, ``sink``, ``clock``, and ``cache`` and ``user_code`` when
-    given (see :class:`IntervalWorker`). A worker is keyed by ``run`` (a runtime's token for
-    one declaration of the computation: a computation removed and declared again never
-    reuses the workers of the earlier one), the computation and the interval.
+    The workers share ``store``, ``sink``, ``clock``, and ``cache``, ``user_code`` and
+    ``transactions`` when given (see :class:`IntervalWorker`). A worker is keyed by ``run``
+    (a runtime's token for one declaration of the computation: a computation removed and
+    declared again never reuses the workers of the earlier one), the computation and the
+    interval.
     """
 
     def __init__(
@@ -779,12 +886,14 @@ class WorkerPool:
         *,
         cache: StateCache | None = None,
         user_code: AbstractContextManager[Any] | None = None,
+        transactions: TransactionalSink | None = None,
     ) -> None:
         self.store = store
         self.sink = sink
         self.clock = clock
         self.cache = cache
         self.user_code = user_code
+        self.transactions = transactions
         self._workers: dict[tuple[str, str, int], IntervalWorker] = {}
 
     def worker(
@@ -809,6 +918,7 @@ class WorkerPool:
                 cache=self.cache,
                 user_code=self.user_code,
                 layout=layout,
+                transactions=self.transactions,
             )
             self._workers[key] = worker
             return worker, False

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from millstream.engine.errors import FencedError, RetiredIntervalError, UnknownOutcomeError
 from millstream.engine.layout import IntervalLayout
@@ -164,6 +164,9 @@ def finish_change(
         moved: dict[int, dict[str, KeyChanges]] = {target[0]: {} for target in change.targets}
         for lease in leases:
             for key_changes in store.export(lease):
+                # A commit tag names a commit of its source interval, whose transaction
+                # marker the target does not share: untagged, a copied production is resent.
+                key_changes.productions = [replace(p, tag=None) for p in key_changes.productions]
                 into = moved[change.target_of(key_changes.key)]
                 if key_changes.key in into:  # the pending productions of several sources
                     into[key_changes.key].merge(key_changes)

@@ -42,7 +42,12 @@ from millstream.engine.deadletters import DeadLetter, Origin, decode_dead_letter
 from millstream.engine.driver import ComputationDriver, IntervalOutcome
 from millstream.engine.errors import TopologyError
 from millstream.engine.layout import IntervalLayout
-from millstream.engine.productions import Production
+from millstream.engine.productions import (
+    CommitTag,
+    DeliveryOutcome,
+    Production,
+    TransactionUnavailableError,
+)
 from millstream.engine.protocol import Delivery, Rejected, WorkerPool
 from millstream.engine.records import (
     MAX_EVENT_TIME,
@@ -73,8 +78,10 @@ __all__ = [
     "SendOutcome",
     "Step",
     "TestingSink",
+    "TestingTransactions",
     "Tombstone",
     "TopologyHarness",
+    "TransactionFault",
     "Watermark",
     "record",
     "run_computation",
@@ -199,6 +206,113 @@ class TestingSink:
                 seen.add(production.record_id)
                 unique.append(production)
         return unique
+
+
+class TransactionFault(enum.Enum):
+    """What goes wrong with the next transaction a :class:`TestingTransactions` delivers."""
+
+    ABORTED = "aborted"
+    """Aborted (nothing delivered); the producer says the outcome is unknown."""
+    COMMITTED_UNACKNOWLEDGED = "committed-unacknowledged"
+    """Committed, but the commit's answer is lost: the outcome is unknown to the producer."""
+    CRASH_BEFORE_COMMIT = "crash-before-commit"
+    """The process dies with the transaction open (:class:`InjectedCrash`)."""
+    CRASH_AFTER_COMMIT = "crash-after-commit"
+    """The process dies as the commit returns (:class:`InjectedCrash`)."""
+
+
+@dataclass
+class _TransactionLog:
+    """The broker side of :class:`TestingTransactions`: producer epochs and markers per
+    interval, and the committed productions, in commit order."""
+
+    epochs: dict[tuple[str, int], int] = field(default_factory=dict)
+    markers: dict[tuple[str, int], CommitTag] = field(default_factory=dict)
+    committed: list[Production] = field(default_factory=list)
+    opens: int = 0
+
+
+class TestingTransactions:
+    """A :class:`~millstream.engine.productions.TransactionalSink` over an in-memory
+    transaction log, for unit tests of transactional productions.
+
+    One instance stands for one process's producers; :meth:`client` gives another process's,
+    over the same log, so that a zombie and its successor can fence each other.
+    :meth:`read_committed` is what a plain ``read_committed`` consumer reads: every committed
+    copy, duplicates included. :meth:`fail_next` injects faults, :meth:`before_next_open`
+    races; ``unavailable`` makes opens fail as with an unreachable coordinator.
+    """
+
+    __test__ = False  # not a pytest test class
+
+    def __init__(self, log: _TransactionLog | None = None) -> None:
+        self._log = log if log is not None else _TransactionLog()
+        self._epochs: dict[tuple[str, int], int] = {}
+        self._faults: list[TransactionFault] = []
+        self._before_open: list[Callable[[], object]] = []
+        self.unavailable = False
+
+    def client(self) -> TestingTransactions:
+        """Another process's producers over the same transaction log."""
+        return TestingTransactions(self._log)
+
+    def fail_next(self, *faults: TransactionFault) -> None:
+        """Make the next transactions (one per fault, in order) go wrong so."""
+        self._faults.extend(faults)
+
+    def before_next_open(self, action: Callable[[], object]) -> None:
+        """Run ``action`` as the next open begins (another worker's step, in a race)."""
+        self._before_open.append(action)
+
+    @property
+    def opens(self) -> int:
+        """How many times any client opened an interval's producer."""
+        return self._log.opens
+
+    def marker(self, computation: str, interval: int) -> CommitTag | None:
+        return self._log.markers.get((computation, interval))
+
+    def read_committed(self, stream: str | None = None) -> list[Production]:
+        """Every committed production (of ``stream``), in commit order, copies included."""
+        return [p for p in self._log.committed if stream in (None, p.stream)]
+
+    def open(self, computation: str, interval: int, timeout: float) -> CommitTag | None:
+        if self._before_open:
+            self._before_open.pop(0)()
+        if self.unavailable:
+            raise TransactionUnavailableError("the testing transaction coordinator is down")
+        key = (computation, interval)
+        log = self._log
+        log.epochs[key] = log.epochs.get(key, 0) + 1
+        log.opens += 1
+        self._epochs[key] = log.epochs[key]
+        return log.markers.get(key)
+
+    def deliver(
+        self,
+        computation: str,
+        interval: int,
+        productions: Sequence[Production],
+        marker: CommitTag,
+        timeout: float,
+    ) -> DeliveryOutcome:
+        key = (computation, interval)
+        if key not in self._epochs:
+            raise RuntimeError(f"interval {interval} of {computation!r} was never opened here")
+        if self._epochs[key] != self._log.epochs[key]:
+            return DeliveryOutcome.FENCED
+        fault = self._faults.pop(0) if self._faults else None
+        if fault is TransactionFault.CRASH_BEFORE_COMMIT:
+            raise InjectedCrash("injected crash with a transaction open")
+        if fault is TransactionFault.ABORTED:
+            return DeliveryOutcome.UNKNOWN
+        self._log.committed.extend(productions)
+        self._log.markers[key] = marker
+        if fault is TransactionFault.CRASH_AFTER_COMMIT:
+            raise InjectedCrash("injected crash as a transaction committed")
+        if fault is TransactionFault.COMMITTED_UNACKNOWLEDGED:
+            return DeliveryOutcome.UNKNOWN
+        return DeliveryOutcome.COMMITTED
 
 
 @dataclass

@@ -73,6 +73,12 @@ class ComputationOptions:
     * ``strong_productions``: checkpoint productions before sending them (see
       :mod:`millstream.engine.productions`). Off, they are sent first and only the stragglers
       not acknowledged within ``weak_production_delay`` seconds are checkpointed.
+    * ``transactional_productions``: with ``exactly_once`` and ``strong_productions`` (the
+      default), send each commit's productions in one Kafka transaction that also records
+      which commit it delivered, so that a plain ``read_committed`` consumer (the console
+      consumer, a dashboard, a sink connector) reads each production once, not only
+      millstream's deduplicating consumers (:mod:`millstream.engine.productions`). Off, or
+      with weak productions: at-least-once on Kafka, exactly-once for millstream's readers.
     * ``key_intervals``: how many key intervals (units of parallelism and of the store).
     * ``retry_window`` + ``late_injector_slack`` (µs): how long dedup IDs are kept.
     * ``send_timeout`` (s): how long a worker waits for the sink before leaving productions
@@ -117,6 +123,7 @@ class ComputationOptions:
 
     exactly_once: bool = True
     strong_productions: bool = True
+    transactional_productions: bool = True
     key_intervals: int = 16
     retry_window: int = 10 * _MINUTE
     late_injector_slack: int = 0
@@ -182,6 +189,11 @@ class ComputationOptions:
     def dedup_ttl(self) -> int:
         """How long (µs) a dedup ID outlives its commit: the retry window plus the slack."""
         return self.retry_window + self.late_injector_slack
+
+    @property
+    def transactional(self) -> bool:
+        """Whether productions go out in Kafka transactions (see the class docstring)."""
+        return self.exactly_once and self.strong_productions and self.transactional_productions
 
     @property
     def production_policy(self) -> ProductionPolicy:

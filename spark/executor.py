@@ -79,7 +79,7 @@ from millstream.spark.metrics import RESULT_SCHEMA, ResultRow, interval_counts
 from millstream.spark.quarantine import POISON_ERROR_PREFIX
 
 if TYPE_CHECKING:
-    from millstream.connectors.kafka import KafkaProductionSink
+    from millstream.connectors.kafka import KafkaProductionSink, KafkaTransactionalSink
 
 __all__ = [
     "RESULT_SCHEMA",
@@ -247,6 +247,7 @@ class _Resources:
 
     cluster: Any
     sink: KafkaProductionSink
+    transactions: KafkaTransactionalSink
     workers: WorkerPool
     threads: ThreadPoolExecutor
 
@@ -259,6 +260,7 @@ def clear_process_cache() -> None:
     while _CACHE:
         _, resources = _CACHE.popitem()
         resources.threads.shutdown()
+        resources.transactions.close()
         resources.sink.close()
         resources.cluster.shutdown()
 
@@ -268,7 +270,7 @@ def _resources(settings: TaskSettings) -> _Resources:
     if resources is None:
         # Imported here: the driver imports this module without needing the drivers loaded.
         from millstream.connectors.cassandra import connect
-        from millstream.connectors.kafka import KafkaProductionSink
+        from millstream.connectors.kafka import KafkaProductionSink, KafkaTransactionalSink
         from millstream.engine.stores.cassandra import CassandraIntervalStore
 
         cluster, session = connect(settings.config)
@@ -277,6 +279,9 @@ def _resources(settings: TaskSettings) -> _Resources:
                 session, settings.keyspace, SystemClock(), table=settings.table
             )
             sink = KafkaProductionSink(settings.config)
+            transactions = KafkaTransactionalSink(
+                settings.config, f"{settings.keyspace}.{settings.table}"
+            )
         except BaseException:
             cluster.shutdown()
             raise
@@ -287,10 +292,12 @@ def _resources(settings: TaskSettings) -> _Resources:
             cache=StateCache(settings.config.executor_cache_bytes),
             # Held while user code runs: one computation call at a time per process.
             user_code=threading.Lock(),
+            transactions=transactions,
         )
         resources = _Resources(
             cluster,
             sink,
+            transactions,
             workers,
             ThreadPoolExecutor(
                 settings.config.executor_interval_threads, thread_name_prefix="millstream-interval"

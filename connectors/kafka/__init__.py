@@ -12,7 +12,9 @@ so Kafka keeps each source's latest report: :func:`create_watermark_topic`,
 
 The modules: ``clients`` (connection and security settings, producers and consumers),
 ``topics`` (topic names, creation, end offsets), ``watermark_topic`` (the watermark topic:
-reports, expected sets, wake-ups) and ``sink`` (:class:`KafkaProductionSink`).
+reports, expected sets, wake-ups), ``sink`` (:class:`KafkaProductionSink`) and
+``transactions`` (:class:`KafkaTransactionalSink`: transactional productions, with their
+marker topic).
 """
 
 from millstream.connectors.kafka.clients import (
@@ -37,6 +39,11 @@ from millstream.connectors.kafka.topics import (
     stream_topic,
     wake_topic,
 )
+from millstream.connectors.kafka.transactions import (
+    KafkaTransactionalSink,
+    create_transaction_marker_topic,
+    transaction_marker_topic,
+)
 from millstream.connectors.kafka.watermark_topic import (
     KafkaWatermarkChannel,
     KafkaWatermarkTopic,
@@ -48,6 +55,7 @@ __all__ = [
     "WAKE_TOPIC_CONFIG",
     "WATERMARK_TOPIC_CONFIG",
     "KafkaProductionSink",
+    "KafkaTransactionalSink",
     "KafkaWatermarkChannel",
     "KafkaWatermarkTopic",
     "WatermarkPublisher",
@@ -57,6 +65,7 @@ __all__ = [
     "client_settings",
     "consumer",
     "create_topics",
+    "create_transaction_marker_topic",
     "create_wake_topics",
     "create_watermark_topic",
     "delete_topics",
@@ -66,5 +75,6 @@ __all__ = [
     "producer",
     "refusal",
     "stream_topic",
+    "transaction_marker_topic",
     "wake_topic",
 ]

@@ -64,7 +64,11 @@ def sink(monkeypatch: pytest.MonkeyPatch) -> Iterator[TestingSink]:
     threads = ThreadPoolExecutor(2)
     # No Cassandra session, no Kafka producer to close: the pool holds what the tasks use.
     resources = executor._Resources(
-        Unused(), cast(Any, sink), WorkerPool(MemoryIntervalStore(clock), sink, clock), threads
+        Unused(),
+        cast(Any, sink),
+        cast(Any, None),  # no transactions: productions go to the testing sink
+        WorkerPool(MemoryIntervalStore(clock), sink, clock),
+        threads,
     )
     monkeypatch.setitem(executor._CACHE, SETTINGS.endpoints, resources)
     yield sink

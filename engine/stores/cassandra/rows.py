@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Final, TypeAlias
 
 from millstream.engine.errors import StoreError
-from millstream.engine.productions import Production
+from millstream.engine.productions import CommitTag, Production
 from millstream.engine.records import decode_record
 from millstream.engine.sequencer import Lease
 from millstream.engine.state import UNCHANGED, KeyChanges
@@ -31,6 +31,8 @@ __all__ = [
     "one_row",
     "one_row_or_none",
     "pack_productions",
+    "production_item",
+    "production_tag",
     "result_rows",
     "row_count",
     "row_timer",
@@ -44,6 +46,10 @@ TIMESTAMP_OFFSET = 2**63
 # timer index's item.
 _LENGTH16 = struct.Struct(">H")
 _LENGTH32 = struct.Struct(">I")
+# A tagged production row's item: this prefix, the commit tag, then the row's own marker (an
+# untagged row's item is the marker alone, 16 bytes: rows of earlier versions, or copied).
+_TAGGED: Final = b"T"
+_TAG = struct.Struct(">qq")
 # Cassandra refuses TTLs above 20 years (Attributes.MAX_TTL).
 _MAX_TTL_SECONDS = 20 * 365 * 24 * 3600
 _MICROS_PER_SECOND = 1_000_000
@@ -100,8 +106,23 @@ def pack_productions(productions: Sequence[Production]) -> bytes:
     return b"".join(parts)
 
 
-def unpack_productions(packed: bytes) -> list[Production]:
-    """The productions of a production row's ``record`` column."""
+def production_item(tag: CommitTag | None, marker: bytes) -> bytes:
+    """The ``item`` of a production row: its ``marker``, after the commit's ``tag`` if any
+    (so that a worker taking the interval over knows which commit wrote the row)."""
+    if tag is None:
+        return marker
+    return _TAGGED + _TAG.pack(tag.token, tag.number) + marker
+
+
+def production_tag(item: bytes) -> CommitTag | None:
+    """The commit tag a production row's ``item`` carries (``None``: untagged)."""
+    if len(item) == 1 + _TAG.size + 16 and item.startswith(_TAGGED):
+        return CommitTag(*_TAG.unpack_from(item, 1))
+    return None
+
+
+def unpack_productions(packed: bytes, tag: CommitTag | None = None) -> list[Production]:
+    """The productions of a production row's ``record`` column, tagged ``tag``."""
     productions: list[Production] = []
     offset = 0
     while offset < len(packed):
@@ -112,7 +133,7 @@ def unpack_productions(packed: bytes) -> list[Production]:
         (length,) = _LENGTH32.unpack_from(packed, offset)
         offset += _LENGTH32.size
         envelope = packed[offset : offset + length]
-        productions.append(Production(stream, decode_record(envelope), envelope))
+        productions.append(Production(stream, decode_record(envelope), envelope, tag))
         offset += length
     return productions
 

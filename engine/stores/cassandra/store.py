@@ -36,7 +36,9 @@ Rows a batch touches, and how it reads them (paper 6.1.1: the checkpoint is coal
 * **Pending productions**: one row per commit batch holds all its productions (``record``:
   per production a 2-byte stream length, the stream, a 4-byte record length, the record
   envelope), deleted once all of them were acknowledged; only a worker taking the interval
-  over reads them.
+  over reads them. A transactional commit's row has the commit's tag in its ``item``
+  (``T``, the lease token and commit number as two 8-byte integers, then the marker), so a
+  worker taking over knows which pending productions the Kafka transaction marker covers.
 
 Rules that make the contract hold:
 
@@ -119,7 +121,7 @@ from millstream.engine.errors import (
     UnknownOutcomeError,
 )
 from millstream.engine.layout import IntervalLayout
-from millstream.engine.productions import Production
+from millstream.engine.productions import CommitTag, Production
 from millstream.engine.sequencer import INITIAL_SEQUENCER, Lease
 from millstream.engine.state import KeyChanges
 from millstream.engine.store import (
@@ -140,6 +142,8 @@ from millstream.engine.stores.cassandra.rows import (
     one_row,
     one_row_or_none,
     pack_productions,
+    production_item,
+    production_tag,
     result_rows,
     row_count,
     row_timer,
@@ -363,7 +367,7 @@ class CassandraIntervalStore(IntervalStore):
             productions=tuple(
                 production
                 for row in result_rows(productions.result())
-                for production in unpack_productions(row["record"])
+                for production in unpack_productions(row["record"], production_tag(row["item"]))
             ),
             dedup_ids=tuple(
                 row["item"] for row in result_rows(dedup.result()) if row["expires"] > now
@@ -435,7 +439,7 @@ class CassandraIntervalStore(IntervalStore):
         rows: dict[bytes, set[bytes]] = {}
         productions: list[Production] = []
         for row in result_rows(result):
-            unpacked = unpack_productions(row["record"])
+            unpacked = unpack_productions(row["record"], production_tag(row["item"]))
             rows[row["item"]] = {p.record_id for p in unpacked}
             productions.extend(unpacked)
         # What this instance knows of the interval's production rows starts over from here.
@@ -464,12 +468,15 @@ class CassandraIntervalStore(IntervalStore):
                 for change in batch
                 for row in change_rows(self._statements, lease, change, expires, ttl_seconds)
             ]
-            productions = [p for change in batch for p in change.productions]
-            if productions:
-                # One row for all of the batch's productions (paper 6.1.1's coalesced
-                # checkpoint). Known before the write, so that deleting it later is possible
-                # whatever the outcome: deleting a row that never landed is harmless.
-                item = _new_marker()
+            by_tag: dict[CommitTag | None, list[Production]] = {}
+            for change in batch:
+                for production in change.productions:
+                    by_tag.setdefault(production.tag, []).append(production)
+            for tag, productions in by_tag.items():
+                # One row for all of the batch's productions of one commit (paper 6.1.1's
+                # coalesced checkpoint). Known before the write, so that deleting it later is
+                # possible whatever the outcome: deleting a row that never landed is harmless.
+                item = production_item(tag, _new_marker())
                 rows.append(
                     (
                         self._statements.put_productions,

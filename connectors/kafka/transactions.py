@@ -1,0 +1,258 @@
+"""Transactional productions on Kafka: one transaction per interval commit, with a marker.
+
+:class:`KafkaTransactionalSink` is the :class:`~millstream.engine.productions.TransactionalSink`
+the executors use. Per key interval it keeps one transactional producer whose
+``transactional.id`` is derived from the store (keyspace and table), the computation and the
+interval, so that a new owner's ``init_transactions()`` fences the old owner's producer, as
+the interval's sequencer fences its store writes, and aborts its open transaction (or waits
+for one being committed to complete).
+
+The marker: every transaction also commits, through ``send_offsets_to_transaction``, an offset
+for partition 0 of :func:`transaction_marker_topic` in a consumer group named like the
+transactional ID. The offset is the commit tag's lease token and its metadata the whole tag
+(``millstream-commit <token>:<number>``). Offsets committed in a transaction become visible
+only if it commits, so the group's committed offset says, atomically with the productions,
+which commits were delivered. Nothing is ever written to the marker topic itself.
+
+Reading the marker after ``init_transactions()`` uses ``require_stable`` (KIP-447): the
+broker answers only once no transaction holds that offset pending.
+
+A producer is made only when its interval has something to deliver, kept while this process
+owns the interval, and closed when idle for :data:`IDLE_SECONDS` or when the process holds
+more than :data:`MAX_PRODUCERS` (its next delivery then opens it again, which resolves any
+pending productions by the marker).
+
+On a secured cluster the principal needs, besides what it has for its streams: ``Write`` and
+``Describe`` on the transactional IDs (prefix ``millstream.``), ``Read`` on the groups (prefix
+``millstream.``) and ``Read`` and ``Describe`` on the marker topic.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from confluent_kafka import (
+    ConsumerGroupTopicPartitions,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
+
+from millstream.connectors.kafka.clients import consumer, producer
+from millstream.connectors.kafka.topics import admin_client, create_topics, stream_topic
+from millstream.engine.config import MillstreamConfig
+from millstream.engine.pause_points import pause_point
+from millstream.engine.productions import (
+    CommitTag,
+    DeliveryOutcome,
+    Production,
+    TransactionUnavailableError,
+)
+
+__all__ = [
+    "IDLE_SECONDS",
+    "MAX_PRODUCERS",
+    "KafkaTransactionalSink",
+    "create_transaction_marker_topic",
+    "transaction_marker_topic",
+    "transactional_id",
+]
+
+_log = logging.getLogger(__name__)
+
+IDLE_SECONDS: Final = 300.0
+MAX_PRODUCERS: Final = 256
+
+_METADATA_PREFIX: Final = "millstream-commit "
+# Errors that say this producer was superseded by a newer one of the same transactional ID.
+_FENCED: Final = frozenset(
+    {
+        KafkaError._FENCED,
+        KafkaError.PRODUCER_FENCED,
+        KafkaError.INVALID_PRODUCER_EPOCH,
+    }
+)
+_MARKER_TOPIC_CONFIG: Final = {"cleanup.policy": "delete", "retention.ms": "3600000"}
+
+
+def transaction_marker_topic(config: MillstreamConfig) -> str:
+    """The topic whose partition 0 the transaction markers are committed offsets of."""
+    return f"{config.kafka_watermark_topic}.transactions"
+
+
+def create_transaction_marker_topic(config: MillstreamConfig, timeout: float = 30.0) -> None:
+    """Create the marker topic (one partition, never written to); an existing one stays."""
+    create_topics(
+        config,
+        [transaction_marker_topic(config)],
+        partitions=1,
+        timeout=timeout,
+        topic_config=_MARKER_TOPIC_CONFIG,
+    )
+
+
+def transactional_id(namespace: str, computation: str, interval: int) -> str:
+    """The transactional ID (and marker group) of an interval of a computation whose store
+    is ``namespace`` (``keyspace.table``): stable across processes and restarts."""
+    return f"millstream.{namespace}.{computation}.{interval}"
+
+
+@dataclass
+class _Producer:
+    producer: Producer
+    group_metadata: object
+    used: float
+
+
+class KafkaTransactionalSink:
+    """Delivers each interval's productions in Kafka transactions with a commit marker.
+
+    ``namespace`` tells apart the topologies sharing a cluster (the store's
+    ``keyspace.table``); ``settings`` go to every producer (tests).
+    """
+
+    def __init__(
+        self, config: MillstreamConfig, namespace: str, **settings: str | int | bool
+    ) -> None:
+        self._config = config
+        self._namespace = namespace
+        self._settings = settings
+        self._marker_topic = transaction_marker_topic(config)
+        self._admin = admin_client(config)
+        self._producers: dict[tuple[str, int], _Producer] = {}
+        self._lock = threading.Lock()
+
+    def open(self, computation: str, interval: int, timeout: float) -> CommitTag | None:
+        key = (computation, interval)
+        with self._lock:
+            self._producers.pop(key, None)  # a fenced or failed one is of no more use
+        name = transactional_id(self._namespace, computation, interval)
+        made = producer(
+            self._config,
+            **{
+                "transactional.id": name,
+                "transaction.timeout.ms": int(self._config.kafka_transaction_timeout * 1000),
+                "linger.ms": 0,
+                **self._settings,
+            },
+        )
+        try:
+            made.init_transactions(timeout)
+        except KafkaException as exc:
+            raise TransactionUnavailableError(
+                f"could not open the Kafka producer {name!r} within {timeout:.0f} s: {exc.args[0]}"
+            ) from exc
+        marker = self._read_marker(name, timeout)
+        # The group is named only for the offsets; the consumer never joins or subscribes.
+        named = consumer(self._config, "millstream-marker", **{"group.id": name})
+        try:
+            metadata = named.consumer_group_metadata()
+        finally:
+            named.close()
+        with self._lock:
+            self._close_idle()
+            self._producers[key] = _Producer(made, metadata, time.monotonic())
+        return marker
+
+    def deliver(
+        self,
+        computation: str,
+        interval: int,
+        productions: Sequence[Production],
+        marker: CommitTag,
+        timeout: float,
+    ) -> DeliveryOutcome:
+        key = (computation, interval)
+        with self._lock:
+            held = self._producers.get(key)
+        if held is None:  # closed as idle, or failed before: open it again first
+            return DeliveryOutcome.UNKNOWN
+        held.used = time.monotonic()
+        made = held.producer
+        try:
+            made.begin_transaction()
+            for production in productions:
+                self._produce(made, production, timeout)
+            made.send_offsets_to_transaction(
+                [
+                    TopicPartition(
+                        self._marker_topic,
+                        0,
+                        marker.token,
+                        metadata=_METADATA_PREFIX + marker.encode(),
+                    )
+                ],
+                held.group_metadata,
+                timeout,
+            )
+            pause_point("executor.transaction", computation)
+            made.commit_transaction(timeout)
+        except KafkaException as exc:
+            error = exc.args[0]
+            with self._lock:
+                if self._producers.get(key) is held:
+                    del self._producers[key]
+            if isinstance(error, KafkaError) and error.code() in _FENCED:
+                return DeliveryOutcome.FENCED
+            _log.warning(
+                "transaction of interval %d of %r ended unknown: %s", interval, computation, error
+            )
+            return DeliveryOutcome.UNKNOWN
+        return DeliveryOutcome.COMMITTED
+
+    def close(self) -> None:
+        """Forget every producer (an open transaction of theirs is aborted by the broker)."""
+        with self._lock:
+            self._producers.clear()
+
+    def _produce(self, made: Producer, production: Production, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        record = production.record
+        while True:
+            try:
+                made.produce(
+                    stream_topic(production.stream),
+                    key=record.key.encode(),
+                    value=production.envelope,
+                )
+                return
+            except BufferError:
+                # The local queue is full: let deliveries drain it, unless time is up.
+                if time.monotonic() >= deadline:
+                    raise KafkaException(
+                        KafkaError(KafkaError._TIMED_OUT, "the producer's queue stayed full")
+                    ) from None
+                made.poll(0.05)
+
+    def _read_marker(self, name: str, timeout: float) -> CommitTag | None:
+        request = ConsumerGroupTopicPartitions(name, [TopicPartition(self._marker_topic, 0)])
+        try:
+            futures = self._admin.list_consumer_group_offsets([request], require_stable=True)
+            answer = futures[name].result(timeout=timeout)
+        except KafkaException as exc:
+            raise TransactionUnavailableError(
+                f"could not read the transaction marker of {name!r}: {exc.args[0]}"
+            ) from exc
+        [partition] = answer.topic_partitions
+        if partition.error is not None:
+            raise TransactionUnavailableError(
+                f"could not read the transaction marker of {name!r}: {partition.error}"
+            )
+        metadata = partition.metadata or ""
+        if partition.offset < 0 or not metadata.startswith(_METADATA_PREFIX):
+            return None
+        return CommitTag.decode(metadata.removeprefix(_METADATA_PREFIX))
+
+    def _close_idle(self) -> None:
+        now = time.monotonic()
+        by_use = sorted(self._producers.items(), key=lambda item: item[1].used)
+        excess = len(by_use) - MAX_PRODUCERS + 1
+        for number, (key, held) in enumerate(by_use):
+            if number < excess or now - held.used > IDLE_SECONDS:
+                del self._producers[key]

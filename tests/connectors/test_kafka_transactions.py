@@ -1,0 +1,263 @@
+"""Transactional productions on the real broker: markers, fencing, and what a plain
+``read_committed`` consumer reads (confluent-kafka only, no millstream decoding)."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from millstream.connectors.kafka import (
+    KafkaProductionSink,
+    KafkaTransactionalSink,
+    create_transaction_marker_topic,
+    stream_topic,
+)
+from millstream.connectors.kafka.clients import producer
+from millstream.connectors.kafka.transactions import transactional_id
+from millstream.engine.clock import ManualClock
+from millstream.engine.computation import Computation
+from millstream.engine.config import MillstreamConfig
+from millstream.engine.context import Context
+from millstream.engine.productions import (
+    CommitTag,
+    DeliveryOutcome,
+    Production,
+    TransactionalSink,
+)
+from millstream.engine.protocol import Delivery, IntervalWorker
+from millstream.engine.records import Record, decode_record, encode_record, injector_record_id
+from millstream.engine.stores.cassandra import CassandraIntervalStore, create_schema
+from millstream.engine.topology import ComputationOptions, ComputationSpec, InputStream
+
+if TYPE_CHECKING:
+    from cassandra.cluster import Session
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT = 30.0
+
+
+@pytest.fixture
+def config(services: MillstreamConfig) -> MillstreamConfig:
+    create_transaction_marker_topic(services)
+    return services
+
+
+@pytest.fixture
+def namespace(unique: Callable[[str], str]) -> str:
+    return unique("ks") + ".table"
+
+
+@pytest.fixture
+def sinks(
+    config: MillstreamConfig, namespace: str
+) -> Iterator[Callable[[], KafkaTransactionalSink]]:
+    """Factory: each sink stands for one process's producers."""
+    made: list[KafkaTransactionalSink] = []
+
+    def make() -> KafkaTransactionalSink:
+        made.append(KafkaTransactionalSink(config, namespace))
+        return made[-1]
+
+    yield make
+    for sink in made:
+        sink.close()
+
+
+def productions(topic: str, *values: bytes) -> list[Production]:
+    out = []
+    for number, value in enumerate(values):
+        record = Record("k", value, 1, injector_record_id("test", 0, number))
+        out.append(Production(topic, record, encode_record(record)))
+    return out
+
+
+def read_committed(config: MillstreamConfig, topic: str) -> list[bytes]:
+    """Every value a plain read_committed consumer reads from the topic's one partition, up
+    to its end offset (which the last transaction's commit marker occupies)."""
+    reader = Consumer(
+        {
+            "bootstrap.servers": config.kafka_bootstrap,
+            "group.id": f"plain-{time.monotonic_ns()}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "enable.partition.eof": True,
+        }
+    )
+    try:
+        reader.assign([TopicPartition(topic, 0, 0)])
+        values: list[bytes] = []
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline:
+            message = reader.poll(0.5)
+            if message is None:
+                continue
+            error = message.error()
+            if error is not None:
+                assert error.code() == KafkaError._PARTITION_EOF, error
+                return values
+            value = message.value()
+            assert value is not None
+            values.append(value)
+        raise AssertionError(f"{topic} not read to its end in {TIMEOUT} s")
+    finally:
+        reader.close()
+
+
+def test_a_transaction_delivers_its_productions_and_records_its_marker(
+    config: MillstreamConfig,
+    sinks: Callable[[], KafkaTransactionalSink],
+    kafka_topic: Callable[..., str],
+) -> None:
+    topic = kafka_topic()
+    sink = sinks()
+    assert sink.open("comp", 3, TIMEOUT) is None
+    sent = productions(topic, b"a", b"b")
+    outcome = sink.deliver("comp", 3, sent, CommitTag(7, 1), TIMEOUT)
+
+    assert outcome is DeliveryOutcome.COMMITTED
+    assert read_committed(config, stream_topic(topic)) == [p.envelope for p in sent]
+    # Another process opening the interval reads the marker back.
+    assert sinks().open("comp", 3, TIMEOUT) == CommitTag(7, 1)
+    assert sinks().open("comp", 4, TIMEOUT) is None  # markers are per interval
+
+
+def test_a_new_owners_open_fences_the_old_producer(
+    config: MillstreamConfig,
+    sinks: Callable[[], KafkaTransactionalSink],
+    kafka_topic: Callable[..., str],
+) -> None:
+    topic = kafka_topic()
+    old, new = sinks(), sinks()
+    old.open("comp", 0, TIMEOUT)
+    new.open("comp", 0, TIMEOUT)
+
+    outcome = old.deliver("comp", 0, productions(topic, b"zombie"), CommitTag(1, 1), TIMEOUT)
+    assert outcome is DeliveryOutcome.FENCED
+    assert new.deliver("comp", 0, productions(topic, b"new"), CommitTag(2, 1), TIMEOUT) is (
+        DeliveryOutcome.COMMITTED
+    )
+    assert [decode_record(v).value for v in read_committed(config, topic)] == [b"new"]
+
+
+def test_an_open_transaction_of_a_dead_owner_is_aborted_by_the_next_open(
+    config: MillstreamConfig,
+    namespace: str,
+    sinks: Callable[[], KafkaTransactionalSink],
+    kafka_topic: Callable[..., str],
+) -> None:
+    topic = kafka_topic()
+    first = sinks()
+    first.open("comp", 0, TIMEOUT)
+    first.deliver("comp", 0, productions(topic, b"delivered"), CommitTag(1, 1), TIMEOUT)
+
+    # A dead owner: its transaction was left open with productions and a newer marker.
+    dead = producer(config, **{"transactional.id": transactional_id(namespace, "comp", 0)})
+    dead.init_transactions(TIMEOUT)
+    dead.begin_transaction()
+    dead.produce(topic, key=b"k", value=b"never-visible")
+    dead.flush(TIMEOUT)
+
+    started = time.monotonic()
+    assert sinks().open("comp", 0, TIMEOUT) == CommitTag(1, 1)
+    assert time.monotonic() - started < config.kafka_transaction_timeout
+    values = read_committed(config, topic)
+    assert b"never-visible" not in values
+    assert len(values) == 1
+    del dead
+
+
+class Counting(Computation):
+    def __init__(self, stream: str) -> None:
+        self.stream = stream
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        count = int(ctx.get_state() or b"0") + 1
+        ctx.set_state(str(count).encode())
+        ctx.produce(self.stream, f"{ctx.key}={count}".encode(), record.timestamp)
+
+
+class DyingSink:
+    """Passes the transaction through to Kafka, or not, then the process dies."""
+
+    def __init__(self, inner: KafkaTransactionalSink, commit_first: bool) -> None:
+        self.inner = inner
+        self.commit_first = commit_first
+
+    def open(self, computation: str, interval: int, timeout: float) -> CommitTag | None:
+        return self.inner.open(computation, interval, timeout)
+
+    def deliver(
+        self,
+        computation: str,
+        interval: int,
+        productions: Sequence[Production],
+        marker: CommitTag,
+        timeout: float,
+    ) -> DeliveryOutcome:
+        if self.commit_first:
+            assert self.inner.deliver(computation, interval, productions, marker, timeout) is (
+                DeliveryOutcome.COMMITTED
+            )
+        raise RuntimeError("worker process killed around the Kafka commit")
+
+
+@pytest.mark.parametrize(
+    "commit_first", [False, True], ids=["killed-before-kafka-commit", "killed-after-kafka-commit"]
+)
+def test_a_plain_reader_reads_each_production_once_across_a_crash_around_the_kafka_commit(
+    config: MillstreamConfig,
+    namespace: str,
+    cassandra: Session,
+    cassandra_keyspace: Callable[[], str],
+    kafka_topic: Callable[..., str],
+    commit_first: bool,
+) -> None:
+    """Cassandra store, Kafka transactions, two processes: the new owner resolves the crashed
+    one's pending productions by the marker (sent again only if the crash came first)."""
+    keyspace = cassandra_keyspace()
+    create_schema(cassandra, keyspace)
+    output = kafka_topic()
+    spec = ComputationSpec(
+        "counter",
+        Counting(output),
+        (InputStream("in"),),
+        (output,),
+        ComputationOptions(key_intervals=1),
+    )
+    keys = ["a", "b", "a", "c", "a", "b"]
+    deliveries = [
+        Delivery(k, Record(k, b"", 1, injector_record_id("t", 0, n))) for n, k in enumerate(keys)
+    ]
+    clock = ManualClock(2_000_000)
+
+    def worker(transactions: TransactionalSink) -> IntervalWorker:
+        store = CassandraIntervalStore(cassandra, keyspace, clock)
+        kafka = KafkaProductionSink(config)
+        return IntervalWorker(
+            spec, 0, store=store, sink=kafka, clock=clock, transactions=transactions
+        )
+
+    doomed = worker(DyingSink(KafkaTransactionalSink(config, namespace), commit_first))
+    with pytest.raises(RuntimeError, match="killed"):
+        doomed.process(deliveries, 0)
+
+    successor = KafkaTransactionalSink(config, namespace)
+    result = worker(successor).process(deliveries, 0)
+    successor.close()
+    assert (result.processed, result.duplicates, result.pending) == (0, len(keys), 0)
+    assert result.marker_resolved == (len(keys) if commit_first else 0)
+    assert result.transactions == (0 if commit_first else 1)
+
+    values = read_committed(config, output)
+    counts = Counter(values)
+    assert set(counts.values()) == {1}, "a plain read_committed reader read a copy"
+    assert sorted(decode_record(v).value for v in values) == sorted(
+        [b"a=1", b"a=2", b"a=3", b"b=1", b"b=2", b"c=1"]
+    )

@@ -1,0 +1,314 @@
+"""Transactional productions: a plain ``read_committed`` reader sees each production once.
+
+The core protocol over the memory store and :class:`TestingTransactions` (an in-memory
+transaction log with producer fencing); the Kafka mechanics are tested against a real broker
+in ``tests/connectors/test_kafka_transactions.py``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING
+
+import pytest
+
+from millstream.engine.computation import Computation
+from millstream.engine.context import Context
+from millstream.engine.errors import FencedError
+from millstream.engine.productions import CommitTag, Production
+from millstream.engine.protocol import Delivery, IntervalWorker
+from millstream.engine.rebalance import begin, finish_change
+from millstream.engine.records import Record
+from millstream.engine.stores.memory.store import FaultPoint, InjectedCrash
+from millstream.engine.testing import TestingTransactions, TransactionFault
+from millstream.engine.topology import ComputationOptions, ComputationSpec
+
+if TYPE_CHECKING:
+    from tests.engine.conftest import RecordFactory, Workers
+
+pytestmark = pytest.mark.unit
+
+WM = 0
+
+
+class Echo(Computation):
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.produce("out", record.value, record.timestamp)
+
+
+def deliver(*records: Record) -> list[Delivery]:
+    return [Delivery(r.key, r) for r in records]
+
+
+def duplicates(productions: list[Production]) -> int:
+    counts = Counter(p.record_id for p in productions)
+    return sum(n - 1 for n in counts.values())
+
+
+def values(transactions: TestingTransactions) -> list[bytes]:
+    return sorted(p.record.value for p in transactions.read_committed("out"))
+
+
+@pytest.fixture
+def transactions() -> TestingTransactions:
+    return TestingTransactions()
+
+
+def worker(
+    workers: Workers, spec: ComputationSpec, transactions: TestingTransactions
+) -> IntervalWorker:
+    return IntervalWorker(
+        spec,
+        0,
+        store=workers.store,
+        sink=workers.sink,
+        clock=workers.clock,
+        transactions=transactions,
+    )
+
+
+def test_a_commits_productions_go_in_one_transaction_whose_marker_names_the_commit(
+    workers: Workers, transactions: TestingTransactions, make_record: RecordFactory
+) -> None:
+    spec = workers.spec(Echo())
+    result = worker(workers, spec, transactions).process(
+        deliver(make_record("a", b"1"), make_record("b", b"2")), WM
+    )
+
+    assert values(transactions) == [b"1", b"2"]
+    assert workers.sink.sent == []  # nothing goes around the transaction
+    assert (result.transactions, result.acknowledged, result.pending) == (1, 2, 0)
+    assert transactions.marker("comp", 0) == CommitTag(result.lease.token, 1)
+    assert workers.store.productions("comp") == []
+
+
+def test_a_worker_keeps_its_producer_open_while_it_keeps_the_interval(
+    workers: Workers, transactions: TestingTransactions, make_record: RecordFactory
+) -> None:
+    spec = workers.spec(Echo())
+    owner = worker(workers, spec, transactions)
+    for value in (b"1", b"2", b"3"):
+        owner.process(deliver(make_record("a", value)), WM)
+
+    assert transactions.opens == 1
+    assert values(transactions) == [b"1", b"2", b"3"]
+
+
+def test_an_interval_without_output_never_opens_a_producer(
+    workers: Workers, transactions: TestingTransactions, make_record: RecordFactory
+) -> None:
+    class Silent(Computation):
+        def process_record(self, ctx: Context, record: Record) -> None:
+            pass
+
+    worker(workers, workers.spec(Silent()), transactions).process(
+        deliver(make_record("a", b"1")), WM
+    )
+    assert transactions.opens == 0
+
+
+def test_killed_after_the_kafka_commit_the_new_owner_drops_what_the_marker_covers(
+    workers: Workers, transactions: TestingTransactions, make_record: RecordFactory
+) -> None:
+    spec = workers.spec(Echo())
+    transactions.fail_next(TransactionFault.CRASH_AFTER_COMMIT)
+    with pytest.raises(InjectedCrash):
+        worker(workers, spec, transactions).process(deliver(make_record("a", b"1")), WM)
+    assert len(workers.store.productions("comp")) == 1  # committed to Kafka, still pending
+
+    successor = worker(workers, spec, transactions.client())
+    result = successor.process([], WM)
+
+    assert values(transactions) == [b"1"]
+    assert (result.marker_resolved, result.resent, result.transactions) == (1, 0, 0)
+    assert workers.store.productions("comp") == []
+
+
+def test_killed_with_the_transaction_open_the_new_owner_sends_it_again_once(
+    workers: Workers, transactions: TestingTransactions, make_record: RecordFactory
+) -> None:
+    spec = workers.spec(Echo())
+    transactions.fail_next(TransactionFault.CRASH_BEFORE_COMMIT)
+    with pytest.raises(InjectedCrash):
+        worker(workers, spec, transactions).process(deliver(make_record("a", b"1")), WM)
+    assert values(transactions) == []
+
+    result = worker(workers, spec, transactions.client()).process([], WM)
+
+    assert values(transactions) == [b"1"]
+    assert (result.marker_resolved, result.resent, result.transactions) == (0, 1, 1)
+
+
+def test_killed_between_the_store_commit_and_the_transaction_nothing_is_lost(
+    workers: Workers, transactions: TestingTransactions, make_record: RecordFactory
+) -> None:
+    spec = workers.spec(Echo())
+    workers.store.inject(FaultPoint.AFTER_COMMIT)
+    with pytest.raises(InjectedCrash):
+        worker(workers, spec, transactions).process(deliver(make_record("a", b"1")), WM)
+
+    worker(workers, spec, transactions.client()).process([], WM)
+    assert values(transactions) == [b"1"]
+
+
+@pytest.mark.parametrize(
+    ("fault", "resolved"),
+    [(TransactionFault.COMMITTED_UNACKNOWLEDGED, 1), (TransactionFault.ABORTED, 0)],
+)
+def test_an_unknown_transaction_outcome_is_resolved_by_the_marker_in_the_same_batch(
+    workers: Workers,
+    transactions: TestingTransactions,
+    make_record: RecordFactory,
+    fault: TransactionFault,
+    resolved: int,
+) -> None:
+    spec = workers.spec(Echo())
+    owner = worker(workers, spec, transactions)
+    owner.process(deliver(make_record("a", b"0")), WM)
+    transactions.fail_next(fault)
+    result = owner.process(deliver(make_record("a", b"1")), WM)
+
+    assert values(transactions) == [b"0", b"1"]
+    assert result.transaction_failures == 1
+    assert result.marker_resolved == resolved
+    assert result.transactions == 1 - resolved
+    assert (result.pending, workers.store.productions("comp")) == (0, [])
+    assert transactions.opens == 2  # the reopen that resolved it
+
+
+def test_two_unknown_outcomes_in_a_row_leave_the_productions_for_the_next_batch(
+    workers: Workers, transactions: TestingTransactions, make_record: RecordFactory
+) -> None:
+    spec = workers.spec(Echo())
+    owner = worker(workers, spec, transactions)
+    transactions.fail_next(TransactionFault.ABORTED, TransactionFault.ABORTED)
+    result = owner.process(deliver(make_record("a", b"1")), WM)
+    assert (result.pending, result.transaction_failures) == (1, 2)
+    assert values(transactions) == []
+
+    after = owner.process([], WM)
+    assert (after.pending, after.transactions) == (0, 1)
+    assert values(transactions) == [b"1"]
+
+
+def test_an_unreachable_coordinator_leaves_productions_pending_and_the_batch_commits(
+    workers: Workers, transactions: TestingTransactions, make_record: RecordFactory
+) -> None:
+    spec = workers.spec(Echo())
+    owner = worker(workers, spec, transactions)
+    transactions.unavailable = True
+    result = owner.process(deliver(make_record("a", b"1")), WM)
+    assert (result.pending, result.transaction_failures, result.processed) == (1, 1, 1)
+
+    transactions.unavailable = False
+    owner.process([], WM)
+    assert values(transactions) == [b"1"]
+
+
+def test_a_zombies_transaction_is_fenced_by_the_new_owners_open(
+    workers: Workers, transactions: TestingTransactions, make_record: RecordFactory
+) -> None:
+    spec = workers.spec(Echo())
+    zombie = worker(workers, spec, transactions)
+    zombie.process(deliver(make_record("a", b"0")), WM)  # its producer is open now
+    successor = worker(workers, spec, transactions.client())
+
+    # The successor takes over while the zombie is between its commit and its transaction.
+    workers.store.inject(
+        FaultPoint.AFTER_COMMIT, lambda: successor.process(deliver(make_record("b", b"2")), WM)
+    )
+    result = zombie.process(deliver(make_record("a", b"1")), WM)
+    assert (result.fenced_producers, result.transactions, result.pending) == (1, 0, 1)
+
+    # The zombie's commit landed before the takeover; the successor's next batch sends it.
+    successor.process([], WM)
+    assert values(transactions) == [b"0", b"1", b"2"]
+    assert duplicates(transactions.read_committed()) == 0
+
+
+def test_a_zombie_that_opens_after_the_successor_delivered_sends_nothing_again(
+    workers: Workers, transactions: TestingTransactions, make_record: RecordFactory
+) -> None:
+    """The zombie read the pending productions before the successor delivered them; it opens
+    (fencing the successor) after: the marker covers them, so it drops them."""
+    spec = workers.spec(Echo())
+    transactions.fail_next(TransactionFault.CRASH_BEFORE_COMMIT)
+    with pytest.raises(InjectedCrash):
+        worker(workers, spec, transactions).process(deliver(make_record("a", b"1")), WM)
+    zombie_producers = transactions.client()
+    zombie = worker(workers, spec, zombie_producers)
+    successor = worker(workers, spec, transactions.client())
+    zombie_producers.before_next_open(lambda: successor.process([], WM))
+    with pytest.raises(FencedError):  # its delete of the dropped rows is fenced
+        zombie.process([], WM)
+    assert transactions.opens == 3  # the crashed owner's, the successor's, the zombie's
+
+    assert values(transactions) == [b"1"]
+    assert duplicates(transactions.read_committed()) == 0
+
+
+def test_a_successors_marker_never_goes_back_when_a_zombie_delivers_its_commit(
+    workers: Workers, transactions: TestingTransactions, make_record: RecordFactory
+) -> None:
+    """A zombie whose stale view holds the successor's committed productions delivers them
+    under the highest tag it sends, so the successor does not take them for undelivered."""
+    spec = workers.spec(Echo())
+    zombie_producers, successor_producers = transactions.client(), transactions.client()
+    zombie = worker(workers, spec, zombie_producers)
+    successor = worker(workers, spec, successor_producers)
+    successor_producers.unavailable = True  # it commits b=2 but cannot deliver it yet
+
+    workers.store.inject(
+        FaultPoint.BEFORE_SCAN, lambda: successor.process(deliver(make_record("b", b"2")), WM)
+    )
+    with pytest.raises(FencedError):
+        zombie.process([], WM)  # it reads b=2 as pending, delivers it, its delete is fenced
+    assert transactions.marker("comp", 0) == CommitTag(2, 1)  # the successor's commit's tag
+
+    successor_producers.unavailable = False
+    result = successor.process([], WM)
+    assert result.marker_resolved == 1
+
+    assert values(transactions) == [b"2"]
+    assert duplicates(transactions.read_committed()) == 0
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        ComputationOptions(key_intervals=1, transactional_productions=False),
+        ComputationOptions(key_intervals=1, strong_productions=False),
+        ComputationOptions(key_intervals=1, exactly_once=False),
+    ],
+    ids=["off", "weak", "at-least-once"],
+)
+def test_productions_are_transactional_only_with_exactly_once_and_strong_productions(
+    workers: Workers,
+    transactions: TestingTransactions,
+    make_record: RecordFactory,
+    options: ComputationOptions,
+) -> None:
+    spec = workers.spec(Echo(), options=options)
+    worker(workers, spec, transactions).process(deliver(make_record("a", b"1")), WM)
+    assert transactions.read_committed() == []
+    assert [p.record.value for p in workers.sink.delivered()] == [b"1"]
+
+
+def test_a_split_copies_pending_productions_untagged(
+    workers: Workers, transactions: TestingTransactions, make_record: RecordFactory
+) -> None:
+    """A tag names a commit of its source interval, whose marker the targets do not share."""
+    spec = workers.spec(Echo())
+    transactions.unavailable = True
+    worker(workers, spec, transactions).process(deliver(make_record("a", b"1")), WM)
+    [pending] = workers.store.productions("comp")
+    assert pending.tag is not None
+
+    store = workers.store
+    layout = store.layout("comp", 1)
+    begun = layout.begin_split(0)
+    begin(store, "comp", layout, begun)
+    finish_change(store, "comp", begun, dedup_ttl=spec.options.dedup_ttl)
+    copied = store.productions("comp")
+    assert [p.record.value for p in copied] == [b"1"]
+    assert [p.tag for p in copied] == [None]
