@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from millstream.connectors import kafka as kafka_connector
+from millstream.connectors.stream_reader import read_messages
 from millstream.engine.clock import SystemClock
 from millstream.engine.codecs import JsonCodec
 from millstream.engine.computation import Computation
@@ -180,28 +181,12 @@ def assert_results(session: Session, pipeline: Pipeline, counted_events: list[Re
 
 
 def read_topic(config: MillstreamConfig, topic: str) -> list[tuple[int, int, bytes]]:
-    """Every message of ``topic`` as (partition, offset, value)."""
-    from confluent_kafka import TopicPartition
-
-    consumer = kafka_connector.consumer(config, "test-reader")
-    try:
-        ends = kafka_connector.end_offsets(consumer, [topic])[topic]
-        total = sum(ends.values())
-        consumer.assign([TopicPartition(topic, p, 0) for p in ends])
-        messages: list[tuple[int, int, bytes]] = []
-        deadline = time.monotonic() + 30
-        while len(messages) < total and time.monotonic() < deadline:
-            message = consumer.poll(1.0)
-            if message is None:
-                continue
-            assert message.error() is None, message.error()
-            value = message.value()
-            assert value is not None
-            messages.append((message.partition() or 0, message.offset() or 0, value))
-        assert len(messages) == total
-        return messages
-    finally:
-        consumer.close()
+    """Every committed message of ``topic`` as (partition, offset, value), to its end now
+    (offsets have gaps where transaction markers are)."""
+    return [
+        (message.partition, message.offset, message.value or b"")
+        for message in read_messages(config, topic)
+    ]
 
 
 def start(

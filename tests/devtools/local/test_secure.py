@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from confluent_kafka import TopicPartition
 
 from millstream import cli
 from millstream.connectors import cassandra as cassandra_connector
 from millstream.connectors import kafka as kafka_connector
 from millstream.connectors.maven import MavenArtifacts
+from millstream.connectors.stream_reader import read_messages
 from millstream.devtools.local.cassandra import CassandraService
 from millstream.devtools.local.java import JavaRuntime
 from millstream.devtools.local.kafka import KafkaService
@@ -396,24 +396,8 @@ class WindowCounts(Computation):
 
 
 def _read_all(config: MillstreamConfig, topic: str) -> list[Record]:
-    reader = kafka_connector.consumer(config, "test-secure-reader")
-    try:
-        ends = kafka_connector.end_offsets(reader, [topic])[topic]
-        reader.assign([TopicPartition(topic, p, 0) for p in ends])
-        records: list[Record] = []
-        deadline = time.monotonic() + 30
-        while len(records) < sum(ends.values()) and time.monotonic() < deadline:
-            message = reader.poll(0.5)
-            if message is None:
-                continue
-            assert message.error() is None, message.error()
-            value = message.value()
-            assert value is not None
-            records.append(decode_record(value))
-        assert len(records) == sum(ends.values())
-        return records
-    finally:
-        reader.close()
+    """Every committed record of ``topic``, to its end now (through the secured listener)."""
+    return [decode_record(m.value) for m in read_messages(config, topic) if m.value is not None]
 
 
 class _DriverLog:
