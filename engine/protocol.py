@@ -142,7 +142,9 @@ class BatchResult:
     time (the productions stay pending); ``fenced_producers`` transactions refused because
     another producer of the interval was opened since (this worker was a zombie);
     ``marker_resolved`` pending productions an open found delivered by the marker, dropped
-    without a resend."""
+    without a resend; ``aborted_commits`` earlier owners' commits an open found undelivered
+    (their transaction aborted by the open or by its timeout, or never begun: while open, it
+    held ``read_committed`` readers back), sent again."""
 
     lease: Lease
     rescanned: bool
@@ -161,6 +163,7 @@ class BatchResult:
     transaction_failures: int = 0
     fenced_producers: int = 0
     marker_resolved: int = 0
+    aborted_commits: int = 0
     progress: IntervalProgress = field(default_factory=IntervalProgress)
 
 
@@ -537,6 +540,13 @@ class IntervalWorker:
                     result.marker_resolved += len(delivered)
                     if resending:
                         result.resent -= len(delivered)
+                result.aborted_commits += len(
+                    {
+                        p.tag
+                        for p in soft.pending.values()
+                        if p.tag is not None and p.tag.token < soft.lease.token
+                    }
+                )
             productions = list(soft.pending.values())
             if not productions:
                 return

@@ -41,6 +41,11 @@ class MetricCounts:
     not yet acknowledged; ``resent`` checkpointed productions sent again as a batch began (a
     previous owner's or attempt's), ``unknown_outcomes`` commits whose outcome had to be read
     back, ``expired`` keys whose state expired (``ComputationOptions.state_ttl``).
+    Transactional productions: ``transactions`` committed, ``transaction_failures`` aborted
+    or unknown (and opens Kafka did not answer), ``fenced_producers`` refused as a zombie's,
+    ``marker_resolved`` pending productions found delivered by the marker (not resent),
+    ``aborted_commits`` earlier owners' commits found undelivered (see
+    :class:`~millstream.engine.protocol.BatchResult`).
     """
 
     inputs: int = 0
@@ -59,6 +64,11 @@ class MetricCounts:
     resent: int = 0
     unknown_outcomes: int = 0
     expired: int = 0
+    transactions: int = 0
+    transaction_failures: int = 0
+    fenced_producers: int = 0
+    marker_resolved: int = 0
+    aborted_commits: int = 0
 
     def __add__(self, other: MetricCounts) -> MetricCounts:
         return MetricCounts(
@@ -161,6 +171,11 @@ def interval_counts(inputs: int, rejected: int, result: BatchResult, cached: boo
         resent=result.resent,
         unknown_outcomes=result.unknown_outcomes,
         expired=result.expired,
+        transactions=result.transactions,
+        transaction_failures=result.transaction_failures,
+        fenced_producers=result.fenced_producers,
+        marker_resolved=result.marker_resolved,
+        aborted_commits=result.aborted_commits,
     )
 
 

@@ -90,6 +90,27 @@ COUNTER_METRICS: Final[Mapping[str, tuple[str, str]]] = {
         "millstream_state_expired_total",
         "Keys whose state expired: the input watermark passed its last update plus its TTL.",
     ),
+    "transactions": (
+        "millstream_transactions_total",
+        "Kafka transactions of transactional productions committed.",
+    ),
+    "transaction_failures": (
+        "millstream_transaction_failures_total",
+        "Kafka transactions aborted or of unknown outcome, and opens Kafka did not answer.",
+    ),
+    "fenced_producers": (
+        "millstream_fenced_producers_total",
+        "Transactions refused because a newer producer of the interval was opened (zombies).",
+    ),
+    "marker_resolved": (
+        "millstream_productions_marker_resolved_total",
+        "Pending productions a new owner found delivered by the transaction marker (not resent).",
+    ),
+    "aborted_commits": (
+        "millstream_aborted_commits_total",
+        "Earlier owners' commits found undelivered by an open: their Kafka transaction was "
+        "aborted, timed out or never begun (while open it held read_committed readers).",
+    ),
 }
 """The Prometheus counter of each :class:`~millstream.spark.metrics.MetricCounts`
 field that counts; ``pending``, a level, is the gauge ``millstream_productions_pending``."""

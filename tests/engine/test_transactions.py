@@ -121,6 +121,7 @@ def test_killed_after_the_kafka_commit_the_new_owner_drops_what_the_marker_cover
 
     assert values(transactions) == [b"1"]
     assert (result.marker_resolved, result.resent, result.transactions) == (1, 0, 0)
+    assert result.aborted_commits == 0
     assert workers.store.productions("comp") == []
 
 
@@ -137,6 +138,7 @@ def test_killed_with_the_transaction_open_the_new_owner_sends_it_again_once(
 
     assert values(transactions) == [b"1"]
     assert (result.marker_resolved, result.resent, result.transactions) == (0, 1, 1)
+    assert result.aborted_commits == 1
 
 
 def test_killed_between_the_store_commit_and_the_transaction_nothing_is_lost(
