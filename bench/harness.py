@@ -253,6 +253,7 @@ class Output:
     key: bytes | None
     value: bytes
     timestamp: int  # ms: the append time on topics created with APPEND_TIME_TOPIC
+    seen: float = 0.0  # ms: when the read_committed watcher received it (wall clock)
 
 
 class OutputWatcher:
@@ -283,7 +284,7 @@ class OutputWatcher:
                 batch = self._consumer.consume(num_messages=10_000, timeout=0.05)
                 now = time.time()
                 fresh = [
-                    Output(m.key(), m.value() or b"", int(m.timestamp()[1]))
+                    Output(m.key(), m.value() or b"", int(m.timestamp()[1]), now * 1_000)
                     for m in batch
                     if m.error() is None
                 ]

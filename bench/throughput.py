@@ -11,14 +11,18 @@ take the key from the Kafka message key, and write plain values of the size of m
 outputs (42 bytes: the count, zero-padded); the two stateless floors forward each input as it
 is (41 bytes).
 
-| row | what | guarantee |
+| row | what (txns: Kafka transactions per interval commit) | guarantee |
 |---|---|---|
 | ``kafka-loop`` | confluent-kafka consume→produce loop, no state | none |
 | ``spark-floor`` | Spark Kafka → ``foreachBatch`` → Kafka, no state | at-least-once |
 | ``quix`` | Quix Streams 3, ``processing_guarantee="exactly-once"``, RocksDB | exactly-once |
 | ``spark-tws`` | ``transformWithStateInPandas``, RocksDB state store, Kafka sink | at-least-once |
-| ``millstream-strong`` | strong productions, exactly-once, 16 key intervals | exactly-once |
+| ``millstream-strong`` | strong productions, exactly-once, 16 intervals, txns | exactly-once |
+| ``millstream-notx`` | the same, ``transactional_productions=False`` | eo-millstream |
 | ``millstream-weak`` | weak productions, ``exactly_once=False`` | none |
+
+(``eo-millstream``: exactly-once for millstream's deduplicating readers, at-least-once for
+plain ones.)
 
 **records/s** = records / (end - start). *Start* is when the system began reading the
 backlog: for the Spark rows (millstream included) the trigger time of the first micro-batch that
@@ -35,10 +39,12 @@ notes give each Spark Python worker's CPU seconds while draining, and its share 
 (from /proc, so Linux only): how busy each core's worker was.
 
 **Latency** (``--rates``, ``--latency-seconds`` at each): after its backlog, the
-``spark-floor`` and ``millstream-strong`` instances get paced input at each rate from the same
-injector (which reports its watermark after each poll); latency = the output's Kafka append time
-(output topics use ``LogAppendTime``) minus the event's injection time (its event time, which
-both copy to their output). Same trigger (0.2 s) for both.
+``spark-floor``, ``millstream-strong`` and ``millstream-notx`` instances get paced input at
+each rate from the same injector (which reports its watermark after each poll); latency = the
+moment a ``read_committed`` reader of the output topic received the output minus the event's
+injection time (its event time, which both copy to their output): a transactional producer's
+records are visible only once its transaction commits, so their append time would flatter it.
+Same trigger (0.2 s) for all.
 
 **Large state**: one millstream computation with ``key_intervals=1`` whose interval already
 holds the state of ``--large-keys`` keys (preloaded through ``CassandraIntervalStore.commit``),
@@ -176,6 +182,13 @@ SYSTEMS = (
         "ms-strong",
         "millstream, strong productions + exactly-once, 16 intervals",
         "exactly-once",
+        latency=True,
+    ),
+    System(
+        "millstream-notx",
+        "ms-notx",
+        "millstream-strong without transactional productions",
+        "eo-millstream",
         latency=True,
     ),
     System(
@@ -565,7 +578,7 @@ def warm_up_millstream(bench: Bench) -> None:
             config, topics.source, 5_000, None, keyspace=f"tp_{suffix}", key_of=backlog_key(1_000)
         )
         watcher = OutputWatcher(config, topics.sink, PARTITIONS)
-        handle = start_millstream(bench, topics, config, strong=True)
+        handle = start_millstream(bench, topics, config)
         watcher.wait(5_000, 300, handle.check)
     finally:
         steps: list[Callable[[], None]] = []
@@ -578,14 +591,17 @@ def warm_up_millstream(bench: Bench) -> None:
         run_all(steps)
 
 
-def millstream_options(strong: bool) -> ComputationOptions:
-    if strong:
-        return ComputationOptions()  # strong productions, exactly-once, 16 key intervals
+def millstream_options(system: str) -> ComputationOptions:
+    if system == "millstream-strong":
+        # Strong productions, exactly-once, 16 key intervals, Kafka transactions.
+        return ComputationOptions()
+    if system == "millstream-notx":
+        return ComputationOptions(transactional_productions=False)
     return ComputationOptions(strong_productions=False, exactly_once=False)
 
 
 def start_millstream(
-    bench: Bench, topics: Topics, config: MillstreamConfig, strong: bool
+    bench: Bench, topics: Topics, config: MillstreamConfig, system: str = "millstream-strong"
 ) -> Handle:
     topology = Topology(f"tp_{topics.suffix}", streams=[topics.source])
     name = f"count_{topics.suffix}"
@@ -594,7 +610,7 @@ def start_millstream(
         Count(topics.sink),
         inputs=[topics.source],
         outputs=[topics.sink],
-        options=millstream_options(strong),
+        options=millstream_options(system),
     )
     settings = replace(
         config.run,
@@ -715,8 +731,7 @@ def measure_backlog(
     elif system.name == "spark-tws":
         run.handle = start_tws(bench, run.topics)
     else:
-        strong = system.name == "millstream-strong"
-        run.handle = start_millstream(bench, run.topics, run.config, strong)
+        run.handle = start_millstream(bench, run.topics, run.config, system.name)
     handle = run.handle
     result.records_per_s, first, done = run.drain(args.records)
     result.startup_s = first - started
@@ -771,7 +786,7 @@ def latency_phases(
             # event time: either way the record's timestamp is the injection time.
             record = decode_record(message.value)
             if record.timestamp >= phase_start:
-                phase.append(message.timestamp - record.timestamp / 1_000)
+                phase.append(message.seen - record.timestamp / 1_000)
         samples[rate] = phase
         first += count
     return samples
