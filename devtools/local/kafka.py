@@ -15,9 +15,10 @@ import os
 import subprocess
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from millstream.connectors.kafka import client_settings
@@ -26,7 +27,7 @@ from millstream.devtools.local.security import SECURE_USER
 from millstream.devtools.local.service import LocalService
 from millstream.engine.errors import ServiceStartError
 
-__all__ = ["KafkaService", "create_offsets_topic"]
+__all__ = ["KafkaService", "create_offsets_topic", "create_transaction_state_topic"]
 
 _MAIN_CLASS = "kafka.Kafka"
 _STORAGE_TOOL = "kafka.tools.StorageTool"
@@ -254,13 +255,44 @@ def create_offsets_topic(bootstrap: str, replicas: int, timeout: float = 60.0) -
     down would find no coordinator. Asking for a group's coordinator creates it.
     """
     admin = AdminClient({"bootstrap.servers": bootstrap}, logger=_quiet_logger())
+
+    def probe() -> None:
+        # Answered NOT_COORDINATOR (or the like) until the topic's partitions have leaders.
+        admin.describe_consumer_groups([_OFFSETS_PROBE])[_OFFSETS_PROBE].result(timeout=10)
+
+    _await_internal_topic(admin, _OFFSETS_TOPIC, probe, bootstrap, replicas, timeout)
+
+
+def create_transaction_state_topic(bootstrap: str, replicas: int, timeout: float = 60.0) -> None:
+    """The same for the transaction state topic, which Kafka creates on the first use of a
+    transactional producer (millstream's transactional productions): a probe producer's
+    ``init_transactions()`` creates it."""
+    admin = AdminClient({"bootstrap.servers": bootstrap}, logger=_quiet_logger())
+
+    def probe() -> None:
+        producer = Producer(
+            {"bootstrap.servers": bootstrap, "transactional.id": _TRANSACTIONS_PROBE},
+            logger=_quiet_logger(),
+        )
+        producer.init_transactions(10)
+
+    _await_internal_topic(admin, _TRANSACTIONS_TOPIC, probe, bootstrap, replicas, timeout)
+
+
+def _await_internal_topic(
+    admin: AdminClient,
+    topic: str,
+    probe: Callable[[], None],
+    bootstrap: str,
+    replicas: int,
+    timeout: float,
+) -> None:
     deadline = time.monotonic() + timeout
     while True:
         try:
-            # Answered NOT_COORDINATOR (or the like) until the topic's partitions have leaders.
-            admin.describe_consumer_groups([_OFFSETS_PROBE])[_OFFSETS_PROBE].result(timeout=10)
-            topic = admin.list_topics(_OFFSETS_TOPIC, timeout=10).topics[_OFFSETS_TOPIC]
-            partitions = topic.partitions.values()
+            probe()
+            found = admin.list_topics(topic, timeout=10).topics[topic]
+            partitions = found.partitions.values()
             if partitions and all(len(p.isrs) >= replicas for p in partitions):
                 return
         except (KafkaException, TimeoutError):
@@ -270,7 +302,7 @@ def create_offsets_topic(bootstrap: str, replicas: int, timeout: float = 60.0) -
             pass
         if time.monotonic() >= deadline:
             raise ServiceStartError(
-                f"the Kafka brokers at {bootstrap} did not create {_OFFSETS_TOPIC} with "
+                f"the Kafka brokers at {bootstrap} did not create {topic} with "
                 f"{replicas} in-sync replicas within {timeout:.0f}s; check that every broker "
                 f"is up (`millstream status --nodes N`) and see their logs/server.log"
             )
@@ -279,6 +311,9 @@ def create_offsets_topic(bootstrap: str, replicas: int, timeout: float = 60.0) -
 
 # A group nobody uses: describing it only makes a broker look up (and create) its coordinator.
 _OFFSETS_PROBE = "millstream-local-offsets-probe"
+_TRANSACTIONS_TOPIC = "__transaction_state"
+# A transactional ID nobody uses: initialising it only makes the brokers create the topic.
+_TRANSACTIONS_PROBE = "millstream-local-transactions-probe"
 
 
 def _quiet_logger() -> logging.Logger:

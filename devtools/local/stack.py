@@ -24,7 +24,11 @@ from pathlib import Path
 from millstream.connectors.maven import MavenArtifacts
 from millstream.devtools.local.cassandra import CassandraService
 from millstream.devtools.local.java import find_java
-from millstream.devtools.local.kafka import KafkaService, create_offsets_topic
+from millstream.devtools.local.kafka import (
+    KafkaService,
+    create_offsets_topic,
+    create_transaction_state_topic,
+)
 from millstream.devtools.local.process import Progress
 from millstream.devtools.local.security import SECURE_HOST, secure_client_config
 from millstream.devtools.local.service import LOOPBACK, LocalService, Node, ServiceStatus
@@ -189,6 +193,7 @@ class LocalStack:
         if self.replication > 1:
             client = self.client_config()
             create_offsets_topic(client.kafka_bootstrap, client.kafka_replication)
+            create_transaction_state_topic(client.kafka_bootstrap, client.kafka_replication)
         return statuses_in_order
 
     def status(self) -> list[ServiceStatus]:
