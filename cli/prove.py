@@ -59,6 +59,14 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--faults-per-kind", type=positive, default=None, metavar="N", help="override the tier's"
     )
     parser.add_argument(
+        "--plain-exactly-once",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="fail a run if a plain read_committed Kafka consumer reads a message of an output "
+        "stream twice (byte-identical: a re-send); the counts are reported either way "
+        "(default: off)",
+    )
+    parser.add_argument(
         "--keep", action="store_true", help="keep the run's topics, keyspace and directory"
     )
     parser.add_argument(
@@ -100,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
             keep=args.keep,
             progress=progress,
             environment=stack.client_environment(),
+            plain_exactly_once=args.plain_exactly_once,
         )
         print(report.render(), flush=True)
         reports.append(report)

@@ -14,7 +14,13 @@ passes when every count is zero:
 * **watermark regressions**: a source's report on the watermark topic, or a computation's
   input watermark across the batches of every driver, that went back;
 * **timers**: windows still open or timers still stored at the end, windows never fired;
-* **accounting**: input records that are neither processed, dead letters nor counted drops.
+* **accounting**: input records that are neither processed, dead letters nor counted drops;
+* **plain read_committed consumer saw duplicates** (only with ``plain_exactly_once``): a
+  message of an output stream (what the computations produce, dead letters included) that a
+  plain Kafka consumer (``isolation.level=read_committed``, no millstream decoding or
+  deduplication) reads twice: same topic, key bytes and value bytes. Every envelope carries
+  a unique record ID, so a byte-identical message is a re-send. The counts per topic are
+  figures of every run, the check or not.
 
 Alongside, the *non-vacuity* counts say whether the faults provoked what they are meant to:
 fenced (zombie) attempts, checkpointed productions re-sent, duplicates absorbed downstream,
@@ -26,6 +32,7 @@ from __future__ import annotations
 import json
 import re
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -49,7 +56,15 @@ from millstream.engine.keys import key_interval
 from millstream.engine.records import Record, decode_record, injector_record_id
 from millstream.engine.watermarks import WatermarkReport, decode_watermark_message
 
-__all__ = ["CheckResult", "NonVacuity", "check_run", "read_messages"]
+__all__ = [
+    "PLAIN_DUPLICATES",
+    "CheckResult",
+    "NonVacuity",
+    "check_run",
+    "plain_duplicates",
+    "read_messages",
+    "read_plain",
+]
 
 # The driver's log lines of a split or merge it made, and of one it found journaled.
 _CHANGED = re.compile(r": (split|merge) of intervals \[")
@@ -57,6 +72,8 @@ _FINISHING = re.compile(r": finishing a (split|merge)$")
 _FENCED = re.compile(r"^millstream\.engine\.errors\.FencedError: ")
 # An outage wait (millstream.engine.outages), whichever service it names.
 _WAITING = re.compile(r": waiting for (Kafka|Cassandra)")
+# The check a plain read_committed consumer's duplicates count under (plain_exactly_once).
+PLAIN_DUPLICATES = "plain read_committed consumer saw duplicates"
 # Spark's own fence: a second query on one checkpoint fails to write the same batch's log.
 _SPARK_FENCED = "CONCURRENT_STREAM_LOG_UPDATE"
 # The driver holding a checkpoint restarts a query that lost such a race to a zombie.
@@ -163,6 +180,76 @@ def read_messages(
         consumer.close()
 
 
+def read_plain(
+    config: MillstreamConfig, topics: Iterable[str], timeout: float = 60.0
+) -> list[tuple[str, bytes | None, bytes | None]]:
+    """Every committed message of ``topics`` as (topic, key, value), read as any Kafka
+    application would: a plain confluent-kafka consumer (``isolation.level=read_committed``,
+    no offsets committed, a throwaway group) from the beginning to the end offsets it is
+    shown now, which for a read_committed consumer are the last stable offsets. Only the
+    connection and security settings are millstream's; nothing is decoded or deduplicated.
+
+    The end of a partition is told by the consumer's end-of-partition event, not by the
+    offset of its last message: the last offsets of a transactional topic are commit
+    markers, which no consumer receives."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    consumer = Consumer(
+        {
+            **kafka_connector.client_settings(config),
+            "group.id": f"millstream-proving-plain-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+        }
+    )
+    try:
+        names = list(topics)
+        ends = kafka_connector.end_offsets(consumer, names)
+        left = {(t, p): end for t in names for p, end in ends[t].items() if end > 0}
+        consumer.assign([TopicPartition(t, p, 0) for t, p in left])
+        messages: list[tuple[str, bytes | None, bytes | None]] = []
+        deadline = time.monotonic() + timeout
+        while left:
+            if time.monotonic() > deadline:
+                raise MillstreamError(
+                    f"could not read {sorted(left)} to their end offsets within {timeout} s"
+                )
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            where = (message.topic() or "", message.partition() or 0)
+            error = message.error()
+            if error is not None and error.code() == KafkaError._PARTITION_EOF:
+                if where in left and (message.offset() or 0) >= left[where]:
+                    del left[where]
+                continue
+            if error is not None:
+                raise MillstreamError(f"reading {where[0]!r} plainly: {error}")
+            offset = message.offset() or 0
+            if where not in left or offset >= left[where]:
+                continue  # written after the end offsets were taken
+            messages.append((where[0], message.key(), message.value()))
+            if offset + 1 >= left[where]:
+                del left[where]
+        return messages
+    finally:
+        consumer.close()
+
+
+def plain_duplicates(messages: Iterable[tuple[str, bytes | None, bytes | None]]) -> Counter[str]:
+    """Per topic, the messages whose (topic, key bytes, value bytes) came before."""
+    seen: set[tuple[str, bytes | None, bytes | None]] = set()
+    found: Counter[str] = Counter()
+    for message in messages:
+        if message in seen:
+            found[message[0]] += 1
+        else:
+            seen.add(message)
+    return found
+
+
 def _records(config: MillstreamConfig, stream: str) -> list[Record]:
     topic = kafka_connector.stream_topic(stream)
     return [decode_record(value) for _, _, value in read_messages(config, topic)]
@@ -182,9 +269,14 @@ def check_run(
     key_intervals: int,
     batches: Iterable[dict[str, Any]],
     driver_logs: Iterable[Path],
+    *,
+    plain_exactly_once: bool = False,
 ) -> tuple[CheckResult, NonVacuity]:
-    """Run every check on a settled run; see the module docstring."""
+    """Run every check on a settled run; see the module docstring. ``plain_exactly_once``
+    makes the duplicates a plain read_committed consumer sees a check (else figures only)."""
     result = CheckResult()
+    if plain_exactly_once:
+        result.counts[PLAIN_DUPLICATES] = 0
     batch_list = list(batches)
     _check_input(config, names, workload, expected, result)
     cluster, session = cassandra_connector.connect(config)
@@ -198,7 +290,22 @@ def check_run(
         cluster.shutdown()
     _check_outputs(config, names, expected, result)
     _check_watermarks(config, batch_list, result)
+    _check_plain(config, names, result, plain_exactly_once)
     return result, _non_vacuity(batch_list, driver_logs, config, names)
+
+
+def _check_plain(
+    config: MillstreamConfig, names: ProvingNames, result: CheckResult, enabled: bool
+) -> None:
+    topics = [kafka_connector.stream_topic(stream) for stream in names.outputs()]
+    duplicates = plain_duplicates(read_plain(config, topics))
+    for topic in topics:
+        result.figures[f"plain read_committed duplicates: {topic}"] = duplicates[topic]
+    total = sum(duplicates.values())
+    result.figures["plain read_committed duplicates (total)"] = total
+    if enabled:
+        per_topic = ", ".join(f"{t} {n}" for t, n in sorted(duplicates.items()) if n)
+        result.add(PLAIN_DUPLICATES, total, f"byte-identical messages read again: {per_topic}")
 
 
 def _check_input(

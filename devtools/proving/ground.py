@@ -243,9 +243,9 @@ class GroundReport:
                 f"{number:>3}  {outcome.fault.kind:<14} {outcome.target:<22} "
                 f"{outcome.seconds:>5.1f}  {state}: {outcome.detail}"
             )
-        lines += ["", f"{'check':<36} count"]
+        lines += ["", f"{'check':<46} count"]
         for check, count in self.checks.counts.items():
-            lines.append(f"{check:<36} {count:>5}  {'ok' if count == 0 else 'FAILED'}")
+            lines.append(f"{check:<46} {count:>5}  {'ok' if count == 0 else 'FAILED'}")
             lines.extend(f"      {example}" for example in self.checks.examples.get(check, []))
         lines += ["", f"{'provoked (non-vacuity)':<46} count"]
         lines.extend(f"{name:<46} {count:>5}" for name, count in self.provoked.rows())
@@ -827,10 +827,15 @@ def discard(config: MillstreamConfig, directory: Path) -> None:
 
 
 def recheck(
-    config: MillstreamConfig, directory: Path, expected: ExpectedOutcome | None = None
+    config: MillstreamConfig,
+    directory: Path,
+    expected: ExpectedOutcome | None = None,
+    *,
+    plain_exactly_once: bool = False,
 ) -> tuple[CheckResult, NonVacuity]:
     """Run the checks again on a kept run (``expected``: what to hold it against, by default
-    the fold of its workload)."""
+    the fold of its workload; ``plain_exactly_once``: see
+    :func:`~millstream.devtools.proving.checks.check_run`)."""
     run = RunDescription.read(directory)
     poison = directory / POISON_FILE
     sent = json.loads(poison.read_text()) if poison.exists() else {}
@@ -843,6 +848,7 @@ def recheck(
         run.key_intervals,
         read_batches(directory),
         sorted(directory.glob("driver-*.log")),
+        plain_exactly_once=plain_exactly_once,
     )
 
 
@@ -857,6 +863,7 @@ def prove(
     keep: bool = False,
     progress: Callable[[str], None] = lambda _: None,
     environment: Mapping[str, str] | None = None,
+    plain_exactly_once: bool = False,
 ) -> GroundReport:
     """One run of the proving ground; see the module docstring. ``services`` are the local
     stack's (:attr:`~millstream.devtools.local.stack.LocalStack.services`): the Kafka and
@@ -864,7 +871,9 @@ def prove(
     and the pipeline must commit while it is down). ``environment`` goes to the driver and
     injector processes besides this one's (the ``MILLSTREAM_*`` endpoints of ``config``, when
     they differ from what the environment says). ``keep`` leaves the run's topics, keyspace
-    and directory for inspection."""
+    and directory for inspection. ``plain_exactly_once`` fails a run whose output streams a
+    plain read_committed Kafka consumer reads a message of twice (their counts are reported
+    either way)."""
     environment = environment or {}
     unknown = set(kinds or ()) - FAULTS.keys()
     if unknown:
@@ -921,7 +930,9 @@ def prove(
             ):
                 raise MillstreamError(f"the run did not finish; see the logs in {directory}")
             report.unplanned = run.unplanned
-            report.checks, report.provoked = recheck(base_config, directory)
+            report.checks, report.provoked = recheck(
+                base_config, directory, plain_exactly_once=plain_exactly_once
+            )
         finally:
             run.stop_everything()
             if checkpoint_disk is not None:

@@ -196,6 +196,15 @@ class ProvingNames:
     def injector_dead_letters(self) -> str:
         return self.stream("injector.dead-letters")
 
+    def outputs(self) -> list[str]:
+        """The streams the computations produce into: their outputs and dead letters."""
+        return [
+            self.windows,
+            self.rollups,
+            self.dead_letters("tally"),
+            self.dead_letters("rollup"),
+        ]
+
     def streams(self) -> list[str]:
         return [
             self.events,

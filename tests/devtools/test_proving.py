@@ -7,12 +7,17 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from millstream.connectors import kafka as kafka_connector
+from millstream.devtools.proving.checks import (
+    PLAIN_DUPLICATES,
+    plain_duplicates,
+    read_plain,
+)
 from millstream.devtools.proving.ground import (
     CRASHES,
     FAULTS,
@@ -58,6 +63,26 @@ def test_a_seed_gives_one_schedule_with_every_kind_the_tier_asks_for() -> None:
     assert first != schedule(8, tier)
     assert sorted(f.kind for f in first) == sorted(list(FAULTS) * 3)
     assert sorted(f.kind for f in schedule(7, TIERS["ci"])) == sorted(CRASHES)
+
+
+@pytest.mark.unit
+def test_the_plain_reader_counts_byte_identical_messages_per_topic() -> None:
+    envelope, other = b"\x01record-id-1 value", b"\x01record-id-2 value"
+    messages = [
+        ("windows", b"k1", envelope),
+        ("windows", b"k1", envelope),  # a re-send: counted
+        ("windows", b"k1", envelope),  # and again
+        ("windows", b"k2", envelope),  # another key: not one
+        ("windows", b"k1", other),  # another value: not one
+        ("rollups", b"k1", envelope),  # another topic: not one
+        ("rollups", None, None),  # a tombstone
+        ("rollups", None, None),  # the same tombstone again: counted
+        ("rollups", b"", b""),  # empty bytes are not a missing key or value
+    ]
+    found = plain_duplicates(messages)
+    assert found == {"windows": 2, "rollups": 1}
+    assert sum(found.values()) == 3
+    assert plain_duplicates(messages[3:6]) == {}
 
 
 @pytest.mark.unit
@@ -171,6 +196,51 @@ def test_a_roles_members_include_descendants_that_left_its_process_group(tmp_pat
                 os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.integration
+def test_a_plain_read_committed_reader_counts_a_message_sent_twice(
+    services: MillstreamConfig, kafka_topic: Callable[..., str]
+) -> None:
+    """Read as any Kafka application reads: a message sent twice is one duplicate; an
+    aborted transaction's messages are never read; a partition that ends in a transaction's
+    commit marker (which no consumer receives) is still read to its end."""
+    import uuid
+
+    from confluent_kafka import Producer
+
+    topic, other = kafka_topic(partitions=2), kafka_topic()
+    plain = kafka_connector.producer(services)
+    for value in (b"same", b"same", b"different"):
+        plain.produce(topic, key=b"k", value=value, partition=0)
+    plain.produce(other, key=b"k", value=b"same")
+    assert plain.flush(30) == 0
+    transactional = Producer(
+        {
+            **kafka_connector.client_settings(services),
+            "transactional.id": f"proving-test-{uuid.uuid4().hex}",
+        }
+    )
+    transactional.init_transactions(30)
+    transactional.begin_transaction()
+    for _ in range(2):
+        transactional.produce(topic, key=b"k", value=b"aborted", partition=1)
+    transactional.abort_transaction(30)
+    transactional.begin_transaction()
+    transactional.produce(topic, key=b"k", value=b"committed", partition=1)
+    transactional.commit_transaction(30)
+
+    messages = read_plain(services, [topic, other], timeout=30)
+    assert sorted(messages) == sorted(
+        [
+            (topic, b"k", b"same"),
+            (topic, b"k", b"same"),
+            (topic, b"k", b"different"),
+            (topic, b"k", b"committed"),
+            (other, b"k", b"same"),
+        ]
+    )
+    assert plain_duplicates(messages) == {topic: 1}
+
+
 @pytest.fixture
 def kept_run(services: MillstreamConfig) -> Iterator[GroundReport]:
     """A short run without faults whose topics and keyspace are kept for tampering."""
@@ -232,6 +302,22 @@ def test_the_checks_catch_lost_duplicated_unexpected_effects_and_regressions(
     assert checks.counts["duplicated"] == 1, checks.examples
     assert checks.counts["watermark regressions"] == 1, checks.examples
     assert checks.counts["lost"] == 0
+    windows = kafka_connector.stream_topic(run.names.windows)
+    assert checks.figures[f"plain read_committed duplicates: {windows}"] == 0
+    assert PLAIN_DUPLICATES not in checks.counts  # a figure only, unless asked for
+
+    # A window record sent again byte for byte: the stream's readers dedup it by record ID
+    # (no duplicated effect), a plain read_committed consumer reads it twice.
+    topic, raw_key, raw_value = read_plain(config, [windows])[0]
+    producer = kafka_connector.producer(config)
+    producer.produce(topic, key=raw_key, value=raw_value)
+    assert producer.flush(30) == 0
+    checks, _ = recheck(services, kept_run.directory, plain_exactly_once=True)
+    assert checks.counts[PLAIN_DUPLICATES] == 1, checks.examples
+    assert checks.figures[f"plain read_committed duplicates: {windows}"] == 1
+    assert checks.figures["plain read_committed duplicates (total)"] == 1
+    assert checks.counts["duplicated"] == 1, checks.examples  # the tamper above, no more
+    assert not checks.passed
 
 
 @pytest.mark.integration
