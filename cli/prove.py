@@ -67,6 +67,12 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "(default: off)",
     )
     parser.add_argument(
+        "--transaction-faults",
+        action="store_true",
+        help="add the crashes on the transactional path (driver-transaction, "
+        "worker-transaction, driver-delivered) to the tier's faults",
+    )
+    parser.add_argument(
         "--keep", action="store_true", help="keep the run's topics, keyspace and directory"
     )
     parser.add_argument(
@@ -109,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
             progress=progress,
             environment=stack.client_environment(),
             plain_exactly_once=args.plain_exactly_once,
+            transaction_faults=args.transaction_faults,
         )
         print(report.render(), flush=True)
         reports.append(report)

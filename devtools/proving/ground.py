@@ -21,6 +21,9 @@ points (:mod:`millstream.engine.pause_points`), a Python worker killed while it 
 interval's lease, the driver stopped (``SIGSTOP``) with a lease in hand while a second driver
 takes over (the first is then continued, a zombie whose writes must be fenced), the Kafka
 broker and the Cassandra node killed and restarted, and the injector killed and restarted.
+The crashes on the transactional path of strong productions (:data:`TRANSACTION_FAULTS`: the
+driver or the worker killed with productions in an open Kafka transaction, the driver killed
+after one committed) run only when asked for (``transaction_faults``, or named in ``kinds``).
 
 A process that exits when no fault meant it to (a driver whose query failed while Kafka was
 down, say) is restarted and reported as an *unplanned exit*.
@@ -67,6 +70,7 @@ __all__ = [
     "RESOURCE_FAULTS",
     "SPLIT_HOT_SHARE",
     "TIERS",
+    "TRANSACTION_FAULTS",
     "Fault",
     "FaultOutcome",
     "GroundReport",
@@ -89,6 +93,12 @@ FAULTS: Final = {
     "cassandra": "kill -9 of the Cassandra node, then restart",
     "injector": "kill -9 of the injector, then restart from its checkpoint",
     "split": "kill -9 of the driver amid a split or merge of intervals (fenced, copied, retired)",
+    "driver-transaction": "kill -9 of the driver while a task's productions are in an open "
+    "Kafka transaction",
+    "worker-transaction": "kill -9 of the Spark Python worker whose productions are in an open "
+    "Kafka transaction",
+    "driver-delivered": "kill -9 of the driver after a task's Kafka transaction committed, "
+    "before its pending rows are deleted",
     "kafka-outage": "the Kafka broker unreachable (SIGSTOP) for a minute, then SIGCONT",
     "cassandra-outage": "the Cassandra node unreachable (SIGSTOP) for a minute, then SIGCONT",
     "disk-full": "the disk under the driver's checkpoints full, then space again (needs root)",
@@ -99,9 +109,15 @@ FAULTS: Final = {
 RESOURCE_FAULTS: Final = ("kafka-outage", "cassandra-outage", "disk-full")
 # Input faults: messages that must not stop a stream (each costs the batch's bisection).
 INPUT_FAULTS: Final = ("poison",)
+# Crashes on the transactional path of strong productions (issue 22): only with
+# ``transaction_faults`` (``--transaction-faults``) or named, until the engine reaches their
+# pause points; a fault whose point no process reaches is reported NOT APPLIED.
+TRANSACTION_FAULTS: Final = ("driver-transaction", "worker-transaction", "driver-delivered")
 # The crashes every tier runs; the CI tier leaves the resource and input faults out.
 CRASHES: Final = tuple(
-    kind for kind in FAULTS if kind not in RESOURCE_FAULTS and kind not in INPUT_FAULTS
+    kind
+    for kind in FAULTS
+    if kind not in RESOURCE_FAULTS and kind not in INPUT_FAULTS and kind not in TRANSACTION_FAULTS
 )
 # Tombstones the poison fault sends besides its poisoned record.
 _TOMBSTONES: Final = 3
@@ -120,7 +136,12 @@ _PAUSES: Final = {
     "worker": "executor.commit",
     "zombie": "executor.commit",
     "split": "rebalance.copy",  # or the step the schedule names (Fault.place)
+    "driver-transaction": "executor.transaction",
+    "worker-transaction": "executor.transaction",
+    "driver-delivered": "executor.delivered",
 }
+# The pause-point faults that kill the parked Spark Python worker (the others: the driver).
+_WORKER_KILLS: Final = ("worker", "worker-transaction")
 _ERROR_LINE: Final = re.compile(r"^([\w.$]+\.)?\w*(Error|Exception)\b")
 _SPLIT_STEPS: Final = ("rebalance.fence", "rebalance.copy", "rebalance.retire")
 SPLIT_HOT_SHARE: Final = 0.8
@@ -145,7 +166,7 @@ class Tier:
     keys: int
     rate: float
     faults: int
-    kinds: tuple[str, ...] = tuple(FAULTS)
+    kinds: tuple[str, ...] = tuple(k for k in FAULTS if k not in TRANSACTION_FAULTS)
     key_intervals: int = 4
 
 
@@ -178,7 +199,7 @@ def schedule(seed: int, tier: Tier, kinds: tuple[str, ...] | None = None) -> lis
         for _ in range(tier.faults):
             computation = (
                 "tally"
-                if kind in ("driver-send", "zombie", "split", "poison")
+                if kind in ("driver-send", "zombie", "split", "poison", *TRANSACTION_FAULTS)
                 else rng.choice(("tally", "rollup"))
             )
             place = rng.choice(_SPLIT_STEPS) if kind == "split" else ""
@@ -576,7 +597,7 @@ class _Run:
         if parked is None:
             outcome.detail = f"no process reached {point} within 120 s"
             return
-        if fault.kind == "worker":
+        if fault.kind in _WORKER_KILLS:
             outcome.target = f"worker pid {parked}"
             with contextlib.suppress(ProcessLookupError):
                 os.kill(parked, signal.SIGKILL)
@@ -864,6 +885,7 @@ def prove(
     progress: Callable[[str], None] = lambda _: None,
     environment: Mapping[str, str] | None = None,
     plain_exactly_once: bool = False,
+    transaction_faults: bool = False,
 ) -> GroundReport:
     """One run of the proving ground; see the module docstring. ``services`` are the local
     stack's (:attr:`~millstream.devtools.local.stack.LocalStack.services`): the Kafka and
@@ -873,11 +895,14 @@ def prove(
     they differ from what the environment says). ``keep`` leaves the run's topics, keyspace
     and directory for inspection. ``plain_exactly_once`` fails a run whose output streams a
     plain read_committed Kafka consumer reads a message of twice (their counts are reported
-    either way)."""
+    either way). ``transaction_faults`` adds :data:`TRANSACTION_FAULTS` to the tier's kinds
+    (``kinds``, when given, are run as they are)."""
     environment = environment or {}
     unknown = set(kinds or ()) - FAULTS.keys()
     if unknown:
         raise MillstreamError(f"unknown faults {sorted(unknown)}; known: {', '.join(FAULTS)}")
+    if kinds is None and transaction_faults:
+        kinds = (*tier.kinds, *(k for k in TRANSACTION_FAULTS if k not in tier.kinds))
     run_name = f"s{seed}_{uuid.uuid4().hex[:8]}"
     directory = (home or config.home / "proving") / run_name
     directory.mkdir(parents=True)

@@ -22,6 +22,8 @@ from millstream.devtools.proving.ground import (
     CRASHES,
     FAULTS,
     TIERS,
+    TRANSACTION_FAULTS,
+    Fault,
     GroundReport,
     Tier,
     discard,
@@ -61,8 +63,32 @@ def test_a_seed_gives_one_schedule_with_every_kind_the_tier_asks_for() -> None:
     first = schedule(7, tier)
     assert first == schedule(7, tier)
     assert first != schedule(8, tier)
-    assert sorted(f.kind for f in first) == sorted(list(FAULTS) * 3)
+    # The transactional path's crashes only when asked for (until the engine reaches them).
+    standard = [k for k in FAULTS if k not in TRANSACTION_FAULTS]
+    assert sorted(f.kind for f in first) == sorted(standard * 3)
     assert sorted(f.kind for f in schedule(7, TIERS["ci"])) == sorted(CRASHES)
+    assert not set(TRANSACTION_FAULTS) & set(CRASHES)
+    for name, each in TIERS.items():
+        assert not set(TRANSACTION_FAULTS) & set(each.kinds), name
+    every = schedule(7, tier, (*tier.kinds, *TRANSACTION_FAULTS))
+    assert sorted(f.kind for f in every) == sorted(list(FAULTS) * 3)
+    assert {f.computation for f in every if f.kind in TRANSACTION_FAULTS} == {"tally"}
+
+
+@pytest.mark.unit
+def test_the_transaction_faults_park_at_the_engines_transaction_pause_points() -> None:
+    from millstream.devtools.proving.ground import _PAUSES, _WORKER_KILLS, _place
+    from millstream.engine.pause_points import PLACES
+
+    places = {k: _place(f) for k, f in ((k, Fault(k, "tally", 0.0)) for k in TRANSACTION_FAULTS)}
+    assert places == {
+        "driver-transaction": "executor.transaction",
+        "worker-transaction": "executor.transaction",
+        "driver-delivered": "executor.delivered",
+    }
+    assert set(_PAUSES.values()) <= PLACES.keys()
+    assert "worker-transaction" in _WORKER_KILLS
+    assert not {"driver-transaction", "driver-delivered"} & set(_WORKER_KILLS)
 
 
 @pytest.mark.unit
