@@ -24,7 +24,7 @@ passes when every count is zero:
 
 Alongside, the *non-vacuity* counts say whether the faults provoked what they are meant to:
 fenced (zombie) attempts, checkpointed productions re-sent, duplicates absorbed downstream,
-unknown commit outcomes resolved.
+unknown commit outcomes resolved, outages the driver and the injector waited out.
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ __all__ = [
     "CheckResult",
     "NonVacuity",
     "check_run",
+    "injector_outage_waits",
     "plain_duplicates",
     "read_messages",
     "read_plain",
@@ -72,6 +73,8 @@ _FINISHING = re.compile(r": finishing a (split|merge)$")
 _FENCED = re.compile(r"^millstream\.engine\.errors\.FencedError: ")
 # An outage wait (millstream.engine.outages), whichever service it names.
 _WAITING = re.compile(r": waiting for (Kafka|Cassandra)")
+# The injector's outage waits (its Outage names it "injector '<name>' process '<id>'").
+_INJECTOR_WAITING = re.compile(r"injector '[^']*' process '[^']*': waiting for (Kafka|Cassandra)")
 # The check a plain read_committed consumer's duplicates count under (plain_exactly_once).
 PLAIN_DUPLICATES = "plain read_committed consumer saw duplicates"
 # Spark's own fence: a second query on one checkpoint fails to write the same batch's log.
@@ -131,6 +134,7 @@ class NonVacuity:
     queries_taken_back: int = 0
     poison_pills_isolated: int = 0
     outage_waits: int = 0
+    injector_outage_waits: int = 0
     interval_changes: int = 0
     changes_finished_after_a_kill: int = 0
 
@@ -146,6 +150,7 @@ class NonVacuity:
             ("unknown LWT outcomes resolved", self.unknown_outcomes),
             ("batch attempts failed and retried", self.failed_attempts),
             ("batch attempts that waited out an outage", self.outage_waits),
+            ("injector steps that waited out an outage", self.injector_outage_waits),
             ("key intervals split or merged", self.interval_changes),
             ("splits and merges a new driver finished", self.changes_finished_after_a_kill),
         ]
@@ -269,6 +274,7 @@ def check_run(
     key_intervals: int,
     batches: Iterable[dict[str, Any]],
     driver_logs: Iterable[Path],
+    injector_logs: Iterable[Path] = (),
     *,
     plain_exactly_once: bool = False,
 ) -> tuple[CheckResult, NonVacuity]:
@@ -291,7 +297,9 @@ def check_run(
     _check_outputs(config, names, expected, result)
     _check_watermarks(config, batch_list, result)
     _check_plain(config, names, result, plain_exactly_once)
-    return result, _non_vacuity(batch_list, driver_logs, config, names)
+    counts = _non_vacuity(batch_list, driver_logs, config, names)
+    counts.injector_outage_waits = injector_outage_waits(injector_logs)
+    return result, counts
 
 
 def _check_plain(
@@ -306,6 +314,18 @@ def _check_plain(
     if enabled:
         per_topic = ", ".join(f"{t} {n}" for t, n in sorted(duplicates.items()) if n)
         result.add(PLAIN_DUPLICATES, total, f"byte-identical messages read again: {per_topic}")
+
+
+def injector_outage_waits(logs: Iterable[Path]) -> int:
+    """The outage waits (:mod:`millstream.engine.outages`) the injector logged in ``logs``."""
+    waits = 0
+    for log in logs:
+        try:
+            text = log.read_text(errors="replace")
+        except FileNotFoundError:
+            continue
+        waits += sum(_INJECTOR_WAITING.search(line) is not None for line in text.splitlines())
+    return waits
 
 
 def _check_input(

@@ -51,7 +51,12 @@ from millstream.connectors import cassandra as cassandra_connector
 from millstream.connectors import kafka as kafka_connector
 from millstream.connectors.provisioning import provision
 from millstream.devtools.local.process import alive, log_tail
-from millstream.devtools.proving.checks import CheckResult, NonVacuity, check_run
+from millstream.devtools.proving.checks import (
+    CheckResult,
+    NonVacuity,
+    check_run,
+    injector_outage_waits,
+)
 from millstream.devtools.proving.processes import GATE_FILE, RunDescription, read_batches
 from millstream.devtools.proving.workload import ExpectedOutcome, Workload, expected_outcome
 from millstream.engine import fault_points
@@ -256,12 +261,12 @@ class GroundReport:
             f"proving ground run {self.run}: seed {self.seed}, {self.tier.records} records "
             f"over {self.tier.keys} keys, {len(self.outcomes)} faults, {self.seconds:.0f} s",
             "",
-            f"{'#':>3}  {'fault':<14} {'target':<22} {'s':>5}  result",
+            f"{'#':>3}  {'fault':<18} {'target':<22} {'s':>5}  result",
         ]
         for number, outcome in enumerate(self.outcomes, 1):
             state = "applied" if outcome.applied else "NOT APPLIED"
             lines.append(
-                f"{number:>3}  {outcome.fault.kind:<14} {outcome.target:<22} "
+                f"{number:>3}  {outcome.fault.kind:<18} {outcome.target:<22} "
                 f"{outcome.seconds:>5.1f}  {state}: {outcome.detail}"
             )
         lines += ["", f"{'check':<46} count"]
@@ -696,14 +701,32 @@ class _Run:
         if found is None:
             return
         _, pid = found
+        injector = self.injector
+        if injector.finished or injector.exited() is not None:
+            outcome.detail = "the injector was not running"
+            return
+        injector_pid, log = injector.pid, injector.logs[-1]
+        waits = injector_outage_waits([log])
         os.kill(pid, signal.SIGSTOP)
         try:
-            # The driver and injector must wait it out: no exit, no lost input.
+            # Input the injector has not read yet, let through once the service is frozen:
+            # it reads it and must send it (Kafka) and checkpoint it (Cassandra) into the
+            # outage, which it has to wait out, as the driver does: no exit, no lost input.
+            read_before = self.injected()
+            if not self.nudge():
+                self.nudge(into_last_step=True)
             self.wait(lambda: False, OUTAGE_SECONDS, "")
+            read = self.injected() - read_before
+            rode_out = injector.pid == injector_pid and injector.exited() is None
         finally:
             os.kill(pid, signal.SIGCONT)
-        outcome.applied = True
-        outcome.detail = f"stopped for {OUTAGE_SECONDS:.0f} s, then continued"
+        waits = injector_outage_waits([log]) - waits
+        outcome.applied = rode_out and read > 0
+        outcome.detail = (
+            f"stopped for {OUTAGE_SECONDS:.0f} s, then continued; the injector read {read} "
+            f"records during it, logged {waits} outage waits and "
+            f"{'rode it out' if rode_out else 'did NOT ride it out (it exited)'}"
+        )
 
     def _disk_full_fault(self, outcome: FaultOutcome) -> None:
         checkpoints = self.directory / "checkpoints"
@@ -869,6 +892,7 @@ def recheck(
         run.key_intervals,
         read_batches(directory),
         sorted(directory.glob("driver-*.log")),
+        sorted(directory.glob("injector-*.log")),
         plain_exactly_once=plain_exactly_once,
     )
 
