@@ -85,6 +85,7 @@ __all__ = [
     "prove",
     "recheck",
     "run_config",
+    "run_kinds",
     "schedule",
 ]
 
@@ -193,6 +194,18 @@ class Fault:
     computation: str
     delay: float
     place: str = ""  # the pause point's place, when the kind has several
+
+
+def run_kinds(
+    tier: Tier, kinds: tuple[str, ...] | None, *, transaction_faults: bool = False
+) -> tuple[str, ...]:
+    """The kinds a run schedules: ``kinds`` as named, else the tier's, with
+    :data:`TRANSACTION_FAULTS` added if ``transaction_faults``."""
+    if kinds is not None:
+        return kinds
+    if not transaction_faults:
+        return tier.kinds
+    return (*tier.kinds, *(k for k in TRANSACTION_FAULTS if k not in tier.kinds))
 
 
 def schedule(seed: int, tier: Tier, kinds: tuple[str, ...] | None = None) -> list[Fault]:
@@ -925,8 +938,7 @@ def prove(
     unknown = set(kinds or ()) - FAULTS.keys()
     if unknown:
         raise MillstreamError(f"unknown faults {sorted(unknown)}; known: {', '.join(FAULTS)}")
-    if kinds is None and transaction_faults:
-        kinds = (*tier.kinds, *(k for k in TRANSACTION_FAULTS if k not in tier.kinds))
+    kinds = run_kinds(tier, kinds, transaction_faults=transaction_faults)
     run_name = f"s{seed}_{uuid.uuid4().hex[:8]}"
     directory = (home or config.home / "proving") / run_name
     directory.mkdir(parents=True)

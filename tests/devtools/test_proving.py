@@ -30,6 +30,7 @@ from millstream.devtools.proving.ground import (
     prove,
     recheck,
     run_config,
+    run_kinds,
     schedule,
 )
 from millstream.devtools.proving.processes import RunDescription
@@ -70,7 +71,10 @@ def test_a_seed_gives_one_schedule_with_every_kind_the_tier_asks_for() -> None:
     assert not set(TRANSACTION_FAULTS) & set(CRASHES)
     for name, each in TIERS.items():
         assert not set(TRANSACTION_FAULTS) & set(each.kinds), name
-    every = schedule(7, tier, (*tier.kinds, *TRANSACTION_FAULTS))
+    assert run_kinds(TIERS["ci"], None) == CRASHES
+    assert run_kinds(TIERS["ci"], None, transaction_faults=True) == (*CRASHES, *TRANSACTION_FAULTS)
+    assert run_kinds(TIERS["ci"], ("zombie",), transaction_faults=True) == ("zombie",)
+    every = schedule(7, tier, run_kinds(tier, None, transaction_faults=True))
     assert sorted(f.kind for f in every) == sorted(list(FAULTS) * 3)
     assert {f.computation for f in every if f.kind in TRANSACTION_FAULTS} == {"tally"}
 
