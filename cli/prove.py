@@ -61,16 +61,10 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser.add_argument(
         "--plain-exactly-once",
         action=argparse.BooleanOptionalAction,
-        default=False,
-        help="fail a run if a plain read_committed Kafka consumer reads a message of an output "
-        "stream twice (byte-identical: a re-send); the counts are reported either way "
-        "(default: off)",
-    )
-    parser.add_argument(
-        "--transaction-faults",
-        action="store_true",
-        help="add the crashes on the transactional path (driver-transaction, "
-        "worker-transaction, driver-delivered) to the tier's faults",
+        default=True,
+        help="fail a run if a plain read_committed Kafka consumer reads a message of a "
+        "transactional output stream twice (byte-identical: a re-send); the counts are "
+        "reported either way (default: on)",
     )
     parser.add_argument(
         "--keep", action="store_true", help="keep the run's topics, keyspace and directory"
@@ -115,7 +109,6 @@ def run(args: argparse.Namespace) -> int:
             progress=progress,
             environment=stack.client_environment(),
             plain_exactly_once=args.plain_exactly_once,
-            transaction_faults=args.transaction_faults,
         )
         print(report.render(), flush=True)
         reports.append(report)

@@ -21,9 +21,9 @@ points (:mod:`millstream.engine.pause_points`), a Python worker killed while it 
 interval's lease, the driver stopped (``SIGSTOP``) with a lease in hand while a second driver
 takes over (the first is then continued, a zombie whose writes must be fenced), the Kafka
 broker and the Cassandra node killed and restarted, and the injector killed and restarted.
-The crashes on the transactional path of strong productions (:data:`TRANSACTION_FAULTS`: the
+And on the transactional path of strong productions (:data:`TRANSACTION_FAULTS`): the
 driver or the worker killed with productions in an open Kafka transaction, the driver killed
-after one committed) run only when asked for (``transaction_faults``, or named in ``kinds``).
+after one committed, before the pending rows are deleted.
 
 A process that exits when no fault meant it to (a driver whose query failed while Kafka was
 down, say) is restarted and reported as an *unplanned exit*.
@@ -115,15 +115,11 @@ FAULTS: Final = {
 RESOURCE_FAULTS: Final = ("kafka-outage", "cassandra-outage", "disk-full")
 # Input faults: messages that must not stop a stream (each costs the batch's bisection).
 INPUT_FAULTS: Final = ("poison",)
-# Crashes on the transactional path of strong productions (issue 22): only with
-# ``transaction_faults`` (``--transaction-faults``) or named, until the engine reaches their
-# pause points; a fault whose point no process reaches is reported NOT APPLIED.
+# Crashes on the transactional path of strong productions (with the other crashes).
 TRANSACTION_FAULTS: Final = ("driver-transaction", "worker-transaction", "driver-delivered")
 # The crashes every tier runs; the CI tier leaves the resource and input faults out.
 CRASHES: Final = tuple(
-    kind
-    for kind in FAULTS
-    if kind not in RESOURCE_FAULTS and kind not in INPUT_FAULTS and kind not in TRANSACTION_FAULTS
+    kind for kind in FAULTS if kind not in RESOURCE_FAULTS and kind not in INPUT_FAULTS
 )
 # Tombstones the poison fault sends besides its poisoned record.
 _TOMBSTONES: Final = 3
@@ -172,7 +168,7 @@ class Tier:
     keys: int
     rate: float
     faults: int
-    kinds: tuple[str, ...] = tuple(k for k in FAULTS if k not in TRANSACTION_FAULTS)
+    kinds: tuple[str, ...] = tuple(FAULTS)
     key_intervals: int = 4
 
 
@@ -196,16 +192,9 @@ class Fault:
     place: str = ""  # the pause point's place, when the kind has several
 
 
-def run_kinds(
-    tier: Tier, kinds: tuple[str, ...] | None, *, transaction_faults: bool = False
-) -> tuple[str, ...]:
-    """The kinds a run schedules: ``kinds`` as named, else the tier's, with
-    :data:`TRANSACTION_FAULTS` added if ``transaction_faults``."""
-    if kinds is not None:
-        return kinds
-    if not transaction_faults:
-        return tier.kinds
-    return (*tier.kinds, *(k for k in TRANSACTION_FAULTS if k not in tier.kinds))
+def run_kinds(tier: Tier, kinds: tuple[str, ...] | None) -> tuple[str, ...]:
+    """The kinds a run schedules: ``kinds`` as named, else the tier's."""
+    return tier.kinds if kinds is None else kinds
 
 
 def schedule(seed: int, tier: Tier, kinds: tuple[str, ...] | None = None) -> list[Fault]:
@@ -888,7 +877,7 @@ def recheck(
     directory: Path,
     expected: ExpectedOutcome | None = None,
     *,
-    plain_exactly_once: bool = False,
+    plain_exactly_once: bool = True,
 ) -> tuple[CheckResult, NonVacuity]:
     """Run the checks again on a kept run (``expected``: what to hold it against, by default
     the fold of its workload; ``plain_exactly_once``: see
@@ -921,8 +910,7 @@ def prove(
     keep: bool = False,
     progress: Callable[[str], None] = lambda _: None,
     environment: Mapping[str, str] | None = None,
-    plain_exactly_once: bool = False,
-    transaction_faults: bool = False,
+    plain_exactly_once: bool = True,
 ) -> GroundReport:
     """One run of the proving ground; see the module docstring. ``services`` are the local
     stack's (:attr:`~millstream.devtools.local.stack.LocalStack.services`): the Kafka and
@@ -932,13 +920,12 @@ def prove(
     they differ from what the environment says). ``keep`` leaves the run's topics, keyspace
     and directory for inspection. ``plain_exactly_once`` fails a run whose output streams a
     plain read_committed Kafka consumer reads a message of twice (their counts are reported
-    either way). ``transaction_faults`` adds :data:`TRANSACTION_FAULTS` to the tier's kinds
-    (``kinds``, when given, are run as they are)."""
+    either way; off for a topology whose productions are not transactional)."""
     environment = environment or {}
     unknown = set(kinds or ()) - FAULTS.keys()
     if unknown:
         raise MillstreamError(f"unknown faults {sorted(unknown)}; known: {', '.join(FAULTS)}")
-    kinds = run_kinds(tier, kinds, transaction_faults=transaction_faults)
+    kinds = run_kinds(tier, kinds)
     run_name = f"s{seed}_{uuid.uuid4().hex[:8]}"
     directory = (home or config.home / "proving") / run_name
     directory.mkdir(parents=True)

@@ -205,6 +205,13 @@ class ProvingNames:
             self.dead_letters("rollup"),
         ]
 
+    def transactional_outputs(self) -> list[str]:
+        """The outputs of the computation whose productions go in Kafka transactions
+        (``tally``: exactly-once, strong productions), which a plain ``read_committed``
+        reader must read once each; ``rollup`` (no exactly-once, weak productions) re-sends
+        on a rerun by design."""
+        return [self.windows, self.dead_letters("tally")]
+
     def streams(self) -> list[str]:
         return [
             self.events,
