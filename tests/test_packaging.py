@@ -116,6 +116,7 @@ def test_the_sdist_and_the_wheel_carry_every_module_and_file(built: tuple[Path, 
         "millstream/connectors/pom.xml",
         "millstream/connectors/maven-settings.xml",
         "millstream/connectors/log4j2.properties",
+        "millstream/devtools/local/kafka-tools-log4j2.properties",
         "millstream/schemas/envelope.avsc",
     ):
         assert data in in_wheel, f"{data} missing from {wheel.name}"
