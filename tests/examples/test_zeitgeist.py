@@ -1,5 +1,6 @@
 """Zeitgeist, the main job: its pieces in-process, and a slice of real traffic on the stack with
-a kill -9 of the driver in the middle."""
+a kill -9 of the driver in the middle, its anomalies read back by millstream and by Kafka's own
+console consumer."""
 
 from __future__ import annotations
 
@@ -23,8 +24,9 @@ import pytest
 
 from millstream.connectors import kafka as kafka_connector
 from millstream.connectors.stream_reader import read_messages
+from millstream.devtools.local.kafka_tools import CONSOLE_CONSUMER, kafka_tool_argv
 from millstream.engine.config import MillstreamConfig
-from millstream.engine.records import MAX_EVENT_TIME, Record, injector_record_id
+from millstream.engine.records import MAX_EVENT_TIME, Record, decode_record, injector_record_id
 from millstream.engine.testing import Watermark, record, run_computation, run_topology
 from millstream.injectors import InjectorStats
 from millstream.spark import BatchMetrics, Console, RunningTopology
@@ -236,9 +238,86 @@ def _end(config: MillstreamConfig, stream: str) -> int:
     return sum(1 for _ in read_messages(config, stream))
 
 
+_BYTES_DESERIALIZER = "org.apache.kafka.common.serialization.BytesDeserializer"
+
+
+def kafka_bytes_text(data: bytes) -> str:
+    """``data`` as Kafka's ``Bytes.toString`` shows it (the console consumer's formatter with
+    the ``BytesDeserializer``): printable ASCII as is but the backslash, every other byte as
+    ``\\xNN``; so a message never spans lines."""
+    return "".join(chr(b) if 0x20 <= b <= 0x7E and b != 0x5C else f"\\x{b:02X}" for b in data)
+
+
+@dataclasses.dataclass
+class ConsoleConsumer:
+    """Kafka's console consumer (from the stack's artifacts) reading a stream in the
+    background, ``read_committed`` from the beginning, into ``output``; it stops 15 s after the
+    last message it got."""
+
+    process: subprocess.Popen[bytes]
+    output: Path
+    errors: Path
+
+    @classmethod
+    def start(cls, config: MillstreamConfig, stream: str, directory: Path) -> ConsoleConsumer:
+        options = [
+            "--bootstrap-server",
+            config.kafka_bootstrap,
+            "--topic",
+            kafka_connector.stream_topic(stream),
+            "--from-beginning",
+            "--isolation-level",
+            "read_committed",
+            "--timeout-ms",
+            "15000",
+            "--formatter-property",
+            "print.key=true",
+            "--formatter-property",
+            f"key.deserializer={_BYTES_DESERIALIZER}",
+            "--formatter-property",
+            f"value.deserializer={_BYTES_DESERIALIZER}",
+        ]
+        argv = kafka_tool_argv(CONSOLE_CONSUMER, options, config=config)
+        directory.mkdir(parents=True, exist_ok=True)
+        output, errors = directory / "console.out", directory / "console.err"
+        with output.open("wb") as out, errors.open("wb") as err:
+            process = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+        return cls(process, output, errors)
+
+    def lines(self) -> list[str]:
+        """What it printed, once it ended: key, a tab, value, a line a message."""
+        code = self.process.wait(180)
+        assert code == 0, self.errors.read_text()[-4000:]
+        return self.output.read_text().splitlines()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(60)
+
+
+def assert_each_once_as_millstream_reads(
+    config: MillstreamConfig, stream: str, shown: list[str]
+) -> None:
+    """The console consumer's lines ``shown`` hold every message of ``stream`` once, and
+    exactly the messages a millstream reader reads."""
+    expected = []
+    for message in read_messages(config, stream):
+        assert message.value is not None, message
+        key = decode_record(message.value).key.encode()
+        expected.append(f"{kafka_bytes_text(key)}\t{kafka_bytes_text(message.value)}")
+    assert expected, f"{stream} holds no message: nothing to compare"
+    copies = {line: count for line, count in Counter(shown).items() if count > 1}
+    assert not copies, f"the console consumer read {len(copies)} messages more than once"
+    assert sorted(shown) == sorted(expected)
+
+
 @pytest.mark.integration
 def test_a_slice_of_real_traffic_finds_its_anomaly_and_a_killed_driver_changes_nothing(
-    services: MillstreamConfig, zeitgeist_run: tuple[Names, str], tmp_path: Path
+    services: MillstreamConfig,
+    zeitgeist_run: tuple[Names, str],
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> None:
     names, keyspace = zeitgeist_run
     (ibm,) = load_series(NAB, ["IBM"])
@@ -295,6 +374,9 @@ def test_a_slice_of_real_traffic_finds_its_anomaly_and_a_killed_driver_changes_n
         command, cwd=EXAMPLES, capture_output=True, text=True, timeout=600, check=False
     )
     assert finished.returncode == 0, finished.stderr[-4000:]
+    # Meanwhile, a client no one here wrote reads the anomalies: Kafka's console consumer.
+    console = ConsoleConsumer.start(services, names.anomalies, tmp_path / "console")
+    request.addfinalizer(console.stop)
 
     collected = collect(services, names)
     found = sorted(collected.detections)
@@ -325,6 +407,11 @@ def test_a_slice_of_real_traffic_finds_its_anomaly_and_a_killed_driver_changes_n
     assert tailed.returncode == 0, tailed.stderr
     shown = [json.loads(line)["value"] for line in tailed.stdout.splitlines()]
     assert sorted(Detection(a["query"], a["kind"], a["bucket"]) for a in shown) == found
+    # So does the console consumer, read_committed, without millstream's deduplication: each
+    # anomaly once (transactional productions).
+    lines = console.lines()
+    assert_each_once_as_millstream_reads(services, names.anomalies, lines)
+    assert len(lines) == len(found), lines
 
 
 @pytest.mark.unit
