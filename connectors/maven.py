@@ -33,7 +33,7 @@ __all__ = [
 # What a long step (a download, a server start) tells the person waiting on it, a line at a time.
 Progress = Callable[[str], None]
 
-PROFILES = ("kafka", "cassandra", "spark-kafka")
+PROFILES = ("kafka", "kafka-tools", "cassandra", "spark-kafka")
 
 _NETWORK_FAILURES = (
     "Unknown host",

@@ -1,6 +1,6 @@
 """Kafka's own command-line tools, run from the stack's artifacts: no Kafka distribution.
 
-The ``kafka`` profile of the pinned artifacts (``millstream/connectors/pom.xml``) holds
+The ``kafka-tools`` profile of the pinned artifacts (``millstream/connectors/pom.xml``) holds
 ``kafka-tools``, whose classes the distribution's ``bin/*.sh`` scripts run: the console
 consumer is ``kafka-console-consumer.sh``. :func:`kafka_tool_argv` gives the command line
 that runs one of them with the stack's Java (:func:`~millstream.devtools.local.java.find_java`)
@@ -34,7 +34,7 @@ CONSOLE_CONSUMER: Final = "org.apache.kafka.tools.consumer.ConsoleConsumer"
 TOOLS_LOG4J2_CONFIG: Final = Path(__file__).with_name("kafka-tools-log4j2.properties")
 """The tools' log4j2 configuration: WARN and above to stderr."""
 
-_PROFILE: Final = "kafka"
+_PROFILE: Final = "kafka-tools"
 
 
 def _to_stderr(message: str) -> None:
@@ -54,7 +54,7 @@ def kafka_tool_argv(
     """The command line that runs Kafka's tool ``main_class`` with ``args``, as the Kafka
     distribution's script of that tool would, from the stack's artifacts.
 
-    ``main_class`` is a class of the ``kafka`` profile's classpath, e.g.
+    ``main_class`` is a class of the ``kafka-tools`` profile's classpath, e.g.
     :data:`CONSOLE_CONSUMER`; ``args`` are the tool's own options (``--bootstrap-server``
     included: nothing is added). ``java`` defaults to :func:`find_java`'s Java 17, and
     ``artifacts`` to the stack's cache, ``<home>/artifacts`` of ``config`` (default:

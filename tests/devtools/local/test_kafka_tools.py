@@ -20,7 +20,7 @@ pytestmark = pytest.mark.unit
 
 
 def _cached_artifacts(tmp_path: Path) -> tuple[MavenArtifacts, list[Path]]:
-    """Artifacts whose kafka classpath is cached, with a Maven that fails if it runs."""
+    """Artifacts whose kafka-tools classpath is cached, with a Maven that fails if it runs."""
     mvn = tmp_path / "fake-mvn"
     mvn.write_text("#!/bin/sh\necho '[ERROR] must not run'\nexit 1\n")
     mvn.chmod(mvn.stat().st_mode | stat.S_IEXEC)
@@ -28,7 +28,7 @@ def _cached_artifacts(tmp_path: Path) -> tuple[MavenArtifacts, list[Path]]:
     jars = [tmp_path / "kafka-tools-4.3.1.jar", tmp_path / "kafka-clients-4.3.1.jar"]
     for jar in jars:
         jar.write_bytes(b"")
-    cache = artifacts.cache_file("kafka")
+    cache = artifacts.cache_file("kafka-tools")
     cache.parent.mkdir(parents=True)
     cache.write_text(":".join(str(jar) for jar in jars))
     return artifacts, jars
@@ -76,16 +76,20 @@ def test_the_tools_log_to_stderr_so_stdout_is_their_output() -> None:
     assert not any(value == "SYSTEM_OUT" for value in settings.values())
 
 
-def test_the_kafka_profile_pins_kafka_tools_at_the_kafka_version() -> None:
+def test_the_tools_profile_pins_kafka_tools_at_the_brokers_version_apart_from_it() -> None:
     ns = {"m": "http://maven.apache.org/POM/4.0.0"}
     profiles = ET.parse(pom_path()).getroot().findall("m:profiles/m:profile", ns)
-    (kafka,) = [p for p in profiles if p.findtext("m:id", namespaces=ns) == "kafka"]
-    versions = {
-        d.findtext("m:artifactId", namespaces=ns): d.findtext("m:version", namespaces=ns)
-        for d in kafka.findall("m:dependencies/m:dependency", ns)
-    }
-    assert versions["kafka-tools"] == "${kafka.version}"
-    assert versions["kafka_${scala.binary.version}"] == "${kafka.version}"
+
+    def versions(profile: str) -> dict[str | None, str | None]:
+        (found,) = [p for p in profiles if p.findtext("m:id", namespaces=ns) == profile]
+        return {
+            d.findtext("m:artifactId", namespaces=ns): d.findtext("m:version", namespaces=ns)
+            for d in found.findall("m:dependencies/m:dependency", ns)
+        }
+
+    assert versions("kafka-tools")["kafka-tools"] == "${kafka.version}"
+    assert versions("kafka")["kafka_${scala.binary.version}"] == "${kafka.version}"
+    assert "kafka-tools" not in versions("kafka")  # Connect's runtime stays off the broker
 
 
 def test_main_without_a_class_prints_its_usage(capsys: pytest.CaptureFixture[str]) -> None:
