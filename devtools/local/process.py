@@ -118,7 +118,7 @@ class ServiceProcess:
         healthy: Callable[[], bool],
         timeout: float,
         progress: Progress,
-        interval: float = 1.0,
+        interval: float = 0.25,
         *,
         retry: str = "run `millstream up` again",
         stop: str = "`millstream down` stops it",
