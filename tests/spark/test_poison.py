@@ -185,8 +185,8 @@ def rewind(checkpoint: Path, batch_id: int) -> None:
 def test_a_record_that_crashes_the_engine_is_dead_lettered_once_and_the_rest_counted(
     services: MillstreamConfig, spark: SparkSession, cassandra: Session, counting: Counting
 ) -> None:
-    first = records(0, 3_000)
-    poison = first[1_500]  # partition 0, offset 500
+    first = records(0, 300)
+    poison = first[150]  # partition 0, offset 50
     arm_fault(counting.faults, "executor.record", counting.name, poison.record_id.hex())
     produce(services, counting.inputs, first, 0)
 
@@ -205,7 +205,7 @@ def test_a_record_that_crashes_the_engine_is_dead_lettered_once_and_the_rest_cou
     assert (letter.origin.stream, letter.origin.partition, letter.origin.offset) == (
         counting.inputs,
         0,
-        500,
+        50,
     )
     assert "InjectedFault" in letter.error_message
     assert "Traceback (most recent call last)" in letter.error_message
@@ -217,14 +217,14 @@ def test_a_record_that_crashes_the_engine_is_dead_lettered_once_and_the_rest_cou
     assert batch.isolation_runs <= 2 * math.ceil(math.log2(records_in_batch)) + 3
     assert batch.rejected == batch.dead_letters == 1
     assert [p.name for p in (counting.checkpoint / QUARANTINE_DIRECTORY).iterdir()] == [
-        f"{counting.inputs}@0@500.json"
+        f"{counting.inputs}@0@50.json"
     ]
 
     # A driver that died after the batch ran, before Spark committed it, replays it on the
     # same checkpoint, the fault still armed: the quarantine skips the record at once.
     rewind(counting.checkpoint, batch.batch_id)
-    second = records(3_000, 3_300)
-    produce(services, counting.inputs, second, 3_000)
+    second = records(300, 330)
+    produce(services, counting.inputs, second, 300)
     with start(counting, services, spark) as running:
         running.process_available(timeout=300)
         replayed = running.batches(counting.name)
