@@ -173,7 +173,15 @@ class Tier:
 
 
 TIERS: Final = {
-    "ci": Tier(records=4_000, keys=20, rate=150.0, faults=1, kinds=CRASHES),
+    # driver-transaction kills in the span driver-send does (after the Cassandra commit,
+    # before the Kafka commit), only later in it: the CI tier runs it alone there.
+    "ci": Tier(
+        records=4_000,
+        keys=20,
+        rate=150.0,
+        faults=1,
+        kinds=tuple(k for k in CRASHES if k != "driver-send"),
+    ),
     "t1": Tier(records=100_000, keys=100, rate=2_000.0, faults=3),
     # About ten minutes and thirty faults: the crashes and the full disk, three of each.
     "t2": Tier(
