@@ -1134,7 +1134,8 @@ def latency_report(
         return []
     rows: list[dict[str, Any]] = []
     print(
-        f"\nlatency: injection → output append (ms), trigger {TRIGGER_SECONDS} s, "
+        f"\nlatency: injection → a read_committed reader receives the output (ms), "
+        f"trigger {TRIGGER_SECONDS} s, "
         f"{args.latency_seconds:g} s at each rate"
     )
     print(f"{'events/s':>9} {'system':<18} {'p50':>8} {'p95':>8} {'n':>7}  p50 / floor p50")
@@ -1251,7 +1252,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
             axis.bar([p + 0.2 for p in positions], [r["p95_ms"] for r in data], 0.4, label="p95")
             labels = [r["system"].removeprefix("latency/").replace("@", "\n@ ") for r in data]
             axis.set_xticks(positions, labels, fontsize=8)
-            axis.set_ylabel("ms, injection → output append")
+            axis.set_ylabel("ms, injection → read by a read_committed reader")
             axis.set_title("latency (events/s offered)")
             axis.legend()
         else:
