@@ -22,6 +22,14 @@ owns the interval, and closed when idle for :data:`IDLE_SECONDS` or when the pro
 more than :data:`MAX_PRODUCERS` (its next delivery then opens it again, which resolves any
 pending productions by the marker).
 
+**Bounded calls.** librdkafka's ``send_offsets_to_transaction`` can block past its timeout,
+for good, when the group coordinator went away during the call (a broker restarted:
+confluentinc/librdkafka#5456 and #5511, open in 2.16; met by the proving ground's Kafka
+kill). Every blocking transaction call therefore runs on a thread of its own, waited for
+its timeout plus :data:`GRACE_SECONDS`: one that has not returned by then is abandoned with
+its producer (the outcome is unknown; the next open fences that producer and aborts its
+transaction) and counted in :attr:`KafkaTransactionalSink.abandoned`.
+
 On a secured cluster the principal needs, besides what it has for its streams: ``Write`` and
 ``Describe`` on the transactional IDs (prefix ``millstream.``), ``Read`` on the groups (prefix
 ``millstream.``) and ``Read`` and ``Describe`` on the marker topic.
@@ -32,9 +40,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypeVar
 
 from confluent_kafka import (
     ConsumerGroupTopicPartitions,
@@ -56,6 +64,7 @@ from millstream.engine.productions import (
 )
 
 __all__ = [
+    "GRACE_SECONDS",
     "IDLE_SECONDS",
     "MAX_PRODUCERS",
     "KafkaTransactionalSink",
@@ -67,6 +76,7 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 IDLE_SECONDS: Final = 300.0
+GRACE_SECONDS: Final = 5.0
 MAX_PRODUCERS: Final = 256
 
 _METADATA_PREFIX: Final = "millstream-commit "
@@ -79,6 +89,34 @@ _FENCED: Final = frozenset(
     }
 )
 _MARKER_TOPIC_CONFIG: Final = {"cleanup.policy": "delete", "retention.ms": "3600000"}
+
+_T = TypeVar("_T")
+
+
+class _Stuck(Exception):  # noqa: N818  (an internal signal, not an error of the API)
+    """A librdkafka call did not return within its timeout and grace."""
+
+
+def _bounded(call: Callable[[], _T], timeout: float, what: str) -> _T:
+    """``call()``, on a daemon thread waited for ``timeout`` + :data:`GRACE_SECONDS`: see
+    the module docstring. Its exception, if any, is raised here."""
+    outcome: list[_T] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except BaseException as exc:
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, name=f"millstream-{what}", daemon=True)
+    thread.start()
+    thread.join(timeout + GRACE_SECONDS)
+    if thread.is_alive():
+        raise _Stuck(f"{what} did not return within {timeout + GRACE_SECONDS:.0f} s")
+    if failure:
+        raise failure[0]
+    return outcome[0]
 
 
 def transaction_marker_topic(config: MillstreamConfig) -> str:
@@ -127,6 +165,7 @@ class KafkaTransactionalSink:
         self._admin = admin_client(config)
         self._producers: dict[tuple[str, int], _Producer] = {}
         self._lock = threading.Lock()
+        self.abandoned = 0  # producers left blocked in a call (see the module docstring)
 
     def open(self, computation: str, interval: int, timeout: float) -> CommitTag | None:
         key = (computation, interval)
@@ -143,7 +182,12 @@ class KafkaTransactionalSink:
             },
         )
         try:
-            made.init_transactions(timeout)
+            _bounded(lambda: made.init_transactions(timeout), timeout, "init_transactions")
+        except _Stuck as exc:
+            self.abandoned += 1
+            raise TransactionUnavailableError(
+                f"the Kafka producer {name!r} did not open: {exc}"
+            ) from exc
         except KafkaException as exc:
             raise TransactionUnavailableError(
                 f"could not open the Kafka producer {name!r} within {timeout:.0f} s: {exc.args[0]}"
@@ -175,24 +219,34 @@ class KafkaTransactionalSink:
             return DeliveryOutcome.UNKNOWN
         held.used = time.monotonic()
         made = held.producer
+        offsets = [
+            TopicPartition(
+                self._marker_topic, 0, marker.token, metadata=_METADATA_PREFIX + marker.encode()
+            )
+        ]
         try:
             made.begin_transaction()
             for production in productions:
                 self._produce(made, production, timeout)
-            made.send_offsets_to_transaction(
-                [
-                    TopicPartition(
-                        self._marker_topic,
-                        0,
-                        marker.token,
-                        metadata=_METADATA_PREFIX + marker.encode(),
-                    )
-                ],
-                held.group_metadata,
+            _bounded(
+                lambda: made.send_offsets_to_transaction(offsets, held.group_metadata, timeout),
                 timeout,
+                "send_offsets_to_transaction",
             )
             pause_point("executor.transaction", computation)
-            made.commit_transaction(timeout)
+            _bounded(lambda: made.commit_transaction(timeout), timeout, "commit_transaction")
+        except _Stuck as exc:
+            with self._lock:
+                if self._producers.get(key) is held:
+                    del self._producers[key]
+            self.abandoned += 1
+            _log.warning(
+                "transaction of interval %d of %r abandoned, its outcome unknown: %s",
+                interval,
+                computation,
+                exc,
+            )
+            return DeliveryOutcome.UNKNOWN
         except KafkaException as exc:
             error = exc.args[0]
             with self._lock:
