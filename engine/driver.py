@@ -34,6 +34,7 @@ from typing import Protocol, TypeVar
 
 from millstream.engine.clock import Clock
 from millstream.engine.layout import IntervalLayout, LayoutChange
+from millstream.engine.productions import CommitTag
 from millstream.engine.rebalance import assign_slots, begin, finish_change, load_shares, plan
 from millstream.engine.store import IntervalStore
 from millstream.engine.topology import ComputationSpec
@@ -111,7 +112,9 @@ class ComputationDriver:
     restart the computation's batches with a new one), ``reader`` its view of the watermark
     topic. ``layout_store`` gives the store that keeps the computation's interval layout
     (read at the first batch; a change a killed driver left journaled is finished then).
-    ``tasks``: how many tasks a batch's intervals are spread over.
+    ``tasks``: how many tasks a batch's intervals are spread over. ``delivered``: the
+    transaction marker of an interval a split or merge retires (see
+    :func:`~millstream.engine.rebalance.finish_change`), for transactional productions.
     """
 
     def __init__(
@@ -123,6 +126,7 @@ class ComputationDriver:
         layout_store: Callable[[], IntervalStore],
         clock: Clock,
         tasks: int = 1,
+        delivered: Callable[[str, int], CommitTag | None] | None = None,
     ) -> None:
         if tasks < 1:
             raise ValueError(f"tasks must be at least 1, got {tasks}")
@@ -132,6 +136,7 @@ class ComputationDriver:
         self.layout_store = layout_store
         self.clock = clock
         self.tasks = tasks
+        self.delivered = delivered
         self.layout: IntervalLayout | None = None
         """The computation's key intervals (``None``: not read yet)."""
         self.assignment: Mapping[int, int] | None = None
@@ -236,7 +241,9 @@ class ComputationDriver:
         name, ttl = self.spec.name, self.spec.options.dedup_ttl
         retry(lambda: _journal(store, name, layout, begun))
         self.layout = begun
-        self.layout = retry(lambda: finish_change(store, name, begun, dedup_ttl=ttl))
+        self.layout = retry(
+            lambda: finish_change(store, name, begun, dedup_ttl=ttl, delivered=self.delivered)
+        )
         return self.layout
 
     def _current_layout(self) -> IntervalLayout:
@@ -246,7 +253,11 @@ class ComputationDriver:
         if layout.change is not None:
             _log.info("computation %r: finishing a %s", self.spec.name, layout.change.kind)
             layout = finish_change(
-                store, self.spec.name, layout, dedup_ttl=self.spec.options.dedup_ttl
+                store,
+                self.spec.name,
+                layout,
+                dedup_ttl=self.spec.options.dedup_ttl,
+                delivered=self.delivered,
             )
         self.watermarks.intervals.track(layout.ids)
         return layout

@@ -67,6 +67,8 @@ _KAFKA_MARKERS: Final = (
     "NotLeaderOrFollowerException",
     "org.apache.kafka.common.errors.TimeoutException",
     "DisconnectException",
+    # millstream's transactional productions: the transaction coordinator did not answer.
+    "TransactionUnavailableError",
 )
 
 OUTAGE_MARKERS: Final = (

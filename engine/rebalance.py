@@ -29,12 +29,13 @@ next driver repeats 3-6 from the journal, each idempotent; after 6 the change is
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from millstream.engine.errors import FencedError, RetiredIntervalError, UnknownOutcomeError
 from millstream.engine.layout import IntervalLayout
 from millstream.engine.pause_points import pause_point
+from millstream.engine.productions import CommitTag
 from millstream.engine.state import KeyChanges
 from millstream.engine.store import IntervalStore
 
@@ -146,9 +147,19 @@ def begin(
 
 
 def finish_change(
-    store: IntervalStore, computation: str, layout: IntervalLayout, *, dedup_ttl: int
+    store: IntervalStore,
+    computation: str,
+    layout: IntervalLayout,
+    *,
+    dedup_ttl: int,
+    delivered: Callable[[str, int], CommitTag | None] | None = None,
 ) -> IntervalLayout:
-    """Roll ``layout``'s journaled change forward (steps 3-6); returns the layout after it."""
+    """Roll ``layout``'s journaled change forward (steps 3-6); returns the layout after it.
+
+    ``delivered`` (transactional productions) opens a source interval's producer, fencing
+    the last owner's, and returns its transaction marker: the pending productions it covers
+    were delivered and are not copied; the rest are copied untagged (a tag names a commit of
+    the source, whose marker the targets do not share) and sent again by their target."""
     change = layout.change
     if change is None:
         return layout
@@ -163,10 +174,13 @@ def finish_change(
     if not copied:
         moved: dict[int, dict[str, KeyChanges]] = {target[0]: {} for target in change.targets}
         for lease in leases:
+            marker = None if delivered is None else delivered(computation, lease.interval)
             for key_changes in store.export(lease):
-                # A commit tag names a commit of its source interval, whose transaction
-                # marker the target does not share: untagged, a copied production is resent.
-                key_changes.productions = [replace(p, tag=None) for p in key_changes.productions]
+                key_changes.productions = [
+                    replace(p, tag=None)
+                    for p in key_changes.productions
+                    if p.tag is None or marker is None or p.tag > marker
+                ]
                 into = moved[change.target_of(key_changes.key)]
                 if key_changes.key in into:  # the pending productions of several sources
                     into[key_changes.key].merge(key_changes)

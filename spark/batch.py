@@ -23,11 +23,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from millstream.connectors import kafka as kafka_connector
+from millstream.connectors.kafka import KafkaTransactionalSink
 from millstream.engine.clock import Clock
 from millstream.engine.driver import BatchPlan, ComputationDriver, IntervalOutcome
 from millstream.engine.errors import FencedError, PoisonIsolationError, TopologyError
 from millstream.engine.outages import DEFAULT_OUTAGE_TIMEOUT, Outage, is_outage
 from millstream.engine.pause_points import pause_point
+from millstream.engine.productions import CommitTag
 from millstream.engine.store import IntervalStore
 from millstream.engine.topology import ComputationSpec
 from millstream.spark.checkpoint import batch_offsets, fence_checkpoint, lost_checkpoint_race
@@ -131,6 +133,7 @@ class BatchHandler:
         rebalanced = spec.options.rebalance is not None
         self.tasks = max(1, cores if rebalanced else min(spec.options.key_intervals, cores))
         # The computation's key intervals are read from the store at the first batch.
+        self._transactions: KafkaTransactionalSink | None = None
         self.driver = ComputationDriver(
             spec,
             watermarks.state,
@@ -138,11 +141,22 @@ class BatchHandler:
             layout_store=layout_store,
             clock=clock,
             tasks=self.tasks,
+            delivered=self._delivered if spec.options.transactional else None,
         )
         self._slots = IntervalSlots(self.tasks)  # each interval's task
         self._slots_of: Mapping[int, int] | None = None  # the driver's spread they follow
         self.quarantine = Quarantine(checkpoint)
         self.quarantine.load()
+
+    def _delivered(self, computation: str, interval: int) -> CommitTag | None:
+        """The transaction marker of an interval a split or merge retires, its last owner's
+        producer fenced (its sink made at the first rebalance: most runs have none)."""
+        if self._transactions is None:
+            settings = self.settings
+            self._transactions = KafkaTransactionalSink(
+                settings.config, f"{settings.keyspace}.{settings.table}"
+            )
+        return self._transactions.open(computation, interval, self.spec.options.send_timeout)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         started = time.monotonic()

@@ -314,3 +314,31 @@ def test_a_split_copies_pending_productions_untagged(
     copied = store.productions("comp")
     assert [p.record.value for p in copied] == [b"1"]
     assert [p.tag for p in copied] == [None]
+
+
+def test_a_split_leaves_out_what_the_sources_marker_says_was_delivered(
+    workers: Workers, transactions: TestingTransactions, make_record: RecordFactory
+) -> None:
+    spec = workers.spec(Echo())
+    owner = worker(workers, spec, transactions)
+    transactions.unavailable = True
+    owner.process(deliver(make_record("a", b"1")), WM)
+    owner.process(deliver(make_record("a", b"2")), WM)
+    first, second = sorted(workers.store.productions("comp"), key=lambda p: p.record.value)
+    assert first.tag is not None
+    assert second.tag is not None
+    assert first.tag < second.tag
+
+    asked: list[tuple[str, int]] = []
+
+    def delivered(computation: str, interval: int) -> CommitTag | None:
+        asked.append((computation, interval))
+        return first.tag  # the first commit's transaction committed, its rows not deleted
+
+    store = workers.store
+    layout = store.layout("comp", 1)
+    begun = layout.begin_split(0)
+    begin(store, "comp", layout, begun)
+    finish_change(store, "comp", begun, dedup_ttl=spec.options.dedup_ttl, delivered=delivered)
+    assert asked == [("comp", 0)]
+    assert [(p.record.value, p.tag) for p in store.productions("comp")] == [(b"2", None)]
