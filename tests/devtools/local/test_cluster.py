@@ -10,7 +10,6 @@ with its ``up()`` and check that it rejoined.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import sys
@@ -641,12 +640,9 @@ def test_the_proving_ground_on_the_cluster_commits_through_a_node_and_a_broker_k
 ) -> None:
     from millstream.devtools.proving.ground import TIERS, prove
 
-    # The CI tier's records, sent four times as fast: a run with these two faults alone
-    # (no split, whose policy follows the rate) spends the time of its input steps waiting
-    # for the injector, not for a node.
     report = prove(
         client,
-        dataclasses.replace(TIERS["ci"], rate=600.0),
+        TIERS["ci"],
         seed=5,
         services=cluster.services,
         kinds=("cassandra", "kafka"),
