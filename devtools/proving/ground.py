@@ -175,8 +175,10 @@ class Tier:
 TIERS: Final = {
     # driver-transaction kills in the span driver-send does (after the Cassandra commit,
     # before the Kafka commit), only later in it: the CI tier runs it alone there.
+    # 6,000 records: each of its twelve input steps spans a whole 5 s window of event time,
+    # so every step closes one and the rollup has a batch for a fault to hit.
     "ci": Tier(
-        records=4_000,
+        records=6_000,
         keys=20,
         rate=150.0,
         faults=1,
