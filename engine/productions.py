@@ -46,6 +46,7 @@ __all__ = [
     "ProductionSink",
     "TransactionUnavailableError",
     "TransactionalSink",
+    "delivered_by",
 ]
 
 
@@ -111,6 +112,12 @@ class ProductionSink(Protocol):
     """
 
     def send(self, productions: Sequence[Production], timeout: float) -> Set[bytes]: ...
+
+
+def delivered_by(tag: CommitTag | None, marker: CommitTag | None) -> bool:
+    """Whether a production checkpointed by the commit ``tag`` was delivered, as the
+    interval's transaction ``marker`` says (an untagged production never counts as such)."""
+    return tag is not None and marker is not None and tag <= marker
 
 
 class DeliveryOutcome(enum.Enum):

@@ -66,6 +66,7 @@ from millstream.engine.productions import (
     ProductionSink,
     TransactionalSink,
     TransactionUnavailableError,
+    delivered_by,
 )
 from millstream.engine.records import (
     MAX_EVENT_TIME,
@@ -531,9 +532,7 @@ class IntervalWorker:
                     return
                 soft.unresolved, soft.marker = False, marker
                 delivered = [
-                    p.record_id
-                    for p in soft.pending.values()
-                    if p.tag is not None and marker is not None and p.tag <= marker
+                    p.record_id for p in soft.pending.values() if delivered_by(p.tag, marker)
                 ]
                 if delivered:
                     self._drop_delivered(soft, delivered)
@@ -582,9 +581,7 @@ class IntervalWorker:
         acked = self._sink.send(productions, self.spec.options.send_timeout)
         done = [p.record_id for p in productions if p.record_id in acked]
         if done:
-            self._store.delete_productions(soft.lease, done)
-            for record_id in done:
-                soft.pending.pop(record_id, None)
+            self._drop_delivered(soft, done)
             result.acknowledged += len(done)
 
 

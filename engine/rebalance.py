@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 from millstream.engine.errors import FencedError, RetiredIntervalError, UnknownOutcomeError
 from millstream.engine.layout import IntervalLayout
 from millstream.engine.pause_points import pause_point
-from millstream.engine.productions import CommitTag
+from millstream.engine.productions import CommitTag, delivered_by
 from millstream.engine.state import KeyChanges
 from millstream.engine.store import IntervalStore
 
@@ -179,7 +179,7 @@ def finish_change(
                 key_changes.productions = [
                     replace(p, tag=None)
                     for p in key_changes.productions
-                    if p.tag is None or marker is None or p.tag > marker
+                    if not delivered_by(p.tag, marker)
                 ]
                 into = moved[change.target_of(key_changes.key)]
                 if key_changes.key in into:  # the pending productions of several sources
