@@ -23,7 +23,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from millstream.connectors import kafka as kafka_connector
-from millstream.connectors.kafka import KafkaTransactionalSink
+from millstream.connectors.kafka import (
+    KafkaTransactionalSink,
+    StableOffsetWatch,
+    TransactionStalls,
+)
 from millstream.engine.clock import Clock
 from millstream.engine.driver import BatchPlan, ComputationDriver, IntervalOutcome
 from millstream.engine.errors import FencedError, PoisonIsolationError, TopologyError
@@ -134,6 +138,12 @@ class BatchHandler:
         self.tasks = max(1, cores if rebalanced else min(spec.options.key_intervals, cores))
         # The computation's key intervals are read from the store at the first batch.
         self._transactions: KafkaTransactionalSink | None = None
+        # Transactional outputs: a producer that died mid-transaction stalls their readers.
+        self._stalls = (
+            StableOffsetWatch(settings.config, spec.produced_streams, clock)
+            if spec.options.transactional
+            else None
+        )
         self.driver = ComputationDriver(
             spec,
             watermarks.state,
@@ -417,9 +427,18 @@ class BatchHandler:
     ) -> None:
         counts = (row.counts.counts() for row in rows)
         metrics = summarize(self.spec.name, run.batch_id, counts, started, failures)
+        stalls = TransactionStalls()
+        if self._stalls is not None:
+            probed = self._stalls.probe()
+            # Between probes the gauges keep the last one's levels; only a probe counts stalls.
+            stalls = probed or replace(self._stalls.last, new=0)
         self.record(
             replace(
                 metrics,
+                stalls=stalls.new,
+                stalled_partitions=stalls.stalled,
+                stall_seconds=stalls.longest,
+                unstable_messages=stalls.unstable,
                 isolated=run.isolated,
                 isolation_runs=run.sub_runs,
                 input_watermark=run.plan.timer_watermark,

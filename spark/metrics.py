@@ -190,6 +190,12 @@ class BatchMetrics(MetricCounts):
     batch was consumed (its timers ran under it) and ``watermark`` the computation's own after
     the batch (µs); ``watermark_seconds`` of ``seconds`` went to reading, applying and
     publishing reports.
+
+    Transactional computations only (:mod:`millstream.connectors.kafka.stalls`): ``stalls``
+    counts the output partitions found stalled after this batch that were not before (a
+    producer died in a transaction: ``read_committed`` readers wait); ``stalled_partitions``,
+    ``stall_seconds`` (the longest) and ``unstable_messages`` (behind the last stable
+    offsets) are levels as of the latest probe.
     """
 
     computation: str
@@ -201,18 +207,24 @@ class BatchMetrics(MetricCounts):
     input_watermark: int = 0
     watermark: int = 0
     watermark_seconds: float = 0.0
+    stalls: int = 0
+    stalled_partitions: int = 0
+    stall_seconds: float = 0.0
+    unstable_messages: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ComputationMetrics(MetricCounts):
     """Totals of a computation's batches in this run (``pending``: after the latest batch;
-    ``failed_attempts``, ``isolated`` and ``isolation_runs`` as in :class:`BatchMetrics`)."""
+    ``failed_attempts``, ``isolated``, ``isolation_runs`` and ``stalls`` as in
+    :class:`BatchMetrics`)."""
 
     computation: str
     batches: int = 0
     failed_attempts: int = 0
     isolated: int = 0
     isolation_runs: int = 0
+    stalls: int = 0
 
     @property
     def cache_hit_rate(self) -> float:
@@ -255,6 +267,7 @@ def totals(batches: Iterable[BatchMetrics]) -> dict[str, ComputationMetrics]:
             failed_attempts=previous.failed_attempts + len(batch.failed_attempts),
             isolated=previous.isolated + batch.isolated,
             isolation_runs=previous.isolation_runs + batch.isolation_runs,
+            stalls=previous.stalls + batch.stalls,
             **summed,
         )
     return found
@@ -267,8 +280,13 @@ def describe(metrics: BatchMetrics) -> str:
     isolated = (
         f", {metrics.isolated} poison record(s) isolated in {metrics.isolation_runs} sub-run(s)"
     )
+    stalled = (
+        f", {metrics.stalled_partitions} output partition(s) stalled by an open transaction "
+        f"for up to {metrics.stall_seconds:.0f}s"
+    )
     return (
         f"computation {metrics.computation!r} batch {metrics.batch_id}: {parts or 'empty'} "
         f"in {metrics.seconds:.2f}s{retried if metrics.failed_attempts else ''}"
         f"{isolated if metrics.isolation_runs else ''}"
+        f"{stalled if metrics.stalled_partitions else ''}"
     )

@@ -25,6 +25,7 @@ from typing import Final
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Metric
 from prometheus_client.core import GaugeMetricFamily
 
+from millstream.connectors.kafka.stalls import STALL_AFTER_SECONDS
 from millstream.engine.clock import Clock, SystemClock
 from millstream.engine.watermarks import parse_injector_source
 from millstream.spark.driver_watermarks import WatermarkSnapshot
@@ -186,6 +187,35 @@ class TopologyMetrics:
             _LABELS,
             registry=self.registry,
         )
+        self._stalls = Counter(
+            "millstream_transaction_stalls_total",
+            "Output partitions found stalled: their last stable offset stayed behind the high "
+            f"watermark, unmoved, for {STALL_AFTER_SECONDS:.0f} s or more (a producer died in a "
+            "transaction; "
+            "read_committed readers wait until the next owner or the transaction timeout "
+            "aborts it).",
+            _LABELS,
+            registry=self.registry,
+        )
+        self._stalled = Gauge(
+            "millstream_transaction_stalled_partitions",
+            "Output partitions stalled by an open transaction as of the latest probe.",
+            _LABELS,
+            registry=self.registry,
+        )
+        self._stall_seconds = Gauge(
+            "millstream_transaction_stall_seconds",
+            "How long the longest stalled output partition's last stable offset has not moved.",
+            _LABELS,
+            registry=self.registry,
+        )
+        self._unstable = Gauge(
+            "millstream_transaction_unstable_messages",
+            "Messages of the output partitions past their last stable offset (not yet readable "
+            "by read_committed readers) as of the latest probe.",
+            _LABELS,
+            registry=self.registry,
+        )
         self._watermarks = _WatermarkCollector(topology, clock or SystemClock(), watermarks)
         self.registry.register(self._watermarks)
 
@@ -204,6 +234,10 @@ class TopologyMetrics:
         self._isolated.labels(*labels).inc(batch.isolated)
         self._isolation_runs.labels(*labels).inc(batch.isolation_runs)
         self._seconds.labels(*labels).observe(batch.seconds)
+        self._stalls.labels(*labels).inc(batch.stalls)
+        self._stalled.labels(*labels).set(batch.stalled_partitions)
+        self._stall_seconds.labels(*labels).set(batch.stall_seconds)
+        self._unstable.labels(*labels).set(batch.unstable_messages)
         if batch.intervals:
             self._hit_ratio.labels(*labels).set(batch.cache_hits / batch.intervals)
 

@@ -14,7 +14,8 @@ The modules: ``clients`` (connection and security settings, producers and consum
 ``topics`` (topic names, creation, end offsets), ``watermark_topic`` (the watermark topic:
 reports, expected sets, wake-ups), ``sink`` (:class:`KafkaProductionSink`) and
 ``transactions`` (:class:`KafkaTransactionalSink`: transactional productions, with their
-marker topic).
+marker topic) and ``stalls`` (:class:`StableOffsetWatch`: transactional outputs whose last
+stable offset is stuck).
 """
 
 from millstream.connectors.kafka.clients import (
@@ -25,6 +26,7 @@ from millstream.connectors.kafka.clients import (
     refusal,
 )
 from millstream.connectors.kafka.sink import KafkaProductionSink
+from millstream.connectors.kafka.stalls import StableOffsetWatch, TransactionStalls
 from millstream.connectors.kafka.topics import (
     WAKE_TOPIC_CONFIG,
     WATERMARK_TOPIC_CONFIG,
@@ -58,6 +60,8 @@ __all__ = [
     "KafkaTransactionalSink",
     "KafkaWatermarkChannel",
     "KafkaWatermarkTopic",
+    "StableOffsetWatch",
+    "TransactionStalls",
     "WatermarkPublisher",
     "WatermarkReader",
     "admin_client",

@@ -57,6 +57,11 @@ def test_a_batch_sums_its_interval_rows() -> None:
     assert "poison" not in describe(metrics)
     isolating = BatchMetrics(computation="a", batch_id=4, inputs=9, isolated=1, isolation_runs=9)
     assert describe(isolating).endswith(", 1 poison record(s) isolated in 9 sub-run(s)")
+    stalled = BatchMetrics(computation="a", batch_id=5, stalled_partitions=2, stall_seconds=14.2)
+    assert describe(stalled).endswith(
+        ", 2 output partition(s) stalled by an open transaction for up to 14s"
+    )
+    assert "stalled" not in describe(metrics)
 
 
 def test_totals_sum_batches_but_keep_the_latest_pending() -> None:
@@ -64,12 +69,12 @@ def test_totals_sum_batches_but_keep_the_latest_pending() -> None:
         BatchMetrics(computation="a", batch_id=0, inputs=5, pending=3, failed_attempts=("x",)),
         BatchMetrics(computation="b", batch_id=0, inputs=1),
         BatchMetrics(computation="a", batch_id=1, inputs=2, pending=0, cache_hits=1, intervals=2),
-        BatchMetrics(computation="a", batch_id=2, isolated=1, isolation_runs=9),
+        BatchMetrics(computation="a", batch_id=2, isolated=1, isolation_runs=9, stalls=2),
     ]
     found = totals(batches)
     a = found["a"]
     assert (a.batches, a.inputs, a.pending, a.failed_attempts) == (3, 7, 0, 1)
-    assert (a.isolated, a.isolation_runs) == (1, 9)
+    assert (a.isolated, a.isolation_runs, a.stalls) == (1, 9, 2)
     assert a.cache_hit_rate == 0.5
     assert found["b"].inputs == 1
     assert MetricCounts(inputs=1) + MetricCounts(inputs=2) == MetricCounts(inputs=3)

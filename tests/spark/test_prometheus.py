@@ -107,6 +107,20 @@ def test_batches_add_up_per_computation() -> None:
     assert "Kafka messages" in samples.help["millstream_records_in"]
 
 
+def test_stalls_of_transactional_outputs_are_counted_and_their_levels_kept() -> None:
+    metrics = TopologyMetrics("shop")
+    metrics.observe(batch("orders", 0, stalls=2, stalled_partitions=2, stall_seconds=12.5))
+    metrics.observe(
+        batch("orders", 1, stalls=1, stalled_partitions=1, stall_seconds=31, unstable_messages=7)
+    )
+    samples = Samples.of(metrics.registry)
+    orders = labels("orders")
+    assert samples["millstream_transaction_stalls_total", orders] == 3
+    assert samples["millstream_transaction_stalled_partitions", orders] == 1
+    assert samples["millstream_transaction_stall_seconds", orders] == 31
+    assert samples["millstream_transaction_unstable_messages", orders] == 7
+
+
 def test_a_batch_without_interval_runs_keeps_the_last_hit_ratio() -> None:
     metrics = TopologyMetrics("shop")
     metrics.observe(batch("orders", 0, intervals=2, cache_hits=1))

@@ -300,6 +300,11 @@ def test_bad_input_lands_in_dead_letters_with_its_origin(
     assert first.duplicates == 1
     assert first.dead_letters == len(bad)
     assert first.inputs == first.processed + first.rejected + first.duplicates
+    # Its productions and dead letters went out in committed transactions: nothing left open
+    # behind a last stable offset when the driver looked after a batch.
+    assert first.transactions > 0
+    assert first.stalls == 0
+    assert all(b.unstable_messages == 0 for b in running.batches(pipeline.per_user))
 
 
 def test_a_driver_killed_mid_run_loses_and_duplicates_nothing(
