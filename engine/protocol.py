@@ -534,11 +534,15 @@ class IntervalWorker:
                 delivered = [
                     p.record_id for p in soft.pending.values() if delivered_by(p.tag, marker)
                 ]
-                if delivered:
-                    self._drop_delivered(soft, delivered)
-                    result.marker_resolved += len(delivered)
-                    if resending:
-                        result.resent -= len(delivered)
+                # A conditional write (even of nothing) after the open: a lease superseded
+                # before it is fenced here, before it delivers anything. Whoever superseded
+                # it opened the producer after that (an owner, or a split's driver that
+                # copied the pending productions elsewhere without moving this marker), so
+                # from here on this producer's transactions are fenced by theirs.
+                self._drop_delivered(soft, delivered)
+                result.marker_resolved += len(delivered)
+                if resending:
+                    result.resent -= len(delivered)
                 result.aborted_commits += len(
                     {
                         p.tag

@@ -249,11 +249,13 @@ def test_a_zombie_that_opens_after_the_successor_delivered_sends_nothing_again(
     assert duplicates(transactions.read_committed()) == 0
 
 
-def test_a_successors_marker_never_goes_back_when_a_zombie_delivers_its_commit(
+def test_a_zombie_whose_stale_view_holds_the_successors_commit_is_fenced_before_delivering(
     workers: Workers, transactions: TestingTransactions, make_record: RecordFactory
 ) -> None:
-    """A zombie whose stale view holds the successor's committed productions delivers them
-    under the highest tag it sends, so the successor does not take them for undelivered."""
+    """A zombie that read the successor's committed productions as its own pending ones
+    checks its lease after opening the producer, so it delivers none of them (were it to
+    deliver them, its marker would be the highest tag it sends, so that the successor
+    would still not take them for undelivered)."""
     spec = workers.spec(Echo())
     zombie_producers, successor_producers = transactions.client(), transactions.client()
     zombie = worker(workers, spec, zombie_producers)
@@ -264,12 +266,13 @@ def test_a_successors_marker_never_goes_back_when_a_zombie_delivers_its_commit(
         FaultPoint.BEFORE_SCAN, lambda: successor.process(deliver(make_record("b", b"2")), WM)
     )
     with pytest.raises(FencedError):
-        zombie.process([], WM)  # it reads b=2 as pending, delivers it, its delete is fenced
-    assert transactions.marker("comp", 0) == CommitTag(2, 1)  # the successor's commit's tag
+        zombie.process([], WM)  # it reads b=2 as pending, opens, and is fenced
+    assert transactions.read_committed() == []
+    assert transactions.marker("comp", 0) is None
 
     successor_producers.unavailable = False
     result = successor.process([], WM)
-    assert result.marker_resolved == 1
+    assert (result.transactions, result.marker_resolved) == (1, 0)
 
     assert values(transactions) == [b"2"]
     assert duplicates(transactions.read_committed()) == 0
@@ -342,3 +345,36 @@ def test_a_split_leaves_out_what_the_sources_marker_says_was_delivered(
     finish_change(store, "comp", begun, dedup_ttl=spec.options.dedup_ttl, delivered=delivered)
     assert asked == [("comp", 0)]
     assert [(p.record.value, p.tag) for p in store.productions("comp")] == [(b"2", None)]
+
+
+def test_a_zombie_of_a_split_source_that_opens_after_the_split_delivers_nothing(
+    workers: Workers, transactions: TestingTransactions, make_record: RecordFactory
+) -> None:
+    """The split read the source's marker and copied its pending productions to the targets;
+    the zombie opens the source's producer after that (its own first transaction): the
+    marker says nothing of the copy, so only its lease, checked after the open, stops it."""
+    spec = workers.spec(Echo())
+    store = workers.store
+    driver_producers = transactions.client()
+
+    def split() -> None:
+        layout = store.layout("comp", 1)
+        begun = layout.begin_split(0)
+        begin(store, "comp", layout, begun)
+        finish_change(
+            store,
+            "comp",
+            begun,
+            dedup_ttl=spec.options.dedup_ttl,
+            delivered=lambda computation, interval: driver_producers.open(
+                computation, interval, 30.0
+            ),
+        )
+
+    zombie = worker(workers, spec, transactions.client())
+    store.inject(FaultPoint.AFTER_COMMIT, split)  # between its commit and its transaction
+    with pytest.raises(FencedError):
+        zombie.process(deliver(make_record("a", b"1")), WM)
+
+    assert values(transactions) == []  # the targets deliver the copy, once
+    assert [(p.record.value, p.tag) for p in store.productions("comp")] == [(b"1", None)]
