@@ -158,8 +158,9 @@ def finish_change(
 
     ``delivered`` (transactional productions) opens a source interval's producer, fencing
     the last owner's, and returns its transaction marker: the pending productions it covers
-    were delivered and are not copied; the rest are copied untagged (a tag names a commit of
-    the source, whose marker the targets do not share) and sent again by their target."""
+    were delivered and are not copied; the rest are copied, tagged as a commit of their target
+    under the lease that copies them (a source's tag means nothing to the target's marker),
+    and delivered by their target."""
     change = layout.change
     if change is None:
         return layout
@@ -176,6 +177,7 @@ def finish_change(
         for lease in leases:
             marker = None if delivered is None else delivered(computation, lease.interval)
             for key_changes in store.export(lease):
+                # Untagged here: a tag names a commit of the source; _commit tags them anew.
                 key_changes.productions = [
                     replace(p, tag=None)
                     for p in key_changes.productions
@@ -187,7 +189,14 @@ def finish_change(
                 else:
                     into[key_changes.key] = key_changes
         for target, changes in moved.items():
-            _commit(store, computation, target, list(changes.values()), dedup_ttl)
+            _commit(
+                store,
+                computation,
+                target,
+                list(changes.values()),
+                dedup_ttl,
+                tagged=delivered is not None,
+            )
         pause_point("rebalance.copy", computation)
     for lease in leases:
         store.retire(lease)
@@ -207,6 +216,8 @@ def _commit(
     interval: int,
     changes: list[KeyChanges],
     dedup_ttl: int,
+    *,
+    tagged: bool = False,
 ) -> None:
     # Every row is a put into an interval no one else writes yet: an uncertain commit is
     # simply made again under a new lease.
@@ -214,6 +225,13 @@ def _commit(
         lease = store.acquire(computation, interval)
         if not changes:
             return
+        # Copied pending productions are tagged as a commit of the target, below every
+        # commit its owners will make: once the target delivers them, its marker covers
+        # them, so an owner that finds them still pending after a crash drops them.
+        if tagged:
+            tag = CommitTag(lease.token, 0)
+            for change in changes:
+                change.productions = [replace(p, tag=tag) for p in change.productions]
         try:
             store.commit(lease, changes, dedup_ttl=dedup_ttl)
             return

@@ -299,10 +299,11 @@ def test_productions_are_transactional_only_with_exactly_once_and_strong_product
     assert [p.record.value for p in workers.sink.delivered()] == [b"1"]
 
 
-def test_a_split_copies_pending_productions_untagged(
+def test_a_split_tags_copied_productions_as_a_commit_of_their_target(
     workers: Workers, transactions: TestingTransactions, make_record: RecordFactory
 ) -> None:
-    """A tag names a commit of its source interval, whose marker the targets do not share."""
+    """A tag names a commit of its source interval, whose marker the targets do not share:
+    the copy carries the copying lease's tag instead, below every commit of the target."""
     spec = workers.spec(Echo())
     transactions.unavailable = True
     worker(workers, spec, transactions).process(deliver(make_record("a", b"1")), WM)
@@ -313,10 +314,58 @@ def test_a_split_copies_pending_productions_untagged(
     layout = store.layout("comp", 1)
     begun = layout.begin_split(0)
     begin(store, "comp", layout, begun)
-    finish_change(store, "comp", begun, dedup_ttl=spec.options.dedup_ttl)
-    copied = store.productions("comp")
-    assert [p.record.value for p in copied] == [b"1"]
-    assert [p.tag for p in copied] == [None]
+    finish_change(
+        store,
+        "comp",
+        begun,
+        dedup_ttl=spec.options.dedup_ttl,
+        delivered=lambda computation, interval: None,
+    )
+    [copied] = store.productions("comp")
+    assert copied.record.value == b"1"
+    assert copied.tag is not None
+    assert copied.tag.number == 0
+    assert copied.tag != pending.tag
+
+
+def test_a_copy_delivered_by_the_target_is_not_sent_again_after_a_crash(
+    workers: Workers, transactions: TestingTransactions, make_record: RecordFactory
+) -> None:
+    """The target's owner delivers the copy and dies before deleting it: its successor finds
+    the copy's tag under the target's marker and drops it."""
+    spec = workers.spec(Echo())
+    transactions.unavailable = True
+    worker(workers, spec, transactions).process(deliver(make_record("a", b"1")), WM)
+    transactions.unavailable = False
+    store = workers.store
+    layout = store.layout("comp", 1)
+    begun = layout.begin_split(0)
+    begin(store, "comp", layout, begun)
+    split = finish_change(
+        store,
+        "comp",
+        begun,
+        dedup_ttl=spec.options.dedup_ttl,
+        delivered=lambda computation, interval: transactions.client().open(
+            computation, interval, 30.0
+        ),
+    )
+    target = split.interval_of("a")
+
+    def target_worker(producers: TestingTransactions) -> IntervalWorker:
+        return IntervalWorker(
+            spec, target, store=store, sink=workers.sink, clock=workers.clock,
+            layout=split, transactions=producers,
+        )  # fmt: skip
+
+    transactions.fail_next(TransactionFault.CRASH_AFTER_COMMIT)
+    with pytest.raises(InjectedCrash):
+        target_worker(transactions).process([], WM)
+    result = target_worker(transactions.client()).process([], WM)
+
+    assert (result.marker_resolved, result.resent) == (1, 0)
+    assert values(transactions) == [b"1"]
+    assert store.productions("comp") == []
 
 
 def test_a_split_leaves_out_what_the_sources_marker_says_was_delivered(
@@ -344,7 +393,7 @@ def test_a_split_leaves_out_what_the_sources_marker_says_was_delivered(
     begin(store, "comp", layout, begun)
     finish_change(store, "comp", begun, dedup_ttl=spec.options.dedup_ttl, delivered=delivered)
     assert asked == [("comp", 0)]
-    assert [(p.record.value, p.tag) for p in store.productions("comp")] == [(b"2", None)]
+    assert [p.record.value for p in store.productions("comp")] == [b"2"]
 
 
 def test_a_zombie_of_a_split_source_that_opens_after_the_split_delivers_nothing(
@@ -377,4 +426,4 @@ def test_a_zombie_of_a_split_source_that_opens_after_the_split_delivers_nothing(
         zombie.process(deliver(make_record("a", b"1")), WM)
 
     assert values(transactions) == []  # the targets deliver the copy, once
-    assert [(p.record.value, p.tag) for p in store.productions("comp")] == [(b"1", None)]
+    assert [p.record.value for p in store.productions("comp")] == [b"1"]
