@@ -164,7 +164,7 @@ class BatchHandler:
         if self._transactions is None:
             settings = self.settings
             self._transactions = KafkaTransactionalSink(
-                settings.config, f"{settings.keyspace}.{settings.table}"
+                settings.config, settings.transaction_namespace
             )
         return self._transactions.open(computation, interval, self.spec.options.send_timeout)
 

@@ -227,6 +227,7 @@ class TaskSettings:
     keyspace: str
     table: str
     run_token: str
+    transaction_namespace: str  # connectors.kafka.store_namespace, resolved by the driver
 
     @property
     def endpoints(self) -> tuple[str, tuple[str, ...], int, str, str]:
@@ -279,9 +280,7 @@ def _resources(settings: TaskSettings) -> _Resources:
                 session, settings.keyspace, SystemClock(), table=settings.table
             )
             sink = KafkaProductionSink(settings.config)
-            transactions = KafkaTransactionalSink(
-                settings.config, f"{settings.keyspace}.{settings.table}"
-            )
+            transactions = KafkaTransactionalSink(settings.config, settings.transaction_namespace)
         except BaseException:
             cluster.shutdown()
             raise

@@ -105,7 +105,6 @@ from millstream.engine.config import DEFAULT_KEYSPACE, MillstreamConfig, RunSett
 from millstream.engine.errors import CheckpointStorageError, FencedError, TopologyError
 from millstream.engine.layout import IntervalLayout
 from millstream.engine.records import MAX_EVENT_TIME
-from millstream.engine.store import IntervalStore
 from millstream.engine.stores.cassandra import CassandraIntervalStore
 from millstream.engine.topology import (
     ComputationOptions,
@@ -776,7 +775,7 @@ class RunningTopology:
                 self._watermarks[spec.name] = tracker
             return tracker
 
-    def _driver_store(self) -> IntervalStore:
+    def _driver_store(self) -> CassandraIntervalStore:
         """The driver's store for layouts: its own session, not an executor's resources.
         Its own lock: connecting may wait out an outage while batches record metrics."""
         with self._layout_store_lock:
@@ -837,7 +836,9 @@ class RunningTopology:
             if running is not None and running.isActive:
                 raise TopologyError(f"computation {spec.name!r} is already running")
         token = self._run_tokens.setdefault(spec.name, uuid.uuid4().hex)
-        settings = TaskSettings(self.config, self.settings.keyspace, self.settings.table, token)
+        keyspace, table = self.settings.keyspace, self.settings.table
+        namespace = kafka_connector.store_namespace(keyspace, table, self._driver_store().table_id)
+        settings = TaskSettings(self.config, keyspace, table, token, namespace)
         options: dict[str, str] = {}
         if self.settings.max_offsets_per_trigger is not None:
             options["maxOffsetsPerTrigger"] = str(self.settings.max_offsets_per_trigger)

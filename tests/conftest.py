@@ -142,6 +142,7 @@ def cassandra_keyspace(
     yield make
     for name in created:
         cassandra_connector.drop_keyspace(cassandra, name)
+        kafka_connector.delete_transaction_markers(services, name)
 
 
 @pytest.fixture(scope="session")

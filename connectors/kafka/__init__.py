@@ -44,6 +44,8 @@ from millstream.connectors.kafka.topics import (
 from millstream.connectors.kafka.transactions import (
     KafkaTransactionalSink,
     create_transaction_marker_topic,
+    delete_transaction_markers,
+    store_namespace,
     transaction_marker_topic,
 )
 from millstream.connectors.kafka.watermark_topic import (
@@ -73,11 +75,13 @@ __all__ = [
     "create_wake_topics",
     "create_watermark_topic",
     "delete_topics",
+    "delete_transaction_markers",
     "delete_wake_topics",
     "end_offsets",
     "java_client_settings",
     "producer",
     "refusal",
+    "store_namespace",
     "stream_topic",
     "transaction_marker_topic",
     "wake_topic",

@@ -2,10 +2,11 @@
 
 :class:`KafkaTransactionalSink` is the :class:`~millstream.engine.productions.TransactionalSink`
 the executors use. Per key interval it keeps one transactional producer whose
-``transactional.id`` is derived from the store (keyspace and table), the computation and the
-interval, so that a new owner's ``init_transactions()`` fences the old owner's producer, as
-the interval's sequencer fences its store writes, and aborts its open transaction (or waits
-for one being committed to complete).
+``transactional.id`` is derived from the store (keyspace, table and the table's incarnation:
+:func:`store_namespace`), the computation and the interval, so that a new owner's
+``init_transactions()`` fences the old owner's producer, as the interval's sequencer fences
+its store writes, and aborts its open transaction (or waits for one being committed to
+complete).
 
 The marker: every transaction also commits, through ``send_offsets_to_transaction``, an offset
 for partition 0 of :func:`transaction_marker_topic` in a consumer group named like the
@@ -40,6 +41,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, TypeVar
@@ -69,6 +71,8 @@ __all__ = [
     "MAX_PRODUCERS",
     "KafkaTransactionalSink",
     "create_transaction_marker_topic",
+    "delete_transaction_markers",
+    "store_namespace",
     "transaction_marker_topic",
     "transactional_id",
 ]
@@ -135,9 +139,37 @@ def create_transaction_marker_topic(config: MillstreamConfig, timeout: float = 3
     )
 
 
+def delete_transaction_markers(
+    config: MillstreamConfig, keyspace: str, timeout: float = 30.0
+) -> list[str]:
+    """Delete the marker groups of every interval whose store is in ``keyspace`` (once its
+    state is dropped: a marker without its pending productions means nothing); the groups
+    deleted. Kafka keeps a group's committed offsets for ``offsets.retention.minutes`` (7
+    days by default) after its last commit otherwise."""
+    admin = admin_client(config)
+    prefix = f"millstream.{keyspace}."
+    listed = admin.list_consumer_groups(request_timeout=timeout).result(timeout)
+    groups = sorted(g.group_id for g in listed.valid if g.group_id.startswith(prefix))
+    if groups:
+        for future in admin.delete_consumer_groups(groups, request_timeout=timeout).values():
+            future.result(timeout)
+    return groups
+
+
+def store_namespace(keyspace: str, table: str, table_id: uuid.UUID) -> str:
+    """The namespace of the transactional IDs and markers of the intervals stored in
+    ``keyspace.table``, whose Cassandra table ID is ``table_id``.
+
+    The ID is in it because a marker outlives the table: Kafka keeps a group's offsets for
+    days. A table dropped and created again (state reset by hand) starts its sequencers over,
+    so an old marker would cover the new commits' tags and their productions would be taken
+    for delivered; the new table's ID gives its intervals markers of their own."""
+    return f"{keyspace}.{table}.{table_id.hex[:12]}"
+
+
 def transactional_id(namespace: str, computation: str, interval: int) -> str:
     """The transactional ID (and marker group) of an interval of a computation whose store
-    is ``namespace`` (``keyspace.table``): stable across processes and restarts."""
+    is ``namespace`` (:func:`store_namespace`): stable across processes and restarts."""
     return f"millstream.{namespace}.{computation}.{interval}"
 
 
@@ -151,8 +183,8 @@ class _Producer:
 class KafkaTransactionalSink:
     """Delivers each interval's productions in Kafka transactions with a commit marker.
 
-    ``namespace`` tells apart the topologies sharing a cluster (the store's
-    ``keyspace.table``); ``settings`` go to every producer (tests).
+    ``namespace`` tells apart the topologies sharing a cluster (:func:`store_namespace`: the
+    store's keyspace, table and table ID); ``settings`` go to every producer (tests).
     """
 
     def __init__(

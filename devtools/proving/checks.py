@@ -130,6 +130,7 @@ class NonVacuity:
     marker_resolved: int = 0
     aborted_commits: int = 0
     fenced_producers: int = 0
+    transaction_stalls: int = 0
     duplicates_absorbed: int = 0
     reprocessed_downstream: int = 0
     unknown_outcomes: int = 0
@@ -152,6 +153,7 @@ class NonVacuity:
             ("pending productions found delivered by the marker", self.marker_resolved),
             ("commits found undelivered (transaction aborted), re-sent", self.aborted_commits),
             ("zombie producers fenced by Kafka", self.fenced_producers),
+            ("output partitions stalled by an open transaction", self.transaction_stalls),
             ("duplicates dropped by exactly-once", self.duplicates_absorbed),
             ("inputs rerun by the stage without exactly-once", self.reprocessed_downstream),
             ("unknown LWT outcomes resolved", self.unknown_outcomes),
@@ -572,6 +574,7 @@ def _non_vacuity(
         counts.marker_resolved += int(batch.get("marker_resolved", 0))
         counts.aborted_commits += int(batch.get("aborted_commits", 0))
         counts.fenced_producers += int(batch.get("fenced_producers", 0))
+        counts.transaction_stalls += int(batch.get("stalls", 0))
         # Resolved within the batch, or left by an attempt that failed on it (a failed task
         # ends its Python worker, counters and all) and settled by the next attempt's
         # takeover of the interval.

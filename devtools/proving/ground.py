@@ -867,18 +867,21 @@ def run_config(config: MillstreamConfig, run: str) -> MillstreamConfig:
 
 
 def discard(config: MillstreamConfig, directory: Path) -> None:
-    """Remove a run's topics (its watermark and wake topics too), keyspace and directory."""
+    """Remove a run's topics (its watermark, wake and marker topics too), keyspace, marker
+    groups and directory."""
     run = RunDescription.read(directory)
     config = run_config(config, run.run)
     names = run.names
     kafka_connector.delete_wake_topics(config)
     topics = [kafka_connector.stream_topic(s) for s in names.streams()]
-    kafka_connector.delete_topics(config, [*topics, config.kafka_watermark_topic])
+    markers = kafka_connector.transaction_marker_topic(config)
+    kafka_connector.delete_topics(config, [*topics, config.kafka_watermark_topic, markers])
     cluster, session = cassandra_connector.connect(config)
     try:
         cassandra_connector.drop_keyspace(session, names.keyspace)
     finally:
         cluster.shutdown()
+    kafka_connector.delete_transaction_markers(config, names.keyspace)
     shutil.rmtree(directory, ignore_errors=True)
 
 

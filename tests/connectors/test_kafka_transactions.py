@@ -15,6 +15,8 @@ from millstream.connectors.kafka import (
     KafkaProductionSink,
     KafkaTransactionalSink,
     create_transaction_marker_topic,
+    delete_transaction_markers,
+    store_namespace,
     stream_topic,
 )
 from millstream.connectors.kafka.clients import producer
@@ -31,7 +33,11 @@ from millstream.engine.productions import (
 )
 from millstream.engine.protocol import Delivery, IntervalWorker
 from millstream.engine.records import Record, decode_record, encode_record, injector_record_id
-from millstream.engine.stores.cassandra import CassandraIntervalStore, create_schema
+from millstream.engine.stores.cassandra import (
+    DEFAULT_TABLE,
+    CassandraIntervalStore,
+    create_schema,
+)
 from millstream.engine.topology import ComputationOptions, ComputationSpec, InputStream
 
 if TYPE_CHECKING:
@@ -49,8 +55,10 @@ def config(services: MillstreamConfig) -> MillstreamConfig:
 
 
 @pytest.fixture
-def namespace(unique: Callable[[str], str]) -> str:
-    return unique("ks") + ".table"
+def namespace(config: MillstreamConfig, unique: Callable[[str], str]) -> Iterator[str]:
+    keyspace = unique("ks")
+    yield keyspace + ".table"
+    delete_transaction_markers(config, keyspace)
 
 
 @pytest.fixture
@@ -126,6 +134,37 @@ def test_a_transaction_delivers_its_productions_and_records_its_marker(
     # Another process opening the interval reads the marker back.
     assert sinks().open("comp", 3, TIMEOUT) == CommitTag(7, 1)
     assert sinks().open("comp", 4, TIMEOUT) is None  # markers are per interval
+
+
+def test_a_keyspaces_markers_are_deleted_with_it_and_no_other(
+    config: MillstreamConfig,
+    namespace: str,
+    sinks: Callable[[], KafkaTransactionalSink],
+    unique: Callable[[str], str],
+    kafka_topic: Callable[..., str],
+) -> None:
+    topic = kafka_topic()
+    other_keyspace = unique("other")
+    other_namespace = f"{other_keyspace}.table"
+    other = KafkaTransactionalSink(config, other_namespace)
+    try:
+        ours = sinks()
+        delivered = [(ours, 0), (ours, 5), (other, 0)]
+        for sink, interval in delivered:
+            assert sink.open("comp", interval, TIMEOUT) is None
+            outcome = sink.deliver(
+                "comp", interval, productions(topic, b"a"), CommitTag(1, 1), TIMEOUT
+            )
+            assert outcome is DeliveryOutcome.COMMITTED
+        assert delete_transaction_markers(config, namespace.split(".")[0]) == [
+            transactional_id(namespace, "comp", 0),
+            transactional_id(namespace, "comp", 5),
+        ]
+        assert sinks().open("comp", 0, TIMEOUT) is None
+        assert other.open("comp", 0, TIMEOUT) == CommitTag(1, 1)
+    finally:
+        other.close()
+        delete_transaction_markers(config, other_keyspace)
 
 
 def test_a_new_owners_open_fences_the_old_producer(
@@ -261,3 +300,39 @@ def test_a_plain_reader_reads_each_production_once_across_a_crash_around_the_kaf
     assert sorted(decode_record(v).value for v in values) == sorted(
         [b"a=1", b"a=2", b"a=3", b"b=1", b"b=2", b"c=1"]
     )
+
+
+def test_a_table_dropped_and_created_again_gets_markers_of_its_own(
+    config: MillstreamConfig,
+    cassandra: Session,
+    cassandra_keyspace: Callable[[], str],
+    kafka_topic: Callable[..., str],
+) -> None:
+    """State reset by hand: the new table's sequencers start over, so the old marker (kept
+    by Kafka for days) would cover its first commits' tags; the table ID keeps them apart."""
+    keyspace = cassandra_keyspace()
+    create_schema(cassandra, keyspace)
+    store = CassandraIntervalStore(cassandra, keyspace, ManualClock(0))
+    old = store_namespace(keyspace, DEFAULT_TABLE, store.table_id)
+    sink = KafkaTransactionalSink(config, old)
+    try:
+        assert sink.open("comp", 0, TIMEOUT) is None
+        outcome = sink.deliver(
+            "comp", 0, productions(kafka_topic(), b"a"), CommitTag(57, 3), TIMEOUT
+        )
+        assert outcome is DeliveryOutcome.COMMITTED
+        assert KafkaTransactionalSink(config, old).open("comp", 0, TIMEOUT) == CommitTag(57, 3)
+    finally:
+        sink.close()
+
+    cassandra.execute(f"DROP TABLE {keyspace}.{DEFAULT_TABLE}")
+    create_schema(cassandra, keyspace)
+    again = CassandraIntervalStore(cassandra, keyspace, ManualClock(0))
+    new = store_namespace(keyspace, DEFAULT_TABLE, again.table_id)
+    assert new != old
+    assert new.startswith(f"{keyspace}.{DEFAULT_TABLE}.")
+    fresh = KafkaTransactionalSink(config, new)
+    try:
+        assert fresh.open("comp", 0, TIMEOUT) is None  # the new commit (1, 1) is not covered
+    finally:
+        fresh.close()

@@ -75,7 +75,7 @@ def sink(monkeypatch: pytest.MonkeyPatch) -> Iterator[TestingSink]:
     threads.shutdown()
 
 
-SETTINGS = TaskSettings(MillstreamConfig(), "keyspace", "table", "run-1")
+SETTINGS = TaskSettings(MillstreamConfig(), "keyspace", "table", "run-1", "keyspace.table.0")
 SPEC_OF_DEFAULTS = Topology("t", streams=["in"]).add_computation("c", Computation(), inputs=["in"])
 
 

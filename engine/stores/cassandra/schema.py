@@ -7,6 +7,7 @@ The table's columns and what its rows hold are described in
 from __future__ import annotations
 
 import re
+import uuid
 from typing import Any
 
 from cassandra.policies import FallthroughRetryPolicy
@@ -21,6 +22,7 @@ __all__ = [
     "check_identifier",
     "create_schema",
     "schema_cql",
+    "table_id",
 ]
 
 _IDENTIFIER = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
@@ -63,6 +65,19 @@ def create_schema(session: Any, keyspace: str, table: str = DEFAULT_TABLE) -> No
             f"millstream.connectors.cassandra.create_keyspace(session, {keyspace!r}))"
         )
     session.execute(statement)
+
+
+def table_id(session: Any, keyspace: str, table: str = DEFAULT_TABLE) -> uuid.UUID:
+    """Cassandra's ID of the interval table: a new one whenever the table (or its keyspace)
+    is dropped and created again, so it names the store's incarnation."""
+    row = session.execute(
+        "SELECT id FROM system_schema.tables WHERE keyspace_name = %s AND table_name = %s",
+        (keyspace, table),
+    ).one()
+    if row is None:
+        raise StoreError(f"table {keyspace}.{table} does not exist; create_schema makes it")
+    found: uuid.UUID = row.id if hasattr(row, "id") else row["id"]
+    return found
 
 
 class Statements:

@@ -149,7 +149,12 @@ from millstream.engine.stores.cassandra.rows import (
     row_timer,
     unpack_productions,
 )
-from millstream.engine.stores.cassandra.schema import DEFAULT_TABLE, Statements, check_identifier
+from millstream.engine.stores.cassandra.schema import (
+    DEFAULT_TABLE,
+    Statements,
+    check_identifier,
+    table_id,
+)
 from millstream.engine.timers import TimeDomain, Timer, firing_order
 
 __all__ = [
@@ -266,6 +271,7 @@ class CassandraIntervalStore(IntervalStore):
         )
         self._session = session
         self._name = f"{keyspace}.{table}"
+        self._table_id: uuid.UUID | None = None
         # Per interval: the token and last_commit ("head") this instance's writes chain on,
         # and its latest write with an unknown outcome.
         self._heads: dict[tuple[str, int], tuple[int, bytes | None]] = {}
@@ -582,6 +588,15 @@ class CassandraIntervalStore(IntervalStore):
             )
 
     # -- inspection ------------------------------------------------------------------------
+
+    @property
+    def table_id(self) -> uuid.UUID:
+        """Cassandra's ID of the table (read once): it changes when the table is dropped and
+        created again, so whatever outlives the store elsewhere can tell its incarnation."""
+        if self._table_id is None:
+            keyspace, _, table = self._name.partition(".")
+            self._table_id = table_id(self._session, keyspace, table)
+        return self._table_id
 
     def sequencer(self, computation: str, interval: int) -> int | None:
         """The interval's current sequencer (SERIAL read); ``None`` if never acquired."""
