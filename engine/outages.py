@@ -110,10 +110,12 @@ class Outage:
     try (growing to ``max_delay``), and when ``timeout`` seconds have gone by. The first wait
     ``advise_after`` seconds into a stretch says what to do if the service stopped.
 
-    ``reconnect``, if given, is called after every ``reconnect_every`` waits of a stretch: a
-    client can stay wedged after its service came back (a librdkafka consumer whose broker
-    was frozen for a minute kept failing every metadata request for minutes after it
-    resumed), and a new one is the cure.
+    ``reconnect``, if given, is called after every ``reconnect_every`` waits of a stretch, or
+    at the first wait ``reconnect_after`` seconds or more after the stretch began or the last
+    reconnect (attempts that each retry for long, such as a metadata request for its whole
+    timeout, make few waits): a client can stay wedged after its service came back (a
+    librdkafka consumer whose broker was frozen for a minute kept failing every metadata
+    request for minutes after it resumed), and a new one is the cure.
     """
 
     def __init__(
@@ -126,11 +128,14 @@ class Outage:
         monotonic: Callable[[], float] = time.monotonic,
         reconnect: Callable[[], None] | None = None,
         reconnect_every: int = 3,
+        reconnect_after: float = 20.0,
         advise_after: float = 30.0,
     ) -> None:
         self.what = what
         self.reconnect = reconnect
         self.reconnect_every = reconnect_every
+        self.reconnect_after = reconnect_after
+        self._reconnected: float | None = None
         self.timeout = timeout
         self.max_delay = max_delay
         self._sleep = sleep
@@ -173,13 +178,21 @@ class Outage:
         )
         self._sleep(self._delay)
         self._delay = min(self.max_delay, self._delay * 2)
-        if self.reconnect is not None and self.waits % self.reconnect_every == 0:
+        if self.reconnect is None:
+            return
+        last = self._since if self._reconnected is None else self._reconnected
+        if (
+            self.waits % self.reconnect_every == 0
+            or self._monotonic() - last >= self.reconnect_after
+        ):
             _log.warning("%s: reconnecting to Kafka and Cassandra", self.what)
             self.reconnect()
+            self._reconnected = self._monotonic()
 
     def over(self) -> None:
         """The service answered: the next failure starts a new stretch."""
         self._since = None
+        self._reconnected = None
         self._delay = 0.5
         self.waits = 0
         self._advised = False

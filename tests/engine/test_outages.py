@@ -114,6 +114,31 @@ def test_a_long_outage_gets_new_clients_every_few_waits() -> None:
     assert reconnected == [3, 6]
 
 
+def test_attempts_that_fail_slowly_get_new_clients_after_some_seconds() -> None:
+    """Each attempt retried a wedged client's metadata request for its 30 s timeout: waiting
+    for the third wait would leave the client wedged for a minute and a half."""
+    clock = Clock()
+    reconnected: list[tuple[int, float]] = []
+    outage = Outage(
+        "batch",
+        600.0,
+        sleep=clock.sleep,
+        monotonic=lambda: clock.now,
+        reconnect=lambda: reconnected.append((outage.waits, clock.now)),
+        reconnect_after=20.0,
+    )
+    outage.wait(TimeoutError("down"))
+    assert reconnected == []
+    clock.now += 30.0  # the next attempt failed after 30 s
+    outage.wait(TimeoutError("down"))
+    assert [waits for waits, _ in reconnected] == [2]
+    clock.now += 5.0
+    outage.wait(TimeoutError("down"))  # the third wait: the count rule
+    clock.now += 5.0
+    outage.wait(TimeoutError("down"))  # 20 s have not passed since
+    assert [waits for waits, _ in reconnected] == [2, 3]
+
+
 def test_retry_lets_other_errors_through_at_once() -> None:
     outage = Outage("batch", 60.0, sleep=lambda _s: pytest.fail("must not wait"))
 
