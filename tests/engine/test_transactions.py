@@ -8,6 +8,7 @@ in ``tests/connectors/test_kafka_transactions.py``.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import pytest
@@ -15,6 +16,7 @@ import pytest
 from millstream.engine.computation import Computation
 from millstream.engine.context import Context
 from millstream.engine.errors import FencedError
+from millstream.engine.layout import IntervalLayout
 from millstream.engine.productions import CommitTag, Production
 from millstream.engine.protocol import Delivery, IntervalWorker
 from millstream.engine.rebalance import begin, finish_change
@@ -65,6 +67,26 @@ def worker(
         clock=workers.clock,
         transactions=transactions,
     )
+
+
+def split_interval_0(
+    workers: Workers,
+    spec: ComputationSpec,
+    delivered: Callable[[str, int], CommitTag | None],
+) -> IntervalLayout:
+    """Split the computation's one interval, the driver's way; the layout after it."""
+    store = workers.store
+    layout = store.layout("comp", 1)
+    begun = layout.begin_split(0)
+    begin(store, "comp", layout, begun)
+    return finish_change(
+        store, "comp", begun, dedup_ttl=spec.options.dedup_ttl, delivered=delivered
+    )
+
+
+def opening(transactions: TestingTransactions) -> Callable[[str, int], CommitTag | None]:
+    """A split's ``delivered``: opens the source's producer as a new client (the driver)."""
+    return lambda computation, interval: transactions.open(computation, interval, 30.0)
 
 
 def test_a_commits_productions_go_in_one_transaction_whose_marker_names_the_commit(
@@ -311,16 +333,7 @@ def test_a_split_tags_copied_productions_as_a_commit_of_their_target(
     assert pending.tag is not None
 
     store = workers.store
-    layout = store.layout("comp", 1)
-    begun = layout.begin_split(0)
-    begin(store, "comp", layout, begun)
-    finish_change(
-        store,
-        "comp",
-        begun,
-        dedup_ttl=spec.options.dedup_ttl,
-        delivered=lambda computation, interval: None,
-    )
+    split_interval_0(workers, spec, lambda computation, interval: None)
     [copied] = store.productions("comp")
     assert copied.record.value == b"1"
     assert copied.tag is not None
@@ -338,18 +351,7 @@ def test_a_copy_delivered_by_the_target_is_not_sent_again_after_a_crash(
     worker(workers, spec, transactions).process(deliver(make_record("a", b"1")), WM)
     transactions.unavailable = False
     store = workers.store
-    layout = store.layout("comp", 1)
-    begun = layout.begin_split(0)
-    begin(store, "comp", layout, begun)
-    split = finish_change(
-        store,
-        "comp",
-        begun,
-        dedup_ttl=spec.options.dedup_ttl,
-        delivered=lambda computation, interval: transactions.client().open(
-            computation, interval, 30.0
-        ),
-    )
+    split = split_interval_0(workers, spec, opening(transactions.client()))
     target = split.interval_of("a")
 
     def target_worker(producers: TestingTransactions) -> IntervalWorker:
@@ -388,10 +390,7 @@ def test_a_split_leaves_out_what_the_sources_marker_says_was_delivered(
         return first.tag  # the first commit's transaction committed, its rows not deleted
 
     store = workers.store
-    layout = store.layout("comp", 1)
-    begun = layout.begin_split(0)
-    begin(store, "comp", layout, begun)
-    finish_change(store, "comp", begun, dedup_ttl=spec.options.dedup_ttl, delivered=delivered)
+    split_interval_0(workers, spec, delivered)
     assert asked == [("comp", 0)]
     assert [p.record.value for p in store.productions("comp")] == [b"2"]
 
@@ -407,18 +406,7 @@ def test_a_zombie_of_a_split_source_that_opens_after_the_split_delivers_nothing(
     driver_producers = transactions.client()
 
     def split() -> None:
-        layout = store.layout("comp", 1)
-        begun = layout.begin_split(0)
-        begin(store, "comp", layout, begun)
-        finish_change(
-            store,
-            "comp",
-            begun,
-            dedup_ttl=spec.options.dedup_ttl,
-            delivered=lambda computation, interval: driver_producers.open(
-                computation, interval, 30.0
-            ),
-        )
+        split_interval_0(workers, spec, opening(driver_producers))
 
     zombie = worker(workers, spec, transactions.client())
     store.inject(FaultPoint.AFTER_COMMIT, split)  # between its commit and its transaction
