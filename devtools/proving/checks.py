@@ -15,6 +15,11 @@ passes when every count is zero:
   input watermark across the batches of every driver, that went back;
 * **timers**: windows still open or timers still stored at the end, windows never fired;
 * **accounting**: input records that are neither processed, dead letters nor counted drops;
+* **acknowledged store writes lost**: the ``cassandra`` fault acknowledges a burst of LWTs on
+  a probe row of its own just before it freezes and kills the node; after the restart the
+  row must hold the last acknowledged value (a node that acknowledges before its commit log
+  is durable loses the sequencer commits of its last moments, and their productions, already
+  in Kafka, are produced again);
 * **plain read_committed consumer saw duplicates** (only with ``plain_exactly_once``): a
   message of an output stream (what the computations produce, dead letters included) that a
   plain Kafka consumer (``isolation.level=read_committed``, no millstream decoding or
@@ -59,9 +64,11 @@ from millstream.engine.watermarks import WatermarkReport, decode_watermark_messa
 
 __all__ = [
     "PLAIN_DUPLICATES",
+    "STORE_WRITES_LOST",
     "CheckResult",
     "NonVacuity",
     "check_run",
+    "check_store_probes",
     "injector_outage_waits",
     "plain_duplicates",
     "read_messages",
@@ -78,6 +85,8 @@ _WAITING = re.compile(r": waiting for (Kafka|Cassandra)")
 _INJECTOR_WAITING = re.compile(r"injector '[^']*' process '[^']*': waiting for (Kafka|Cassandra)")
 # The check a plain read_committed consumer's duplicates count under (plain_exactly_once).
 PLAIN_DUPLICATES = "plain read_committed consumer saw duplicates"
+# The check the cassandra fault's durability probe counts under.
+STORE_WRITES_LOST = "acknowledged store writes lost by a crash"
 # Spark's own fence: a second query on one checkpoint fails to write the same batch's log.
 _SPARK_FENCED = "CONCURRENT_STREAM_LOG_UPDATE"
 # The driver holding a checkpoint restarts a query that lost such a race to a zombie.
@@ -101,6 +110,7 @@ class CheckResult:
                 "watermark regressions",
                 "timers not fired exactly once",
                 "accounting mismatch",
+                STORE_WRITES_LOST,
             ),
             0,
         )
@@ -268,10 +278,13 @@ def check_run(
     injector_logs: Iterable[Path] = (),
     *,
     plain_exactly_once: bool = True,
+    store_probes: Iterable[dict[str, int]] = (),
 ) -> tuple[CheckResult, NonVacuity]:
     """Run every check on a settled run; see the module docstring. ``plain_exactly_once``
-    makes the duplicates a plain read_committed consumer sees a check (else figures only)."""
+    makes the duplicates a plain read_committed consumer sees a check (else figures only);
+    ``store_probes``: the cassandra faults' probes (``acknowledged``, ``found``)."""
     result = CheckResult()
+    check_store_probes(store_probes, result)
     if plain_exactly_once:
         result.counts[PLAIN_DUPLICATES] = 0
     batch_list = list(batches)
@@ -291,6 +304,21 @@ def check_run(
     counts = _non_vacuity(batch_list, driver_logs, config, names)
     counts.injector_outage_waits = injector_outage_waits(injector_logs)
     return result, counts
+
+
+def check_store_probes(probes: Iterable[dict[str, int]], result: CheckResult) -> None:
+    """Count the acknowledged probe LWTs that a crash of the node lost."""
+    acknowledged = 0
+    for probe in probes:
+        acknowledged += probe["acknowledged"]
+        lost = probe["acknowledged"] - probe["found"]
+        result.add(
+            STORE_WRITES_LOST,
+            lost,
+            f"{probe['acknowledged']} LWTs acknowledged just before the node was killed, "
+            f"{probe['found']} found after its restart",
+        )
+    result.figures["LWTs acknowledged just before a Cassandra kill"] = acknowledged
 
 
 def _check_plain(

@@ -47,6 +47,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
+from cassandra import ConsistencyLevel
+from cassandra.query import SimpleStatement
+
 from millstream.connectors import cassandra as cassandra_connector
 from millstream.connectors import kafka as kafka_connector
 from millstream.connectors.provisioning import provision
@@ -74,6 +77,7 @@ __all__ = [
     "POISON_FILE",
     "RESOURCE_FAULTS",
     "SPLIT_HOT_SHARE",
+    "STORE_PROBES_FILE",
     "TIERS",
     "TRANSACTION_FAULTS",
     "Fault",
@@ -83,6 +87,7 @@ __all__ = [
     "Unplanned",
     "discard",
     "prove",
+    "read_store_probes",
     "recheck",
     "run_config",
     "run_kinds",
@@ -125,6 +130,8 @@ CRASHES: Final = tuple(
 _TOMBSTONES: Final = 3
 # What the poison fault sent, for the checks (the run directory's).
 POISON_FILE: Final = "poison.json"
+# The cassandra faults' durability probes, a JSON object per line (read_store_probes).
+STORE_PROBES_FILE: Final = "store-probes.jsonl"
 # The checkpoint disk of a run with the disk-full fault: small, so that filling it is quick.
 CHECKPOINT_DISK: Final = "256m"
 
@@ -436,6 +443,49 @@ def _group(pgid: int) -> set[int]:
     return {pid for pid, fields in _processes().items() if int(fields[2]) == pgid}
 
 
+class _StoreProbe:
+    """LWTs on a row of the run's keyspace, counted as acknowledged, then read back after a
+    crash of the node: every acknowledged one must have survived (``store_probes``)."""
+
+    def __init__(self, config: MillstreamConfig, keyspace: str) -> None:
+        self.config, self.keyspace = config, keyspace
+        self.acknowledged = 0
+
+    def acknowledge(self, seconds: float) -> None:
+        cluster, session = cassandra_connector.connect(self.config, self.keyspace)
+        try:
+            session.execute(
+                "CREATE TABLE IF NOT EXISTS store_probe (name text PRIMARY KEY, value int)"
+            )
+            session.execute("INSERT INTO store_probe (name, value) VALUES ('writes', 0)")
+            step = session.prepare(
+                "UPDATE store_probe SET value = ? WHERE name = 'writes' IF value = ?"
+            )
+            step.consistency_level = ConsistencyLevel.QUORUM  # as the store commits
+            deadline = time.monotonic() + seconds
+            value = 0
+            while time.monotonic() < deadline:
+                if not session.execute(step, (value + 1, value)).one()[0]:
+                    raise MillstreamError("the proving ground's probe row changed under it")
+                value += 1
+            self.acknowledged = value
+        finally:
+            cluster.shutdown()
+
+    def verify(self) -> int:
+        """The probe's value now (the node is back)."""
+        cluster, session = cassandra_connector.connect(self.config, self.keyspace)
+        try:
+            read = SimpleStatement(
+                "SELECT value FROM store_probe WHERE name = 'writes'",
+                consistency_level=ConsistencyLevel.SERIAL,  # as the store reads its sequencer
+            )
+            row = session.execute(read, timeout=60).one()
+            return 0 if row is None else int(row[0])
+        finally:
+            cluster.shutdown()
+
+
 class _Run:
     def __init__(
         self,
@@ -587,7 +637,15 @@ class _Run:
         # A split or merge follows a change of load: pulses of input, even at the end (the
         # layout settles under steady input, and merges while idle).
         into_last_step = fault.kind == "split"
-        self.nudge(into_last_step)  # input, so that a batch with work reaches the point
+
+        def nudge() -> None:
+            # Input, so that a batch with work reaches the point; once the faults before used
+            # up the share before the last step, from the last step (rollup gets work only
+            # from windows that input moving event time on closes: no input, no batch).
+            if not self.nudge(into_last_step):
+                self.nudge(into_last_step=True)
+
+        nudge()
         # Keep input coming while waiting: a window closes (and rollup gets work) only once
         # enough event time went by.
         nudged = [time.monotonic()]
@@ -596,7 +654,7 @@ class _Run:
             if at.exists():
                 return True
             if time.monotonic() - nudged[0] >= 5.0:
-                self.nudge(into_last_step)
+                nudge()
                 nudged[0] = time.monotonic()
             return False
 
@@ -681,12 +739,15 @@ class _Run:
             return
         service, pid = found
         in_flight = ""
+        probe = None
         if kind == "cassandra":
             # LWTs in flight when the node dies: a worker about to commit is let go against a
             # stopped node, so its commit (and the read that would resolve it) time out on
             # the client, unknown outcomes, before the kill.
             parked = self._park(replace(fault, kind="worker"))
-            os.kill(pid, signal.SIGSTOP)
+            probe = _StoreProbe(self.config, self.description.names.keyspace)
+            probe.acknowledge(seconds=0.5)
+            os.kill(pid, signal.SIGSTOP)  # at once: the last acknowledged LWT is moments old
             if parked is not None:
                 self._release(replace(fault, kind="worker"))
                 self.wait(lambda: False, _CLIENT_TIMEOUT + 2.0, "")
@@ -705,6 +766,12 @@ class _Run:
         else:
             time.sleep(self.rng.uniform(1.0, 5.0))
         service.up()
+        if probe is not None:
+            survived = probe.verify()
+            with (self.directory / STORE_PROBES_FILE).open("a") as probes:
+                entry = {"acknowledged": probe.acknowledged, "found": survived}
+                probes.write(json.dumps(entry) + "\n")
+            in_flight += f"; {survived} of {probe.acknowledged} acknowledged probe LWTs survived"
         outcome.applied = True
         outcome.detail = f"killed, back after {time.monotonic() - down:.0f} s{in_flight}{went_on}"
 
@@ -885,6 +952,14 @@ def discard(config: MillstreamConfig, directory: Path) -> None:
     shutil.rmtree(directory, ignore_errors=True)
 
 
+def read_store_probes(directory: Path) -> list[dict[str, int]]:
+    """The cassandra faults' durability probes of a run (see :class:`_StoreProbe`)."""
+    path = directory / STORE_PROBES_FILE
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
 def recheck(
     config: MillstreamConfig,
     directory: Path,
@@ -909,6 +984,7 @@ def recheck(
         sorted(directory.glob("driver-*.log")),
         sorted(directory.glob("injector-*.log")),
         plain_exactly_once=plain_exactly_once,
+        store_probes=read_store_probes(directory),
     )
 
 

@@ -15,6 +15,9 @@ import pytest
 from millstream.connectors import kafka as kafka_connector
 from millstream.devtools.proving.checks import (
     PLAIN_DUPLICATES,
+    STORE_WRITES_LOST,
+    CheckResult,
+    check_store_probes,
     plain_duplicates,
     read_plain,
 )
@@ -109,6 +112,22 @@ def test_the_plain_reader_counts_byte_identical_messages_per_topic() -> None:
     assert found == {"windows": 2, "rollups": 1}
     assert sum(found.values()) == 3
     assert plain_duplicates(messages[3:6]) == {}
+
+
+@pytest.mark.unit
+def test_a_probe_lwt_acknowledged_before_a_crash_and_missing_after_it_fails_the_run() -> None:
+    durable = CheckResult()
+    check_store_probes([{"acknowledged": 120, "found": 120}], durable)
+    assert durable.passed
+    assert durable.figures["LWTs acknowledged just before a Cassandra kill"] == 120
+    lossy = CheckResult()
+    # What a single node with commitlog_sync: periodic did: the last ~100 ms went missing.
+    check_store_probes(
+        [{"acknowledged": 553, "found": 547}, {"acknowledged": 9, "found": 9}], lossy
+    )
+    assert not lossy.passed
+    assert lossy.counts[STORE_WRITES_LOST] == 6
+    assert "553 LWTs acknowledged" in lossy.examples[STORE_WRITES_LOST][0]
 
 
 @pytest.mark.unit
@@ -386,4 +405,6 @@ def test_the_ci_tier_loses_and_duplicates_nothing_under_a_fault_of_every_kind(
     if not EXTERNAL:
         assert provoked.unknown_outcomes >= 1, text
         assert provoked.outage_waits >= 1, text
+        # The kill of Cassandra came moments after LWTs it had acknowledged (none lost).
+        assert report.checks.figures["LWTs acknowledged just before a Cassandra kill"] >= 1, text
     assert not report.unplanned, text

@@ -87,7 +87,9 @@ def test_yaml_names_a_single_node_cluster(service: CassandraService) -> None:
     assert settings["cluster_name"] == "millstream-local"
     assert settings["partitioner"] == "org.apache.cassandra.dht.Murmur3Partitioner"
     assert settings["endpoint_snitch"] == "SimpleSnitch"
-    assert settings["commitlog_sync"] == "periodic"
+    # Acknowledged once durable: a killed single node must not lose acknowledged LWTs.
+    assert settings["commitlog_sync"] == "batch"
+    assert "commitlog_sync_period" not in settings
     assert settings["num_tokens"] >= 1
 
 
