@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 from millstream.engine.errors import FencedError, RetiredIntervalError, UnknownOutcomeError
 from millstream.engine.layout import IntervalLayout
 from millstream.engine.pause_points import pause_point
-from millstream.engine.productions import CommitTag, delivered_by
+from millstream.engine.productions import CommitTag, Production, delivered_by
 from millstream.engine.state import KeyChanges
 from millstream.engine.store import IntervalStore
 
@@ -174,20 +174,25 @@ def finish_change(
     pause_point("rebalance.fence", computation)
     if not copied:
         moved: dict[int, dict[str, KeyChanges]] = {target[0]: {} for target in change.targets}
+        # Pending productions belong to no key (a store exports them under the key ""): the
+        # first target delivers them all. Routed by the hash of "" (0), they had no target
+        # in a change away from the lowest hashes, and every driver failed finishing it.
+        pending: list[Production] = []
         for lease in leases:
             marker = None if delivered is None else delivered(computation, lease.interval)
             for key_changes in store.export(lease):
                 # Untagged here: a tag names a commit of the source; _commit tags them anew.
-                key_changes.productions = [
+                pending.extend(
                     replace(p, tag=None)
                     for p in key_changes.productions
                     if not delivered_by(p.tag, marker)
-                ]
-                into = moved[change.target_of(key_changes.key)]
-                if key_changes.key in into:  # the pending productions of several sources
-                    into[key_changes.key].merge(key_changes)
-                else:
-                    into[key_changes.key] = key_changes
+                )
+                key_changes.productions = []
+                if not key_changes.is_empty():
+                    moved[change.target_of(key_changes.key)][key_changes.key] = key_changes
+        if pending:
+            first = moved[change.targets[0][0]]
+            first.setdefault("", KeyChanges("")).productions.extend(pending)
         for target, changes in moved.items():
             _commit(
                 store,

@@ -180,21 +180,26 @@ class Crash(Exception):  # noqa: N818 - a kill -9, not an error
 @pytest.mark.parametrize(
     "crash_at", [None, "rebalance.fence", "rebalance.copy", "rebalance.retire"]
 )
-@pytest.mark.parametrize("kind", ["split", "merge"])
+@pytest.mark.parametrize("kind", ["split 0", "split 1", "merge"])
 def test_a_change_killed_at_any_step_is_finished_by_the_next_driver_whole(
     backend: Backend, kind: str, crash_at: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """``split 1`` splits the upper half, whose hashes do not include the empty key's (0),
+    under which a store exports pending productions."""
     store = backend.store()
     sink = _unacknowledging()
     layout = store.layout("counts", 2)
     _run(store, backend.clock, layout, range(300), sink)
     before = _everything(store, layout)
     assert all(before)
-    # A zombie: a worker of interval 0 that will try to commit after the change.
-    zombie = IntervalWorker(_spec(), 0, store=store, sink=sink, clock=backend.clock, layout=layout)
-    zombie_input = _deliveries(layout, range(300, 400))[0]
+    # A zombie: a worker of a source interval that will try to commit after the change.
+    source = 1 if kind == "split 1" else 0
+    zombie = IntervalWorker(
+        _spec(), source, store=store, sink=sink, clock=backend.clock, layout=layout
+    )
+    zombie_input = _deliveries(layout, range(300, 400))[source]
 
-    begun = layout.begin_split(0) if kind == "split" else layout.begin_merge(0, 1)
+    begun = layout.begin_merge(0, 1) if kind == "merge" else layout.begin_split(source)
     begin(store, "counts", layout, begun)
     if crash_at is not None:
 
