@@ -115,7 +115,9 @@ class Outage:
     reconnect (attempts that each retry for long, such as a metadata request for its whole
     timeout, make few waits): a client can stay wedged after its service came back (a
     librdkafka consumer whose broker was frozen for a minute kept failing every metadata
-    request for minutes after it resumed), and a new one is the cure.
+    request for minutes after it resumed), and a new one is the cure. A stretch begins when
+    its first failed attempt began (:meth:`attempting`), so an attempt that spent 30 s
+    failing gets new clients at its first wait.
     """
 
     def __init__(
@@ -141,6 +143,7 @@ class Outage:
         self._sleep = sleep
         self._monotonic = monotonic
         self._since: float | None = None
+        self._attempt: float | None = None
         self._delay = 0.5
         self.waits = 0
         self.advise_after = advise_after
@@ -155,7 +158,7 @@ class Outage:
         service = unreachable_service(exc)
         now = self._monotonic()
         if self._since is None:
-            self._since = now
+            self._since = now if self._attempt is None else self._attempt
         elapsed = now - self._since
         if elapsed >= self.timeout:
             raise ServiceOutageError(
@@ -189,9 +192,15 @@ class Outage:
             self.reconnect()
             self._reconnected = self._monotonic()
 
+    def attempting(self) -> None:
+        """An attempt begins now: if it fails as an outage that begins a stretch, the
+        stretch began here (the time it spent failing counts)."""
+        self._attempt = self._monotonic()
+
     def over(self) -> None:
         """The service answered: the next failure starts a new stretch."""
         self._since = None
+        self._attempt = None
         self._reconnected = None
         self._delay = 0.5
         self.waits = 0
@@ -200,6 +209,7 @@ class Outage:
     def retry(self, action: Callable[[], _T]) -> _T:
         """Run ``action`` until it succeeds, waiting out outages; other errors propagate."""
         while True:
+            self.attempting()
             try:
                 result = action()
             except Exception as exc:

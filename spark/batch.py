@@ -247,6 +247,7 @@ class BatchHandler:
             # A driver stopped for long (a zombie) must not take the intervals back from the
             # one that replaced it: retrying, it would acquire their sequencers anew.
             fence_checkpoint(self.checkpoint, batch_id, self.spec.name, self.driver_id)
+            run.outage.attempting()
             try:
                 return self._run(run.batch, run.plan, self._quarantined(run))
             except Exception as exc:

@@ -139,6 +139,30 @@ def test_attempts_that_fail_slowly_get_new_clients_after_some_seconds() -> None:
     assert [waits for waits, _ in reconnected] == [2, 3]
 
 
+def test_an_attempt_that_spent_long_failing_gets_new_clients_at_its_first_wait() -> None:
+    """A batch began as a frozen broker resumed; its wedged client failed the metadata
+    request for its whole 30 s: the stretch counts from the attempt's start."""
+    clock = Clock()
+    reconnected: list[int] = []
+    outage = Outage(
+        "batch",
+        600.0,
+        sleep=clock.sleep,
+        monotonic=lambda: clock.now,
+        reconnect=lambda: reconnected.append(outage.waits),
+        reconnect_after=20.0,
+    )
+    outage.attempting()
+    clock.now += 30.0
+    outage.wait(TimeoutError("Failed to get metadata"))
+    assert reconnected == [1]
+    outage.over()
+    outage.attempting()
+    clock.now += 1.0  # fails fast (connection refused): no reconnect for that
+    outage.wait(TimeoutError("down"))
+    assert reconnected == [1]
+
+
 def test_retry_lets_other_errors_through_at_once() -> None:
     outage = Outage("batch", 60.0, sleep=lambda _s: pytest.fail("must not wait"))
 
