@@ -99,16 +99,23 @@ def test_retry_returns_once_the_service_answers_and_starts_afresh_after() -> Non
     assert clock.slept[-1] == 0.5
 
 
-def test_a_long_outage_gets_new_clients_every_few_waits() -> None:
-    clock = Clock()
-    reconnected: list[int] = []
+def reconnecting(clock: Clock, reconnected: list[int]) -> Outage:
+    """An outage on ``clock`` (reconnecting after 3 waits or 20 s) that notes in
+    ``reconnected`` the number of waits at each reconnect."""
     outage = Outage(
         "batch",
         600.0,
         sleep=clock.sleep,
         monotonic=lambda: clock.now,
         reconnect=lambda: reconnected.append(outage.waits),
+        reconnect_after=20.0,
     )
+    return outage
+
+
+def test_a_long_outage_gets_new_clients_every_few_waits() -> None:
+    clock, reconnected = Clock(), list[int]()
+    outage = reconnecting(clock, reconnected)
     for _ in range(7):
         outage.wait(TimeoutError("down"))
     assert reconnected == [3, 6]
@@ -142,16 +149,8 @@ def test_attempts_that_fail_slowly_get_new_clients_after_some_seconds() -> None:
 def test_an_attempt_that_spent_long_failing_gets_new_clients_at_its_first_wait() -> None:
     """A batch began as a frozen broker resumed; its wedged client failed the metadata
     request for its whole 30 s: the stretch counts from the attempt's start."""
-    clock = Clock()
-    reconnected: list[int] = []
-    outage = Outage(
-        "batch",
-        600.0,
-        sleep=clock.sleep,
-        monotonic=lambda: clock.now,
-        reconnect=lambda: reconnected.append(outage.waits),
-        reconnect_after=20.0,
-    )
+    clock, reconnected = Clock(), list[int]()
+    outage = reconnecting(clock, reconnected)
     outage.attempting()
     clock.now += 30.0
     outage.wait(TimeoutError("Failed to get metadata"))
