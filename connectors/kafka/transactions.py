@@ -81,6 +81,7 @@ _log = logging.getLogger(__name__)
 
 IDLE_SECONDS: Final = 300.0
 GRACE_SECONDS: Final = 5.0
+_RETRY_BACKOFF_MS: Final = 10
 MAX_PRODUCERS: Final = 256
 
 _METADATA_PREFIX: Final = "millstream-commit "
@@ -210,6 +211,13 @@ class KafkaTransactionalSink:
                 "transactional.id": name,
                 "transaction.timeout.ms": int(self._config.kafka_transaction_timeout * 1000),
                 "linger.ms": 0,
+                # A transaction begun right after the last one committed waits until the
+                # broker has written the last one's markers: its AddOffsetsToTxn (and
+                # AddPartitionsToTxn) are refused as concurrent and retried after this
+                # backoff. librdkafka's 100 ms default cost every interval a tenth of a
+                # second per back-to-back batch; the markers take a few milliseconds here.
+                # Other retries back off exponentially from it (up to retry.backoff.max.ms).
+                "retry.backoff.ms": _RETRY_BACKOFF_MS,
                 **self._settings,
             },
         )

@@ -61,7 +61,12 @@ from millstream.devtools.proving.checks import (
     injector_outage_waits,
 )
 from millstream.devtools.proving.processes import GATE_FILE, RunDescription, read_batches
-from millstream.devtools.proving.workload import ExpectedOutcome, Workload, expected_outcome
+from millstream.devtools.proving.workload import (
+    ExpectedOutcome,
+    Workload,
+    expected_outcome,
+    rebalance_policy,
+)
 from millstream.engine import fault_points
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.errors import MillstreamError
@@ -542,6 +547,16 @@ class _Run:
         self.let_through(min(cap, injected + quarter))
         return True
 
+    def trickle(self) -> None:
+        """Let a few records more through (fewer than ``tally``'s merge threshold, up to all
+        but the last record, which keeps the injector running): a batch on which every
+        interval is cold."""
+        few = rebalance_policy(self.description.workload).merge_records
+        injected = self.injected()
+        last = self.description.workload.records - 1
+        if injected < last:
+            self.let_through(min(last, injected + few))
+
     def injected(self) -> int:
         try:
             return int(self.gate.with_suffix(".position").read_text())
@@ -634,15 +649,23 @@ class _Run:
         for stale in (at, release):
             stale.unlink(missing_ok=True)
         (self.pauses / f"arm.{point}").write_text("")
-        # A split or merge follows a change of load: pulses of input, even at the end (the
-        # layout settles under steady input, and merges while idle).
-        into_last_step = fault.kind == "split"
+        # A split or merge follows a change of load: pulses of input, even at the end.
+        split = fault.kind == "split"
+        pulses = [0]
 
         def nudge() -> None:
+            pulses[0] += 1
+            # A split needs a batch that overloads an interval, which a full layout (at
+            # max_intervals, its cold pairs merged already) cannot give: every other pulse
+            # of a split fault is a trickle, a batch whose intervals are all cold, which
+            # merges a pair (a change the fault may hit too) and makes room for a split.
+            if split and pulses[0] % 2 == 0:
+                self.trickle()
+                return
             # Input, so that a batch with work reaches the point; once the faults before used
             # up the share before the last step, from the last step (rollup gets work only
             # from windows that input moving event time on closes: no input, no batch).
-            if not self.nudge(into_last_step):
+            if not self.nudge(split):
                 self.nudge(into_last_step=True)
 
         nudge()
