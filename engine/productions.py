@@ -144,6 +144,12 @@ class TransactionalSink(Protocol):
     in tests). One producer per interval; calls for different intervals may run on several
     threads at once."""
 
+    def prepare(self, computation: str, interval: int, timeout: float) -> None:
+        """Begin the next :meth:`open` of the interval in the background (it then waits for
+        it), so that its round trips overlap the batch's reads, user code and commit; the
+        fencing happens as it runs. Raises nothing: the open reports a failure."""
+        ...
+
     def open(self, computation: str, interval: int, timeout: float) -> CommitTag | None:
         """Become the interval's only producer: fence every producer opened before (an open
         transaction of theirs is aborted, one being committed completes first), then return

@@ -272,6 +272,12 @@ class IntervalWorker:
     ) -> BatchResult:
         now = self._clock.now()
         soft, result = self._begin()
+        if inputs and self._transactions is not None and soft.unresolved:
+            # The producer's open (a few round trips, more while librdkafka finds the
+            # coordinator) overlaps the batch's reads, user code and commit.
+            self._transactions.prepare(
+                self.spec.name, self.interval, self.spec.options.send_timeout
+            )
         self._resend(soft, result)
         batch = self._gather(soft, inputs, timer_watermark, now, result)
         changes, weak_outbox = self._run_keys(batch, (watermark, timer_watermark), now, result)

@@ -230,6 +230,7 @@ class _TransactionLog:
     markers: dict[tuple[str, int], CommitTag] = field(default_factory=dict)
     committed: list[Production] = field(default_factory=list)
     opens: int = 0
+    prepares: int = 0
 
 
 class TestingTransactions:
@@ -275,6 +276,15 @@ class TestingTransactions:
     def read_committed(self, stream: str | None = None) -> list[Production]:
         """Every committed production (of ``stream``), in commit order, copies included."""
         return [p for p in self._log.committed if stream in (None, p.stream)]
+
+    def prepare(self, computation: str, interval: int, timeout: float) -> None:
+        # The open happens when it is taken (open), as if the background one were slow.
+        self._log.prepares += 1
+
+    @property
+    def prepares(self) -> int:
+        """How many times any client began an open in the background."""
+        return self._log.prepares
 
     def open(self, computation: str, interval: int, timeout: float) -> CommitTag | None:
         if self._before_open:

@@ -18,10 +18,12 @@ which commits were delivered. Nothing is ever written to the marker topic itself
 Reading the marker after ``init_transactions()`` uses ``require_stable`` (KIP-447): the
 broker answers only once no transaction holds that offset pending.
 
-A producer is made only when its interval has something to deliver, kept while this process
-owns the interval, and closed when idle for :data:`IDLE_SECONDS` or when the process holds
-more than :data:`MAX_PRODUCERS` (its next delivery then opens it again, which resolves any
-pending productions by the marker).
+A producer is made when a batch with input begins on an interval whose producer is not open
+here (:meth:`KafkaTransactionalSink.prepare`, on a thread of its own, so that the open's round
+trips overlap the batch's reads, user code and commit: librdkafka takes 50 to 500 ms to find a
+new producer's coordinator), kept while this process owns the interval, and closed when idle
+for :data:`IDLE_SECONDS` or when the process holds more than :data:`MAX_PRODUCERS` (its next
+delivery then opens it again, which resolves any pending productions by the marker).
 
 **Bounded calls.** librdkafka's ``send_offsets_to_transaction`` can block past its timeout,
 for good, when the group coordinator went away during the call (a broker restarted:
@@ -43,6 +45,8 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
@@ -197,13 +201,57 @@ class KafkaTransactionalSink:
         self._marker_topic = transaction_marker_topic(config)
         self._admin = admin_client(config)
         self._producers: dict[tuple[str, int], _Producer] = {}
+        # Opens under way in the background (prepare), and when each began.
+        self._opening: dict[
+            tuple[str, int], tuple[Future[tuple[_Producer, CommitTag | None]], float]
+        ] = {}
         self._lock = threading.Lock()
         self.abandoned = 0  # producers left blocked in a call (see the module docstring)
+
+    def prepare(self, computation: str, interval: int, timeout: float) -> None:
+        key = (computation, interval)
+        with self._lock:
+            self._close_idle()
+            if key in self._opening:
+                return  # one is under way, or done and not taken yet
+            future: Future[tuple[_Producer, CommitTag | None]] = Future()
+            self._opening[key] = (future, time.monotonic())
+
+        def run() -> None:
+            try:
+                future.set_result(self._open(computation, interval, timeout))
+            except BaseException as exc:  # handed to the open that takes it
+                future.set_exception(exc)
+
+        threading.Thread(target=run, name=f"millstream-open-{interval}", daemon=True).start()
 
     def open(self, computation: str, interval: int, timeout: float) -> CommitTag | None:
         key = (computation, interval)
         with self._lock:
             self._producers.pop(key, None)  # a fenced or failed one is of no more use
+            opening = self._opening.pop(key, None)
+        if opening is None:
+            held, marker = self._open(computation, interval, timeout)
+        else:
+            # Its calls are bounded (init_transactions by _bounded, the marker by timeout).
+            try:
+                held, marker = opening[0].result(2 * timeout + GRACE_SECONDS)
+            except FutureTimeout as exc:
+                self.abandoned += 1
+                raise TransactionUnavailableError(
+                    f"the Kafka producer of interval {interval} of {computation!r} did not open"
+                ) from exc
+        held.used = time.monotonic()
+        with self._lock:
+            self._close_idle()
+            self._producers[key] = held
+        return marker
+
+    def _open(
+        self, computation: str, interval: int, timeout: float
+    ) -> tuple[_Producer, CommitTag | None]:
+        """A new producer of the interval, initialised (which fences every earlier one), and
+        the marker it found."""
         name = transactional_id(self._namespace, computation, interval)
         made = producer(
             self._config,
@@ -239,10 +287,7 @@ class KafkaTransactionalSink:
             metadata = named.consumer_group_metadata()
         finally:
             named.close()
-        with self._lock:
-            self._close_idle()
-            self._producers[key] = _Producer(made, metadata, time.monotonic())
-        return marker
+        return _Producer(made, metadata, time.monotonic()), marker
 
     def deliver(
         self,
@@ -304,6 +349,7 @@ class KafkaTransactionalSink:
         """Forget every producer (an open transaction of theirs is aborted by the broker)."""
         with self._lock:
             self._producers.clear()
+            self._opening.clear()
 
     def _produce(self, made: Producer, production: Production, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -350,3 +396,7 @@ class KafkaTransactionalSink:
         for number, (key, held) in enumerate(by_use):
             if number < excess or now - held.used > IDLE_SECONDS:
                 del self._producers[key]
+        # An open prepared for a batch that failed before it delivered, never taken since.
+        for key, (_, began) in list(self._opening.items()):
+            if now - began > IDLE_SECONDS:
+                del self._opening[key]

@@ -185,6 +185,38 @@ def test_a_new_owners_open_fences_the_old_producer(
     assert [decode_record(v).value for v in read_committed(config, topic)] == [b"new"]
 
 
+def test_a_prepared_open_fences_as_it_runs_and_the_open_takes_it(
+    config: MillstreamConfig,
+    sinks: Callable[[], KafkaTransactionalSink],
+    kafka_topic: Callable[..., str],
+) -> None:
+    """prepare opens in the background: the old producer is fenced before open is called,
+    and open returns the marker the background open read."""
+    topic = kafka_topic()
+    old, new = sinks(), sinks()
+    old.open("comp", 0, TIMEOUT)
+    assert old.deliver("comp", 0, productions(topic, b"old"), CommitTag(1, 1), TIMEOUT) is (
+        DeliveryOutcome.COMMITTED
+    )
+    new.prepare("comp", 0, TIMEOUT)
+    new.prepare("comp", 0, TIMEOUT)  # one under way already: nothing more
+    # The old producer's (empty) transactions commit until the background open fences it.
+    deadline = time.monotonic() + TIMEOUT
+    outcome = DeliveryOutcome.COMMITTED
+    while outcome is DeliveryOutcome.COMMITTED and time.monotonic() < deadline:
+        time.sleep(0.05)
+        outcome = old.deliver("comp", 0, [], CommitTag(1, 1), TIMEOUT)
+    # Fenced; or, when its EndTxn met the new producer's InitProducerId at the coordinator,
+    # "Unknown broker error": an unknown outcome, resolved by a reopen like any other.
+    assert outcome in (DeliveryOutcome.FENCED, DeliveryOutcome.UNKNOWN)
+
+    assert new.open("comp", 0, TIMEOUT) == CommitTag(1, 1)
+    assert new.deliver("comp", 0, productions(topic, b"new"), CommitTag(2, 1), TIMEOUT) is (
+        DeliveryOutcome.COMMITTED
+    )
+    assert [decode_record(v).value for v in read_committed(config, topic)] == [b"old", b"new"]
+
+
 def test_an_open_transaction_of_a_dead_owner_is_aborted_by_the_next_open(
     config: MillstreamConfig,
     namespace: str,
@@ -228,6 +260,9 @@ class DyingSink:
     def __init__(self, inner: KafkaTransactionalSink, commit_first: bool) -> None:
         self.inner = inner
         self.commit_first = commit_first
+
+    def prepare(self, computation: str, interval: int, timeout: float) -> None:
+        self.inner.prepare(computation, interval, timeout)
 
     def open(self, computation: str, interval: int, timeout: float) -> CommitTag | None:
         return self.inner.open(computation, interval, timeout)

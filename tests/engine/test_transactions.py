@@ -113,7 +113,16 @@ def test_a_worker_keeps_its_producer_open_while_it_keeps_the_interval(
         owner.process(deliver(make_record("a", value)), WM)
 
     assert transactions.opens == 1
+    # Begun in the background as the first batch began, before its commit; not again.
+    assert transactions.prepares == 1
     assert values(transactions) == [b"1", b"2", b"3"]
+
+
+def test_a_batch_without_input_begins_no_open(
+    workers: Workers, transactions: TestingTransactions
+) -> None:
+    worker(workers, workers.spec(Echo()), transactions).process([], WM)
+    assert (transactions.prepares, transactions.opens) == (0, 0)
 
 
 def test_an_interval_without_output_never_opens_a_producer(
@@ -127,6 +136,9 @@ def test_an_interval_without_output_never_opens_a_producer(
         deliver(make_record("a", b"1")), WM
     )
     assert transactions.opens == 0
+    assert transactions.read_committed() == []
+    # Its input began one in the background (a producer kept until idle), never taken.
+    assert transactions.prepares == 1
 
 
 def test_killed_after_the_kafka_commit_the_new_owner_drops_what_the_marker_covers(
