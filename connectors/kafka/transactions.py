@@ -214,6 +214,8 @@ class KafkaTransactionalSink:
             self._close_idle()
             if key in self._opening:
                 return  # one is under way, or done and not taken yet
+            if len(self._opening) >= MAX_PRODUCERS:
+                return  # intervals that take input but never deliver: open when they do
             future: Future[tuple[_Producer, CommitTag | None]] = Future()
             self._opening[key] = (future, time.monotonic())
 

@@ -192,6 +192,32 @@ def test_a_skewed_workload_puts_its_share_on_one_hash_range_and_counts_each_key_
 
 
 @pytest.mark.unit
+def test_a_split_faults_trickle_makes_every_interval_cold_and_keeps_the_last_record(
+    tmp_path: Path,
+) -> None:
+    """A trickle lets through fewer records than tally's merge threshold (so the batch merges
+    a pair, and a full layout gets room to split), never the run's last record."""
+    from millstream.devtools.proving import ground
+    from millstream.devtools.proving.workload import rebalance_policy
+
+    workload = Workload(records=1_000, keys=20, seed=1, rate=320.0, hot_share=0.8)
+    few = rebalance_policy(workload).merge_records
+    assert few == 10
+    description = RunDescription("r", workload, 4, 20_000, rebalance=True)
+    # The gate alone: no process starts.
+    run = ground._Run(MillstreamConfig(), description, tmp_path, None, lambda _: None, {})
+    position = run.gate.with_suffix(".position")
+    for injected, let_through in ((500, 500 + few), (995, 999)):
+        position.write_text(str(injected))
+        run.trickle()
+        assert int(run.gate.read_text()) == let_through
+    position.write_text("999")
+    run.gate.write_text("999")
+    run.trickle()
+    assert int(run.gate.read_text()) == 999
+
+
+@pytest.mark.unit
 def test_an_unplanned_exit_is_reported_by_the_line_naming_its_error() -> None:
     from millstream.devtools.proving.ground import Unplanned
 
