@@ -21,7 +21,7 @@ from zeitgeist.job import following_anomalies, read_anomalies, run_job
 from zeitgeist.model import BUCKET_MICROS, ModelParams
 from zeitgeist.pipeline import Names
 from zeitgeist.progress import JobProgress
-from zeitgeist.series import Detection, Score, Series, format_time, score
+from zeitgeist.series import Detection, NabScore, Score, Series, format_time, nab_score, score
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -35,6 +35,7 @@ __all__ = [
     "print_reports",
     "run_input",
     "score_run",
+    "score_series",
 ]
 
 
@@ -100,6 +101,12 @@ class Report:
     outages_found: int = 0
     outages: int = 0
     plots: list[Path] = field(default_factory=list)
+    per_series: dict[str, tuple[Score, NabScore]] = field(default_factory=dict)
+
+    @property
+    def nab(self) -> NabScore:
+        """NAB's standard score over every series."""
+        return sum((nab for _, nab in self.per_series.values()), NabScore(0.0, 0))
 
     @property
     def rate(self) -> float:
@@ -121,6 +128,20 @@ def score_run(job: JobInput, detections: Sequence[Detection]) -> tuple[Score, di
             )
         per_kind[kind] = total
     return overall, per_kind
+
+
+def score_series(
+    job: JobInput, detections: Sequence[Detection]
+) -> dict[str, tuple[Score, NabScore]]:
+    """Each series' window scoring and NAB standard score (its rows: its buckets)."""
+    scores: dict[str, tuple[Score, NabScore]] = {}
+    for one in job.series:
+        found = [d.bucket for d in detections if d.query == one.query]
+        scores[one.query] = (
+            score(one.windows, found),
+            nab_score(sorted(one.counts), one.windows, found),
+        )
+    return scores
 
 
 def run_input(
@@ -171,6 +192,7 @@ def run_input(
         per_kind,
         outages_found,
         len(job.outages),
+        per_series=score_series(job, collected.detections),
     )
     if plot:
         from zeitgeist.plot import plot_queries
@@ -183,21 +205,25 @@ def run_input(
 def print_reports(reports: Sequence[Report], out: TextIO = sys.stdout) -> None:
     header = (
         f"{'input':<12} {'queries':>7} {'events':>10} {'anomalies':>9} {'windows':>9} "
-        f"{'recall':>6} {'precision':>9} {'seconds':>8} {'events/s':>9}"
+        f"{'recall':>6} {'precision':>9} {'NAB':>5} {'seconds':>8} {'events/s':>9}"
     )
     print("\n" + header, file=out)
     print("-" * len(header), file=out)
     for report in reports:
-        rows = [(report.name, report.overall)] + [
-            (f"  {kind}s", kind_score) for kind, kind_score in report.per_kind.items()
+        rows: list[tuple[str, Score, NabScore | None]] = [
+            (report.name, report.overall, report.nab),
+            *((f"  {kind}s", kind_score, None) for kind, kind_score in report.per_kind.items()),
+            *((f"  {query}", one, nab) for query, (one, nab) in report.per_series.items()),
         ]
-        for label, row in rows:
+        for label, row, nab in rows:
             first = label == report.name
+            normalised = None if nab is None else nab.normalised
             print(
                 f"{label:<12} {report.queries if first else '':>7} "
                 f"{format(report.processed, ',') if first else '':>10} "
                 f"{report.anomalies if first else row.detections:>9} "
                 f"{row.found:>4}/{row.windows:<4} {row.recall:>6.2f} {row.precision:>9.2f} "
+                f"{'' if normalised is None else format(normalised, '.1f'):>5} "
                 f"{format(report.seconds, '.1f') if first else '':>8} "
                 f"{format(report.rate, ',.0f') if first else '':>9}",
                 file=out,
@@ -209,7 +235,9 @@ def print_reports(reports: Sequence[Report], out: TextIO = sys.stdout) -> None:
             )
     print(
         "\nwindows: labelled anomaly windows found / all; precision = found / (found + "
-        "detections outside every window)",
+        "detections outside every window); NAB: the Numenta Anomaly Benchmark's standard "
+        "score (100: every window caught at its start and no false alarm; 0: nothing "
+        "found), normalised over the input's series or over the one series",
         file=out,
     )
     for report in reports:

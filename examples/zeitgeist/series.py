@@ -8,19 +8,25 @@ series is its file name without ``.csv`` and without a ``Twitter_volume_`` prefi
 
 from __future__ import annotations
 
+import bisect
 import csv
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
 __all__ = [
+    "STANDARD_PROFILE",
     "Detection",
+    "NabProfile",
+    "NabScore",
     "Score",
     "Series",
     "format_time",
     "load_series",
+    "nab_score",
     "parse_time",
     "score",
 ]
@@ -156,3 +162,117 @@ def score(windows: Sequence[tuple[int, int]], detections: Iterable[int]) -> Scor
         else:
             false_alarms += 1
     return Score(len(windows), len(found), false_alarms, count)
+
+
+@dataclass(frozen=True, slots=True)
+class NabProfile:
+    """A NAB application profile: the weight of a true positive, a false positive and a
+    false negative (a missed window)."""
+
+    tp: float
+    fp: float
+    fn: float
+
+
+STANDARD_PROFILE = NabProfile(tp=1.0, fp=0.11, fn=1.0)
+"""NAB's standard profile."""
+
+
+@dataclass(frozen=True, slots=True)
+class NabScore:
+    """A NAB raw score (one series, or the sum of several) and the windows it covers, which
+    normalise it: 0 is the null detector's (every window missed, no alarm), 100 the perfect
+    detector's (every window caught at its first row, no false alarm)."""
+
+    raw: float
+    windows: int
+    profile: NabProfile = STANDARD_PROFILE
+
+    @property
+    def normalised(self) -> float | None:
+        """``None`` without windows (every alarm there is false: see :attr:`raw`)."""
+        if not self.windows:
+            return None
+        null = -self.profile.fn * self.windows
+        perfect = self.profile.tp * self.windows
+        return 100.0 * (self.raw - null) / (perfect - null)
+
+    def __add__(self, other: NabScore) -> NabScore:
+        if other.profile != self.profile:
+            raise ValueError("NAB scores of different profiles do not add up")
+        return NabScore(self.raw + other.raw, self.windows + other.windows, self.profile)
+
+
+def _scaled_sigmoid(position: float) -> float:
+    # NAB's scoring function: 1 well before a window's end, -1 well after it.
+    if position > 3.0:
+        return -1.0
+    return 2.0 / (1.0 + math.exp(5.0 * position)) - 1.0
+
+
+def nab_score(
+    rows: Sequence[int],
+    windows: Sequence[tuple[int, int]],
+    detections: Iterable[int],
+    profile: NabProfile = STANDARD_PROFILE,
+) -> NabScore:
+    """The NAB score of ``detections`` on one series (NAB's ``Sweeper`` at a threshold).
+
+    ``rows`` are the series' row times, in file order; ``windows`` ``(start, end)`` times,
+    ends included; a detection flags the row it falls in (the last at or before it). The first
+    15 % of the rows (at most 750) are probation: nothing there counts. A detection in a
+    window scores ``tp`` times the scaled sigmoid of its position relative to the window's
+    end (-1 at the first row, 0 one past the last), divided by the sigmoid's value at -1,
+    and only the window's first detection counts; one outside every window scores ``fp``
+    times the sigmoid of its distance past the last window's end in window widths (-1
+    before any window); each window without a detection scores ``-fn``.
+    """
+    count = len(rows)
+    probation = min(math.floor(0.15 * count), 0.15 * 5000)
+    # A time is found by its row; one between rows by the last row at or before it (after
+    # it, for a window's start). NAB works by row index in file order, which is time order
+    # but for the odd row out (machine_temperature_system_failure has one).
+    index_of: dict[int, int] = {}
+    for index, moment in enumerate(rows):
+        index_of.setdefault(moment, index)
+    times = sorted(index_of)
+
+    def at_or_before(moment: int) -> int:
+        if moment in index_of:
+            return index_of[moment]
+        found = bisect.bisect_right(times, moment) - 1
+        return index_of[times[found]] if found >= 0 else -1
+
+    def at_or_after(moment: int) -> int:
+        if moment in index_of:
+            return index_of[moment]
+        found = bisect.bisect_left(times, moment)
+        return index_of[times[found]] if found < len(times) else count
+
+    flagged = {index for moment in detections if (index := at_or_before(moment)) >= probation}
+    spans = []
+    for start, end in sorted(windows):
+        first, last = at_or_after(start), at_or_before(end)
+        if first <= last:
+            spans.append((first, last))
+    best_tp = _scaled_sigmoid(-1.0)
+    starts = [first for first, _ in spans]
+    raw = 0.0
+    caught: set[int] = set()
+    for index in sorted(flagged):
+        # The window starting last at or before the row: the one it is in, or the last
+        # one before it.
+        at = bisect.bisect_right(starts, index) - 1
+        if at >= 0 and index <= spans[at][1]:
+            if at not in caught:
+                first, last = spans[at]
+                position = -(last - index + 1) / (last - first + 1)
+                raw += _scaled_sigmoid(position) * profile.tp / best_tp
+                caught.add(at)
+        elif at < 0:
+            raw -= profile.fp
+        else:
+            first, last = spans[at]
+            raw += _scaled_sigmoid((index - last) / (last - first)) * profile.fp
+    raw -= profile.fn * (len(spans) - len(caught))
+    return NabScore(raw, len(spans), profile)
