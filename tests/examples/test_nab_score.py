@@ -136,3 +136,29 @@ def test_the_jobs_table_prints_the_nab_score_per_series_and_in_all() -> None:
     assert lines["a"][-1] == "100.0"
     assert float(lines["b"][-1]) < 0.0
     assert float(lines["two"][-3]) == pytest.approx(report.nab.normalised, abs=0.05)
+
+
+def test_the_anchor_benchmark_prints_the_published_detectors_as_nab_extra_tabulates_them(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``bench/nab_anchors.py`` against the table in NAB-extra's README (found / false alarm
+    runs / NAB), computed apart from it."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "nab_anchors.py"
+    spec = importlib.util.spec_from_file_location("nab_anchors", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks itself up there
+    spec.loader.exec_module(module)
+    module.main([])
+    rows = {
+        line.split()[0]: line.split()[1:]
+        for line in capsys.readouterr().out.splitlines()
+        if line and line[0].isalpha() and "/" in line
+    }
+    assert rows["ARTime"] == ["15/15", "39", "1.00", "0.28", "80.2"]
+    assert rows["contextOSE"] == ["11/15", "7", "0.73", "0.61", "64.4"]
+    assert rows["expose"] == ["5/15", "42", "0.33", "0.11", "11.5"]
+    assert "Zeitgeist" in rows
