@@ -91,15 +91,22 @@ def services(pytestconfig: pytest.Config) -> Iterator[MillstreamConfig]:
         config = load_config()
         if os.environ.get("MILLSTREAM_EXTERNAL_SERVICES") == "1":
             yield config
-            kafka_connector.delete_wake_topics(config)
-            kafka_connector.delete_topics(config, [config.kafka_watermark_topic])
+            _delete_session_topics(config)
             return
         from millstream.devtools.local.stack import LocalStack
 
         with running_stack(pytestconfig, LocalStack(config, _progress), _progress):
             yield config
-            kafka_connector.delete_wake_topics(config)
-            kafka_connector.delete_topics(config, [config.kafka_watermark_topic])
+            _delete_session_topics(config)
+
+
+def _delete_session_topics(config: MillstreamConfig) -> None:
+    """The session's watermark topic, its transaction marker topic and the wake topics."""
+    kafka_connector.delete_wake_topics(config)
+    kafka_connector.delete_topics(
+        config,
+        [config.kafka_watermark_topic, kafka_connector.transaction_marker_topic(config)],
+    )
 
 
 @pytest.fixture

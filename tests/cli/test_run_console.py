@@ -48,7 +48,9 @@ def test_a_run_shows_its_progress_and_no_spark_log_line(
             timeout=300,
         )
     finally:
-        kafka_connector.delete_topics(services, [names["searches"], names["hits"]])
+        # Every stream of the run, the dead-letter streams included.
+        streams = search_pipeline.pipeline_topology(suffix).streams()
+        kafka_connector.delete_topics(services, sorted(streams))
     shown = finished.stdout + finished.stderr
     assert finished.returncode == 0, shown[-3000:]
 

@@ -26,6 +26,7 @@ from millstream.connectors import kafka as kafka_connector
 from millstream.connectors.stream_reader import read_messages
 from millstream.devtools.local.kafka_tools import CONSOLE_CONSUMER, kafka_tool_argv
 from millstream.engine.config import MillstreamConfig
+from millstream.engine.deadletters import default_dead_letter_stream
 from millstream.engine.records import MAX_EVENT_TIME, Record, decode_record, injector_record_id
 from millstream.engine.testing import Watermark, record, run_computation, run_topology
 from millstream.injectors import InjectorStats
@@ -223,13 +224,13 @@ def zeitgeist_run(
     suffix = unique("t")
     names = Names(suffix, anomalies=f"anomalies_{suffix}")
     yield names, cassandra_keyspace()
-    kafka_connector.delete_topics(
-        services,
-        [
-            kafka_connector.stream_topic(s)
-            for s in (names.searches, names.counts, names.predictions, names.anomalies)
-        ],
-    )
+    # Every stream of the run: the topology's (dead letters included) and the injector's
+    # dead letters.
+    streams = zeitgeist_topology(names).streams() | {
+        names.anomalies,
+        default_dead_letter_stream(f"{names.topology}-logs"),
+    }
+    kafka_connector.delete_topics(services, [kafka_connector.stream_topic(s) for s in streams])
 
 
 def _end(config: MillstreamConfig, stream: str) -> int:

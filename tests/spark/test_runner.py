@@ -33,7 +33,7 @@ from millstream.engine.codecs import JsonCodec
 from millstream.engine.computation import Computation
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.context import Context
-from millstream.engine.deadletters import decode_dead_letter
+from millstream.engine.deadletters import decode_dead_letter, default_dead_letter_stream
 from millstream.engine.keys import key_interval
 from millstream.engine.records import (
     MAX_RECORD_BYTES,
@@ -547,6 +547,9 @@ def test_computations_are_added_and_removed_while_the_others_keep_running(
         assert sum(state["count"] for state in copied.values()) == len(first)
     finally:
         running.stop()
+        # The removed computation's dead-letter stream, which the topology no longer names.
+        copied_letters = default_dead_letter_stream(f"{pipeline.per_query}_copy")
+        kafka_connector.delete_topics(services, [copied_letters])
 
 
 def assert_counts_equal(session: Session, keyspace: str, left: str, right: str) -> None:
