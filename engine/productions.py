@@ -144,16 +144,21 @@ class TransactionalSink(Protocol):
     in tests). One producer per interval; calls for different intervals may run on several
     threads at once."""
 
-    def prepare(self, computation: str, interval: int, timeout: float) -> None:
-        """Begin the next :meth:`open` of the interval in the background (it then waits for
-        it), so that its round trips overlap the batch's reads, user code and commit; the
-        fencing happens as it runs. Raises nothing: the open reports a failure."""
+    def prepare(self, computation: str, interval: int, timeout: float, token: int) -> None:
+        """Begin the interval's next :meth:`open` in the background, for the lease ``token``
+        (an open with that token then waits for it), so that its round trips overlap the
+        batch's reads, user code and commit; the fencing happens as it runs. Raises nothing:
+        the open reports a failure."""
         ...
 
-    def open(self, computation: str, interval: int, timeout: float) -> CommitTag | None:
+    def open(
+        self, computation: str, interval: int, timeout: float, token: int | None = None
+    ) -> CommitTag | None:
         """Become the interval's only producer: fence every producer opened before (an open
         transaction of theirs is aborted, one being committed completes first), then return
-        the marker of the last committed transaction (``None``: none ever). Raises
+        the marker of the last committed transaction (``None``: none ever). Takes the open
+        prepared for the same lease ``token``, if any (one prepared for another lease may
+        have been fenced since by a later owner's, and is dropped). Raises
         :class:`TransactionUnavailableError` if that cannot be done within ``timeout``."""
         ...
 

@@ -276,7 +276,7 @@ class IntervalWorker:
             # The producer's open (a few round trips, more while librdkafka finds the
             # coordinator) overlaps the batch's reads, user code and commit.
             self._transactions.prepare(
-                self.spec.name, self.interval, self.spec.options.send_timeout
+                self.spec.name, self.interval, self.spec.options.send_timeout, soft.lease.token
             )
         self._resend(soft, result)
         batch = self._gather(soft, inputs, timer_watermark, now, result)
@@ -532,7 +532,7 @@ class IntervalWorker:
         for _ in range(2):
             if soft.unresolved:
                 try:
-                    marker = transactions.open(name, self.interval, timeout)
+                    marker = transactions.open(name, self.interval, timeout, soft.lease.token)
                 except TransactionUnavailableError:
                     result.transaction_failures += 1
                     return

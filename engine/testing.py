@@ -277,7 +277,7 @@ class TestingTransactions:
         """Every committed production (of ``stream``), in commit order, copies included."""
         return [p for p in self._log.committed if stream in (None, p.stream)]
 
-    def prepare(self, computation: str, interval: int, timeout: float) -> None:
+    def prepare(self, computation: str, interval: int, timeout: float, token: int) -> None:
         # The open happens when it is taken (open), as if the background one were slow.
         self._log.prepares += 1
 
@@ -286,7 +286,9 @@ class TestingTransactions:
         """How many times any client began an open in the background."""
         return self._log.prepares
 
-    def open(self, computation: str, interval: int, timeout: float) -> CommitTag | None:
+    def open(
+        self, computation: str, interval: int, timeout: float, token: int | None = None
+    ) -> CommitTag | None:
         if self._before_open:
             self._before_open.pop(0)()
         if self.unavailable:

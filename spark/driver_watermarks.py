@@ -8,7 +8,9 @@ batch's consumed offsets have caught up with
 computation's own report, covering its output topics' end offsets, if it changed, which also
 wakes the consumers of its output streams (:func:`~millstream.connectors.kafka.wake_topic`). When
 a wall-time timer is due later, an alarm writes a wake-up message to the computation's alarm
-topic at that time, which starts the batch that fires it.
+topic at that time, which starts the batch that fires it; when a batch left productions
+pending (a transaction fenced or of unknown outcome, Kafka unreachable), one does after
+:data:`UNDELIVERED_RETRY_SECONDS`, so that they leave also once the input has ended.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from millstream.connectors import kafka as kafka_connector
 from millstream.engine.authority import WatermarkAuthority
@@ -28,11 +30,18 @@ from millstream.engine.topology import ComputationSpec, Topology
 from millstream.engine.watermark_topic import WatermarkTopic
 from millstream.engine.watermarks import ComputationWatermarks, Offsets, WatermarkReport
 
-__all__ = ["DriverWatermarks", "WatermarkSnapshot", "offsets_consumer"]
+__all__ = [
+    "UNDELIVERED_RETRY_SECONDS",
+    "DriverWatermarks",
+    "WatermarkSnapshot",
+    "offsets_consumer",
+]
 
 _log = logging.getLogger(__name__)
 
 _ALARM_RETRY_SECONDS = 1.0
+UNDELIVERED_RETRY_SECONDS: Final = 1.0
+"""How soon after a batch that left productions pending another batch runs to deliver them."""
 
 
 def offsets_consumer(config: MillstreamConfig) -> Any:
@@ -106,7 +115,13 @@ class DriverWatermarks:
             # per key, and once the input has ended nothing else would start the batch that
             # fires the rest.
             self._wake(self.clock.now())
-        self._set_alarm(self.state.intervals.next_wall_timer())
+        alarm = self.state.intervals.next_wall_timer()
+        if self.state.intervals.undelivered:
+            # Productions left pending: a batch delivers them, which once the input has ended
+            # nothing else would start.
+            retry = self.clock.now() + int(UNDELIVERED_RETRY_SECONDS * 1_000_000)
+            alarm = retry if alarm is None else min(alarm, retry)
+        self._set_alarm(alarm)
 
     def wake_now(self) -> None:
         """Start a batch of the computation's query soon, even without new input."""

@@ -185,6 +185,15 @@ class _Producer:
     used: float
 
 
+@dataclass(slots=True)
+class _Opening:
+    """An open begun in the background (prepare) for the lease ``token``."""
+
+    future: Future[tuple[_Producer, CommitTag | None]]
+    token: int
+    began: float
+
+
 class KafkaTransactionalSink:
     """Delivers each interval's productions in Kafka transactions with a commit marker.
 
@@ -201,23 +210,24 @@ class KafkaTransactionalSink:
         self._marker_topic = transaction_marker_topic(config)
         self._admin = admin_client(config)
         self._producers: dict[tuple[str, int], _Producer] = {}
-        # Opens under way in the background (prepare), and when each began.
-        self._opening: dict[
-            tuple[str, int], tuple[Future[tuple[_Producer, CommitTag | None]], float]
-        ] = {}
+        # Opens under way in the background (prepare), or done and not taken yet.
+        self._opening: dict[tuple[str, int], _Opening] = {}
         self._lock = threading.Lock()
         self.abandoned = 0  # producers left blocked in a call (see the module docstring)
 
-    def prepare(self, computation: str, interval: int, timeout: float) -> None:
+    def prepare(self, computation: str, interval: int, timeout: float, token: int) -> None:
         key = (computation, interval)
         with self._lock:
             self._close_idle()
-            if key in self._opening:
-                return  # one is under way, or done and not taken yet
-            if len(self._opening) >= MAX_PRODUCERS:
+            held = self._opening.get(key)
+            if held is not None and held.token == token:
+                return  # one for this lease is under way, or done and not taken yet
+            if held is None and len(self._opening) >= MAX_PRODUCERS:
                 return  # intervals that take input but never deliver: open when they do
+            # One prepared for an earlier lease of this process is dropped: a later owner may
+            # have opened the producer since, fencing it.
             future: Future[tuple[_Producer, CommitTag | None]] = Future()
-            self._opening[key] = (future, time.monotonic())
+            self._opening[key] = _Opening(future, token, time.monotonic())
 
         def run() -> None:
             try:
@@ -227,17 +237,19 @@ class KafkaTransactionalSink:
 
         threading.Thread(target=run, name=f"millstream-open-{interval}", daemon=True).start()
 
-    def open(self, computation: str, interval: int, timeout: float) -> CommitTag | None:
+    def open(
+        self, computation: str, interval: int, timeout: float, token: int | None = None
+    ) -> CommitTag | None:
         key = (computation, interval)
         with self._lock:
             self._producers.pop(key, None)  # a fenced or failed one is of no more use
             opening = self._opening.pop(key, None)
-        if opening is None:
+        if opening is None or token is None or opening.token != token:
             held, marker = self._open(computation, interval, timeout)
         else:
             # Its calls are bounded (init_transactions by _bounded, the marker by timeout).
             try:
-                held, marker = opening[0].result(2 * timeout + GRACE_SECONDS)
+                held, marker = opening.future.result(2 * timeout + GRACE_SECONDS)
             except FutureTimeout as exc:
                 self.abandoned += 1
                 raise TransactionUnavailableError(
@@ -399,6 +411,6 @@ class KafkaTransactionalSink:
             if number < excess or now - held.used > IDLE_SECONDS:
                 del self._producers[key]
         # An open prepared for a batch that failed before it delivered, never taken since.
-        for key, (_, began) in list(self._opening.items()):
-            if now - began > IDLE_SECONDS:
+        for key, opening in list(self._opening.items()):
+            if now - opening.began > IDLE_SECONDS:
                 del self._opening[key]

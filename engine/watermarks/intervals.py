@@ -157,6 +157,12 @@ class IntervalMap:
         """The earliest pending work of any interval, and that interval."""
         return self._work[0] if self._work else None
 
+    @property
+    def undelivered(self) -> bool:
+        """Whether an interval holds productions not acknowledged yet (a send that timed
+        out, a transaction fenced or of unknown outcome, Kafka unreachable)."""
+        return bool(self._pending)
+
     def next_event_timer(self) -> int | None:
         return self._event[0][0] if self._event else None
 

@@ -198,8 +198,8 @@ def test_a_prepared_open_fences_as_it_runs_and_the_open_takes_it(
     assert old.deliver("comp", 0, productions(topic, b"old"), CommitTag(1, 1), TIMEOUT) is (
         DeliveryOutcome.COMMITTED
     )
-    new.prepare("comp", 0, TIMEOUT)
-    new.prepare("comp", 0, TIMEOUT)  # one under way already: nothing more
+    new.prepare("comp", 0, TIMEOUT, 5)
+    new.prepare("comp", 0, TIMEOUT, 5)  # one under way for this lease: nothing more
     # The old producer's (empty) transactions commit until the background open fences it.
     deadline = time.monotonic() + TIMEOUT
     outcome = DeliveryOutcome.COMMITTED
@@ -210,11 +210,36 @@ def test_a_prepared_open_fences_as_it_runs_and_the_open_takes_it(
     # "Unknown broker error": an unknown outcome, resolved by a reopen like any other.
     assert outcome in (DeliveryOutcome.FENCED, DeliveryOutcome.UNKNOWN)
 
-    assert new.open("comp", 0, TIMEOUT) == CommitTag(1, 1)
+    assert new.open("comp", 0, TIMEOUT, 5) == CommitTag(1, 1)
     assert new.deliver("comp", 0, productions(topic, b"new"), CommitTag(2, 1), TIMEOUT) is (
         DeliveryOutcome.COMMITTED
     )
     assert [decode_record(v).value for v in read_committed(config, topic)] == [b"old", b"new"]
+
+
+def test_an_open_prepared_for_an_earlier_lease_is_not_taken(
+    config: MillstreamConfig,
+    sinks: Callable[[], KafkaTransactionalSink],
+    kafka_topic: Callable[..., str],
+) -> None:
+    """A worker prepared an open in a batch that delivered nothing; another worker opened
+    the producer since (fencing it). Its next lease prepares and opens afresh."""
+    topic = kafka_topic()
+    first, other = sinks(), sinks()
+    first.prepare("comp", 0, TIMEOUT, 1)
+    # The background open finishes (before the other worker's), and is never taken.
+    first._opening["comp", 0].future.result(TIMEOUT)
+    other.open("comp", 0, TIMEOUT)
+    assert other.deliver("comp", 0, productions(topic, b"other"), CommitTag(2, 1), TIMEOUT) is (
+        DeliveryOutcome.COMMITTED
+    )
+
+    first.prepare("comp", 0, TIMEOUT, 3)
+    assert first.open("comp", 0, TIMEOUT, 3) == CommitTag(2, 1)
+    assert first.deliver("comp", 0, productions(topic, b"first"), CommitTag(3, 1), TIMEOUT) is (
+        DeliveryOutcome.COMMITTED
+    )
+    assert [decode_record(v).value for v in read_committed(config, topic)] == [b"other", b"first"]
 
 
 def test_an_open_transaction_of_a_dead_owner_is_aborted_by_the_next_open(
@@ -261,11 +286,13 @@ class DyingSink:
         self.inner = inner
         self.commit_first = commit_first
 
-    def prepare(self, computation: str, interval: int, timeout: float) -> None:
-        self.inner.prepare(computation, interval, timeout)
+    def prepare(self, computation: str, interval: int, timeout: float, token: int) -> None:
+        self.inner.prepare(computation, interval, timeout, token)
 
-    def open(self, computation: str, interval: int, timeout: float) -> CommitTag | None:
-        return self.inner.open(computation, interval, timeout)
+    def open(
+        self, computation: str, interval: int, timeout: float, token: int | None = None
+    ) -> CommitTag | None:
+        return self.inner.open(computation, interval, timeout, token)
 
     def deliver(
         self,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +18,7 @@ from millstream.engine.records import Record
 from millstream.engine.topology import Topology
 from millstream.engine.watermark_topic import MemoryWatermarkTopic
 from millstream.engine.watermarks import WatermarkReport
+from millstream.engine.watermarks.intervals import IntervalProgress
 from millstream.spark import driver_watermarks
 from millstream.spark.driver_watermarks import DriverWatermarks
 
@@ -88,3 +90,28 @@ def test_a_report_that_failed_to_publish_is_published_by_the_next_call(
     assert topic.reports() == made
     watermarks.after_batch(2, report_once)
     assert topic.reports() == made  # published once, not again
+
+
+def test_a_batch_that_left_productions_pending_wakes_its_query_for_another(
+    driver: tuple[DriverWatermarks, FlakyTopic], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the input has ended nothing else starts the batch that delivers them (a
+    transaction fenced in the last batch left a proving run's driver waiting for good)."""
+    watermarks, topic = driver
+    topic.failures = 0
+    monkeypatch.setattr(driver_watermarks, "UNDELIVERED_RETRY_SECONDS", 0.05)
+    intervals = watermarks.state.intervals
+    interval = min(intervals.ids)
+    intervals.record(interval, IntervalProgress(oldest_work=3, pending=2))
+    watermarks.after_batch(1, lambda *_: None)
+    deadline = time.monotonic() + 5.0
+    while not topic.wakes and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert topic.wakes == [(watermarks.alarm_topic, f"alarm/flaky/{watermarks.spec.name}")]
+
+    # Delivered: no more wake-ups.
+    topic.wakes.clear()
+    intervals.record(interval, IntervalProgress())
+    watermarks.after_batch(2, lambda *_: None)
+    time.sleep(0.2)
+    assert topic.wakes == []
