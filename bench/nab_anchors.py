@@ -31,7 +31,14 @@ if str(EXAMPLES) not in sys.path:
 
 from zeitgeist.model import ModelParams  # noqa: E402
 from zeitgeist.offline import reference_detections  # noqa: E402
-from zeitgeist.series import NabScore, Series, load_series, nab_score, parse_time  # noqa: E402
+from zeitgeist.series import (  # noqa: E402
+    NabScore,
+    Score,
+    Series,
+    load_series,
+    nab_score,
+    parse_time,
+)
 
 SERIES = EXAMPLES / "zeitgeist" / "data" / "nab"
 PUBLISHED = EXAMPLES / "zeitgeist" / "data" / "nab-published" / "detections.csv"
@@ -40,25 +47,16 @@ PROBATION_ROWS = 750  # NAB's probation on series of more than 5,000 rows
 
 @dataclass(frozen=True)
 class Row:
+    """One detector's window scoring (a false alarm: a run of flagged rows) and NAB score."""
+
     detector: str
-    found: int
-    windows: int
-    false_alarms: int
+    score: Score
     nab: NabScore
-
-    @property
-    def recall(self) -> float:
-        return self.found / self.windows if self.windows else 1.0
-
-    @property
-    def precision(self) -> float:
-        flagged = self.found + self.false_alarms
-        return self.found / flagged if flagged else 1.0
 
 
 def score_detector(name: str, series: Sequence[Series], flagged: dict[str, list[int]]) -> Row:
     """One detector's row over ``series``: ``flagged`` holds its flagged times per query."""
-    found = windows = false_alarms = 0
+    found = windows = false_alarms = detections = 0
     nab = NabScore(0.0, 0)
     for one in series:
         rows = sorted(one.counts)
@@ -79,7 +77,8 @@ def score_detector(name: str, series: Sequence[Series], flagged: dict[str, list[
             i for i in marked if not any(start <= rows[i] <= end for start, end in one.windows)
         ]
         false_alarms += sum(1 for n, i in enumerate(outside) if n == 0 or outside[n - 1] != i - 1)
-    return Row(name, found, windows, false_alarms, nab)
+        detections += len(marked)
+    return Row(name, Score(windows, found, false_alarms, detections), nab)
 
 
 def published(path: Path, queries: Iterable[str]) -> dict[str, dict[str, list[int]]]:
@@ -114,15 +113,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"{'precision':>9} {'NAB':>6}"
     )
     print(
-        f"the {len(series)} tweet series NAB labelled ({rows[0].windows} windows), "
+        f"the {len(series)} tweet series NAB labelled ({rows[0].score.windows} windows), "
         "each detector at its published standard threshold\n"
     )
     print(header)
     print("-" * len(header))
     for row in rows:
         print(
-            f"{row.detector:<24} {row.found:>4}/{row.windows:<3} {row.false_alarms:>12} "
-            f"{row.recall:>6.2f} {row.precision:>9.2f} {row.nab.normalised or 0.0:>6.1f}"
+            f"{row.detector:<24} {row.score.found:>4}/{row.score.windows:<3} "
+            f"{row.score.false_alarms:>12} {row.score.recall:>6.2f} "
+            f"{row.score.precision:>9.2f} {row.nab.normalised or 0.0:>6.1f}"
         )
     print(f"\nZeitgeist's offline reference: {seconds:.1f} s")
 

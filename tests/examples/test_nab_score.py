@@ -16,13 +16,8 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-if str(EXAMPLES) not in sys.path:
-    sys.path.insert(0, str(EXAMPLES))
-
-from zeitgeist.evaluation import JobInput, Report, print_reports, score_series  # noqa: E402
-from zeitgeist.series import (  # noqa: E402
+from zeitgeist.evaluation import JobInput, Report, print_reports, score_series
+from zeitgeist.series import (
     STANDARD_PROFILE,
     Detection,
     NabProfile,
@@ -31,6 +26,8 @@ from zeitgeist.series import (  # noqa: E402
     nab_score,
     parse_time,
 )
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 pytestmark = pytest.mark.unit
 

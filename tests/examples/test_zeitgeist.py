@@ -21,6 +21,21 @@ from types import SimpleNamespace
 from typing import cast
 
 import pytest
+from zeitgeist.evaluation import JobInput, collect, score_run
+from zeitgeist.generate import generate
+from zeitgeist.job import inject, job_settings
+from zeitgeist.model import BUCKET_MICROS, ModelParams, bucket_of
+from zeitgeist.offline import reference_detections, trace
+from zeitgeist.pipeline import (
+    Names,
+    OpenBuckets,
+    OpenBucketsCodec,
+    WindowCounter,
+    zeitgeist_topology,
+)
+from zeitgeist.progress import JobProgress
+from zeitgeist.replay import parse_search, write_logs
+from zeitgeist.series import Detection, Series, load_series, parse_time, score
 
 from millstream.connectors import kafka as kafka_connector
 from millstream.connectors.stream_reader import read_messages
@@ -33,24 +48,6 @@ from millstream.injectors import InjectorStats
 from millstream.spark import BatchMetrics, Console, RunningTopology
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-if str(EXAMPLES) not in sys.path:
-    sys.path.insert(0, str(EXAMPLES))
-
-from zeitgeist.evaluation import JobInput, collect, score_run  # noqa: E402
-from zeitgeist.generate import generate  # noqa: E402
-from zeitgeist.job import inject, job_settings  # noqa: E402
-from zeitgeist.model import BUCKET_MICROS, ModelParams, bucket_of  # noqa: E402
-from zeitgeist.offline import reference_detections, trace  # noqa: E402
-from zeitgeist.pipeline import (  # noqa: E402
-    Names,
-    OpenBuckets,
-    OpenBucketsCodec,
-    WindowCounter,
-    zeitgeist_topology,
-)
-from zeitgeist.progress import JobProgress  # noqa: E402
-from zeitgeist.replay import parse_search, write_logs  # noqa: E402
-from zeitgeist.series import Detection, Series, load_series, parse_time, score  # noqa: E402
 
 NAB = EXAMPLES / "zeitgeist" / "data" / "nab"
 HOUR = 3_600_000_000
