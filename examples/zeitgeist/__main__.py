@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                     job,
                     names,
                     workdir,
-                    params=ModelParams(),
+                    params=job.params(ModelParams()),
                     spark=spark,
                     progress=progress,
                     plot=not args.no_plots,

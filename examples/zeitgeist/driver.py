@@ -17,6 +17,7 @@ from pathlib import Path
 
 from millstream.connectors import load_config
 from zeitgeist.job import job_settings, process
+from zeitgeist.model import ModelParams
 from zeitgeist.pipeline import Names
 from zeitgeist.progress import JobProgress
 
@@ -24,7 +25,10 @@ from zeitgeist.progress import JobProgress
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="zeitgeist.driver", description=__doc__)
     parser.add_argument("run", help="the run's name (its streams are zeitgeist_RUN.*)")
-    parser.add_argument("origin", type=int, help="where buckets start, µs mod 5 minutes")
+    parser.add_argument("origin", type=int, help="where buckets start, µs mod their length")
+    parser.add_argument(
+        "--bucket-seconds", type=int, default=300, help="the buckets' length (default 300)"
+    )
     parser.add_argument("--keyspace", default=None, help="default: [run] keyspace")
     parser.add_argument("--checkpoint-root", type=Path, default=None)
     parser.add_argument("--anomalies", default="anomalies", help="the anomalies stream")
@@ -39,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         config,
         Names(args.run, anomalies=args.anomalies),
         origin=args.origin,
+        params=ModelParams().for_bucket(args.bucket_seconds * 1_000_000),
         settings=settings,
         progress=JobProgress(args.run),
     )

@@ -18,10 +18,19 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from millstream.connectors import MillstreamConfig, read_stream
 from zeitgeist.job import following_anomalies, read_anomalies, run_job
-from zeitgeist.model import BUCKET_MICROS, ModelParams
+from zeitgeist.model import ModelParams
 from zeitgeist.pipeline import Names
 from zeitgeist.progress import JobProgress
-from zeitgeist.series import Detection, NabScore, Score, Series, format_time, nab_score, score
+from zeitgeist.series import (
+    Detection,
+    NabScore,
+    Score,
+    Series,
+    bucket_length,
+    format_time,
+    nab_score,
+    score,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -54,9 +63,18 @@ class JobInput:
     outages: list[tuple[str, int, int]] = field(default_factory=list)
 
     @property
+    def bucket(self) -> int:
+        """The series' bucket length, µs (5 minutes for NAB's tweets, 30 for nyc_taxi)."""
+        return bucket_length(self.series)
+
+    @property
     def origin(self) -> int:
-        """Where the series' 5-minute buckets start, mod 5 minutes (NAB's start at :x2:53)."""
-        return min(s.start for s in self.series) % BUCKET_MICROS
+        """Where the series' buckets start, mod their length (NAB's tweets at :x2:53)."""
+        return min(s.start for s in self.series) % self.bucket
+
+    def params(self, base: ModelParams | None = None) -> ModelParams:
+        """``base`` (the defaults) carried to this input's bucket length."""
+        return (base or ModelParams()).for_bucket(self.bucket)
 
 
 @dataclass
@@ -160,13 +178,19 @@ def run_input(
 
     progress = progress or JobProgress(job.name)
     logs = workdir / "logs"
-    files, events = write_logs(job.series, logs)
+    files, events = write_logs(job.series, logs, job.bucket)
     progress.logs_written(len(job.series), events, files, logs)
     started = time.monotonic()
     # The progress (a console, live) shows the job while it runs; the anomalies scroll above.
     with progress, following_anomalies(config, names, progress):
         running = run_job(
-            config, names, logs, origin=job.origin, params=params, spark=spark, progress=progress
+            config,
+            names,
+            logs,
+            origin=job.origin,
+            params=job.params(params),
+            spark=spark,
+            progress=progress,
         )
     seconds = time.monotonic() - started
     counted = running.metrics().get(names.computation("window_counter"))
@@ -248,5 +272,5 @@ def print_reports(reports: Sequence[Report], out: TextIO = sys.stdout) -> None:
 
 def describe_slice(series: Sequence[Series]) -> str:
     start = min(s.start for s in series)
-    end = max(s.end for s in series) + BUCKET_MICROS
+    end = max(s.end for s in series) + bucket_length(series)
     return f"{format_time(start)} to {format_time(end)} UTC"

@@ -5,10 +5,11 @@ The streaming computations (:mod:`zeitgeist.pipeline`) and the offline reference
 against the reference bucket by bucket.
 
 **Model** (per query, paper section 2's "model of expected traffic"): the expected count of
-a 5-minute bucket is ``level * profile[hour of day]``. ``level`` is an exponentially weighted
-mean of the deseasonalised counts, ``profile`` a 24-slot daily shape with mean 1. For the
-first ``warmup`` buckets both are running means (each profile slot over its own visits), so
-that a burst on the first day is averaged, not copied, into the daily shape.
+a bucket (5 minutes by default: ``ModelParams.bucket``) is ``level * profile[hour of day]``.
+``level`` is an exponentially weighted mean of the deseasonalised counts, ``profile`` a
+24-slot daily shape with mean 1. For the first ``warmup`` buckets both are running means
+(each profile slot over its own visits), so that a burst on the first day is averaged, not
+copied, into the daily shape.
 
 **Score** on the square-root scale: ``(√observed - √expected) / scale``, where ``scale`` is
 ``dev_weight`` times an exponentially weighted mean of ``|√observed - √expected|`` (never
@@ -45,11 +46,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 __all__ = [
     "BUCKET_MICROS",
+    "DAY_MICROS",
     "DetectorState",
     "ModelParams",
     "Prediction",
@@ -61,11 +63,10 @@ __all__ = [
 ]
 
 BUCKET_MICROS = 300_000_000  # five minutes, the paper's and the benchmark's bucket
+DAY_MICROS = 86_400_000_000
 _HOUR_MICROS = 3_600_000_000
 _SLOTS = 24
-_DAY = 288  # buckets in a day
-_DAY_MICROS = _DAY * BUCKET_MICROS
-_CLIP_AFTER = 36  # the first three hours are learned unclipped: there is no scale yet
+_CLIP_AFTER_MICROS = 3 * _HOUR_MICROS  # learned unclipped at first: there is no scale yet
 _LOW_ALPHA = 0.2  # weight of the newest score in the "traffic is low" mean (freeze)
 _LOW_CAP = 6.0  # a score counts at most this much in that mean
 _MIN_PEAK = 0.5  # daily peaks below this count as this (their logarithm stays finite)
@@ -74,7 +75,8 @@ _MIN_PEAK = 0.5  # daily peaks below this count as this (their logarithm stays f
 @dataclass(frozen=True, slots=True)
 class ModelParams:
     """Everything tunable; the defaults were chosen on the NAB tweet series and generated
-    traffic (seeds 7 to 9, checked on others)."""
+    traffic (seeds 7 to 9, checked on others), for 5-minute buckets. Rates and lengths are
+    per bucket: :meth:`for_bucket` carries them to another bucket length."""
 
     level_alpha: float = 0.02  # per bucket: a level half-life of ~3 hours
     profile_alpha: float = 0.05  # per visit of a slot (12 buckets an hour, once a day)
@@ -95,6 +97,47 @@ class ModelParams:
     prior_peak: float = 3.0  # the daily peak of a calm series (max of 288 normal scores)
     prior_spread: float = 0.15  # and the spread of its logarithm
     cooldown: int = 288  # buckets of quiet after a declaration: one event, one anomaly
+    bucket: int = BUCKET_MICROS  # the bucket's length, µs
+
+    def __post_init__(self) -> None:
+        if self.bucket <= 0 or (DAY_MICROS % self.bucket and self.bucket % DAY_MICROS):
+            raise ValueError(
+                f"a bucket of {self.bucket} µs neither divides a day nor is whole days"
+            )
+
+    @property
+    def buckets_per_day(self) -> int:
+        return max(DAY_MICROS // self.bucket, 1)
+
+    def for_bucket(self, bucket: int) -> ModelParams:
+        """The same model for buckets of ``bucket`` µs: per-bucket rates compound to the same
+        rate per hour, lengths in buckets (warm-up, hold, cooldown, the detectors' windows)
+        keep their duration, at least one bucket each."""
+        if bucket == self.bucket:
+            return self
+        ratio = bucket / self.bucket
+
+        def rate(alpha: float) -> float:
+            return 1.0 - math.pow(1.0 - alpha, ratio)
+
+        def length(buckets: int) -> int:
+            return max(round(buckets / ratio), 1)
+
+        def windows(scales: tuple[int, ...]) -> tuple[int, ...]:
+            return tuple(sorted({length(k) for k in scales}))
+
+        return replace(
+            self,
+            level_alpha=rate(self.level_alpha),
+            profile_alpha=rate(self.profile_alpha),
+            dev_alpha=rate(self.dev_alpha),
+            warmup=length(self.warmup),
+            hold=length(self.hold),
+            spike_scales=windows(self.spike_scales),
+            dip_scales=windows(self.dip_scales),
+            cooldown=length(self.cooldown),
+            bucket=bucket,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,9 +154,10 @@ class Prediction:
         return (math.sqrt(self.observed) - math.sqrt(self.expected)) / self.scale
 
 
-def bucket_of(timestamp: int, origin: int = 0) -> int:
-    """The start of the bucket holding ``timestamp``; buckets start at ``origin`` mod 5 min."""
-    return (timestamp - origin) // BUCKET_MICROS * BUCKET_MICROS + origin
+def bucket_of(timestamp: int, origin: int = 0, bucket: int = BUCKET_MICROS) -> int:
+    """The start of the ``bucket``-long bucket holding ``timestamp``; buckets start at
+    ``origin`` mod ``bucket``."""
+    return (timestamp - origin) // bucket * bucket + origin
 
 
 def _slot(bucket: int) -> int:
@@ -149,7 +193,7 @@ def update(model: dict[str, Any], prediction: Prediction, params: ModelParams) -
     visits = model["visits"]
     root = math.sqrt(prediction.expected)
     warm = seen < params.warmup
-    if warm and seen < _CLIP_AFTER:
+    if warm and seen * params.bucket < _CLIP_AFTER_MICROS:
         learned = observed
     else:
         bound = params.clip * prediction.scale
@@ -254,11 +298,11 @@ def detect(
         prior = [math.log(params.prior_peak), params.prior_spread, 1.0]
         state.usual = [list(prior) for _ in scales]
         state.peaks = [0.0] * len(scales)
-    if state.last is not None and prediction.bucket != state.last + BUCKET_MICROS:
+    if state.last is not None and prediction.bucket != state.last + params.bucket:
         state.recent = []  # a gap breaks a run of consecutive buckets
     state.last = prediction.bucket
-    day = prediction.bucket // _DAY_MICROS
-    if state.day is not None and day != state.day and seen >= _DAY:
+    day = prediction.bucket // DAY_MICROS
+    if state.day is not None and day != state.day and seen >= params.buckets_per_day:
         # A new day: learn the last one's peaks (before the model has a day behind it,
         # peaks carry on into the next day instead).
         _learn_peaks(state, params)
@@ -273,5 +317,5 @@ def detect(
         passed = passed or evidence >= _bar(state.usual[i], threshold, params)
     if not passed or seen < params.warmup or prediction.bucket < state.quiet_until:
         return False
-    state.quiet_until = prediction.bucket + params.cooldown * BUCKET_MICROS
+    state.quiet_until = prediction.bucket + params.cooldown * params.bucket
     return True

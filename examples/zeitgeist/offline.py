@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from zeitgeist.model import (
-    BUCKET_MICROS,
     DetectorState,
     ModelParams,
     Prediction,
@@ -52,7 +51,7 @@ def trace(series: Series, params: ModelParams) -> Traced:
             traced.detections.append(Detection(series.query, "spike", bucket))
         if detect(dip, prediction, "dip", seen, params):
             traced.detections.append(Detection(series.query, "dip", bucket))
-        bucket += BUCKET_MICROS
+        bucket += params.bucket
     return traced
 
 

@@ -6,9 +6,9 @@
      (query)    (event-time buckets,          (per-query model,  └▶ dip_detector  ──┴▶ anomalies
                  low-watermark timers)         daily seasonality)   (watermark timers)
 
-* **window_counter** counts each query's searches per 5-minute bucket and emits a bucket's
-  count once the low watermark says the bucket is complete (an event-time timer at its
-  last microsecond). A bucket without searches emits nothing.
+* **window_counter** counts each query's searches per bucket (5 minutes by default) and
+  emits a bucket's count once the low watermark says the bucket is complete (an event-time
+  timer at its last microsecond). A bucket without searches emits nothing.
 * **model** keeps the query's model of expected traffic (:mod:`zeitgeist.model`) and emits,
   per counted bucket, the prediction made before learning it, plus the model itself. Buckets
   that emitted nothing count as 0.
@@ -40,6 +40,7 @@ from millstream.engine import (
 )
 from zeitgeist.model import (
     BUCKET_MICROS,
+    DAY_MICROS,
     DetectorState,
     ModelParams,
     Prediction,
@@ -64,15 +65,19 @@ __all__ = [
 ]
 
 JSON = JsonCodec()
-# A gap longer than this (a week of buckets) is not replayed into the model bucket by bucket.
-_MAX_GAP_BUCKETS = 7 * 288
+# A gap longer than this (a week) is not replayed into the model bucket by bucket.
+_MAX_GAP_MICROS = 7 * DAY_MICROS
 
 
-def _empty_buckets(first: int, before: int) -> range:
+def _max_gap(params: ModelParams) -> int:
+    return max(_MAX_GAP_MICROS // params.bucket, 1)
+
+
+def _empty_buckets(first: int, before: int, params: ModelParams) -> range:
     """The buckets from ``first`` up to ``before`` that the model learns as empty: the last
-    ``_MAX_GAP_BUCKETS`` of them. The model and the dip detector both replay a gap with
-    this, so the dip detector's copy of the model stays the model's."""
-    return range(first, before, BUCKET_MICROS)[-_MAX_GAP_BUCKETS:]
+    week of them. The model and the dip detector both replay a gap with this, so the dip
+    detector's copy of the model stays the model's."""
+    return range(first, before, params.bucket)[-_max_gap(params) :]
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,21 +111,25 @@ class Names:
 
 
 class OpenBuckets:
-    """A key's counts of the buckets not emitted yet: dense, from bucket ``base`` on.
+    """A key's counts of the buckets not emitted yet: dense, from bucket ``base`` on, each
+    ``size`` µs long (the codec stores no size: the computation knows it).
 
     Dense and binary on purpose: the state is decoded and encoded on every record, and a
     backlog read in one batch can hold weeks of buckets open at once; a JSON map of them
     would make each record cost as much as the whole map.
     """
 
-    __slots__ = ("base", "counts")
+    __slots__ = ("base", "counts", "size")
 
-    def __init__(self, base: int, counts: array[int] | None = None) -> None:
+    def __init__(
+        self, base: int, counts: array[int] | None = None, size: int = BUCKET_MICROS
+    ) -> None:
         self.base = base
         self.counts = counts if counts is not None else array("Q")
+        self.size = size
 
     def add(self, bucket: int) -> None:
-        index = (bucket - self.base) // BUCKET_MICROS
+        index = (bucket - self.base) // self.size
         if index < 0:  # a late record, before every open bucket: grow to the front
             self.counts[0:0] = array("Q", bytes(8 * -index))
             self.base, index = bucket, 0
@@ -130,17 +139,21 @@ class OpenBuckets:
 
     def take(self, bucket: int) -> int:
         """The count of ``bucket``, forgetting it and every bucket before it."""
-        index = (bucket - self.base) // BUCKET_MICROS
+        index = (bucket - self.base) // self.size
         if index < 0 or index >= len(self.counts):
             return 0
         count = self.counts[index]
         del self.counts[: index + 1]
-        self.base = bucket + BUCKET_MICROS
+        self.base = bucket + self.size
         return count
 
 
 class OpenBucketsCodec:
-    """:class:`OpenBuckets` as 8 bytes of ``base`` then 8 bytes per count (little-endian)."""
+    """:class:`OpenBuckets` of ``size``-µs buckets as 8 bytes of ``base`` then 8 bytes per
+    count (little-endian)."""
+
+    def __init__(self, size: int = BUCKET_MICROS) -> None:
+        self.size = size
 
     def encode(self, value: OpenBuckets, /) -> bytes:
         return value.base.to_bytes(8, "little", signed=True) + value.counts.tobytes()
@@ -148,40 +161,43 @@ class OpenBucketsCodec:
     def decode(self, data: bytes, /) -> OpenBuckets:
         counts = array("Q")
         counts.frombytes(data[8:])
-        return OpenBuckets(int.from_bytes(data[:8], "little", signed=True), counts)
+        return OpenBuckets(int.from_bytes(data[:8], "little", signed=True), counts, self.size)
 
 
-OPEN_BUCKETS = OpenBucketsCodec()
-# A record this many buckets away from a key's open ones is refused (a dead letter), so a
-# wild timestamp cannot make the dense state huge: 90 days of 5-minute buckets, 207 KiB.
-MAX_OPEN_BUCKETS = 90 * 288
+# A record further than this from a key's open buckets is refused (a dead letter), so a wild
+# timestamp cannot make the dense state huge: 90 days of 5-minute buckets are 207 KiB.
+MAX_OPEN_MICROS = 90 * DAY_MICROS
 
 
 class WindowCounter(Computation):
     """Counts a query's searches per bucket; emits each bucket once it is complete."""
 
-    def __init__(self, output: str, origin: int = 0) -> None:
+    def __init__(self, output: str, origin: int = 0, bucket: int = BUCKET_MICROS) -> None:
         self.output = output
-        self.origin = origin  # buckets start at origin mod 5 minutes
+        self.origin = origin  # buckets start at origin mod ``bucket``
+        self.bucket = bucket
+        self.codec = OpenBucketsCodec(bucket)
 
     def process_record(self, ctx: Context, record: Record) -> None:
-        bucket = bucket_of(record.timestamp, self.origin)
-        state = ctx.state(OPEN_BUCKETS)
-        open_buckets = state.get(None) or OpenBuckets(bucket)
-        span = max(
-            bucket + BUCKET_MICROS, open_buckets.base + len(open_buckets.counts) * BUCKET_MICROS
-        ) - min(bucket, open_buckets.base)
-        if span // BUCKET_MICROS > MAX_OPEN_BUCKETS:
+        size = self.bucket
+        bucket = bucket_of(record.timestamp, self.origin, size)
+        state = ctx.state(self.codec)
+        open_buckets = state.get(None) or OpenBuckets(bucket, size=size)
+        span = max(bucket + size, open_buckets.base + len(open_buckets.counts) * size) - min(
+            bucket, open_buckets.base
+        )
+        if span > MAX_OPEN_MICROS:
             raise ValueError(
-                f"event time {format_time(record.timestamp)} is more than {MAX_OPEN_BUCKETS} "
-                f"buckets away from the open ones (from {format_time(open_buckets.base)})"
+                f"event time {format_time(record.timestamp)} is more than "
+                f"{MAX_OPEN_MICROS // DAY_MICROS} days away from the open buckets "
+                f"(from {format_time(open_buckets.base)})"
             )
         open_buckets.add(bucket)
         state.set(open_buckets)
-        ctx.set_timer(str(bucket), bucket + BUCKET_MICROS - 1)
+        ctx.set_timer(str(bucket), bucket + size - 1)
 
     def process_timer(self, ctx: Context, timer: Timer) -> None:
-        state = ctx.state(OPEN_BUCKETS)
+        state = ctx.state(self.codec)
         open_buckets = state.get(None)
         if open_buckets is None:
             return
@@ -211,7 +227,7 @@ class ModelCalculator(Computation):
         if last is not None:
             if bucket <= last:
                 return  # a late recount of a bucket already learned
-            for empty in _empty_buckets(last + BUCKET_MICROS, bucket):
+            for empty in _empty_buckets(last + self.params.bucket, bucket, self.params):
                 update(model, predict(model, empty, 0, self.params), self.params)
         seen = model["seen"]
         prediction = predict(model, bucket, count, self.params)
@@ -298,14 +314,14 @@ class DipDetector(Computation):
         model = current.get("model")
         if upcoming is not None and model is not None:
             # Buckets between the last judged one and this one were empty.
-            for empty in _empty_buckets(upcoming, prediction.bucket):
+            for empty in _empty_buckets(upcoming, prediction.bucket, self.params):
                 self._judge_empty(ctx, detector, model, empty, record.timestamp)
         if detect(detector, prediction, "dip", int(value["seen"]), self.params):
             anomaly = anomaly_value(self.run, ctx.key, "dip", prediction)
             ctx.produce(self.output, anomaly, record.timestamp)
-        following = prediction.bucket + BUCKET_MICROS
+        following = prediction.bucket + self.params.bucket
         state.set({"detector": detector.to_json(), "model": value["model"], "next": following})
-        ctx.set_timer("silence", following + BUCKET_MICROS - 1)
+        ctx.set_timer("silence", following + self.params.bucket - 1)
 
     def process_timer(self, ctx: Context, timer: Timer) -> None:
         watermark = ctx.input_low_watermark
@@ -317,14 +333,15 @@ class DipDetector(Computation):
         if upcoming is None or model is None:
             return
         detector = DetectorState.from_json(current.get("detector"))
+        size, most = self.params.bucket, _max_gap(self.params)
         judged = 0
-        while upcoming + BUCKET_MICROS - 1 < watermark and judged < _MAX_GAP_BUCKETS:
-            self._judge_empty(ctx, detector, model, upcoming, upcoming + BUCKET_MICROS - 1)
-            upcoming += BUCKET_MICROS
+        while upcoming + size - 1 < watermark and judged < most:
+            self._judge_empty(ctx, detector, model, upcoming, upcoming + size - 1)
+            upcoming += size
             judged += 1
         state.set({"detector": detector.to_json(), "model": model, "next": upcoming})
-        if judged < _MAX_GAP_BUCKETS:
-            ctx.set_timer("silence", upcoming + BUCKET_MICROS - 1)
+        if judged < most:
+            ctx.set_timer("silence", upcoming + size - 1)
 
     def _judge_empty(
         self,
@@ -348,13 +365,14 @@ def zeitgeist_topology(
     origin: int = 0,
     key_intervals: int = 2,
 ) -> Topology:
-    """The job for one run: ``names`` says its streams, ``origin`` where buckets start."""
+    """The job for one run: ``names`` says its streams, ``origin`` where buckets start (mod
+    ``params.bucket``)."""
     params = params or ModelParams()
     options = ComputationOptions(key_intervals=key_intervals)
     topology = Topology(names.topology, streams=[names.searches])
     topology.add_computation(
         names.computation("window_counter"),
-        WindowCounter(names.counts, origin),
+        WindowCounter(names.counts, origin, params.bucket),
         inputs=[names.searches],
         outputs=[names.counts],
         options=options,

@@ -69,7 +69,7 @@ def plot_queries(job: JobInput, collected: Collected, directory: Path) -> list[P
                     label=f"{kind} detected",
                 )
         axis.set_title(f"Zeitgeist: {one.query} ({job.name})")
-        axis.set_ylabel("searches per 5 minutes")
+        axis.set_ylabel(f"searches per {job.bucket // 60_000_000} minutes")
         axis.legend(loc="upper left", fontsize="small")
         figure.autofmt_xdate()
         figure.tight_layout()

@@ -1,7 +1,8 @@
 """Bucket counts replayed as search logs, for the log-file injector.
 
-Each bucket's count becomes that many search events, spread evenly over its five minutes
-(event ``i`` of ``n`` at ``start + (2i + 1)·5min / 2n``), so a replay is the same every time.
+Each bucket's count becomes that many search events, spread evenly over the bucket (event
+``i`` of ``n`` at ``start + (2i + 1)·length / 2n``, the series' bucket length), so a replay
+is the same every time.
 One file per day holds every query's events in time order, one line each::
 
     2015-02-26T21:42:53.750000Z AAPL
@@ -13,13 +14,12 @@ reads a directory.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
 from millstream.injectors import Event
-from zeitgeist.model import BUCKET_MICROS
-from zeitgeist.series import Series
+from zeitgeist.series import Series, bucket_length
 
 __all__ = ["parse_search", "write_logs"]
 
@@ -32,15 +32,21 @@ def _stamp(micros: int) -> str:
     return f"{moment:%Y-%m-%dT%H:%M:%S}.{micros % _MICROS:06d}Z"
 
 
-def write_logs(series: Iterable[Series], directory: Path) -> tuple[int, int]:
-    """Write the replay of ``series`` into ``directory``; returns (files, events)."""
+def write_logs(
+    series: Sequence[Series], directory: Path, bucket: int | None = None
+) -> tuple[int, int]:
+    """Write the replay of ``series`` into ``directory``; returns (files, events).
+
+    ``bucket`` is the bucket length, µs (by default the series' own: :func:`bucket_length`).
+    """
     directory.mkdir(parents=True, exist_ok=True)
+    length = bucket if bucket is not None else bucket_length(series)
     per_day: dict[int, list[tuple[int, str]]] = {}
     for one in series:
         for bucket, count in one.counts.items():
             day = per_day.setdefault(bucket // _DAY, [])
             for i in range(count):
-                day.append((bucket + (2 * i + 1) * BUCKET_MICROS // (2 * count), one.query))
+                day.append((bucket + (2 * i + 1) * length // (2 * count), one.query))
     events = 0
     for number, day_index in enumerate(sorted(per_day)):
         lines = sorted(per_day[day_index])

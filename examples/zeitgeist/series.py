@@ -1,7 +1,8 @@
 """Traffic series in the Numenta Anomaly Benchmark's format, their labels, and NAB scoring.
 
 A series directory holds CSV files (a header ``timestamp,value``, then ``YYYY-MM-DD
-HH:MM:SS,count`` rows, UTC, one per 5-minute bucket start) and a ``labels.json`` mapping
+HH:MM:SS,count`` rows, UTC, one per bucket start: NAB's tweets have 5-minute buckets,
+nyc_taxi 30-minute ones; :func:`bucket_length` finds the length) and a ``labels.json`` mapping
 ``<anything>/<file name>`` to a list of ``[start, end]`` anomaly windows. The query of a
 series is its file name without ``.csv`` and without a ``Twitter_volume_`` prefix.
 """
@@ -10,8 +11,10 @@ from __future__ import annotations
 
 import bisect
 import csv
+import itertools
 import json
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -24,6 +27,7 @@ __all__ = [
     "NabScore",
     "Score",
     "Series",
+    "bucket_length",
     "format_time",
     "load_series",
     "nab_score",
@@ -64,6 +68,11 @@ class Series:
     def events(self) -> int:
         return sum(self.counts.values())
 
+    @property
+    def bucket(self) -> int:
+        """The bucket length, µs: the most common step between consecutive rows."""
+        return bucket_length([self])
+
     def between(self, start: int, end: int) -> Series:
         """The buckets in ``[start, end)``; windows are kept where they overlap it."""
         return Series(
@@ -71,6 +80,18 @@ class Series:
             {b: c for b, c in self.counts.items() if start <= b < end},
             [(s, e) for s, e in self.windows if s < end and e >= start],
         )
+
+
+def bucket_length(series: Iterable[Series]) -> int:
+    """The bucket length of ``series``, µs: the most common step between consecutive rows
+    of each (ties go to the shorter step). Raises ``ValueError`` without two rows."""
+    steps: Counter[int] = Counter()
+    for one in series:
+        times = sorted(one.counts)
+        steps.update(b - a for a, b in itertools.pairwise(times))
+    if not steps:
+        raise ValueError("a bucket length needs two rows of one series")
+    return min(steps, key=lambda step: (-steps[step], step))
 
 
 def query_of(path: Path) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import itertools
 import json
 import os
 import re
@@ -35,7 +36,7 @@ from zeitgeist.pipeline import (
 )
 from zeitgeist.progress import JobProgress
 from zeitgeist.replay import parse_search, write_logs
-from zeitgeist.series import Detection, Series, load_series, parse_time, score
+from zeitgeist.series import Detection, Series, bucket_length, load_series, parse_time, score
 
 from millstream.connectors import kafka as kafka_connector
 from millstream.connectors.stream_reader import read_messages
@@ -54,9 +55,9 @@ HOUR = 3_600_000_000
 DAY = 24 * HOUR
 
 
-def replayed(series: list[Series], directory: Path) -> list[Record]:
+def replayed(series: list[Series], directory: Path, bucket: int | None = None) -> list[Record]:
     """The events the log-file injector would read from ``series``' replay, in file order."""
-    write_logs(series, directory)
+    write_logs(series, directory, bucket)
     events: list[Record] = []
     for path in sorted(directory.glob("*.log")):
         for number, line in enumerate(path.read_text().splitlines()):
@@ -69,11 +70,11 @@ def replayed(series: list[Series], directory: Path) -> list[Record]:
 def run_in_memory(series: list[Series], directory: Path, params: ModelParams) -> list[Detection]:
     """The streaming topology on the in-memory harness, the watermark following every hour."""
     names = Names("memory")
-    origin = min(s.start for s in series) % BUCKET_MICROS
+    origin = min(s.start for s in series) % params.bucket
     topology = zeitgeist_topology(names, params, origin=origin)
     steps: list[tuple[str, Record] | Watermark] = []
     horizon = None
-    for event in replayed(series, directory):
+    for event in replayed(series, directory, params.bucket):
         hour = event.timestamp // HOUR
         if horizon is not None and hour > horizon:
             steps.append(Watermark(hour * HOUR))
@@ -180,6 +181,66 @@ def test_the_streaming_topology_finds_what_the_reference_finds(tmp_path: Path) -
     assert reference, "the reference found nothing: the comparison would be vacuous"
     assert streamed == reference
     assert {d.kind for d in streamed} == {"spike", "dip"}
+
+
+def _coarser(series: Series, factor: int) -> Series:
+    """``series`` in buckets ``factor`` times as long (counts summed)."""
+    length = factor * BUCKET_MICROS
+    counts: Counter[int] = Counter()
+    for bucket, count in series.counts.items():
+        counts[bucket_of(bucket, series.start, length)] += count
+    return Series(series.query, dict(counts), series.windows)
+
+
+@pytest.mark.unit
+def test_a_series_of_30_minute_buckets_streams_as_its_reference_finds(tmp_path: Path) -> None:
+    traffic = generate(seed=5, queries=2, days=6)
+    series = [_coarser(s, 6) for s in traffic.series]
+    assert JobInput("coarse", series).bucket == 6 * BUCKET_MICROS
+    params = JobInput("coarse", series).params(ModelParams(threshold=5.0, dip_threshold=2.5))
+    streamed = run_in_memory(series, tmp_path, params)
+    reference = sorted(reference_detections(series, params))
+    assert reference, "the reference found nothing: the comparison would be vacuous"
+    assert streamed == reference
+    assert {d.kind for d in streamed} == {"spike", "dip"}
+    # The cooldown is a day of 30-minute buckets: no two detections of a kind closer.
+    for kind, query in {(d.kind, d.query) for d in streamed}:
+        moments = [d.bucket for d in streamed if (d.kind, d.query) == (kind, query)]
+        assert all(b - a >= DAY for a, b in itertools.pairwise(moments))
+
+
+@pytest.mark.unit
+def test_model_params_carry_their_meaning_to_another_bucket_length() -> None:
+    five = ModelParams()
+    assert five.for_bucket(BUCKET_MICROS) is five
+    half_hour = five.for_bucket(6 * BUCKET_MICROS)
+    assert half_hour.bucket == 6 * BUCKET_MICROS
+    assert half_hour.buckets_per_day == 48
+    # The same durations: two days of warm-up, a day of cooldown, 30 min to 1 h spike windows.
+    assert (half_hour.warmup, half_hour.cooldown, half_hour.hold) == (96, 48, 8)
+    assert half_hour.spike_scales == (1, 2)
+    assert half_hour.dip_scales == (1, 4)
+    # A rate per bucket compounds: six 5-minute steps forget what one 30-minute step does.
+    assert (1 - half_hour.level_alpha) == pytest.approx((1 - five.level_alpha) ** 6)
+    # And back again.
+    back = half_hour.for_bucket(BUCKET_MICROS)
+    assert back.level_alpha == pytest.approx(five.level_alpha)
+    assert (back.warmup, back.cooldown) == (five.warmup, five.cooldown)
+    with pytest.raises(ValueError, match="neither divides a day"):
+        ModelParams(bucket=7 * 60_000_000)
+
+
+@pytest.mark.unit
+def test_the_bucket_length_is_inferred_from_the_rows(tmp_path: Path) -> None:
+    (tmp_path / "taxi.csv").write_text(
+        "timestamp,value\n"
+        + "".join(f"2014-07-01 {h:02d}:{m:02d}:00,{h}\n" for h in range(5) for m in (0, 30))
+    )
+    (series,) = load_series(tmp_path)
+    assert series.bucket == 30 * 60_000_000
+    assert JobInput("taxi", [series]).origin == 0
+    with pytest.raises(ValueError, match="two rows"):
+        bucket_length([Series("q", {0: 1})])
 
 
 @pytest.mark.unit
@@ -441,7 +502,7 @@ def test_a_wildly_timed_search_is_a_dead_letter_not_a_huge_state(tmp_path: Path)
     )
     assert [json.loads(v) for v in run.values("counts")] == [{"bucket": start, "count": 1}]
     (letter,) = run.dead_letters
-    assert "buckets away" in letter.error_message
+    assert "days away from the open buckets" in letter.error_message
 
 
 @pytest.mark.unit
