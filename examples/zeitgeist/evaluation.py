@@ -28,7 +28,7 @@ from zeitgeist.series import (
     Series,
     bucket_length,
     format_time,
-    nab_score,
+    judge,
     score,
 )
 
@@ -152,14 +152,10 @@ def score_series(
     job: JobInput, detections: Sequence[Detection]
 ) -> dict[str, tuple[Score, NabScore]]:
     """Each series' window scoring and NAB standard score (its rows: its buckets)."""
-    scores: dict[str, tuple[Score, NabScore]] = {}
-    for one in job.series:
-        found = [d.bucket for d in detections if d.query == one.query]
-        scores[one.query] = (
-            score(one.windows, found),
-            nab_score(sorted(one.counts), one.windows, found),
-        )
-    return scores
+    return {
+        one.query: judge(one, (d.bucket for d in detections if d.query == one.query))
+        for one in job.series
+    }
 
 
 def run_input(

@@ -29,9 +29,11 @@ __all__ = [
     "Series",
     "bucket_length",
     "format_time",
+    "judge",
     "load_series",
     "nab_score",
     "parse_time",
+    "read_series",
     "score",
 ]
 
@@ -98,6 +100,26 @@ def query_of(path: Path) -> str:
     return path.stem.removeprefix("Twitter_volume_")
 
 
+def read_series(path: Path, windows: Iterable[Sequence[str]] = ()) -> Series:
+    """One NAB-format CSV (values rounded to counts) with its ``[start, end]`` windows.
+
+    Raises ``ValueError`` naming the file and line of a malformed row.
+    """
+    counts: dict[int, int] = {}
+    with path.open(newline="") as file:
+        rows = csv.reader(file)
+        header = next(rows, None)
+        if header is None or [h.strip() for h in header[:2]] != ["timestamp", "value"]:
+            raise ValueError(f"{path}: the header must be 'timestamp,value', got {header}")
+        for number, row in enumerate(rows, start=2):
+            try:
+                counts[parse_time(row[0])] = round(float(row[1]))
+            except (ValueError, IndexError) as exc:
+                raise ValueError(f"{path}:{number}: not 'timestamp,count': {row}") from exc
+    spans = [(parse_time(start), parse_time(end)) for start, end in windows]
+    return Series(query_of(path), counts, spans)
+
+
 def load_series(directory: Path, queries: Iterable[str] | None = None) -> list[Series]:
     """Every ``*.csv`` of ``directory`` (or those of ``queries``), with ``labels.json``'s windows.
 
@@ -114,19 +136,7 @@ def load_series(directory: Path, queries: Iterable[str] | None = None) -> list[S
         query = query_of(path)
         if wanted is not None and query not in wanted:
             continue
-        counts: dict[int, int] = {}
-        with path.open(newline="") as file:
-            rows = csv.reader(file)
-            header = next(rows, None)
-            if header is None or [h.strip() for h in header[:2]] != ["timestamp", "value"]:
-                raise ValueError(f"{path}: the header must be 'timestamp,value', got {header}")
-            for number, row in enumerate(rows, start=2):
-                try:
-                    counts[parse_time(row[0])] = round(float(row[1]))
-                except (ValueError, IndexError) as exc:
-                    raise ValueError(f"{path}:{number}: not 'timestamp,count': {row}") from exc
-        windows = [(parse_time(s), parse_time(e)) for s, e in by_file.get(path.name, [])]
-        found.append(Series(query, counts, windows))
+        found.append(read_series(path, by_file.get(path.name, [])))
     if wanted is not None and (missing := wanted - {s.query for s in found}):
         raise ValueError(f"{directory} has no series for {sorted(missing)}")
     if not found:
@@ -229,6 +239,13 @@ def _scaled_sigmoid(position: float) -> float:
     if position > 3.0:
         return -1.0
     return 2.0 / (1.0 + math.exp(5.0 * position)) - 1.0
+
+
+def judge(series: Series, detections: Iterable[int]) -> tuple[Score, NabScore]:
+    """``detections`` (bucket starts) on ``series``: its window scoring and NAB standard score
+    (its rows: its buckets)."""
+    found = list(detections)
+    return score(series.windows, found), nab_score(sorted(series.counts), series.windows, found)
 
 
 def nab_score(

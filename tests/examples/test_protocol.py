@@ -1,0 +1,73 @@
+"""Leave-one-series-out cross-validation: a fold never chooses with the series it holds out."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+from zeitgeist.model import ModelParams
+from zeitgeist.protocol import Judged, changes, choose, cross_validate, grid, judge_params
+from zeitgeist.series import NabScore, Score, Series
+
+
+def _judged(raw: float, false_alarms: int = 0) -> Judged:
+    return Score(1, 1, false_alarms, 1 + false_alarms), NabScore(raw, 1)
+
+
+def _series(*queries: str) -> list[Series]:
+    return [Series(q, {0: 1, 300_000_000: 1}, [(0, 1)]) for q in queries]
+
+
+@pytest.mark.unit
+def test_each_fold_chooses_on_the_other_series_and_scores_the_held_out_one() -> None:
+    series = _series("A", "B", "C")
+    candidates = grid(ModelParams(), threshold=(6.0, 7.0, 8.0))
+    assert [c.threshold for c in candidates] == [6.0, 7.0, 8.0]  # the defaults first
+    # Candidate 1 is superb on A alone; candidate 2 good on B and C; candidate 0 middling.
+    outcomes = [
+        {"A": _judged(0.2), "B": _judged(0.2), "C": _judged(0.2)},
+        {"A": _judged(1.0), "B": _judged(-1.0), "C": _judged(-1.0)},
+        {"A": _judged(-1.0), "B": _judged(0.9), "C": _judged(0.9)},
+    ]
+    seen: list[Sequence[ModelParams]] = []
+
+    def judge_all(_: Sequence[Series], given: Sequence[ModelParams]) -> list[dict[str, Judged]]:
+        seen.append(given)
+        return outcomes
+
+    folds = cross_validate(series, candidates, judge_all=judge_all)
+    assert seen == [candidates]  # every candidate judged once, on every series
+    assert [(f.held_out, f.chosen) for f in folds] == [("A", 2), ("B", 0), ("C", 0)]
+    # Held out, A is scored with what B and C chose, however well candidate 1 would do there.
+    assert folds[0].held_out_nab.raw == -1.0
+    assert folds[0].training_nab.raw == pytest.approx(1.8)
+    assert folds[1].held_out_nab.raw == 0.2
+
+
+@pytest.mark.unit
+def test_a_tie_goes_to_fewer_false_alarms_then_to_the_earlier_candidate() -> None:
+    outcomes = [{"A": _judged(0.5, 3)}, {"A": _judged(0.5, 1)}, {"A": _judged(0.5, 1)}]
+    assert choose(outcomes, ["A"])[0] == 1
+
+
+@pytest.mark.unit
+def test_grids_name_real_fields_and_changes_say_what_differs() -> None:
+    with pytest.raises(ValueError, match="no \\['thresold'\\]"):
+        grid(ModelParams(), thresold=(1.0,))
+    base = ModelParams()
+    assert changes(base, base) == "defaults"
+    assert changes(grid(base, tail=(2.0, 3.0))[1], base) == "tail=3.0"
+    with pytest.raises(ValueError, match="two series"):
+        cross_validate(_series("A"), [base])
+
+
+@pytest.mark.unit
+def test_judging_carries_the_params_to_the_series_bucket_length() -> None:
+    half_hour = 1_800_000_000
+    steady = {i * half_hour: 100 for i in range(10 * 48)}
+    steady.update({i * half_hour: 900 for i in range(6 * 48, 6 * 48 + 2)})  # a spike on day 6
+    spiked = Series("taxi", steady, [(6 * 48 * half_hour, (6 * 48 + 4) * half_hour)])
+    score, nab = judge_params(spiked, ModelParams())
+    # At 5-minute settings the warm-up alone (576 buckets, 12 days here) would hide the spike.
+    assert (score.found, score.false_alarms) == (1, 0)
+    assert nab.raw > 0
