@@ -5,6 +5,7 @@ a fresh namespace, as module ``docs_example``, so a wrong example fails the suit
 the real services (Kafka, Cassandra, Spark) sits under ``if __name__ == "__main__":``: it is
 compiled and its imports are checked, but it does not run. Text that is not Python to run is
 fenced as another language (``sh``, ``text``, ``toml``), never as a variant of ``python``.
+The examples' packages (``zeitgeist``) import from ``examples/``, as the guides say to run them.
 """
 
 from __future__ import annotations
@@ -64,6 +65,11 @@ def test_the_readme_and_the_docs_have_python_examples() -> None:
 def test_every_python_block_is_fenced_to_run() -> None:
     # ```py, ```python3 or ```python title="..." would be skipped without a word.
     assert [b.name for b in ALL if b.info.startswith("py") and b.info != "python"] == []
+
+
+@pytest.fixture(autouse=True)
+def _examples_on_the_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))
 
 
 @pytest.mark.parametrize("block", PYTHON, ids=[block.name for block in PYTHON])

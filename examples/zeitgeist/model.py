@@ -52,6 +52,7 @@ from typing import Any
 __all__ = [
     "BUCKET_MICROS",
     "DAY_MICROS",
+    "Declaration",
     "DetectorState",
     "ModelParams",
     "Prediction",
@@ -66,6 +67,7 @@ BUCKET_MICROS = 300_000_000  # five minutes, the paper's and the benchmark's buc
 DAY_MICROS = 86_400_000_000
 _HOUR_MICROS = 3_600_000_000
 _SLOTS = 24
+_WEEK_SLOTS = 7 * 24
 _CLIP_AFTER_MICROS = 3 * _HOUR_MICROS  # learned unclipped at first: there is no scale yet
 _LOW_ALPHA = 0.2  # weight of the newest score in the "traffic is low" mean (freeze)
 _LOW_CAP = 6.0  # a score counts at most this much in that mean
@@ -97,6 +99,7 @@ class ModelParams:
     prior_peak: float = 3.0  # the daily peak of a calm series (max of 288 normal scores)
     prior_spread: float = 0.15  # and the spread of its logarithm
     cooldown: int = 288  # buckets of quiet after a declaration: one event, one anomaly
+    week_alpha: float = 0.0  # per visit of an hour of the week; 0: no weekly shape
     bucket: int = BUCKET_MICROS  # the bucket's length, µs
 
     def __post_init__(self) -> None:
@@ -164,6 +167,15 @@ def _slot(bucket: int) -> int:
     return (bucket // _HOUR_MICROS) % _SLOTS
 
 
+def _week_slot(bucket: int) -> int:
+    return (bucket // _HOUR_MICROS) % _WEEK_SLOTS
+
+
+def _week(model: dict[str, Any], bucket: int) -> float:
+    week = model.get("week")
+    return 1.0 if week is None else float(week[_week_slot(bucket)])
+
+
 def new_model() -> dict[str, Any]:
     """A model that has seen nothing."""
     return {
@@ -180,7 +192,7 @@ def new_model() -> dict[str, Any]:
 
 def predict(model: dict[str, Any], bucket: int, observed: int, params: ModelParams) -> Prediction:
     """The prediction for ``bucket`` before ``observed`` is learned."""
-    expected = max(model["level"] * model["profile"][_slot(bucket)], 0.0)
+    expected = max(model["level"] * model["profile"][_slot(bucket)] * _week(model, bucket), 0.0)
     scale = max(params.dev_weight * model["dev"], 0.5)
     return Prediction(bucket, observed, expected, scale)
 
@@ -218,18 +230,37 @@ def update(model: dict[str, Any], prediction: Prediction, params: ModelParams) -
             model["held"] = 0
     visits[slot] += 1
     profile = model["profile"]
-    model["level"] += level_alpha * (learned / max(profile[slot], 0.05) - model["level"])
+    week = _week(model, prediction.bucket)
+    shape = max(profile[slot] * week, 0.05)
+    model["level"] += level_alpha * (learned / shape - model["level"])
     if model["level"] > 0:
-        ratio = min(learned / model["level"], 10.0)
+        ratio = min(learned / (model["level"] * max(week, 0.05)), 10.0)
         profile[slot] += profile_alpha * (ratio - profile[slot])
         mean = sum(profile) / _SLOTS
         if mean > 0:
             model["profile"] = [p / mean for p in profile]
+        if params.week_alpha > 0:
+            _learn_week(model, prediction.bucket, learned, params)
     if seen > 0:
         miss = min(abs(math.sqrt(observed) - root), params.clip * prediction.scale)
         model["dev"] += dev_alpha * (miss - model["dev"])
     model["seen"] = seen + 1
     model["last"] = prediction.bucket
+
+
+def _learn_week(model: dict[str, Any], bucket: int, learned: float, params: ModelParams) -> None:
+    """Learn the hour of the week's factor over the daily shape (mean 1 over the week)."""
+    week = model.setdefault("week", [1.0] * _WEEK_SLOTS)
+    visits = model.setdefault("week_visits", [0] * _WEEK_SLOTS)
+    at = _week_slot(bucket)
+    daily = max(model["level"] * model["profile"][_slot(bucket)], 1e-9)
+    ratio = min(learned / daily, 10.0)
+    alpha = max(params.week_alpha, 1.0 / (visits[at] + 1))
+    visits[at] += 1
+    week[at] += alpha * (ratio - week[at])
+    mean = sum(week) / _WEEK_SLOTS
+    if mean > 0:
+        model["week"] = [w / mean for w in week]
 
 
 @dataclass(slots=True)
@@ -283,13 +314,26 @@ def _bar(usual: Sequence[float], threshold: float, params: ModelParams) -> float
     return threshold * max(1.0, peak / params.calm_peak)
 
 
+@dataclass(frozen=True, slots=True)
+class Declaration:
+    """Why a detector declared an anomaly: the evidence of its last ``buckets`` buckets
+    (``S_k``, on the square-root scale, signed so that more is more anomalous) passed
+    ``bar``."""
+
+    kind: str  # "spike" | "dip"
+    buckets: int
+    evidence: float
+    bar: float
+
+
 def detect(
     state: DetectorState, prediction: Prediction, kind: str, seen: int, params: ModelParams
-) -> bool:
+) -> Declaration | None:
     """Feed one bucket's prediction to a ``kind`` ("spike" or "dip") detector.
 
     ``seen`` is how many buckets the model had learned before this one (no alarm during
-    warm-up). True when this bucket declares an anomaly.
+    warm-up). A :class:`Declaration` when this bucket declares an anomaly (the scale whose
+    evidence passed its bar by the largest ratio), else ``None``.
     """
     spike = kind == "spike"
     scales = params.spike_scales if spike else params.dip_scales
@@ -310,12 +354,14 @@ def detect(
     state.day = day
     score = prediction.score if spike else -prediction.score
     state.recent = [*state.recent, score][-max(scales) :]
-    passed = False
+    passed: Declaration | None = None
     for i, k in enumerate(scales):
         evidence = sum(state.recent[-k:]) / math.sqrt(k)
         state.peaks[i] = max(state.peaks[i], evidence)
-        passed = passed or evidence >= _bar(state.usual[i], threshold, params)
-    if not passed or seen < params.warmup or prediction.bucket < state.quiet_until:
-        return False
+        bar = _bar(state.usual[i], threshold, params)
+        if evidence >= bar and (passed is None or evidence / bar > passed.evidence / passed.bar):
+            passed = Declaration(kind, k, evidence, bar)
+    if passed is None or seen < params.warmup or prediction.bucket < state.quiet_until:
+        return None
     state.quiet_until = prediction.bucket + params.cooldown * params.bucket
-    return True
+    return passed

@@ -17,14 +17,17 @@
   waits on the low watermark: once the watermark passes a bucket no prediction arrived for,
   that bucket was empty, and it scores it as 0 with the model it last received.
 
-Every record is JSON; anomalies carry ``query, kind, bucket, bucket_time, observed, expected,
-score`` (and ``run``, the name of the run that found them).
+Every record is JSON; anomalies carry the query, the kind, the bucket's window, observed and
+expected counts, the score, the evidence that declared it and a one-line explanation
+(:func:`anomaly_value`), and ``run``, the name of the run that found them.
+:func:`add_anomaly_detection` puts the four computations on any topology's stream.
 """
 
 from __future__ import annotations
 
 import json
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +44,7 @@ from millstream.engine import (
 from zeitgeist.model import (
     BUCKET_MICROS,
     DAY_MICROS,
+    Declaration,
     DetectorState,
     ModelParams,
     Prediction,
@@ -53,6 +57,7 @@ from zeitgeist.model import (
 from zeitgeist.series import format_time
 
 __all__ = [
+    "AnomalyDetection",
     "DipDetector",
     "ModelCalculator",
     "Names",
@@ -60,7 +65,9 @@ __all__ = [
     "OpenBucketsCodec",
     "SpikeDetector",
     "WindowCounter",
+    "add_anomaly_detection",
     "anomaly_value",
+    "explain",
     "zeitgeist_topology",
 ]
 
@@ -244,17 +251,64 @@ class ModelCalculator(Computation):
         ctx.produce(self.output, json.dumps(value).encode(), record.timestamp)
 
 
-def anomaly_value(run: str, query: str, kind: str, prediction: Prediction) -> bytes:
+def _duration(micros: int) -> str:
+    minutes = micros // 60_000_000
+    if minutes % 1440 == 0:
+        days = minutes // 1440
+        return f"{days} day{'s' if days > 1 else ''}"
+    if minutes % 60 == 0:
+        hours = minutes // 60
+        return f"{hours} hour{'s' if hours > 1 else ''}"
+    return f"{minutes} minute{'s' if minutes > 1 else ''}"
+
+
+def explain(query: str, prediction: Prediction, declaration: Declaration, bucket: int) -> str:
+    """One line a reader understands: what was seen against what was expected, and why."""
+    when = f"in the {_duration(bucket)} from {format_time(prediction.bucket)} UTC"
+    seen = f"{query}: {prediction.observed:,} {when}"
+    expected = prediction.expected
+    if prediction.observed >= expected and expected > 0:
+        against = f"{prediction.observed / expected:.1f} times the {expected:,.0f} expected"
+    else:
+        against = f"against {expected:,.0f} expected"
+    span = _duration(declaration.buckets * bucket)
+    direction = "above" if declaration.kind == "spike" else "below"
+    why = (
+        f"{declaration.kind}: traffic {direction} expectation over the last {span} "
+        f"(evidence {declaration.evidence:.1f}, bar {declaration.bar:.1f})"
+    )
+    return f"{seen}, {against}; {why}"
+
+
+def anomaly_value(
+    run: str,
+    query: str,
+    prediction: Prediction,
+    declaration: Declaration,
+    bucket: int = BUCKET_MICROS,
+) -> bytes:
+    """An anomaly record: the query, the kind, the bucket's window (start inclusive, end
+    exclusive, µs and UTC text), observed and expected counts, the bucket's score, the
+    evidence that declared it, and a one-line explanation. ``bucket``: the bucket length."""
+    end = prediction.bucket + bucket
     return json.dumps(
         {
             "run": run,
             "query": query,
-            "kind": kind,
+            "kind": declaration.kind,
             "bucket": prediction.bucket,
+            "bucket_end": end,
             "bucket_time": format_time(prediction.bucket),
+            "bucket_end_time": format_time(end),
             "observed": prediction.observed,
             "expected": round(prediction.expected, 2),
             "score": round(prediction.score, 2),
+            "evidence": {
+                "buckets": declaration.buckets,
+                "value": round(declaration.evidence, 2),
+                "bar": round(declaration.bar, 2),
+            },
+            "explanation": explain(query, prediction, declaration, bucket),
         }
     ).encode()
 
@@ -280,8 +334,9 @@ class SpikeDetector(Computation):
         detector = DetectorState.from_json(state.get({}))
         if detector.last is not None and prediction.bucket <= detector.last:
             return  # a repeat of a bucket already judged
-        if detect(detector, prediction, "spike", int(value["seen"]), self.params):
-            anomaly = anomaly_value(self.run, ctx.key, "spike", prediction)
+        declared = detect(detector, prediction, "spike", int(value["seen"]), self.params)
+        if declared:
+            anomaly = anomaly_value(self.run, ctx.key, prediction, declared, self.params.bucket)
             ctx.produce(self.output, anomaly, record.timestamp)
         state.set(detector.to_json())
 
@@ -316,8 +371,9 @@ class DipDetector(Computation):
             # Buckets between the last judged one and this one were empty.
             for empty in _empty_buckets(upcoming, prediction.bucket, self.params):
                 self._judge_empty(ctx, detector, model, empty, record.timestamp)
-        if detect(detector, prediction, "dip", int(value["seen"]), self.params):
-            anomaly = anomaly_value(self.run, ctx.key, "dip", prediction)
+        declared = detect(detector, prediction, "dip", int(value["seen"]), self.params)
+        if declared:
+            anomaly = anomaly_value(self.run, ctx.key, prediction, declared, self.params.bucket)
             ctx.produce(self.output, anomaly, record.timestamp)
         following = prediction.bucket + self.params.bucket
         state.set({"detector": detector.to_json(), "model": value["model"], "next": following})
@@ -354,8 +410,82 @@ class DipDetector(Computation):
         seen = model["seen"]
         prediction = predict(model, bucket, 0, self.params)
         update(model, prediction, self.params)
-        if detect(detector, prediction, "dip", seen, self.params):
-            ctx.produce(self.output, anomaly_value(self.run, ctx.key, "dip", prediction), timestamp)
+        declared = detect(detector, prediction, "dip", seen, self.params)
+        if declared:
+            anomaly = anomaly_value(self.run, ctx.key, prediction, declared, self.params.bucket)
+            ctx.produce(self.output, anomaly, timestamp)
+
+
+@dataclass(frozen=True, slots=True)
+class AnomalyDetection:
+    """What :func:`add_anomaly_detection` added: its streams and computations, by name."""
+
+    events: str
+    counts: str
+    predictions: str
+    anomalies: str
+    computations: tuple[str, ...]
+
+
+def add_anomaly_detection(
+    topology: Topology,
+    events: str,
+    *,
+    name: str,
+    anomalies: str = "anomalies",
+    key: Callable[[Record], str] | None = None,
+    params: ModelParams | None = None,
+    origin: int = 0,
+    run: str | None = None,
+    key_intervals: int = 2,
+) -> AnomalyDetection:
+    """Add Zeitgeist's counter, model and detectors to ``topology``, counting ``events``.
+
+    Each record of the stream ``events`` counts once for its key (a search query, an endpoint,
+    a customer: whatever is counted; ``key`` extracts another key from the record), in the
+    bucket of its event time (``params.bucket`` long, starting at ``origin`` mod its length).
+    Spikes and dips of each key's counts against its model go to the stream ``anomalies`` as
+    JSON (:func:`anomaly_value`: the bucket's window, observed and expected, score, evidence
+    and a one-line explanation), their ``run`` field ``run`` (default ``name``). ``name``
+    prefixes the four computations (``<name>_window_counter``, ``_model``,
+    ``_spike_detector``, ``_dip_detector``) and the two streams between them
+    (``<name>.counts``, ``<name>.predictions``). ``events`` is declared by the caller (an
+    injector's stream, or another computation's output).
+    """
+    params = params or ModelParams()
+    run = name if run is None else run
+    options = ComputationOptions(key_intervals=key_intervals)
+    counts, predictions = f"{name}.counts", f"{name}.predictions"
+    computations = tuple(
+        f"{name}_{part}" for part in ("window_counter", "model", "spike_detector", "dip_detector")
+    )
+    counter, model, spike, dip = computations
+    topology.add_computation(
+        counter,
+        WindowCounter(counts, origin, params.bucket),
+        inputs={events: key},
+        outputs=[counts],
+        options=options,
+    )
+    topology.add_computation(
+        model,
+        ModelCalculator(predictions, params),
+        inputs=[counts],
+        outputs=[predictions],
+        options=options,
+    )
+    for computation, detector in (
+        (spike, SpikeDetector(anomalies, params, run)),
+        (dip, DipDetector(anomalies, params, run)),
+    ):
+        topology.add_computation(
+            computation,
+            detector,
+            inputs=[predictions],
+            outputs=[anomalies],
+            options=options,
+        )
+    return AnomalyDetection(events, counts, predictions, anomalies, computations)
 
 
 def zeitgeist_topology(
@@ -367,35 +497,15 @@ def zeitgeist_topology(
 ) -> Topology:
     """The job for one run: ``names`` says its streams, ``origin`` where buckets start (mod
     ``params.bucket``)."""
-    params = params or ModelParams()
-    options = ComputationOptions(key_intervals=key_intervals)
     topology = Topology(names.topology, streams=[names.searches])
-    topology.add_computation(
-        names.computation("window_counter"),
-        WindowCounter(names.counts, origin, params.bucket),
-        inputs=[names.searches],
-        outputs=[names.counts],
-        options=options,
-    )
-    topology.add_computation(
-        names.computation("model"),
-        ModelCalculator(names.predictions, params),
-        inputs=[names.counts],
-        outputs=[names.predictions],
-        options=options,
-    )
-    topology.add_computation(
-        names.computation("spike_detector"),
-        SpikeDetector(names.anomalies, params, names.run),
-        inputs=[names.predictions],
-        outputs=[names.anomalies],
-        options=options,
-    )
-    topology.add_computation(
-        names.computation("dip_detector"),
-        DipDetector(names.anomalies, params, names.run),
-        inputs=[names.predictions],
-        outputs=[names.anomalies],
-        options=options,
+    add_anomaly_detection(
+        topology,
+        names.searches,
+        name=names.topology,
+        anomalies=names.anomalies,
+        params=params,
+        origin=origin,
+        run=names.run,
+        key_intervals=key_intervals,
     )
     return topology

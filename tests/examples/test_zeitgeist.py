@@ -25,13 +25,24 @@ import pytest
 from zeitgeist.evaluation import JobInput, collect, score_run
 from zeitgeist.generate import generate
 from zeitgeist.job import inject, job_settings
-from zeitgeist.model import BUCKET_MICROS, ModelParams, bucket_of
+from zeitgeist.model import (
+    BUCKET_MICROS,
+    Declaration,
+    ModelParams,
+    Prediction,
+    bucket_of,
+    new_model,
+    predict,
+    update,
+)
 from zeitgeist.offline import reference_detections, trace
 from zeitgeist.pipeline import (
     Names,
     OpenBuckets,
     OpenBucketsCodec,
     WindowCounter,
+    add_anomaly_detection,
+    explain,
     zeitgeist_topology,
 )
 from zeitgeist.progress import JobProgress
@@ -45,6 +56,7 @@ from millstream.engine.config import MillstreamConfig
 from millstream.engine.deadletters import default_dead_letter_stream
 from millstream.engine.records import MAX_EVENT_TIME, Record, decode_record, injector_record_id
 from millstream.engine.testing import Watermark, record, run_computation, run_topology
+from millstream.engine.topology import Topology
 from millstream.injectors import InjectorStats
 from millstream.spark import BatchMetrics, Console, RunningTopology
 
@@ -231,6 +243,29 @@ def test_model_params_carry_their_meaning_to_another_bucket_length() -> None:
 
 
 @pytest.mark.unit
+def test_a_weekly_shape_is_learned_only_when_asked_for() -> None:
+    # Four weeks of hourly counts: 100 on weekdays, 40 on weekends (2015-03-02 is a Monday).
+    monday = parse_time("2015-03-02 00:00:00")
+    counts = {monday + h * HOUR: 40 if (h // 24) % 7 >= 5 else 100 for h in range(28 * 24)}
+    next_monday_noon = monday + 28 * DAY + 12 * HOUR
+    next_saturday_noon = next_monday_noon + 5 * DAY
+    ratios = {}
+    for week_alpha in (0.0, 0.1):
+        params = ModelParams(week_alpha=week_alpha).for_bucket(HOUR)
+        model = new_model()
+        for bucket in sorted(counts):
+            update(model, predict(model, bucket, counts[bucket], params), params)
+        weekday = predict(model, next_monday_noon, 0, params).expected
+        weekend = predict(model, next_saturday_noon, 0, params).expected
+        ratios[week_alpha] = weekday / weekend
+    # The daily shape alone expects the same at noon on any day (the level of the last
+    # hours, a Sunday's); the weekly one expects more on a weekday, on its way to 2.5 times
+    # (the fast level takes up most of each weekend's change, the week's factors the rest).
+    assert ratios[0.0] == pytest.approx(1.0)
+    assert 1.4 < ratios[0.1] < 2.6
+
+
+@pytest.mark.unit
 def test_the_bucket_length_is_inferred_from_the_rows(tmp_path: Path) -> None:
     (tmp_path / "taxi.csv").write_text(
         "timestamp,value\n"
@@ -266,6 +301,77 @@ def test_the_dip_detector_declares_an_outage_from_the_watermark_alone(tmp_path: 
     assert dips[0]["observed"] == 0
     assert silent_from <= dips[0]["bucket"] < silent_from + HOUR
     assert runs[names.computation("dip_detector")].fired_timers, "judged without a timer"
+
+
+@pytest.mark.unit
+def test_a_user_puts_the_detector_on_a_stream_of_their_own(tmp_path: Path) -> None:
+    """``add_anomaly_detection`` on a user's topology: requests keyed by the service that
+    served them, counted by the endpoint in their value (a key extractor)."""
+    params = ModelParams(threshold=5.0, dip_threshold=2.5)
+    traffic = generate(seed=5, queries=2, days=5)
+    topology = Topology("shop", streams=["requests"])
+    added = add_anomaly_detection(
+        topology,
+        "requests",
+        name="shop_traffic",
+        anomalies="alerts",
+        key=lambda r: r.value.decode(),
+        params=params,
+        origin=min(s.start for s in traffic.series) % params.bucket,
+    )
+    assert added.computations == (
+        "shop_traffic_window_counter",
+        "shop_traffic_model",
+        "shop_traffic_spike_detector",
+        "shop_traffic_dip_detector",
+    )
+    assert topology.streams() >= {"requests", "shop_traffic.counts", "alerts"}
+    steps: list[tuple[str, Record] | Watermark] = []
+    horizon = None
+    for event in replayed(traffic.series, tmp_path):
+        hour = event.timestamp // HOUR
+        if horizon is not None and hour > horizon:
+            steps.append(Watermark(hour * HOUR))
+        horizon = hour
+        # The record's key is the service; the endpoint (what is counted) is its value.
+        steps.append(("requests", dataclasses.replace(event, key="checkout")))
+    steps.append(Watermark(MAX_EVENT_TIME))
+    runs = run_topology(topology, steps)
+    alerts = [
+        json.loads(r.value) for name in added.computations[2:] for r in runs[name].records("alerts")
+    ]
+    found = sorted(Detection(a["query"], a["kind"], a["bucket"]) for a in alerts)
+    assert found == sorted(reference_detections(traffic.series, params))
+    assert {a["kind"] for a in alerts} == {"spike", "dip"}
+    for alert in alerts:
+        assert alert["run"] == "shop_traffic"
+        assert alert["bucket_end"] - alert["bucket"] == params.bucket
+        assert parse_time(alert["bucket_end_time"]) == alert["bucket_end"]
+        evidence = alert["evidence"]
+        assert evidence["value"] >= evidence["bar"] > 0
+        line = alert["explanation"]
+        assert line.startswith(f"{alert['query']}: {alert['observed']:,} in the 5 minutes from ")
+        direction = "above" if alert["kind"] == "spike" else "below"
+        assert f"{alert['kind']}: traffic {direction} expectation over the last " in line
+        assert "\n" not in line
+
+
+@pytest.mark.unit
+def test_an_anomaly_explains_itself_in_one_line() -> None:
+    bucket = parse_time("2015-03-02 14:05:00")
+    spike = Prediction(bucket, 1204, 293.4, 1.0)
+    line = explain("AAPL", spike, Declaration("spike", 3, 9.31, 7.04), BUCKET_MICROS)
+    assert line == (
+        "AAPL: 1,204 in the 5 minutes from 2015-03-02 14:05:00 UTC, 4.1 times the 293 "
+        "expected; spike: traffic above expectation over the last 15 minutes (evidence 9.3, "
+        "bar 7.0)"
+    )
+    dip = Prediction(bucket, 0, 12.2, 1.0)
+    line = explain("IBM", dip, Declaration("dip", 4, 6.5, 6.0), 6 * BUCKET_MICROS)
+    assert line == (
+        "IBM: 0 in the 30 minutes from 2015-03-02 14:05:00 UTC, against 12 expected; dip: "
+        "traffic below expectation over the last 2 hours (evidence 6.5, bar 6.0)"
+    )
 
 
 # -- on the stack -----------------------------------------------------------------------------
