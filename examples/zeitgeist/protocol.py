@@ -1,5 +1,10 @@
 """Choosing the detector's parameters honestly: leave-one-series-out cross-validation.
 
+Two ways to choose within a fold: from a fixed list of candidates (:func:`cross_validate`), or
+by a coordinate search over every tunable parameter (:func:`search`, :func:`cross_search`):
+from the defaults, each parameter in turn takes the best of its values with the others held,
+round after round until a round changes nothing.
+
 Every candidate (a :class:`~zeitgeist.model.ModelParams`) is run once on every series by the
 offline reference (whose detections equal the streaming job's) and judged there
 (:func:`zeitgeist.series.judge`). Fold ``i`` then chooses, among the candidates, the one with
@@ -25,12 +30,16 @@ from zeitgeist.series import NabScore, Score, Series, judge
 
 __all__ = [
     "Fold",
+    "Judge",
     "Judged",
+    "Searched",
     "changes",
     "choose",
+    "cross_search",
     "cross_validate",
     "grid",
     "judge_params",
+    "search",
 ]
 
 Judged = tuple[Score, NabScore]
@@ -101,7 +110,7 @@ class Fold:
     on the held-out series (and, for comparison, on the series it was chosen on)."""
 
     held_out: str
-    chosen: int
+    chosen: int | None  # the candidate's index (cross_validate; None: cross_search)
     params: ModelParams
     held_out_score: Score
     held_out_nab: NabScore
@@ -138,3 +147,99 @@ def _judge_all(
     series: Sequence[Series], candidates: Sequence[ModelParams]
 ) -> list[dict[str, Judged]]:
     return [{s.query: judge_params(s, params) for s in series} for params in candidates]
+
+
+Judge = Callable[[Sequence[tuple[Series, ModelParams]]], list[Judged]]
+"""Judges many (series, params) pairs at once (in parallel, say); :func:`judge_params` each."""
+
+
+def _judge_serially(pairs: Sequence[tuple[Series, ModelParams]]) -> list[Judged]:
+    return [judge_params(one, params) for one, params in pairs]
+
+
+class _Memo:
+    """Every (series, params) judged at most once across folds and rounds."""
+
+    def __init__(self, judge: Judge) -> None:
+        self.judge = judge
+        self.known: dict[tuple[str, ModelParams], Judged] = {}
+
+    def totals(self, series: Sequence[Series], candidates: Sequence[ModelParams]) -> list[Judged]:
+        missing = [
+            (one, params)
+            for params in dict.fromkeys(candidates)
+            for one in series
+            if (one.query, params) not in self.known
+        ]
+        for (one, params), judged in zip(missing, self.judge(missing), strict=True):
+            self.known[(one.query, params)] = judged
+        return [_total(self.known[(one.query, params)] for one in series) for params in candidates]
+
+
+@dataclass(frozen=True)
+class Searched:
+    """What a coordinate search chose, its total on the series it searched, and the rounds it
+    took."""
+
+    params: ModelParams
+    total: Judged
+    rounds: int
+
+
+def _better(new: Judged, old: Judged) -> bool:
+    return (new[1].raw, -new[0].false_alarms) > (old[1].raw, -old[0].false_alarms)
+
+
+def search(
+    series: Sequence[Series],
+    space: Mapping[str, Sequence[Any]],
+    base: ModelParams | None = None,
+    *,
+    judge: Judge | None = None,
+    rounds: int = 3,
+    memo: _Memo | None = None,
+) -> Searched:
+    """The coordinate search's choice on ``series``: from ``base``, each parameter of
+    ``space`` in turn takes the value (of its values there) with the best NAB standard score
+    on ``series``, the others held; ties keep the current value. Stops after a round that
+    changes nothing, or after ``rounds``."""
+    base = base or ModelParams()
+    grid(base, **{name: values[:1] for name, values in space.items()})  # names are fields
+    memo = memo or _Memo(judge or _judge_serially)
+    current = base
+    (best,) = memo.totals(series, [current])
+    done = 0
+    while done < rounds:
+        done += 1
+        changed = False
+        for name, values in space.items():
+            candidates = [replace(current, **{name: value}) for value in values]
+            for candidate, total in zip(candidates, memo.totals(series, candidates), strict=True):
+                if _better(total, best):
+                    current, best, changed = candidate, total, True
+        if not changed:
+            break
+    return Searched(current, best, done)
+
+
+def cross_search(
+    series: Sequence[Series],
+    space: Mapping[str, Sequence[Any]],
+    base: ModelParams | None = None,
+    *,
+    judge: Judge | None = None,
+    rounds: int = 3,
+) -> tuple[list[Fold], Searched]:
+    """Leave-one-series-out cross-validation of :func:`search`: each fold searches on every
+    series but one and scores its choice on that one. Also returns the search on all of
+    ``series`` (the parameters to ship)."""
+    if len(series) < 2:
+        raise ValueError("cross-validation needs at least two series")
+    memo = _Memo(judge or _judge_serially)
+    folds = []
+    for held_out in series:
+        training = [one for one in series if one is not held_out]
+        found = search(training, space, base, rounds=rounds, memo=memo)
+        ((score, nab),) = memo.totals([held_out], [found.params])
+        folds.append(Fold(held_out.query, None, found.params, score, nab, found.total[1]))
+    return folds, search(series, space, base, rounds=rounds, memo=memo)

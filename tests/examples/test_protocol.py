@@ -6,7 +6,16 @@ from collections.abc import Sequence
 
 import pytest
 from zeitgeist.model import ModelParams
-from zeitgeist.protocol import Judged, changes, choose, cross_validate, grid, judge_params
+from zeitgeist.protocol import (
+    Judged,
+    changes,
+    choose,
+    cross_search,
+    cross_validate,
+    grid,
+    judge_params,
+    search,
+)
 from zeitgeist.series import NabScore, Score, Series
 
 
@@ -71,3 +80,29 @@ def test_judging_carries_the_params_to_the_series_bucket_length() -> None:
     # At 5-minute settings the warm-up alone (576 buckets, 12 days here) would hide the spike.
     assert (score.found, score.false_alarms) == (1, 0)
     assert nab.raw > 0
+
+
+@pytest.mark.unit
+def test_the_coordinate_search_chooses_per_fold_and_judges_each_pair_once() -> None:
+    series = _series("A", "B", "C")
+    liked = {"A": 5.0, "B": 7.5, "C": 7.5}  # each series' best threshold
+    judged: list[tuple[str, ModelParams]] = []
+
+    def judge(pairs: Sequence[tuple[Series, ModelParams]]) -> list[Judged]:
+        judged.extend((one.query, params) for one, params in pairs)
+        return [_judged(-abs(params.threshold - liked[one.query])) for one, params in pairs]
+
+    space = {"threshold": (5.0, 6.0, 7.5), "tail": (2.0,)}
+    folds, everything = cross_search(series, space, judge=judge)
+    # Held out A, B and C agree on 7.5; held out B, A and C tie every value: the default stays.
+    assert [(f.held_out, f.params.threshold) for f in folds] == [
+        ("A", 7.5),
+        ("B", 6.0),
+        ("C", 6.0),
+    ]
+    assert folds[0].held_out_nab.raw == -2.5  # A scored with what B and C chose
+    assert everything.params.threshold == 7.5
+    assert everything.rounds == 2  # the second round changed nothing
+    assert len(judged) == len(set(judged))  # each pair once, across folds and rounds
+    with pytest.raises(ValueError, match="no \\['treshold'\\]"):
+        search(series, {"treshold": (1.0,)}, judge=judge)

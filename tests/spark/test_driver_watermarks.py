@@ -1,33 +1,48 @@
-"""The driver's watermark bookkeeping keeps a report it could not publish (Kafka down)."""
+"""The driver's watermark bookkeeping keeps a report it could not publish (Kafka down), and
+wakes its query again while productions are pending, also on the real stack once the input
+has ended."""
 
 from __future__ import annotations
 
+import sys
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from millstream.connectors import kafka as kafka_connector
+from millstream.connectors.kafka.transactions import transactional_id
+from millstream.engine import pause_points
 from millstream.engine.authority import WatermarkAuthority
-from millstream.engine.clock import ManualClock
+from millstream.engine.clock import ManualClock, SystemClock
 from millstream.engine.computation import Computation
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.context import Context
-from millstream.engine.records import Record
-from millstream.engine.topology import Topology
+from millstream.engine.records import Record, decode_record, encode_record, injector_record_id
+from millstream.engine.stores.cassandra import CassandraIntervalStore
+from millstream.engine.topology import ComputationOptions, Topology
 from millstream.engine.watermark_topic import MemoryWatermarkTopic
 from millstream.engine.watermarks import WatermarkReport
 from millstream.engine.watermarks.intervals import IntervalProgress
 from millstream.spark import driver_watermarks
 from millstream.spark.driver_watermarks import DriverWatermarks
+from millstream.spark.runner import ProcessingTime, run_topology
+from tests.spark.test_runner import BASE_TIME, produce, read_topic, register_by_value
 
-pytestmark = pytest.mark.unit
+if TYPE_CHECKING:
+    from cassandra.cluster import Session
+    from pyspark.sql import SparkSession
 
 
 class Forward(Computation):
+    def __init__(self, output: str = "out") -> None:
+        self.output = output
+
     def process_record(self, ctx: Context, record: Record) -> None:
-        ctx.produce("out", record.value, record.timestamp)
+        ctx.produce(self.output, record.value, record.timestamp)
 
 
 class Unused:
@@ -66,6 +81,7 @@ def driver(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[DriverWatermarks, 
     watermarks.close()
 
 
+@pytest.mark.unit
 def test_a_report_that_failed_to_publish_is_published_by_the_next_call(
     driver: tuple[DriverWatermarks, FlakyTopic],
 ) -> None:
@@ -92,6 +108,7 @@ def test_a_report_that_failed_to_publish_is_published_by_the_next_call(
     assert topic.reports() == made  # published once, not again
 
 
+@pytest.mark.unit
 def test_a_batch_that_left_productions_pending_wakes_its_query_for_another(
     driver: tuple[DriverWatermarks, FlakyTopic], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -115,3 +132,99 @@ def test_a_batch_that_left_productions_pending_wakes_its_query_for_another(
     watermarks.after_batch(2, lambda *_: None)
     time.sleep(0.2)
     assert topic.wakes == []
+
+
+@pytest.mark.integration
+def test_productions_fenced_in_the_last_batch_of_input_leave_without_further_input(
+    services: MillstreamConfig,
+    spark: SparkSession,
+    cassandra: Session,
+    unique: Callable[[str], str],
+    cassandra_keyspace: Callable[[], str],
+    tmp_path: Path,
+) -> None:
+    """The batch that runs the last input has its Kafka transaction fenced (a new producer of
+    its transactional ID opened while the worker held it open), so its productions stay
+    pending in Cassandra. No input ever comes again, yet they reach a plain read_committed
+    reader, each once: the driver's retry alarm starts the batch that resends them (before
+    the alarm, the driver waited for good)."""
+    register_by_value(sys.modules[__name__])
+    name = unique("fenced")
+    inputs, outputs = f"{name}_in", f"{name}_out"
+    keyspace = cassandra_keyspace()
+    topology = Topology(name, streams=[inputs])
+    topology.add_computation(
+        name,
+        Forward(outputs),
+        inputs=[inputs],
+        outputs=[outputs],
+        options=ComputationOptions(key_intervals=1),  # one transactional ID: interval 0
+    )
+    sent = [
+        Record(f"key-{n}", f"r{n}".encode(), BASE_TIME + n, injector_record_id(name, 0, n))
+        for n in range(12)
+    ]
+    kafka_connector.create_topics(services, [inputs], partitions=1)
+    produce(services, inputs, [encode_record(record) for record in sent])
+    # The Python workers park at the first transaction of the computation: the one of its
+    # first batch, which takes every input there will ever be.
+    pauses = tmp_path / "pauses"
+    pauses.mkdir()
+    point = f"executor.transaction.{name}"
+    (pauses / f"arm.{point}").touch()
+    environment = spark.sparkContext.environment
+    environment[pause_points.ENVIRONMENT_VARIABLE] = str(pauses)
+    run = replace(
+        services.run, keyspace=keyspace, checkpoint_root=tmp_path / "cp", create_keyspace=False
+    )
+    try:
+        with run_topology(topology, services, run, trigger=ProcessingTime(0.5), spark=spark) as (
+            running
+        ):
+            deadline = time.monotonic() + 120
+            while not (pauses / f"at.{point}").exists():
+                running.raise_failure()
+                assert time.monotonic() < deadline, "no worker reached the transaction"
+                time.sleep(0.05)
+            # A new producer of the interval's transactional ID fences the parked one and
+            # aborts its open transaction.
+            store = CassandraIntervalStore(cassandra, keyspace, SystemClock(), table=run.table)
+            namespace = kafka_connector.store_namespace(keyspace, run.table, store.table_id)
+            fencer = kafka_connector.producer(
+                services, **{"transactional.id": transactional_id(namespace, name, 0)}
+            )
+            fencer.init_transactions(30)
+            (pauses / f"release.{point}").touch()
+
+            # No input comes again: only the driver can start the batch that delivers them.
+            expected = sorted(record.value for record in sent)
+            deadline = time.monotonic() + 60
+            while not (
+                (batches := running.batches(name))
+                and batches[-1].pending == 0  # the batch that delivered them is over
+                and delivered(services, outputs) == expected
+            ):
+                running.raise_failure()
+                assert time.monotonic() < deadline, (
+                    f"read {delivered(services, outputs)} of {expected} 60 s after the fence; "
+                    f"batches: {batches}"
+                )
+                time.sleep(0.2)
+    finally:
+        del environment[pause_points.ENVIRONMENT_VARIABLE]
+        kafka_connector.delete_topics(services, [inputs, outputs])
+
+    (fenced, *after) = [batch for batch in batches if batch.inputs or batch.resent]
+    # The fenced batch took every input, committed its productions and delivered none.
+    assert (fenced.inputs, fenced.processed, fenced.fenced_producers) == (12, 12, 1)
+    assert (fenced.transactions, fenced.acknowledged, fenced.pending) == (0, 0, 12)
+    # Then, without input, a batch resent them in one transaction.
+    (resent,) = after
+    assert (resent.inputs, resent.resent, resent.acknowledged) == (0, 12, 12)
+    assert (resent.transactions, resent.fenced_producers, resent.pending) == (1, 0, 0)
+
+
+def delivered(config: MillstreamConfig, stream: str) -> list[bytes]:
+    """The values of every record a plain read_committed reader reads from ``stream`` (no
+    deduplication), sorted."""
+    return sorted(decode_record(value).value for _, _, value in read_topic(config, stream))
