@@ -164,8 +164,6 @@ def test_productions_fenced_in_the_last_batch_of_input_leave_without_further_inp
         Record(f"key-{n}", f"r{n}".encode(), BASE_TIME + n, injector_record_id(name, 0, n))
         for n in range(12)
     ]
-    kafka_connector.create_topics(services, [inputs], partitions=1)
-    produce(services, inputs, [encode_record(record) for record in sent])
     # The Python workers park at the first transaction of the computation: the one of its
     # first batch, which takes every input there will ever be.
     pauses = tmp_path / "pauses"
@@ -178,6 +176,8 @@ def test_productions_fenced_in_the_last_batch_of_input_leave_without_further_inp
         services.run, keyspace=keyspace, checkpoint_root=tmp_path / "cp", create_keyspace=False
     )
     try:
+        kafka_connector.create_topics(services, [inputs], partitions=1)
+        produce(services, inputs, [encode_record(record) for record in sent])
         with run_topology(topology, services, run, trigger=ProcessingTime(0.5), spark=spark) as (
             running
         ):
@@ -212,12 +212,12 @@ def test_productions_fenced_in_the_last_batch_of_input_leave_without_further_inp
                 time.sleep(0.2)
     finally:
         del environment[pause_points.ENVIRONMENT_VARIABLE]
-        kafka_connector.delete_topics(services, [inputs, outputs])
+        kafka_connector.delete_topics(services, sorted(topology.streams()))  # dead letters too
 
     (fenced, *after) = [batch for batch in batches if batch.inputs or batch.resent]
     # The fenced batch took every input, committed its productions and delivered none.
-    assert (fenced.inputs, fenced.processed, fenced.fenced_producers) == (12, 12, 1)
-    assert (fenced.transactions, fenced.acknowledged, fenced.pending) == (0, 0, 12)
+    assert (fenced.inputs, fenced.processed, fenced.pending) == (12, 12, 12)
+    assert (fenced.transactions, fenced.transaction_failures, fenced.fenced_producers) == (0, 1, 1)
     # Then, without input, a batch resent them in one transaction.
     (resent,) = after
     assert (resent.inputs, resent.resent, resent.acknowledged) == (0, 12, 12)
