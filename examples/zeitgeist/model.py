@@ -58,7 +58,9 @@ __all__ = [
     "Prediction",
     "bucket_of",
     "detect",
+    "learn_tail",
     "new_model",
+    "pot_bar",
     "predict",
     "update",
 ]
@@ -100,9 +102,18 @@ class ModelParams:
     prior_spread: float = 0.15  # and the spread of its logarithm
     cooldown: int = 288  # buckets of quiet after a declaration: one event, one anomaly
     week_alpha: float = 0.0  # per visit of an hour of the week; 0: no weekly shape
+    # The bars: "peaks" (threshold times the usual daily peak, above), or "pot" (peaks over
+    # threshold, SPOT's: each scale's evidence tail fitted by a generalised Pareto
+    # distribution, the bar its quantile at ``risk`` per bucket, never under ``threshold``).
+    bar: str = "peaks"
+    risk: float = 1e-4  # pot: how often a bucket of ordinary traffic may pass the bar
+    pot_level: float = 0.98  # pot: the tail starts at this quantile of the evidence
+    pot_alpha: float = 0.005  # pot: per exceedance, the tail's memory (~200 exceedances)
     bucket: int = BUCKET_MICROS  # the bucket's length, µs
 
     def __post_init__(self) -> None:
+        if self.bar not in ("peaks", "pot"):
+            raise ValueError(f"bar is 'peaks' or 'pot', not {self.bar!r}")
         if self.bucket <= 0 or (DAY_MICROS % self.bucket and self.bucket % DAY_MICROS):
             raise ValueError(
                 f"a bucket of {self.bucket} µs neither divides a day nor is whole days"
@@ -273,9 +284,11 @@ class DetectorState:
     day: int | None = None  # the day (UTC) of the last bucket seen
     peaks: list[float] = field(default_factory=list)  # that day's peak evidence per scale
     usual: list[list[float]] = field(default_factory=list)  # per scale [mean, spread, days]
+    # pot: per scale [tail start, evidence spread, mean excess, mean squared excess, excesses]
+    tails: list[list[float]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data = {
             "quiet": self.quiet_until,
             "last": self.last,
             "recent": self.recent,
@@ -283,6 +296,9 @@ class DetectorState:
             "peaks": self.peaks,
             "usual": self.usual,
         }
+        if self.tails:
+            data["tails"] = self.tails
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any] | None) -> DetectorState:
@@ -295,6 +311,7 @@ class DetectorState:
             data["day"],
             list(data["peaks"]),
             [list(u) for u in data["usual"]],
+            [list(t) for t in data.get("tails", [])],
         )
 
 
@@ -312,6 +329,50 @@ def _learn_peaks(state: DetectorState, params: ModelParams) -> None:
 def _bar(usual: Sequence[float], threshold: float, params: ModelParams) -> float:
     peak = math.exp(usual[0] + params.tail * usual[1])
     return threshold * max(1.0, peak / params.calm_peak)
+
+
+_POT_STEP = 0.05  # the tail start moves by this many spreads per exceedance (x level)
+_POT_MIN_EXCESSES = 20  # a tail fitted on fewer excesses is not trusted: the floor bar rules
+
+
+def pot_bar(tail: Sequence[float], floor: float, params: ModelParams) -> float:
+    """The evidence that ordinary traffic passes with probability ``risk`` per bucket: the
+    generalised Pareto quantile above the tail start (method of moments), at least ``floor``."""
+    start, _, mean, square, excesses = tail
+    if excesses < _POT_MIN_EXCESSES or mean <= 0:
+        return floor
+    variance = square - mean * mean
+    if variance <= 0:
+        return max(floor, start + mean)
+    # A shape under 0 (a bounded tail) is not believed: evidence has no known bound, and a
+    # tail cut short by the bar itself would look bounded.
+    shape = max(min(0.5 * (1.0 - mean * mean / variance), 0.9), 0.0)
+    scale = 0.5 * mean * (mean * mean / variance + 1.0)
+    odds = (1.0 - params.pot_level) / params.risk
+    if abs(shape) < 1e-6:
+        quantile = start + scale * math.log(odds)
+    else:
+        quantile = start + scale / shape * (odds**shape - 1.0)
+    return max(floor, quantile)
+
+
+def learn_tail(tail: list[float], evidence: float, params: ModelParams) -> None:
+    """One ordinary bucket's evidence into a scale's tail: the tail start tracks the
+    ``pot_level`` quantile (a frugal stochastic estimate, in steps of the evidence's spread),
+    an exceedance teaches the excess moments."""
+    start, spread, mean, square, excesses = tail
+    spread += 0.01 * (abs(evidence - start) - spread)
+    step = _POT_STEP * max(spread, 1e-3)
+    if evidence > start:
+        excess = evidence - start
+        weight = max(params.pot_alpha, 1.0 / (excesses + 1))
+        mean += weight * (excess - mean)
+        square += weight * (excess * excess - square)
+        excesses += 1
+        start += step * params.pot_level
+    else:
+        start -= step * (1.0 - params.pot_level)
+    tail[:] = [start, spread, mean, square, excesses]
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,6 +403,9 @@ def detect(
         prior = [math.log(params.prior_peak), params.prior_spread, 1.0]
         state.usual = [list(prior) for _ in scales]
         state.peaks = [0.0] * len(scales)
+    pot = params.bar == "pot"
+    if pot and not state.tails:
+        state.tails = [[0.0, 1.0, 0.0, 0.0, 0] for _ in scales]
     if state.last is not None and prediction.bucket != state.last + params.bucket:
         state.recent = []  # a gap breaks a run of consecutive buckets
     state.last = prediction.bucket
@@ -358,7 +422,14 @@ def detect(
     for i, k in enumerate(scales):
         evidence = sum(state.recent[-k:]) / math.sqrt(k)
         state.peaks[i] = max(state.peaks[i], evidence)
-        bar = _bar(state.usual[i], threshold, params)
+        if pot:
+            tail = state.tails[i]
+            bar = pot_bar(tail, threshold, params)
+            # What passes a fitted tail's bar is not ordinary: it teaches nothing.
+            if evidence < bar or tail[4] < _POT_MIN_EXCESSES:
+                learn_tail(tail, evidence, params)
+        else:
+            bar = _bar(state.usual[i], threshold, params)
         if evidence >= bar and (passed is None or evidence / bar > passed.evidence / passed.bar):
             passed = Declaration(kind, k, evidence, bar)
     if passed is None or seen < params.warmup or prediction.bucket < state.quiet_until:

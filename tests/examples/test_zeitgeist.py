@@ -10,6 +10,7 @@ import io
 import itertools
 import json
 import os
+import random
 import re
 import signal
 import subprocess
@@ -31,7 +32,9 @@ from zeitgeist.model import (
     ModelParams,
     Prediction,
     bucket_of,
+    learn_tail,
     new_model,
+    pot_bar,
     predict,
     update,
 )
@@ -655,3 +658,32 @@ def test_the_job_progress_feeds_its_console_the_batches_the_injection_and_the_to
         lines[2],
     ), lines
     assert len(lines) == 3, lines
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("tail_of", "quantile"),
+    [("normal", 3.719), ("exponential", 9.210)],  # each one's 1 - 1e-4 quantile
+)
+def test_a_peaks_over_threshold_bar_passes_ordinary_evidence_about_risk_often(
+    tail_of: str, quantile: float
+) -> None:
+    """The "pot" bar fitted on a stream of ordinary evidence (standard normal, or
+    exponential: a light and a heavier tail) sits near the distribution's quantile at
+    ``risk``, and what passes it is about that rare; never below the floor."""
+    rng = random.Random(11)
+
+    def draw() -> float:
+        return rng.gauss(0, 1) if tail_of == "normal" else rng.expovariate(1)
+
+    params = ModelParams(bar="pot", risk=1e-4)
+    tail = [0.0, 1.0, 0.0, 0.0, 0]
+    for _ in range(100_000):
+        evidence = draw()
+        if evidence < pot_bar(tail, 0.0, params) or tail[4] < 20:
+            learn_tail(tail, evidence, params)
+    bar = pot_bar(tail, 0.0, params)
+    assert quantile * 0.9 < bar < quantile * 1.25, bar
+    passed = sum(1 for _ in range(300_000) if draw() >= bar) / 300_000
+    assert passed < 3e-4, passed  # at most three times the risk (a bar errs high, not low)
+    assert pot_bar(tail, 50.0, params) == 50.0  # the floor (the threshold) holds
