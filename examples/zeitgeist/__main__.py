@@ -10,7 +10,14 @@ from typing import TYPE_CHECKING
 
 from millstream.connectors import load_config, route_logs
 from millstream.spark import Console, spark_session
-from zeitgeist.evaluation import JobInput, Report, describe_slice, print_reports, run_input
+from zeitgeist.evaluation import (
+    JobInput,
+    Report,
+    describe_slice,
+    print_reports,
+    run_input,
+    run_offline,
+)
 from zeitgeist.generate import generate
 from zeitgeist.model import ModelParams
 from zeitgeist.pipeline import Names
@@ -71,6 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run", default=None, help="the run's name (default: the time)")
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument(
+        "--offline",
+        action="store_true",
+        help="score the inputs with the offline reference (what the job finds, found in one "
+        "process without the stack): for series too big to replay as events",
+    )
+    parser.add_argument(
         "--verbose",
         action="store_true",
         help="show the logs here too (Spark's, Kafka's, millstream's); by default they go to "
@@ -88,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.full or args.generated:
         inputs.append(_generated_input(args.seed, args.generated_days, args.generated_queries))
 
+    if args.offline:
+        print_reports([run_offline(job) for job in inputs])
+        return 0
     config = load_config()
     # Spark's, Kafka's and millstream's logs go to a file; the console shows progress.
     routing = route_logs(config, "zeitgeist", verbose=args.verbose)

@@ -23,7 +23,8 @@ from types import SimpleNamespace
 from typing import cast
 
 import pytest
-from zeitgeist.evaluation import JobInput, collect, score_run
+from zeitgeist.__main__ import main as zeitgeist_main
+from zeitgeist.evaluation import JobInput, collect, run_offline, score_run
 from zeitgeist.generate import generate
 from zeitgeist.job import inject, job_settings
 from zeitgeist.model import (
@@ -50,7 +51,15 @@ from zeitgeist.pipeline import (
 )
 from zeitgeist.progress import JobProgress
 from zeitgeist.replay import parse_search, write_logs
-from zeitgeist.series import Detection, Series, bucket_length, load_series, parse_time, score
+from zeitgeist.series import (
+    Detection,
+    Series,
+    bucket_length,
+    format_time,
+    load_series,
+    parse_time,
+    score,
+)
 
 from millstream.connectors import kafka as kafka_connector
 from millstream.connectors.stream_reader import read_messages
@@ -357,6 +366,34 @@ def test_a_user_puts_the_detector_on_a_stream_of_their_own(tmp_path: Path) -> No
         direction = "above" if alert["kind"] == "spike" else "below"
         assert f"{alert['kind']}: traffic {direction} expectation over the last " in line
         assert "\n" not in line
+
+
+@pytest.mark.unit
+def test_the_job_scores_an_input_offline_without_the_stack(tmp_path: Path) -> None:
+    traffic = generate(seed=5, queries=2, days=6)
+    series = [_coarser(s, 6) for s in traffic.series]
+    for one in series:
+        rows = [f"{format_time(b)},{c}" for b, c in sorted(one.counts.items())]
+        (tmp_path / f"{one.query}.csv").write_text("timestamp,value\n" + "\n".join(rows) + "\n")
+    (tmp_path / "labels.json").write_text(
+        json.dumps(
+            {
+                f"x/{s.query}.csv": [[format_time(a), format_time(b)] for a, b in s.windows]
+                for s in series
+            }
+        )
+    )
+    shown = io.StringIO()
+    with contextlib.redirect_stdout(shown):
+        assert zeitgeist_main(["--series", str(tmp_path), "--offline"]) == 0
+    report = run_offline(JobInput("x", load_series(tmp_path)))
+    params = JobInput("x", series).params()  # 30-minute buckets
+    found = sum(len(trace(s, params).detections) for s in series)
+    assert report.anomalies == found > 0
+    assert report.overall.windows == sum(len(s.windows) for s in series)
+    table = shown.getvalue()
+    assert "found by the offline reference" in table
+    assert f"{report.anomalies:>9} {report.overall.found:>4}/{report.overall.windows:<4}" in table
 
 
 @pytest.mark.unit
