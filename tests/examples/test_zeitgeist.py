@@ -75,6 +75,7 @@ from millstream.spark import BatchMetrics, Console, RunningTopology
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 NAB = EXAMPLES / "zeitgeist" / "data" / "nab"
+NAB_CHECK = EXAMPLES / "zeitgeist" / "data" / "nab-check"
 HOUR = 3_600_000_000
 DAY = 24 * HOUR
 
@@ -394,6 +395,22 @@ def test_the_job_scores_an_input_offline_without_the_stack(tmp_path: Path) -> No
     table = shown.getvalue()
     assert "found by the offline reference" in table
     assert f"{report.anomalies:>9} {report.overall.found:>4}/{report.overall.windows:<4}" in table
+
+
+@pytest.mark.unit
+def test_series_without_anomalies_stay_quiet_and_nyc_taxi_is_read_in_half_hours() -> None:
+    """NAB's series that fit the model and were never used to choose it
+    (``data/nab-check``): the five without anomalies get no alarm from the defaults, and
+    nyc_taxi's 30-minute buckets are found (its scores are bench/zeitgeist_cv.py's)."""
+    checks = {s.query: s for s in load_series(NAB_CHECK)}
+    quiet = [s for s in checks.values() if not s.windows]
+    assert len(quiet) == 5
+    for one in quiet:
+        assert JobInput(one.query, [one]).params() == ModelParams()  # 5-minute buckets
+        assert trace(one, ModelParams()).detections == [], one.query
+    taxi = JobInput("taxi", [checks["nyc_taxi"]])
+    assert (taxi.bucket, len(checks["nyc_taxi"].windows)) == (30 * 60_000_000, 5)
+    assert taxi.params().warmup == 96  # two days of half hours
 
 
 @pytest.mark.unit
