@@ -80,6 +80,11 @@ def changes(params: ModelParams, base: ModelParams) -> str:
     return " ".join(changed) or "defaults"
 
 
+def _better(new: Judged, old: Judged) -> bool:
+    """A better NAB raw score, or as good with fewer false alarms."""
+    return (new[1].raw, -new[0].false_alarms) > (old[1].raw, -old[0].false_alarms)
+
+
 def _total(judged: Iterable[Judged]) -> Judged:
     score, nab = Score(0, 0, 0, 0), NabScore(0.0, 0)
     for one, one_nab in judged:
@@ -94,10 +99,7 @@ def choose(outcomes: Sequence[Mapping[str, Judged]], queries: Iterable[str]) -> 
     best: tuple[int, Judged] | None = None
     for index, outcome in enumerate(outcomes):
         total = _total(outcome[q] for q in wanted)
-        if best is None or (total[1].raw, -total[0].false_alarms) > (
-            best[1][1].raw,
-            -best[1][0].false_alarms,
-        ):
+        if best is None or _better(total, best[1]):
             best = (index, total)
     if best is None:
         raise ValueError("no candidates to choose from")
@@ -184,10 +186,6 @@ class Searched:
     params: ModelParams
     total: Judged
     rounds: int
-
-
-def _better(new: Judged, old: Judged) -> bool:
-    return (new[1].raw, -new[0].false_alarms) > (old[1].raw, -old[0].false_alarms)
 
 
 def search(
