@@ -325,4 +325,9 @@ def _quiet_logger() -> logging.Logger:
 
 
 def _new_cluster_id() -> str:
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    """A random id as Kafka's ``Uuid.randomUuid`` makes them: never one starting with ``-``,
+    which ``kafka-storage format --cluster-id`` would take for an option (1 in 64 would)."""
+    while True:
+        made = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not made.startswith("-"):
+            return made
