@@ -27,6 +27,7 @@ __all__ = [
     "check_ports_free",
     "log_tail",
     "port_accepts",
+    "threads_alive",
 ]
 
 
@@ -175,18 +176,35 @@ def _signal(pid: int, sig: signal.Signals) -> None:
 
 
 def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, exited but not reaped, counts as dead; our own
-    children are reaped on the way)."""
-    # A child that exited but was not reaped yet is a zombie: dead for our purposes.
-    with contextlib.suppress(ChildProcessError):
-        reaped, _ = os.waitpid(pid, os.WNOHANG)
-        if reaped == pid:
-            return False
+    """Whether ``pid`` runs. A process is gone once every thread of it has exited: a killed
+    multi-threaded one (a JVM) shows its leader as a zombie while its other threads still
+    exit, and they hold its files, listening sockets included, meanwhile. Our own children
+    are reaped on the way."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
+        reaped, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass  # not our child (or reaped already): /proc says
+    else:
+        # Our child: it can be reaped only once its whole thread group has exited.
+        return reaped != pid
+    return threads_alive(Path("/proc") / str(pid))
+
+
+def threads_alive(process: Path) -> bool:
+    """Whether a thread of the process ``process`` (its ``/proc/<pid>`` directory) is not a
+    zombie yet."""
+    try:
+        tasks = list((process / "task").iterdir())
+    except OSError:
         return False
-    return state not in {"Z", "X"}
+    for task in tasks:
+        try:
+            state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue  # the thread exited as we looked
+        if state not in {"Z", "X"}:
+            return True
+    return False
 
 
 def _cmdline_contains(pid: int, marker: str) -> bool:

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import socket
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,9 +11,11 @@ import pytest
 
 from millstream.devtools.local.process import (
     ServiceProcess,
+    alive,
     check_ports_free,
     log_tail,
     port_accepts,
+    threads_alive,
 )
 from millstream.engine.errors import PortInUseError, ServiceStartError
 
@@ -95,3 +99,34 @@ def test_a_service_that_never_gets_healthy_times_out_with_its_log(tmp_path: Path
             service.wait_healthy(proc, lambda: False, 1, print, 0.05)
     finally:
         service.stop(timeout=10)
+
+
+def _task(process: Path, tid: int, state: str) -> None:
+    (process / "task" / str(tid)).mkdir(parents=True)
+    (process / "task" / str(tid) / "stat").write_text(f"{tid} (java) {state} 1 2 3\n")
+
+
+def test_a_process_whose_leader_is_a_zombie_lives_while_a_thread_does(tmp_path: Path) -> None:
+    """A killed JVM: its leader is a zombie at once, its other threads exit after, holding
+    its listening sockets meanwhile. It is gone only when they are."""
+    process = tmp_path / "4242"
+    _task(process, 4242, "Z")
+    _task(process, 4243, "R")
+    assert threads_alive(process)
+    (process / "task" / "4243" / "stat").write_text("4243 (java) Z 1 2 3\n")
+    assert not threads_alive(process)
+    assert not threads_alive(tmp_path / "gone")
+
+
+def test_our_child_is_alive_until_it_has_exited_and_is_reaped() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert alive(child.pid)
+        assert threads_alive(Path("/proc") / str(child.pid))
+    finally:
+        child.kill()
+    deadline = time.monotonic() + 10
+    while alive(child.pid):
+        assert time.monotonic() < deadline, "a killed child still alive after 10 s"
+        time.sleep(0.01)
+    assert not Path(f"/proc/{child.pid}").exists()  # reaped on the way
