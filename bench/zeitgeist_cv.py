@@ -30,7 +30,6 @@ import argparse
 import multiprocessing
 import sys
 import time
-from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -43,8 +42,13 @@ for path in (ROOT, EXAMPLES):  # run as a script: `bench.nab_anchors` and `zeitg
 
 from zeitgeist.generate import generate  # noqa: E402
 from zeitgeist.model import ModelParams  # noqa: E402
-from zeitgeist.offline import trace  # noqa: E402
-from zeitgeist.protocol import Judged, changes, cross_search, judge_params  # noqa: E402
+from zeitgeist.protocol import (  # noqa: E402
+    Judged,
+    changes,
+    cross_search,
+    detections,
+    judge_params,
+)
 from zeitgeist.series import Series, load_series  # noqa: E402
 
 from bench.nab_anchors import PUBLISHED, SERIES, Row, published, score_detector  # noqa: E402
@@ -94,14 +98,10 @@ def _judge_one(task: tuple[Series, ModelParams]) -> Judged:
     return judge_params(*task)
 
 
-def detections(series: Sequence[Series], params: ModelParams) -> dict[str, list[int]]:
+def flags(series: Sequence[Series], params: ModelParams) -> dict[str, list[int]]:
     """The offline reference's detections per query (``params`` carried to each series'
     bucket length)."""
-    found: dict[str, list[int]] = defaultdict(list)
-    for one in series:
-        carried = params.for_bucket(one.bucket) if len(one.counts) > 1 else params
-        found[one.query] = [d.bucket for d in trace(one, carried).detections]
-    return found
+    return {one.query: detections(one, params) for one in series}
 
 
 def print_rows(title: str, rows: Sequence[Row]) -> None:
@@ -151,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             held_out: dict[str, list[int]] = {}
             for fold in folds:
                 one = next(s for s in tweets if s.query == fold.held_out)
-                held_out.update(detections([one], fold.params))
+                held_out.update(flags([one], fold.params))
                 nab = fold.held_out_nab.normalised
                 print(
                     f"{fold.held_out:<8} {'' if nab is None else format(nab, '.1f'):>9}  "
@@ -170,8 +170,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"the {len(tweets)} tweet series",
         [
             *crossed.values(),
-            score_detector("Zeitgeist defaults (in-sample)", tweets, detections(tweets, defaults)),
-            score_detector("Zeitgeist searched (in-sample)", tweets, detections(tweets, chosen)),
+            score_detector("Zeitgeist defaults (in-sample)", tweets, flags(tweets, defaults)),
+            score_detector("Zeitgeist searched (in-sample)", tweets, flags(tweets, chosen)),
             *(score_detector(name, tweets, flagged[name]) for name in ANCHORS),
         ],
     )
@@ -187,8 +187,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ):
         for one in group:
             rows = [
-                score_detector("Zeitgeist defaults", [one], detections([one], defaults)),
-                score_detector("Zeitgeist searched", [one], detections([one], chosen)),
+                score_detector("Zeitgeist defaults", [one], flags([one], defaults)),
+                score_detector("Zeitgeist searched", [one], flags([one], chosen)),
                 *(score_detector(name, [one], flagged[name]) for name in ANCHORS),
             ]
             print_rows(f"{title}: {one.query} ({one.bucket // 60_000_000}-minute buckets)", rows)
@@ -202,8 +202,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     print_rows(
         f"generated traffic, seeds {', '.join(map(str, seeds))} (never used for tuning)",
         [
-            score_detector("Zeitgeist defaults", generated, detections(generated, defaults)),
-            score_detector("Zeitgeist searched", generated, detections(generated, chosen)),
+            score_detector("Zeitgeist defaults", generated, flags(generated, defaults)),
+            score_detector("Zeitgeist searched", generated, flags(generated, chosen)),
         ],
     )
     print(f"\n{time.monotonic() - started:.0f} s")

@@ -58,9 +58,9 @@ __all__ = [
     "Prediction",
     "bucket_of",
     "detect",
-    "learn_tail",
     "new_model",
     "pot_bar",
+    "pot_step",
     "predict",
     "update",
 ]
@@ -349,14 +349,24 @@ def pot_bar(tail: Sequence[float], floor: float, params: ModelParams) -> float:
     shape = max(min(0.5 * (1.0 - mean * mean / variance), 0.9), 0.0)
     scale = 0.5 * mean * (mean * mean / variance + 1.0)
     odds = (1.0 - params.pot_level) / params.risk
-    if abs(shape) < 1e-6:
+    if shape < 1e-6:
         quantile = start + scale * math.log(odds)
     else:
         quantile = start + scale / shape * (odds**shape - 1.0)
     return max(floor, quantile)
 
 
-def learn_tail(tail: list[float], evidence: float, params: ModelParams) -> None:
+def pot_step(tail: list[float], evidence: float, floor: float, params: ModelParams) -> float:
+    """The bar ``evidence`` faces (:func:`pot_bar`); then ``evidence`` is learned into the
+    tail, unless it passed a fitted tail's bar: what does is not ordinary, it teaches
+    nothing."""
+    bar = pot_bar(tail, floor, params)
+    if evidence < bar or tail[4] < _POT_MIN_EXCESSES:
+        _learn_tail(tail, evidence, params)
+    return bar
+
+
+def _learn_tail(tail: list[float], evidence: float, params: ModelParams) -> None:
     """One ordinary bucket's evidence into a scale's tail: the tail start tracks the
     ``pot_level`` quantile (a frugal stochastic estimate, in steps of the evidence's spread),
     an exceedance teaches the excess moments."""
@@ -423,11 +433,7 @@ def detect(
         evidence = sum(state.recent[-k:]) / math.sqrt(k)
         state.peaks[i] = max(state.peaks[i], evidence)
         if pot:
-            tail = state.tails[i]
-            bar = pot_bar(tail, threshold, params)
-            # What passes a fitted tail's bar is not ordinary: it teaches nothing.
-            if evidence < bar or tail[4] < _POT_MIN_EXCESSES:
-                learn_tail(tail, evidence, params)
+            bar = pot_step(state.tails[i], evidence, threshold, params)
         else:
             bar = _bar(state.usual[i], threshold, params)
         if evidence >= bar and (passed is None or evidence / bar > passed.evidence / passed.bar):

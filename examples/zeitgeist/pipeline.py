@@ -319,13 +319,32 @@ def _prediction(value: dict[str, Any]) -> Prediction:
     )
 
 
-class SpikeDetector(Computation):
-    """Declares spikes from predictions as they come (no timers)."""
+class _Detector(Computation):
+    """What both detectors share: where anomalies go, the params, the run that names them."""
 
     def __init__(self, output: str, params: ModelParams, run: str) -> None:
         self.output = output
         self.params = params
         self.run = run
+
+    def _judge(
+        self,
+        ctx: Context,
+        detector: DetectorState,
+        prediction: Prediction,
+        kind: str,
+        seen: int,
+        timestamp: int,
+    ) -> None:
+        """Feed ``prediction`` to ``detector``; produce the anomaly it declares, if any."""
+        declared = detect(detector, prediction, kind, seen, self.params)
+        if declared:
+            anomaly = anomaly_value(self.run, ctx.key, prediction, declared, self.params.bucket)
+            ctx.produce(self.output, anomaly, timestamp)
+
+
+class SpikeDetector(_Detector):
+    """Declares spikes from predictions as they come (no timers)."""
 
     def process_record(self, ctx: Context, record: Record) -> None:
         value = json.loads(record.value)
@@ -334,14 +353,11 @@ class SpikeDetector(Computation):
         detector = DetectorState.from_json(state.get({}))
         if detector.last is not None and prediction.bucket <= detector.last:
             return  # a repeat of a bucket already judged
-        declared = detect(detector, prediction, "spike", int(value["seen"]), self.params)
-        if declared:
-            anomaly = anomaly_value(self.run, ctx.key, prediction, declared, self.params.bucket)
-            ctx.produce(self.output, anomaly, record.timestamp)
+        self._judge(ctx, detector, prediction, "spike", int(value["seen"]), record.timestamp)
         state.set(detector.to_json())
 
 
-class DipDetector(Computation):
+class DipDetector(_Detector):
     """Declares dips, judging a bucket only once the low watermark says it is complete.
 
     Buckets that had predictions are judged as they arrive (a prediction is only made for a
@@ -351,11 +367,6 @@ class DipDetector(Computation):
     the model the last prediction carried. Once the input ended (the watermark reached the end
     of time), silence is the end of the data, not an outage.
     """
-
-    def __init__(self, output: str, params: ModelParams, run: str) -> None:
-        self.output = output
-        self.params = params
-        self.run = run
 
     def process_record(self, ctx: Context, record: Record) -> None:
         value = json.loads(record.value)
@@ -371,10 +382,7 @@ class DipDetector(Computation):
             # Buckets between the last judged one and this one were empty.
             for empty in _empty_buckets(upcoming, prediction.bucket, self.params):
                 self._judge_empty(ctx, detector, model, empty, record.timestamp)
-        declared = detect(detector, prediction, "dip", int(value["seen"]), self.params)
-        if declared:
-            anomaly = anomaly_value(self.run, ctx.key, prediction, declared, self.params.bucket)
-            ctx.produce(self.output, anomaly, record.timestamp)
+        self._judge(ctx, detector, prediction, "dip", int(value["seen"]), record.timestamp)
         following = prediction.bucket + self.params.bucket
         state.set({"detector": detector.to_json(), "model": value["model"], "next": following})
         ctx.set_timer("silence", following + self.params.bucket - 1)
@@ -410,10 +418,7 @@ class DipDetector(Computation):
         seen = model["seen"]
         prediction = predict(model, bucket, 0, self.params)
         update(model, prediction, self.params)
-        declared = detect(detector, prediction, "dip", seen, self.params)
-        if declared:
-            anomaly = anomaly_value(self.run, ctx.key, prediction, declared, self.params.bucket)
-            ctx.produce(self.output, anomaly, timestamp)
+        self._judge(ctx, detector, prediction, "dip", seen, timestamp)
 
 
 @dataclass(frozen=True, slots=True)

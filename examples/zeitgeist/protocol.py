@@ -1,25 +1,21 @@
 """Choosing the detector's parameters honestly: leave-one-series-out cross-validation.
 
-Two ways to choose within a fold: from a fixed list of candidates (:func:`cross_validate`), or
-by a coordinate search over every tunable parameter (:func:`search`, :func:`cross_search`):
-from the defaults, each parameter in turn takes the best of its values with the others held,
-round after round until a round changes nothing.
+Fold ``i`` chooses the parameters by a coordinate search on every series but the ``i``-th
+(:func:`search`: from the defaults, each parameter in turn takes the best of its values with
+the others held, round after round until a round changes nothing), and reports what that
+choice does on the ``i``-th, which took no part in choosing it (:func:`cross_search`). The
+folds' held-out figures, added up, are the cross-validated figures: what to expect on traffic
+the parameters never saw.
 
-Every candidate (a :class:`~zeitgeist.model.ModelParams`) is run once on every series by the
-offline reference (whose detections equal the streaming job's) and judged there
-(:func:`zeitgeist.series.judge`). Fold ``i`` then chooses, among the candidates, the one with
-the best NAB standard score on every series but the ``i``-th, and reports what that choice
-does on the ``i``-th, which took no part in choosing it. The folds' held-out figures, added
-up, are the cross-validated figures: what to expect on traffic the parameters never saw.
-
-A candidate's NAB raw score is the objective (NAB's standard profile weighs a missed window
-as much as nine false alarms); ties go to fewer false alarms, then to the earlier candidate
-(list the defaults first).
+Every candidate (a :class:`~zeitgeist.model.ModelParams`) is run on a series by the offline
+reference (whose detections equal the streaming job's) and judged there
+(:func:`zeitgeist.series.judge`), once however many folds and rounds ask. Its NAB raw score
+is the objective (NAB's standard profile weighs a missed window as much as nine false
+alarms); ties go to fewer false alarms, then to the value held.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -34,10 +30,8 @@ __all__ = [
     "Judged",
     "Searched",
     "changes",
-    "choose",
     "cross_search",
-    "cross_validate",
-    "grid",
+    "detections",
     "judge_params",
     "search",
 ]
@@ -46,27 +40,17 @@ Judged = tuple[Score, NabScore]
 """One candidate's outcome on one series."""
 
 
-def judge_params(series: Series, params: ModelParams) -> Judged:
-    """``params`` carried to ``series``' bucket length, run on it by the offline reference,
-    judged against its windows."""
+def detections(series: Series, params: ModelParams) -> list[int]:
+    """The buckets where the offline reference declares anomalies on ``series``, ``params``
+    carried to its bucket length."""
     if len(series.counts) > 1:
         params = params.for_bucket(series.bucket)
-    return judge(series, (d.bucket for d in trace(series, params).detections))
+    return [d.bucket for d in trace(series, params).detections]
 
 
-def grid(base: ModelParams, **values: Sequence[Any]) -> list[ModelParams]:
-    """``base`` first, then every combination of ``values`` (field name → values) on it,
-    without repeats."""
-    names = list(values)
-    known = {f.name for f in fields(ModelParams)}
-    if unknown := set(names) - known:
-        raise ValueError(f"ModelParams has no {sorted(unknown)}")
-    candidates = [base]
-    for combination in itertools.product(*(values[name] for name in names)):
-        candidate = replace(base, **dict(zip(names, combination, strict=True)))
-        if candidate not in candidates:
-            candidates.append(candidate)
-    return candidates
+def judge_params(series: Series, params: ModelParams) -> Judged:
+    """``params`` on ``series`` (:func:`detections`), judged against its windows."""
+    return judge(series, detections(series, params))
 
 
 def changes(params: ModelParams, base: ModelParams) -> str:
@@ -92,63 +76,17 @@ def _total(judged: Iterable[Judged]) -> Judged:
     return score, nab
 
 
-def choose(outcomes: Sequence[Mapping[str, Judged]], queries: Iterable[str]) -> tuple[int, Judged]:
-    """The index of the best candidate on ``queries`` (``outcomes[i]``: candidate ``i``'s
-    outcome per query), and its total there."""
-    wanted = list(queries)
-    best: tuple[int, Judged] | None = None
-    for index, outcome in enumerate(outcomes):
-        total = _total(outcome[q] for q in wanted)
-        if best is None or _better(total, best[1]):
-            best = (index, total)
-    if best is None:
-        raise ValueError("no candidates to choose from")
-    return best
-
-
 @dataclass(frozen=True)
 class Fold:
-    """One fold: the series held out, the candidate chosen on the others, and its outcome
-    on the held-out series (and, for comparison, on the series it was chosen on)."""
+    """One fold: the series held out, the parameters chosen on the others, and their
+    outcome on the held-out series (and, for comparison, on the series they were chosen
+    on)."""
 
     held_out: str
-    chosen: int | None  # the candidate's index (cross_validate; None: cross_search)
     params: ModelParams
     held_out_score: Score
     held_out_nab: NabScore
     training_nab: NabScore
-
-
-def cross_validate(
-    series: Sequence[Series],
-    candidates: Sequence[ModelParams],
-    *,
-    judge_all: Callable[[Sequence[Series], Sequence[ModelParams]], list[dict[str, Judged]]]
-    | None = None,
-) -> list[Fold]:
-    """Leave-one-series-out cross-validation of ``candidates`` over ``series``.
-
-    ``judge_all(series, candidates)`` gives each candidate's outcome per query (by default
-    one after the other here; pass a parallel one for big grids).
-    """
-    if len(series) < 2:
-        raise ValueError("cross-validation needs at least two series")
-    queries = [s.query for s in series]
-    if len(set(queries)) != len(queries):
-        raise ValueError(f"the series' queries repeat: {queries}")
-    outcomes = (judge_all or _judge_all)(series, candidates)
-    folds = []
-    for held_out in queries:
-        index, (_, training_nab) = choose(outcomes, (q for q in queries if q != held_out))
-        score, nab = outcomes[index][held_out]
-        folds.append(Fold(held_out, index, candidates[index], score, nab, training_nab))
-    return folds
-
-
-def _judge_all(
-    series: Sequence[Series], candidates: Sequence[ModelParams]
-) -> list[dict[str, Judged]]:
-    return [{s.query: judge_params(s, params) for s in series} for params in candidates]
 
 
 Judge = Callable[[Sequence[tuple[Series, ModelParams]]], list[Judged]]
@@ -202,7 +140,8 @@ def search(
     on ``series``, the others held; ties keep the current value. Stops after a round that
     changes nothing, or after ``rounds``."""
     base = base or ModelParams()
-    grid(base, **{name: values[:1] for name, values in space.items()})  # names are fields
+    if unknown := set(space) - {f.name for f in fields(ModelParams)}:
+        raise ValueError(f"ModelParams has no {sorted(unknown)}")
     memo = memo or _Memo(judge or _judge_serially)
     current = base
     (best,) = memo.totals(series, [current])
@@ -239,5 +178,5 @@ def cross_search(
         training = [one for one in series if one is not held_out]
         found = search(training, space, base, rounds=rounds, memo=memo)
         ((score, nab),) = memo.totals([held_out], [found.params])
-        folds.append(Fold(held_out.query, None, found.params, score, nab, found.total[1]))
+        folds.append(Fold(held_out.query, found.params, score, nab, found.total[1]))
     return folds, search(series, space, base, rounds=rounds, memo=memo)

@@ -3,19 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 from zeitgeist.model import ModelParams
-from zeitgeist.protocol import (
-    Judged,
-    changes,
-    choose,
-    cross_search,
-    cross_validate,
-    grid,
-    judge_params,
-    search,
-)
+from zeitgeist.protocol import Judged, changes, cross_search, judge_params, search
 from zeitgeist.series import NabScore, Score, Series
 
 
@@ -28,46 +20,23 @@ def _series(*queries: str) -> list[Series]:
 
 
 @pytest.mark.unit
-def test_each_fold_chooses_on_the_other_series_and_scores_the_held_out_one() -> None:
-    series = _series("A", "B", "C")
-    candidates = grid(ModelParams(), threshold=(6.0, 7.0, 8.0))
-    assert [c.threshold for c in candidates] == [6.0, 7.0, 8.0]  # the defaults first
-    # Candidate 1 is superb on A alone; candidate 2 good on B and C; candidate 0 middling.
-    outcomes = [
-        {"A": _judged(0.2), "B": _judged(0.2), "C": _judged(0.2)},
-        {"A": _judged(1.0), "B": _judged(-1.0), "C": _judged(-1.0)},
-        {"A": _judged(-1.0), "B": _judged(0.9), "C": _judged(0.9)},
-    ]
-    seen: list[Sequence[ModelParams]] = []
+def test_a_tie_goes_to_fewer_false_alarms_then_to_the_value_held() -> None:
+    series = _series("A")
+    false_alarms = {5.0: 3, 6.0: 2, 7.0: 1, 8.0: 1}  # every value scores 0.5
 
-    def judge_all(_: Sequence[Series], given: Sequence[ModelParams]) -> list[dict[str, Judged]]:
-        seen.append(given)
-        return outcomes
+    def judge(pairs: Sequence[tuple[Series, ModelParams]]) -> list[Judged]:
+        return [_judged(0.5, false_alarms[params.threshold]) for _, params in pairs]
 
-    folds = cross_validate(series, candidates, judge_all=judge_all)
-    assert seen == [candidates]  # every candidate judged once, on every series
-    assert [(f.held_out, f.chosen) for f in folds] == [("A", 2), ("B", 0), ("C", 0)]
-    # Held out, A is scored with what B and C chose, however well candidate 1 would do there.
-    assert folds[0].held_out_nab.raw == -1.0
-    assert folds[0].training_nab.raw == pytest.approx(1.8)
-    assert folds[1].held_out_nab.raw == 0.2
+    assert search(series, {"threshold": (5.0, 7.0, 8.0)}, judge=judge).params.threshold == 7.0
 
 
 @pytest.mark.unit
-def test_a_tie_goes_to_fewer_false_alarms_then_to_the_earlier_candidate() -> None:
-    outcomes = [{"A": _judged(0.5, 3)}, {"A": _judged(0.5, 1)}, {"A": _judged(0.5, 1)}]
-    assert choose(outcomes, ["A"])[0] == 1
-
-
-@pytest.mark.unit
-def test_grids_name_real_fields_and_changes_say_what_differs() -> None:
-    with pytest.raises(ValueError, match="no \\['thresold'\\]"):
-        grid(ModelParams(), thresold=(1.0,))
+def test_changes_say_what_differs() -> None:
     base = ModelParams()
     assert changes(base, base) == "defaults"
-    assert changes(grid(base, tail=(2.0, 3.0))[1], base) == "tail=3.0"
+    assert changes(replace(base, tail=3.0), base) == "tail=3.0"
     with pytest.raises(ValueError, match="two series"):
-        cross_validate(_series("A"), [base])
+        cross_search(_series("A"), {"tail": (3.0,)})
 
 
 @pytest.mark.unit

@@ -33,9 +33,9 @@ from zeitgeist.model import (
     ModelParams,
     Prediction,
     bucket_of,
-    learn_tail,
     new_model,
     pot_bar,
+    pot_step,
     predict,
     update,
 )
@@ -733,9 +733,7 @@ def test_a_peaks_over_threshold_bar_passes_ordinary_evidence_about_risk_often(
     params = ModelParams(bar="pot", risk=1e-4)
     tail = [0.0, 1.0, 0.0, 0.0, 0]
     for _ in range(100_000):
-        evidence = draw()
-        if evidence < pot_bar(tail, 0.0, params) or tail[4] < 20:
-            learn_tail(tail, evidence, params)
+        pot_step(tail, draw(), 0.0, params)
     bar = pot_bar(tail, 0.0, params)
     assert quantile * 0.9 < bar < quantile * 1.25, bar
     passed = sum(1 for _ in range(300_000) if draw() >= bar) / 300_000
