@@ -10,7 +10,8 @@
    headline: what to expect on tweets the parameters never saw. It runs once per kind of bar
    (the usual daily peaks; peaks over threshold), and the kind with the better
    cross-validated score is the one checked. In-sample rows (the defaults, and the search's
-   choice on all five) are shown beside it, labelled so.
+   choice on all five) are shown beside it, labelled so, and so is the trade-off the
+   defaults' evidence allows: every bar scaled by one factor, from twice to 0.4 times.
 2. **Checks** of the defaults and of the search's choice on all five tweet series, on series
    that took no part in choosing: the NAB series that fit the model
    (``examples/zeitgeist/data/nab-check``, its README says which and why), beside detectors
@@ -31,6 +32,7 @@ import multiprocessing
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +93,8 @@ BARS: dict[str, tuple[ModelParams, dict[str, tuple[Any, ...]]]] = {
         },
     ),
 }
+# The factors the trade-off section scales every bar by.
+TRADE_OFF = (2.0, 1.5, 1.25, 1.0, 0.8, 0.6, 0.4)
 ANCHORS = ("ARTime", "contextOSE", "knncad", "numenta")  # the published detectors shown
 
 
@@ -173,6 +177,20 @@ def main(argv: Sequence[str] | None = None) -> None:
             score_detector("Zeitgeist defaults (in-sample)", tweets, flags(tweets, defaults)),
             score_detector("Zeitgeist searched (in-sample)", tweets, flags(tweets, chosen)),
             *(score_detector(name, tweets, flagged[name]) for name in ANCHORS),
+        ],
+    )
+    print_rows(
+        "the trade-off of the defaults' evidence (in-sample): every bar scaled by one factor",
+        [
+            score_detector(f"Zeitgeist defaults, bars x{factor}", tweets, flags(tweets, scaled))
+            for factor in TRADE_OFF
+            for scaled in [
+                replace(
+                    defaults,
+                    threshold=defaults.threshold * factor,
+                    dip_threshold=defaults.dip_threshold * factor,
+                )
+            ]
         ],
     )
     print(f"\nthe checks compare the defaults with bars '{best}' searched on all five")
