@@ -131,6 +131,10 @@ SOURCE_OPTIONS: Mapping[str, str] = {
     # batch ends at the last stable offset and skips what aborted transactions and their
     # markers occupy (SPARK-25005).
     "kafka.isolation.level": "read_committed",
+    # The Java consumer's default asks the broker to create a missing topic it reads (with
+    # the broker's default partitions): a stream deleted while Spark's cached consumers
+    # still know it would come back, empty and with the wrong partitions.
+    "kafka.allow.auto.create.topics": "false",
 }
 """Kafka source options :func:`kafka_stream` sets unless ``options`` say otherwise."""
 

@@ -136,6 +136,11 @@ def producer(config: MillstreamConfig, **settings: str | int | bool) -> Producer
             "acks": "all",
             # The Java client's partitioner, so a key lands where Java producers put it too.
             "partitioner": "murmur2_random",
+            # librdkafka producers (unlike its consumers) ask the broker to create a topic
+            # they write to or know of; a stream's topic has the partitions its topology
+            # gave it, so one that is missing (deleted under a live producer) is an error,
+            # never a new topic with the broker's default partitions.
+            "allow.auto.create.topics": False,
             **settings,
         }
     )

@@ -101,6 +101,25 @@ def test_sent_productions_arrive_on_their_streams_topics(
     ]
 
 
+def test_a_stream_deleted_under_a_live_producer_is_not_created_again(
+    services: MillstreamConfig, kafka_topic: Callable[..., str]
+) -> None:
+    # librdkafka producers ask the broker to create any topic they write to or know of
+    # (Kafka brokers do, by default, with one partition): a live producer would bring a
+    # deleted stream's topic back, with the wrong partitions, on its next metadata refresh.
+    topic = kafka_topic(partitions=2)
+    sink = KafkaProductionSink(services)
+    admin = kafka_connector.admin_client(services)
+    try:
+        first, second = _record(0), _record(1)
+        assert sink.send([Production(topic, first)], timeout=30) == {first.record_id}
+        kafka_connector.delete_topics(services, [topic])
+        assert sink.send([Production(topic, second)], timeout=5) == frozenset()
+        assert topic not in admin.list_topics(timeout=10).topics
+    finally:
+        sink.close(0)
+
+
 def test_an_unreachable_broker_acknowledges_nothing_within_the_timeout(
     services: MillstreamConfig,
 ) -> None:
