@@ -65,7 +65,14 @@ Install the peers' extras and run (Kafka and Cassandra up: ``millstream up``)::
     .venv/bin/python -m pip install -e '.[test,bench]'
     .venv/bin/python bench/throughput.py [--records 20000] [--runs 1] [--only quix,spark-tws]
         [--rates 200,2000] [--latency-seconds 5] [--large-keys 1000000]
-        [--json out.json] [--plot out.png]
+        [--json out.json] [--plot out.png] [--profile DIR [--profile-idle]]
+
+``--profile DIR`` records the driver and every Spark Python worker of each Spark and millstream
+row with py-spy (``bench/profiling.py``; the ``bench`` extra installs it) while the row drains,
+keeps the collapsed stacks in ``DIR`` and prints each role's top functions with the row;
+``--profile-idle`` samples waiting threads too, so that the shares are of wall time and show what
+the workers wait on. py-spy's own processes share the cores: a profiled row drains at about half
+its speed on 2 cores, so its records/s is marked and not comparable; the shares are the point.
 
 Quix Streams runs in a virtualenv of its own (see ``bench/kafka_peers.py`` for why), created
 on first use under ``~/.millstream/bench/quix-venv`` with pip (or pass ``--quix-python``).
@@ -76,6 +83,7 @@ large state), plus a minute the first time for Quix's virtualenv.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
@@ -112,6 +120,7 @@ from bench.harness import (
     unique_suffix,
 )
 from bench.kafka_peers import QUIX_REQUIREMENT, spend_cpu
+from bench.profiling import Profiler
 from millstream.connectors import cassandra as cassandra_connector
 from millstream.engine.clock import SystemClock
 from millstream.engine.codecs import IntCodec
@@ -722,6 +731,33 @@ def measure_backlog(
     python = quix_python(bench) if system.name == "quix" else Path(sys.executable)
     if system.name.startswith(("spark", "millstream")):
         bench.spark()  # before the clock starts
+    profiled = args.profile is not None and system.name.startswith(("spark", "millstream"))
+    with (
+        Profiler(args.profile, system.name, idle=args.profile_idle)
+        if profiled
+        else contextlib.nullcontext()
+    ) as profiler:
+        _start_and_drain(bench, system, run, result, python)
+    if isinstance(profiler, Profiler):
+        result.notes.append("profiled: records/s slowed by py-spy, not comparable")
+        result.notes.append("\n".join(["", *profiler.summary()]))
+    handle = run.handle
+    assert handle is not None  # _start_and_drain started it
+    time.sleep(0.5)  # let stragglers (duplicates) show before checking
+    result.check = check_outputs(system, run.watcher.messages, args.records, key_of)
+    if isinstance(handle, MillstreamHandle):
+        batches = handle.running.batches(handle.computation)
+        busy = sum(b.seconds for b in batches)
+        result.notes.append(f"{len(batches)} batches, {busy:.1f} s in batches")
+    if system.latency:
+        result.latency = latency_phases(bench, run.config, run.topics, run.watcher, handle)
+
+
+def _start_and_drain(
+    bench: Bench, system: System, run: BacklogRun, result: RunResult, python: Path
+) -> None:
+    """Start ``system`` on the run's backlog and drain it, into ``result``: records/s, the
+    startup time, and the Python workers' CPU meanwhile (in the notes)."""
     cpu_before = python_worker_cpu()
     started = time.time()
     if system.name in ("kafka-loop", "quix"):
@@ -732,19 +768,10 @@ def measure_backlog(
         run.handle = start_tws(bench, run.topics)
     else:
         run.handle = start_millstream(bench, run.topics, run.config, system.name)
-    handle = run.handle
-    result.records_per_s, first, done = run.drain(args.records)
-    result.startup_s = first - started
+    result.records_per_s, first, done = run.drain(bench.args.records)
     if system.name.startswith(("spark", "millstream")):
         result.notes.append(cpu_note(cpu_before, python_worker_cpu(), done - started))
-    time.sleep(0.5)  # let stragglers (duplicates) show before checking
-    result.check = check_outputs(system, run.watcher.messages, args.records, key_of)
-    if isinstance(handle, MillstreamHandle):
-        batches = handle.running.batches(handle.computation)
-        busy = sum(b.seconds for b in batches)
-        result.notes.append(f"{len(batches)} batches, {busy:.1f} s in batches")
-    if system.latency:
-        result.latency = latency_phases(bench, run.config, run.topics, run.watcher, handle)
+    result.startup_s = first - started
 
 
 def latency_phases(
@@ -1005,6 +1032,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", type=Path, help="write the figures to this JSON file")
     parser.add_argument("--plot", type=Path, help="write a PNG bar chart here")
     parser.add_argument("--quix-python", help="Python of a virtualenv with quixstreams 3")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="record the driver and every Spark Python worker of each Spark and millstream "
+        "row with py-spy into this folder, and print their top functions (bench/profiling.py)",
+    )
+    parser.add_argument(
+        "--profile-idle",
+        action="store_true",
+        help="with --profile: sample waiting threads too (shares of wall time, not of CPU)",
+    )
     args = parser.parse_args(argv)
     args.rates = [float(r) for r in args.rates.split(",") if r.strip()]
     args.only = [n.strip() for n in args.only.split(",") if n.strip()] or names
