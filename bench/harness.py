@@ -428,8 +428,8 @@ def first_data_batch_start(query: StreamingQuery) -> float | None:
     return None
 
 
-def python_worker_cpu() -> dict[int, float]:
-    """CPU seconds (user + system) so far of each Spark Python worker this process started.
+def python_workers() -> list[int]:
+    """The pids of the Spark Python workers this process started (and of their daemon).
 
     Spark's Python workers are forked by ``pyspark.daemon``, a child of the JVM that pyspark
     started from this process; they are found among this process's descendants in /proc
@@ -449,13 +449,24 @@ def python_worker_cpu() -> dict[int, float]:
         found = {pid for pid, parent in parents.items() if parent in descendants}
         grew = not found <= descendants
         descendants |= found
-    ticks = os.sysconf("SC_CLK_TCK")
-    cpu: dict[int, float] = {}
+    workers = []
     for pid in descendants - {os.getpid()}:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as command:
-                if b"pyspark" not in command.read():
-                    continue
+                if b"pyspark" in command.read():
+                    workers.append(pid)
+        except OSError:
+            continue
+    return workers
+
+
+def python_worker_cpu() -> dict[int, float]:
+    """CPU seconds (user + system) so far of each Spark Python worker this process started
+    (:func:`python_workers`)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    cpu: dict[int, float] = {}
+    for pid in python_workers():
+        try:
             with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
                 fields = stat.read().rsplit(")", 1)[1].split()
             cpu[pid] = (int(fields[11]) + int(fields[12])) / ticks

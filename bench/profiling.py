@@ -2,12 +2,13 @@
 
 :class:`Profiler` records, while a row drains, this process (the Spark driver's Python side:
 the runner, the watermark authority, the benchmark's own threads) and each Spark Python
-worker it starts (found as :func:`bench.harness.python_worker_cpu` finds them, attached as
-they appear, since Spark forks them when the first batch runs). py-spy samples the stacks
-from outside (``--nonblocking``: the processes are never paused), so what it shows costs
-the row almost nothing. Each process's samples go to ``<directory>/<row>-<role>-<pid>.txt``
-in py-spy's raw (collapsed stack) format, which flame-graph tools read; :meth:`summary`
-prints the functions that hold the most samples, by self and by total time, per role.
+worker it starts (:func:`bench.harness.python_workers`, attached as they appear, since Spark
+forks them when the first batch runs). py-spy samples the stacks from outside
+(``--nonblocking``: the processes are never paused), but its own processes share the cores:
+on 2 cores a profiled row drains at about half its speed. Each process's samples go to
+``<directory>/<row>-<role>-<pid>.txt`` in py-spy's raw (collapsed stack) format, which
+flame-graph tools read; :meth:`summary` prints the functions that hold the most samples, by
+self and by total time, per role.
 
 Without ``idle`` only threads running on a CPU are sampled: the shares are of CPU time.
 With it, waiting threads are sampled too (a socket read, a lock): the shares are of wall
@@ -27,7 +28,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
 
-from bench.harness import python_worker_cpu
+from bench.harness import python_workers
 
 __all__ = ["ROOT", "Profiler", "py_spy", "top_frames"]
 
@@ -126,7 +127,7 @@ class Profiler:
 
     def _attach_workers(self) -> None:
         while not self._stop.wait(1.0):
-            for pid in python_worker_cpu():
+            for pid in python_workers():
                 if pid not in self.recorders:
                     self._record(pid, "worker")
 

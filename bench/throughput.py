@@ -169,6 +169,11 @@ class System:
     guarantee: str
     latency: bool = False  # measured in the latency phase too
 
+    @property
+    def on_spark(self) -> bool:
+        """Whether the row runs on the benchmark's Spark session (millstream's rows too)."""
+        return self.name.startswith(("spark", "millstream"))
+
 
 SYSTEMS = (
     System("kafka-loop", "loop", "confluent-kafka consume→produce loop, no state", "none"),
@@ -729,16 +734,16 @@ def measure_backlog(
     args = bench.args
     result.notes.append(f"injected at {run.injection.rate:,.0f} records/s")
     python = quix_python(bench) if system.name == "quix" else Path(sys.executable)
-    if system.name.startswith(("spark", "millstream")):
+    if system.on_spark:
         bench.spark()  # before the clock starts
-    profiled = args.profile is not None and system.name.startswith(("spark", "millstream"))
-    with (
+    profiler = (
         Profiler(args.profile, system.name, idle=args.profile_idle)
-        if profiled
-        else contextlib.nullcontext()
-    ) as profiler:
+        if args.profile is not None and system.on_spark
+        else None
+    )
+    with profiler or contextlib.nullcontext():
         _start_and_drain(bench, system, run, result, python)
-    if isinstance(profiler, Profiler):
+    if profiler is not None:
         result.notes.append("profiled: records/s slowed by py-spy, not comparable")
         result.notes.append("\n".join(["", *profiler.summary()]))
     handle = run.handle
@@ -769,7 +774,7 @@ def _start_and_drain(
     else:
         run.handle = start_millstream(bench, run.topics, run.config, system.name)
     result.records_per_s, first, done = run.drain(bench.args.records)
-    if system.name.startswith(("spark", "millstream")):
+    if system.on_spark:
         result.notes.append(cpu_note(cpu_before, python_worker_cpu(), done - started))
     result.startup_s = first - started
 

@@ -108,6 +108,16 @@ def flags(series: Sequence[Series], params: ModelParams) -> dict[str, list[int]]
     return {one.query: detections(one, params) for one in series}
 
 
+def scaled_bars(params: ModelParams, factor: float) -> ModelParams:
+    """``params`` with every bar ``factor`` times as high: the spike and the dip thresholds,
+    which every scale's bar is a multiple of."""
+    return replace(
+        params,
+        threshold=params.threshold * factor,
+        dip_threshold=params.dip_threshold * factor,
+    )
+
+
 def print_rows(title: str, rows: Sequence[Row]) -> None:
     header = (
         f"{'':<34} {'windows':>8} {'false alarms':>12} {'recall':>6} {'precision':>9} {'NAB':>6}"
@@ -182,15 +192,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     print_rows(
         "the trade-off of the defaults' evidence (in-sample): every bar scaled by one factor",
         [
-            score_detector(f"Zeitgeist defaults, bars x{factor}", tweets, flags(tweets, scaled))
+            score_detector(
+                f"Zeitgeist defaults, bars x{factor}",
+                tweets,
+                flags(tweets, scaled_bars(defaults, factor)),
+            )
             for factor in TRADE_OFF
-            for scaled in [
-                replace(
-                    defaults,
-                    threshold=defaults.threshold * factor,
-                    dip_threshold=defaults.dip_threshold * factor,
-                )
-            ]
         ],
     )
     print(f"\nthe checks compare the defaults with bars '{best}' searched on all five")
