@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable
 
@@ -64,8 +65,15 @@ def test_an_open_transaction_of_a_dead_producer_is_seen_as_a_stall(
     assert watch.probe() == TransactionStalls(stalled=1, new=1, longest=11.0, unstable=1)
 
     dead.abort_transaction(30)
+    # The coordinator writes the abort marker to the partition after it answers EndTxn, so
+    # the LSO passes it a moment after abort_transaction returns.
+    expected = {(topic, 0): (2, 2), (topic, 1): (1, 1)}
+    deadline = time.monotonic() + 30
     offsets = stable_offsets(admin_client(services), [topic])
+    while offsets != expected and time.monotonic() < deadline:
+        time.sleep(0.1)
+        offsets = stable_offsets(admin_client(services), [topic])
     # Partition 0: the aborted message and its abort marker, both passed by the LSO.
-    assert offsets == {(topic, 0): (2, 2), (topic, 1): (1, 1)}
+    assert offsets == expected
     clock.advance(5 * SECOND)
     assert watch.probe() == TransactionStalls()
