@@ -39,6 +39,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Collection, Mapping, Sequence, Set
 from dataclasses import dataclass, field
+from typing import Final
 
 from millstream.engine.layout import LayoutStore
 from millstream.engine.productions import Production
@@ -46,7 +47,18 @@ from millstream.engine.sequencer import Lease
 from millstream.engine.state import KeyChanges
 from millstream.engine.timers import Timer
 
-__all__ = ["IntervalSnapshot", "IntervalStore", "KeySnapshot", "NextTimers", "split_batches"]
+__all__ = [
+    "DEFAULT_MAX_BATCH_BYTES",
+    "IntervalSnapshot",
+    "IntervalStore",
+    "KeySnapshot",
+    "NextTimers",
+    "split_batches",
+]
+
+# What a backend's commit batch holds at most by default (approximate bytes; see
+# :func:`split_batches`). Cassandra's reason for the figure is in its backend's docstring.
+DEFAULT_MAX_BATCH_BYTES: Final = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)

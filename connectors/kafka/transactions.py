@@ -284,6 +284,7 @@ class KafkaTransactionalSink:
             },
         )
         try:
+            _bounded(lambda: self._connect(made, timeout), timeout, "list_topics")
             _bounded(lambda: made.init_transactions(timeout), timeout, "init_transactions")
         except _Stuck as exc:
             self.abandoned += 1
@@ -302,6 +303,20 @@ class KafkaTransactionalSink:
         finally:
             named.close()
         return _Producer(made, metadata, time.monotonic()), marker
+
+    def _connect(self, made: Producer, timeout: float) -> None:
+        """Return once ``made`` has a connection up to a broker it learned from metadata.
+
+        init_transactions on a new producer that has none looks for its coordinator again
+        only on librdkafka's 500 ms timer: one open in four or five paid it here, and an
+        interval opens again whenever Spark hands its task to another Python worker. The
+        first metadata answer comes over the bootstrap connection, which librdkafka then
+        replaces by one to the broker the answer names; the second comes once that is up
+        (a single request made it worse: one open in three waited).
+        """
+        deadline = time.monotonic() + timeout
+        for _ in range(2):
+            made.list_topics(self._marker_topic, max(0.0, deadline - time.monotonic()))
 
     def deliver(
         self,

@@ -67,10 +67,13 @@ Rules that make the contract hold:
   ``batch_size_fail_threshold`` (50 KiB) are checked only for non-conditional batches that
   span several partitions; a conditional batch on one partition is exempt (``BatchStatement
   .executeWithConditions`` never calls ``verifyBatchSize``; verified on 5.0). Commits are
-  still split at :data:`DEFAULT_MAX_BATCH_BYTES` (48 KiB), under the fail threshold, so
-  each Paxos proposal (written to ``system.paxos`` and then to the table) stays small, an
-  unknown outcome puts little in doubt, and nothing breaks should the threshold ever apply.
-  The hard limits are ``max_mutation_size`` (16 MiB by default) and the driver's 65,535
+  split at :data:`DEFAULT_MAX_BATCH_BYTES` (1 MiB): each batch is one Paxos round, and an
+  interval's batches are sequential (each is chained on the one before), so the limit sets
+  how many rounds a large commit waits for. At the fail threshold's 48 KiB a commit of 625
+  counted keys took 5 LWTs and 70-85 ms at p50; at 1 MiB one LWT and 35-40 ms, while past
+  that the time per byte dominates (``bench/core_commits.py --max-batch-bytes``). The
+  limit still keeps a proposal (written to ``system.paxos`` and then to the table) far
+  from the hard limits, ``max_mutation_size`` (16 MiB by default) and the driver's 65,535
   statements per batch; a single key may exceed the byte limit (it goes alone) but not those.
 * **Dedup IDs** carry both an ``expires`` time from the injected clock, which decides
   whether they count as seen (so expiry is testable with a manual clock, like the memory
@@ -125,6 +128,7 @@ from millstream.engine.productions import CommitTag, Production
 from millstream.engine.sequencer import INITIAL_SEQUENCER, Lease
 from millstream.engine.state import KeyChanges
 from millstream.engine.store import (
+    DEFAULT_MAX_BATCH_BYTES,
     IntervalSnapshot,
     IntervalStore,
     KeySnapshot,
@@ -165,9 +169,6 @@ __all__ = [
     "StoreStats",
 ]
 
-# Under Cassandra 5.0's default batch_size_fail_threshold of 50 KiB (see the module docstring
-# for why it is kept although conditional single-partition batches are exempt from it).
-DEFAULT_MAX_BATCH_BYTES: Final = 48 * 1024
 # Enough for a handful of workers racing for one interval (a lost race costs one LWT, and
 # retries back off with jitter); more contention than that is a deployment error.
 DEFAULT_ACQUIRE_ATTEMPTS: Final = 20

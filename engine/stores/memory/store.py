@@ -36,6 +36,7 @@ from millstream.engine.productions import Production
 from millstream.engine.sequencer import INITIAL_SEQUENCER, Lease
 from millstream.engine.state import UNCHANGED, KeyChanges
 from millstream.engine.store import (
+    DEFAULT_MAX_BATCH_BYTES,
     IntervalSnapshot,
     IntervalStore,
     KeySnapshot,
@@ -53,9 +54,6 @@ __all__ = [
     "MemoryIntervalStore",
     "UnknownOutcome",
 ]
-
-# Cassandra's default batch_size_fail_threshold is 50 KiB; stay a little under it.
-DEFAULT_MAX_BATCH_BYTES = 48 * 1024
 
 
 class FaultPoint(enum.Enum):
