@@ -5,14 +5,18 @@
 * ``quix``: Quix Streams 3 with ``processing_guarantee="exactly-once"``: per key, a count in
   its RocksDB state (backed by a changelog topic), and for every input message one output
   message with the key's new count, in Kafka transactions.
+* ``bytewax``: Bytewax 0.21, one worker: the same count with ``stateful_map``, its state
+  snapshotted into SQLite recovery partitions each epoch, out through its Kafka sink (at
+  least once: its free edition has no transactional sink).
 
-Both stop once they have handled ``--records`` input messages (Quix commits its last
-transaction on the way out) and print one JSON line: ``{"first_record_at": <wall clock s of
-the first input message they got>, "handled": <n>}``. This file imports only the standard
-library, confluent-kafka and (for ``quix``) quixstreams, because ``quix`` runs in a virtualenv
-of its own: every Quix Streams 3 release caps confluent-kafka below 2.13, whose wheels carry no
-type information, so it cannot share millstream's environment without breaking ``mypy
---strict``. ``bench/throughput.py`` creates that virtualenv on first use with::
+Each stops once it has handled ``--records`` input messages (Quix commits its last
+transaction on the way out; Bytewax stops at the topic's end) and prints one JSON line:
+``{"first_record_at": <wall clock s of the first input message it got>, "handled": <n>}``.
+This file imports only the standard library, confluent-kafka and the peer's framework,
+because the frameworks run in virtualenvs of their own: every Quix Streams 3 release caps
+confluent-kafka below 2.13, whose wheels carry no type information, so it cannot share
+millstream's environment without breaking ``mypy --strict``, and Bytewax is kept apart the
+same way. ``bench/throughput.py`` creates them on first use, for example::
 
     python -m venv ~/.millstream/bench/quix-venv
     ~/.millstream/bench/quix-venv/bin/python -m pip install 'quixstreams==3.28.1'
@@ -34,6 +38,7 @@ import uuid
 from typing import Any
 
 QUIX_REQUIREMENT = "quixstreams==3.28.1"
+BYTEWAX_REQUIREMENT = "bytewax[kafka]==0.21.1"
 
 
 def run_loop(args: argparse.Namespace) -> dict[str, Any]:
@@ -96,6 +101,66 @@ def run_quix(args: argparse.Namespace) -> dict[str, Any]:
     return {"first_record_at": counter.first, "handled": counter.handled}
 
 
+def run_bytewax(args: argparse.Namespace) -> dict[str, Any]:
+    """Bytewax: one worker, its state snapshotted to SQLite recovery partitions every epoch
+    (the default 10 s), output at least once through its Kafka sink; it reads the topic to
+    its end (``tail=False``) and stops there."""
+    from datetime import timedelta
+    from pathlib import Path
+
+    op: Any = importlib.import_module("bytewax.operators")
+    dataflow: Any = importlib.import_module("bytewax.dataflow")
+    kafka: Any = importlib.import_module("bytewax.connectors.kafka")
+    recovery: Any = importlib.import_module("bytewax.recovery")
+    testing: Any = importlib.import_module("bytewax.testing")
+
+    state_dir = Path(args.state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    recovery.init_db_dir(state_dir, 1)
+    counter = _Counter(args.pad, args.work_us)
+
+    def count(total: int | None, value: bytes) -> tuple[int, bytes]:
+        total = (total or 0) + 1
+        return total, counter.count(total)
+
+    flow = dataflow.Dataflow("bench_count")
+    source = kafka.KafkaSource(
+        [args.bootstrap],
+        [args.source],
+        tail=False,
+        add_config={"group.id": args.group, "enable.auto.commit": "false"},
+    )
+    messages = op.input("in", flow, source)
+    keyed = op.key_on("key", messages, lambda m: m.key.decode())
+    values = op.map_value("value", keyed, lambda m: m.value)
+    counts = op.stateful_map("count", values, count)
+    out = op.map("out", counts, lambda kv: kafka.KafkaSinkMessage(kv[0].encode(), kv[1]))
+    op.output("sink", out, kafka.KafkaSink([args.bootstrap], args.sink))
+    testing.run_main(
+        flow,
+        epoch_interval=timedelta(seconds=10),
+        recovery_config=recovery.RecoveryConfig(state_dir),
+    )
+    return {"first_record_at": counter.first, "handled": counter.handled}
+
+
+class _Counter:
+    """Counts calls, notes the first's wall time, spends the work, pads the new count."""
+
+    def __init__(self, pad: int, work_us: float) -> None:
+        self.pad = pad
+        self.work_us = work_us
+        self.first: float | None = None
+        self.handled = 0
+
+    def count(self, total: int) -> bytes:
+        if self.first is None:
+            self.first = time.time()
+        self.handled += 1
+        spend_cpu(self.work_us)
+        return str(total).encode().rjust(self.pad, b"0")
+
+
 class _QuixCounter:
     """The stateful step: the key's new count, zero-padded to ``pad`` bytes."""
 
@@ -125,7 +190,7 @@ def spend_cpu(microseconds: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("peer", choices=["loop", "quix"])
+    parser.add_argument("peer", choices=["loop", "quix", "bytewax"])
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--source", required=True)
     parser.add_argument("--sink", required=True)
@@ -138,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    result = run_loop(args) if args.peer == "loop" else run_quix(args)
+    runs = {"loop": run_loop, "quix": run_quix, "bytewax": run_bytewax}
+    result = runs[args.peer](args)
     print(json.dumps(result), flush=True)
     return 0
 

@@ -16,6 +16,7 @@ is (41 bytes).
 | ``kafka-loop`` | confluent-kafka consume→produce loop, no state | none |
 | ``spark-floor`` | Spark Kafka → ``foreachBatch`` → Kafka, no state | at-least-once |
 | ``quix`` | Quix Streams 3, ``processing_guarantee="exactly-once"``, RocksDB | exactly-once |
+| ``bytewax`` | Bytewax 0.21, one worker, state in SQLite recovery partitions | at-least-once |
 | ``spark-tws`` | ``transformWithStateInPandas``, RocksDB state store, Kafka sink | at-least-once |
 | ``millstream-strong`` | strong productions, exactly-once, 16 intervals, txns | exactly-once |
 | ``millstream-notx`` | the same, ``transactional_productions=False`` | eo-millstream |
@@ -74,8 +75,9 @@ keeps the collapsed stacks in ``DIR`` and prints each role's top functions with 
 the workers wait on. py-spy's own processes share the cores: a profiled row drains at about half
 its speed on 2 cores, so its records/s is marked and not comparable; the shares are the point.
 
-Quix Streams runs in a virtualenv of its own (see ``bench/kafka_peers.py`` for why), created
-on first use under ``~/.millstream/bench/quix-venv`` with pip (or pass ``--quix-python``).
+Quix Streams and Bytewax run in virtualenvs of their own (see ``bench/kafka_peers.py`` for
+why), created on first use under ``~/.millstream/bench/quix-venv`` and ``bytewax-venv`` with
+pip (or pass ``--quix-python``).
 Runtime with the defaults on 2 cores: about 3.5 minutes (half a minute of it preloading the
 large state), plus a minute the first time for Quix's virtualenv.
 """
@@ -119,7 +121,7 @@ from bench.harness import (
     python_worker_cpu,
     unique_suffix,
 )
-from bench.kafka_peers import QUIX_REQUIREMENT, spend_cpu
+from bench.kafka_peers import BYTEWAX_REQUIREMENT, QUIX_REQUIREMENT, spend_cpu
 from bench.profiling import Profiler
 from millstream.connectors import cassandra as cassandra_connector
 from millstream.engine.clock import SystemClock
@@ -185,6 +187,7 @@ SYSTEMS = (
         latency=True,
     ),
     System("quix", "quix", "Quix Streams 3, RocksDB count", "exactly-once"),
+    System("bytewax", "bytewax", "Bytewax 0.21, one worker, SQLite recovery", "at-least-once"),
     System(
         "spark-tws",
         "tws",
@@ -405,23 +408,35 @@ def await_first_batch(
     return None
 
 
-def quix_python(bench: Bench) -> Path:
-    """The interpreter of Quix Streams' own virtualenv, created on first use."""
-    if bench.args.quix_python:
+PEER_REQUIREMENTS = {"quix": QUIX_REQUIREMENT, "bytewax": BYTEWAX_REQUIREMENT}
+
+
+def peer_python(bench: Bench, peer: str) -> Path:
+    """The interpreter a peer runs with: its own virtualenv, created on first use, for the
+    frameworks (each pins its own confluent-kafka), else this one."""
+    requirement = PEER_REQUIREMENTS.get(peer)
+    if requirement is None:
+        return Path(sys.executable)
+    if peer == "quix" and bench.args.quix_python:
         return Path(bench.args.quix_python)
-    home = bench.config.home / "bench" / "quix-venv"
+    home = bench.config.home / "bench" / f"{peer}-venv"
     python = home / "bin" / "python"
     stamp = home / ".requirement"
-    if python.exists() and stamp.exists() and stamp.read_text() == QUIX_REQUIREMENT:
+    if python.exists() and stamp.exists() and stamp.read_text() == requirement:
         return python
-    print(f"  creating {home} with {QUIX_REQUIREMENT} (once; takes about a minute)", flush=True)
+    print(f"  creating {home} with {requirement} (once; takes about a minute)", flush=True)
     venv.EnvBuilder(with_pip=True, clear=True).create(home)
     subprocess.run(
-        [str(python), "-m", "pip", "install", "--quiet", QUIX_REQUIREMENT],
+        [str(python), "-m", "pip", "install", "--quiet", requirement],
         check=True,
     )
-    stamp.write_text(QUIX_REQUIREMENT)
+    stamp.write_text(requirement)
     return python
+
+
+def quix_python(bench: Bench) -> Path:
+    """The interpreter of Quix Streams' own virtualenv, created on first use."""
+    return peer_python(bench, "quix")
 
 
 def start_peer(
@@ -442,7 +457,7 @@ def start_peer(
         "--group",
         f"bench_{peer}_{topics.suffix}",
         "--state-dir",
-        str(bench.root / f"quix-state-{topics.suffix}"),
+        str(bench.root / f"{peer}-state-{topics.suffix}"),
         "--pad",
         str(bench.output_bytes),
         "--work-us",
@@ -733,7 +748,7 @@ def measure_backlog(
 ) -> None:
     args = bench.args
     result.notes.append(f"injected at {run.injection.rate:,.0f} records/s")
-    python = quix_python(bench) if system.name == "quix" else Path(sys.executable)
+    python = peer_python(bench, system.name)
     if system.on_spark:
         bench.spark()  # before the clock starts
     profiler = (
@@ -765,7 +780,7 @@ def _start_and_drain(
     startup time, and the Python workers' CPU meanwhile (in the notes)."""
     cpu_before = python_worker_cpu()
     started = time.time()
-    if system.name in ("kafka-loop", "quix"):
+    if system.name in ("kafka-loop", "quix", "bytewax"):
         run.handle = start_peer(bench, run.topics, system.short, python)
     elif system.name == "spark-floor":
         run.handle = start_floor(bench, run.topics)
