@@ -44,6 +44,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, TypeVar
 
 from millstream.engine.cache import StateCache
@@ -632,14 +633,17 @@ class _KeyRun:
 
     def _record(self, delivery: Delivery) -> None:
         record = delivery.record
-        origin = replace(delivery.origin, record_id=record.record_id, key=self.key)
+
+        def origin() -> Origin:  # only a dead letter needs it: not made for every record
+            return replace(delivery.origin, record_id=record.record_id, key=self.key)
+
         if self.spec.options.exactly_once:
             self.changes.dedup_ids.append(record.record_id)
         self.result.processed += 1
         try:
             check_event_time(record.timestamp)
         except AbsurdTimestampError as exc:
-            self._dead_letter(origin, exc, _raw(record), record.record_id, self.watermark)
+            self._dead_letter(origin(), exc, _raw(record), record.record_id, self.watermark)
             return
         if isinstance(record, Deletion):
             self._deletion(record, origin)
@@ -662,7 +666,7 @@ class _KeyRun:
             self.watermark,
         )
 
-    def _deletion(self, deletion: Deletion, origin: Origin) -> None:
+    def _deletion(self, deletion: Deletion, origin: Callable[[], Origin]) -> None:
         # Late or not, a deletion runs: it has no envelope for the late stream, and dropping
         # it would keep what its producer deleted.
         if deletion.timestamp < self.watermark:
@@ -693,11 +697,10 @@ class _KeyRun:
                 self.changes.state = None
                 self.result.expired += 1
                 continue
-            origin = Origin(key=self.key, timer_tag=timer.tag, timer_timestamp=timer.timestamp)
             self._call(
                 timer.identity,
                 _timer_hook(computation, timer),
-                origin,
+                partial(Origin, key=self.key, timer_tag=timer.tag, timer_timestamp=timer.timestamp),
                 lambda: b"",
                 timer.timestamp,
                 self.timer_watermark,
@@ -708,7 +711,7 @@ class _KeyRun:
         self,
         cause_id: bytes,
         hook: Callable[[Context], None],
-        origin: Origin,
+        origin: Callable[[], Origin],
         raw: Callable[[], bytes],
         timestamp: int,
         watermark: int,
@@ -719,7 +722,7 @@ class _KeyRun:
         except Exception as exc:
             # User code failed: its changes are dropped and the input is kept as a dead letter,
             # so one bad record cannot stop the interval.
-            self._dead_letter(origin, exc, raw(), cause_id, timestamp)
+            self._dead_letter(origin(), exc, raw(), cause_id, timestamp)
             return
         call_changes = context.changes
         if not self.spec.options.strong_productions:

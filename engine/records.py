@@ -37,7 +37,7 @@ import json
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from importlib import resources
 from typing import Any
 
@@ -93,6 +93,7 @@ MAX_EVENT_TIME = 253_402_300_799_999_999
 _FINGERPRINT_BYTES = 8
 _HEADER_BYTES = len(SINGLE_OBJECT_MARKER) + _FINGERPRINT_BYTES
 _LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
+_ID_PERSON = b"millstream.id.v1"
 _SCHEMA_PACKAGE = "millstream.schemas"
 
 
@@ -291,16 +292,47 @@ def decode_single_object(
 
 
 def encode_record(record: Record) -> bytes:
-    """The envelope of ``record`` in Avro single-object encoding."""
-    return encode_single_object(
-        {
-            "key": record.key,
-            "value": record.value,
-            "timestamp": record.timestamp,
-            "record_id": record.record_id,
-        },
-        _envelope(),
+    """The envelope of ``record`` in Avro single-object encoding.
+
+    Written here rather than by fastavro, since every production pays it (a third of the
+    time): the envelope's fields in order, a string, bytes, a long and a 16-byte fixed.
+    :class:`Record` has checked every field's type and range already, which is what
+    fastavro's strict mode would check; a test holds the bytes equal to fastavro's.
+    """
+    key = record.key.encode("utf-8")
+    value = record.value
+    return b"".join(
+        (
+            _envelope_header(),
+            _avro_long(len(key)),
+            key,
+            _avro_long(len(value)),
+            value,
+            _avro_long(record.timestamp),
+            record.record_id,
+        )
     )
+
+
+@cache
+def _envelope_header() -> bytes:
+    return SINGLE_OBJECT_MARKER + _envelope().fingerprint
+
+
+def _avro_long(value: int) -> bytes:
+    """Avro's encoding of a long: zig-zag, then 7 bits a byte, least significant first."""
+    zigzag = (value << 1) ^ (value >> 63)
+    if zigzag < 0x80:
+        return _SMALL_LONGS[zigzag]
+    out = bytearray()
+    while zigzag >= 0x80:
+        out.append((zigzag & 0x7F) | 0x80)
+        zigzag >>= 7
+    out.append(zigzag)
+    return bytes(out)
+
+
+_SMALL_LONGS = tuple(bytes((n,)) for n in range(0x80))
 
 
 def decode_record(data: bytes, registry: SchemaRegistry | None = None) -> Record:
@@ -376,7 +408,20 @@ def production_record_id(computation: str, cause_id: bytes, index: int) -> bytes
         raise ValueError("cause_id must be the input record's ID or a timer identity")
     if index < 0:
         raise ValueError(f"index must be non-negative, got {index}")
-    return _derive_id("production", computation, cause_id, index)
+    # _derive_id("production", computation, cause_id, index), from a copy of the digest
+    # that has hashed the first two parts already: every production pays this.
+    digest = _production_digest(computation).copy()
+    digest.update(_frame(cause_id))
+    digest.update(_frame(index))
+    return digest.digest()
+
+
+@lru_cache(maxsize=1024)
+def _production_digest(computation: str) -> hashlib.blake2b:
+    digest = hashlib.blake2b(digest_size=RECORD_ID_BYTES, person=_ID_PERSON)
+    for part in ("production", computation):
+        digest.update(_frame(part))
+    return digest
 
 
 def dead_letter_record_id(computation: str, cause_id: bytes) -> bytes:
@@ -398,7 +443,7 @@ def timer_identity(key: str, tag: str, timestamp: int, set_by: bytes = b"") -> b
 
 
 def _derive_id(domain: str, *parts: str | bytes | int) -> bytes:
-    digest = hashlib.blake2b(digest_size=RECORD_ID_BYTES, person=b"millstream.id.v1")
+    digest = hashlib.blake2b(digest_size=RECORD_ID_BYTES, person=_ID_PERSON)
     for part in (domain, *parts):
         digest.update(_frame(part))
     return digest.digest()

@@ -48,6 +48,18 @@ def test_encode_decode_round_trips(record: Record) -> None:
     assert decode_record(encode_record(record)) == record
 
 
+@given(records)
+def test_the_envelope_is_encoded_as_fastavro_encodes_it(record: Record) -> None:
+    envelope = default_registry().named("millstream.Envelope")
+    datum = {
+        "key": record.key,
+        "value": record.value,
+        "timestamp": record.timestamp,
+        "record_id": record.record_id,
+    }
+    assert encode_record(record) == encode_single_object(datum, envelope)
+
+
 def test_encoding_is_single_object_with_the_envelope_fingerprint() -> None:
     data = encode_record(Record("k", b"v", 1, RID))
     envelope = default_registry().named("millstream.Envelope")
@@ -207,6 +219,22 @@ def test_record_ids_are_16_bytes_and_deterministic() -> None:
         dead_letter_record_id("counter", RID),
     ]
     assert len(set(ids)) == len(ids)
+
+
+@pytest.mark.parametrize(
+    ("computation", "cause_id", "index", "expected"),
+    [
+        ("counter", RID, 0, "6546220f9b4b290a02c2d60499b6331e"),
+        ("counter", RID, 7, "ef1999e72da52b10c6dcd890a343befe"),
+        ("zeitgeist.model", bytes(16), 2**40, "c59f56ccdcff3cf0ff5992116e90b5da"),
+    ],
+)
+def test_production_ids_stay_those_earlier_versions_wrote(
+    computation: str, cause_id: bytes, index: int, expected: str
+) -> None:
+    # Downstream deduplication matches a retried production by its ID: the derivation may
+    # get faster but never change (values from the version before it was cached).
+    assert production_record_id(computation, cause_id, index).hex() == expected
 
 
 @pytest.mark.parametrize(
