@@ -37,7 +37,8 @@ at once when it stops after the last record. The *check* column says whether the
 right: for the counting rows, each key's counts 1..n exactly once (duplicates and gaps are
 listed); for the floors, one output per input. For the Spark rows (millstream included) the
 notes give each Spark Python worker's CPU seconds while draining, and its share of that time
-(from /proc, so Linux only): how busy each core's worker was.
+(from /proc, so Linux only): how busy each core's worker was; for the peer processes (the
+loop, Quix, Bytewax), their CPU over their whole life, start-up included.
 
 **Latency** (``--rates``, ``--latency-seconds`` at each): after its backlog, the
 ``spark-floor``, ``millstream-strong`` and ``millstream-notx`` instances get paced input at
@@ -90,6 +91,7 @@ import importlib
 import json
 import os
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -293,6 +295,11 @@ class Topics:
     sink: str
 
 
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 class ProcessHandle:
     """A peer process of bench/kafka_peers.py; it exits once it handled the backlog."""
 
@@ -300,8 +307,13 @@ class ProcessHandle:
         self.peer = peer
         self.stdout = (logs.with_suffix(".out")).open("w+")
         self.stderr = (logs.with_suffix(".err")).open("w+")
+        # The peer is this process's only child reaped meanwhile (Spark's JVM lives on), so
+        # the children's CPU before and after it is its own.
+        self._children_cpu = _children_cpu()
+        self._started = time.monotonic()
         self.process = subprocess.Popen(command, stdout=self.stdout, stderr=self.stderr)
         self._result: dict[str, Any] | None = None
+        self._life: tuple[float, float] | None = None  # CPU and wall seconds, once exited
 
     def check(self) -> None:
         code = self.process.poll()
@@ -314,6 +326,8 @@ class ProcessHandle:
                 self.process.wait(timeout=120)
             except subprocess.TimeoutExpired:
                 raise RuntimeError(f"{self._name()} did not exit after its backlog") from None
+            wall = time.monotonic() - self._started
+            self._life = (_children_cpu() - self._children_cpu, wall)
             self.check()
             self.stdout.seek(0)
             lines = [line for line in self.stdout.read().splitlines() if line.startswith("{")]
@@ -322,6 +336,13 @@ class ProcessHandle:
             self._result = json.loads(lines[-1])
         first = self._result.get("first_record_at")
         return None if first is None else float(first)
+
+    def cpu_note(self) -> str:
+        """The peer's CPU over its whole life (start-up included): its share of one core."""
+        if self._life is None:
+            return "peer's CPU: not measured (still running)"
+        cpu, wall = self._life
+        return f"peer process CPU: {cpu:.1f} s over its {wall:.1f} s ({cpu / wall:.0%})"
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -791,6 +812,8 @@ def _start_and_drain(
     result.records_per_s, first, done = run.drain(bench.args.records)
     if system.on_spark:
         result.notes.append(cpu_note(cpu_before, python_worker_cpu(), done - started))
+    if isinstance(run.handle, ProcessHandle):
+        result.notes.append(run.handle.cpu_note())
     result.startup_s = first - started
 
 
