@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -87,7 +88,10 @@ class BatchHandler:
     outage is tried ``attempts`` times; an outage of Kafka or Cassandra
     (:mod:`millstream.engine.outages`) is waited out, for up to ``outage_timeout`` seconds.
     ``layout_store`` gives the driver's own store (the runner's Cassandra session) for the
-    layout: reading it, and splitting and merging intervals.
+    layout: reading it, and splitting and merging intervals. ``stopping`` is set by whoever
+    stops the query, before it does: the batch in progress then fails at once with the
+    cancelled job's error, not retried (it runs again on restart, its committed part as
+    duplicates).
 
     A batch that failed ``attempts`` times, neither on an outage nor on a fence, is looked
     through for poison pills (:mod:`~millstream.spark.isolation`): first a control, the batch
@@ -118,6 +122,7 @@ class BatchHandler:
         layout_store: Callable[[], IntervalStore],
         outage_timeout: float = DEFAULT_OUTAGE_TIMEOUT,
         driver: str | None = None,
+        stopping: threading.Event | None = None,
     ):
         self.spec = spec
         self.layout_store = layout_store
@@ -126,6 +131,9 @@ class BatchHandler:
         self.watermarks = watermarks
         self.checkpoint = checkpoint
         self.driver_id = driver
+        # Set once the query is being stopped: Spark cancels the batch's job, whose failure
+        # is then no reason to retry the batch or look in it for poison pills.
+        self.stopping = stopping or threading.Event()
         self.attempts = attempts
         self.outage_timeout = outage_timeout
         self.clock = clock
@@ -231,7 +239,7 @@ class BatchHandler:
         try:
             return self._retried(run, failures), failures
         except Exception as exc:
-            if not run.has_data or is_outage(exc) or _fenced(exc):
+            if not run.has_data or is_outage(exc) or _fenced(exc) or self.stopping.is_set():
                 raise
             failure = exc
         self._isolate(run, failure)
@@ -252,6 +260,8 @@ class BatchHandler:
                 return self._run(run.batch, run.plan, self._quarantined(run))
             except Exception as exc:
                 failures.append(short_error(exc))
+                if self.stopping.is_set():
+                    raise  # cancelled by the stop; the batch runs again on restart
                 if is_outage(exc):
                     run.outage.wait(exc, failures[-1])
                     continue

@@ -322,6 +322,9 @@ class RunningTopology:
         self._take_backs: dict[str, int] = {}
         self._batches: list[BatchMetrics] = []
         self._queries: dict[str, StreamingQuery] = {}
+        # Per query: set as this handle stops it, so that its batch in progress, whose job
+        # Spark cancels, fails at once instead of being retried as a failed attempt.
+        self._stopping: dict[str, threading.Event] = {}
         # Per computation, for as long as it stays in this handle's topology: executors keep
         # their interval workers across the query's restarts (AvailableNow rounds) by it.
         self._run_tokens: dict[str, str] = {}
@@ -400,8 +403,8 @@ class RunningTopology:
             publisher, self._publisher = self._publisher, None
             authority, self._authority = self._authority, None
             server, self.metrics_server = self.metrics_server, None
-        for query in queries.values():
-            query.stop()
+        for name, query in queries.items():
+            self._stop_query(name, query)
         with self._layout_store_lock:
             layout_store, self._layout_store = self._layout_store, None
         if layout_store is not None:
@@ -434,7 +437,7 @@ class RunningTopology:
                 with self._lock:
                     self._queries.pop(spec.name, None)
                 if not finished:
-                    query.stop()
+                    self._stop_query(spec.name, query)
                     raise TimeoutError(
                         f"computation {spec.name!r} had not processed its input after "
                         f"{timeout} s; raise the timeout or look at its batch metrics"
@@ -638,10 +641,17 @@ class RunningTopology:
             self._run_tokens.pop(name, None)
             tracker = self._watermarks.pop(name, None)
         if query is not None:
-            query.stop()
+            self._stop_query(name, query)
         if tracker is not None:
             tracker.close()
         return spec
+
+    def _stop_query(self, name: str, query: StreamingQuery) -> None:
+        with self._lock:
+            stopping = self._stopping.pop(name, None)
+        if stopping is not None:
+            stopping.set()
+        query.stop()
 
     @property
     def queries(self) -> dict[str, StreamingQuery]:
@@ -839,6 +849,7 @@ class RunningTopology:
         keyspace, table = self.settings.keyspace, self.settings.table
         namespace = kafka_connector.store_namespace(keyspace, table, self._driver_store().table_id)
         settings = TaskSettings(self.config, keyspace, table, token, namespace)
+        stopping = threading.Event()
         options: dict[str, str] = {}
         if self.settings.max_offsets_per_trigger is not None:
             options["maxOffsetsPerTrigger"] = str(self.settings.max_offsets_per_trigger)
@@ -883,6 +894,7 @@ class RunningTopology:
                     record=self._record,
                     layout_store=self._driver_store,
                     driver=self.driver_id,
+                    stopping=stopping,
                 )
             )
             .option("checkpointLocation", str(self.checkpoint(spec.name)))
@@ -894,6 +906,7 @@ class RunningTopology:
         query = writer.start()
         with self._lock:
             self._queries[spec.name] = query
+            self._stopping[spec.name] = stopping
         return query
 
     def _starting_offsets(self, topics: list[str], wakes: list[str]) -> str:

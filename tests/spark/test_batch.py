@@ -4,6 +4,7 @@ its fences, and its search for poison pills (with a stand-in for the Spark job).
 from __future__ import annotations
 
 import itertools
+import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -204,6 +205,7 @@ def _handler(tmp_path: Path, runs: _FakeRuns, monkeypatch: pytest.MonkeyPatch) -
     handler.clock = ManualClock(1_700_000_000_000_000)
     handler.data_topics = ["t"]
     handler.quarantine = Quarantine(tmp_path)
+    handler.stopping = threading.Event()
     monkeypatch.setattr(handler, "_run", runs)
     monkeypatch.setattr("millstream.spark.batch.time.sleep", lambda seconds: None)
     return handler
@@ -274,6 +276,20 @@ def test_fences_and_outages_are_not_searched_for_poison(
         handler._attempt(_batch_run())
     assert all(records is None for records, _ in runs.runs)
     assert not (tmp_path / QUARANTINE_DIRECTORY).exists()
+
+
+@pytest.mark.unit
+def test_a_batch_failing_as_its_query_stops_is_neither_retried_nor_searched_for_poison(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    error = RuntimeError("Py4JJavaError: : java.lang.InterruptedException")
+    runs = _FakeRuns(set(), error, always=True)
+    handler = _handler(tmp_path, runs, monkeypatch)
+    handler.stopping.set()
+    with pytest.raises(RuntimeError) as failed:
+        handler._attempt(_batch_run())
+    assert failed.value is error
+    assert [records for records, _ in runs.runs] == [None]  # one attempt, no control run
 
 
 @pytest.mark.unit

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -1006,6 +1007,51 @@ def test_a_wall_time_timer_fires_without_further_input(
         assert sum(b.fired_timers for b in running.batches()) == 1
     finally:
         running.stop()
+
+
+class SlowCount(Computation):
+    """Spends a while on each record, so that a batch is still running when the run stops."""
+
+    def __init__(self, output: str) -> None:
+        self.output = output
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        time.sleep(0.05)
+        ctx.produce(self.output, b"counted", record.timestamp)
+
+
+def test_a_run_stopped_mid_batch_does_not_retry_the_cancelled_batch(
+    services: MillstreamConfig,
+    spark: SparkSession,
+    pipeline: Pipeline,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    topology = Topology(f"slow_{pipeline.suffix}", streams=[pipeline.searches])
+    topology.add_computation(
+        pipeline.per_user,
+        SlowCount(pipeline.hits),
+        inputs=[pipeline.searches],
+        outputs=[pipeline.hits],
+        options=ComputationOptions(key_intervals=2),
+    )
+    kafka_connector.create_topics(services, [pipeline.searches], partitions=1)
+    produce(services, pipeline.searches, [encode_record(event) for event in events(200)])
+    running = start(pipeline, services, spark, topology, trigger=ProcessingTime(0.5))
+    try:
+        # 200 records at 50 ms each keep the first batch's interval tasks busy for seconds.
+        deadline = time.monotonic() + 60
+        while not spark.sparkContext.statusTracker().getActiveJobsIds():
+            running.raise_failure()
+            assert time.monotonic() < deadline, "the first batch never started its job"
+            time.sleep(0.1)
+        time.sleep(1.0)
+        assert not running.batches(), "the first batch ended before the stop"
+    finally:
+        with caplog.at_level(logging.INFO, logger="millstream.spark.batch"):
+            running.stop()
+    # Spark cancelled the batch's job as the query stopped: no attempt was retried.
+    retried = [r.getMessage() for r in caplog.records if "retrying" in r.getMessage()]
+    assert retried == []
 
 
 class ManyWindows(Computation):
