@@ -79,7 +79,7 @@ from bench.throughput import (
     latency_phases,
     no_value,
     output_size,
-    quix_python,
+    peer_python,
     run_all,
     start_floor,
     start_peer,
@@ -224,7 +224,7 @@ def measure_peer(bench: Bench, name: str, keys: SkewedKeys) -> Result:
     result = Result(name)
     try:
         with backlog_run(bench, args.records, keys) as run:
-            python = quix_python(bench) if name == "quix" else Path(sys.executable)
+            python = peer_python(bench, name)
             if name.startswith("spark"):
                 bench.spark()
             cpu_before = python_worker_cpu()

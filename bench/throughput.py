@@ -455,11 +455,6 @@ def peer_python(bench: Bench, peer: str) -> Path:
     return python
 
 
-def quix_python(bench: Bench) -> Path:
-    """The interpreter of Quix Streams' own virtualenv, created on first use."""
-    return peer_python(bench, "quix")
-
-
 def start_peer(
     bench: Bench, topics: Topics, peer: str, python: Path, work_us: float = 0.0
 ) -> Handle:

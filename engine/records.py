@@ -418,10 +418,7 @@ def production_record_id(computation: str, cause_id: bytes, index: int) -> bytes
 
 @lru_cache(maxsize=1024)
 def _production_digest(computation: str) -> hashlib.blake2b:
-    digest = hashlib.blake2b(digest_size=RECORD_ID_BYTES, person=_ID_PERSON)
-    for part in ("production", computation):
-        digest.update(_frame(part))
-    return digest
+    return _digest("production", computation)
 
 
 def dead_letter_record_id(computation: str, cause_id: bytes) -> bytes:
@@ -443,10 +440,15 @@ def timer_identity(key: str, tag: str, timestamp: int, set_by: bytes = b"") -> b
 
 
 def _derive_id(domain: str, *parts: str | bytes | int) -> bytes:
+    return _digest(domain, *parts).digest()
+
+
+def _digest(*parts: str | bytes | int) -> hashlib.blake2b:
+    """The record-ID hash with ``parts`` framed into it, to be finished or copied on."""
     digest = hashlib.blake2b(digest_size=RECORD_ID_BYTES, person=_ID_PERSON)
-    for part in (domain, *parts):
+    for part in parts:
         digest.update(_frame(part))
-    return digest.digest()
+    return digest
 
 
 def _frame(part: str | bytes | int) -> bytes:
