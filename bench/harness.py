@@ -419,13 +419,27 @@ def caught_up(query: StreamingQuery, reader: Consumer, topics: Iterable[str]) ->
     )
 
 
-def first_data_batch_start(query: StreamingQuery) -> float | None:
+def first_data_batch_start(query: StreamingQuery, topic: str | None = None) -> float | None:
     """When (wall clock, s) the query's first micro-batch that read any rows started: the
-    trigger time of its progress report. ``None`` if no such batch is among the recent ones."""
+    trigger time of its progress report. ``None`` if no such batch is among the recent ones.
+
+    With ``topic``, a batch read rows if its offsets of ``topic`` moved: millstream's tasks
+    read their batch from Kafka themselves, so Spark counts no input rows for its queries."""
     for progress in query.recentProgress:
-        if progress.numInputRows > 0:
+        moved = topic is not None and any(
+            _offsets(source.startOffset, topic) != _offsets(source.endOffset, topic)
+            for source in progress.sources
+        )
+        if progress.numInputRows > 0 or moved:
             return datetime.fromisoformat(progress.timestamp).timestamp()
     return None
+
+
+def _offsets(offsets: Any, topic: str) -> dict[str, int]:
+    """A source's offsets of ``topic`` from a progress report (JSON text, or parsed)."""
+    if isinstance(offsets, str):
+        offsets = json.loads(offsets)
+    return dict((offsets or {}).get(topic, {}))
 
 
 def python_workers() -> list[int]:

@@ -185,7 +185,7 @@ def measure_millstream(bench: Bench, name: str, keys: SkewedKeys, rate: float | 
                 trigger=ProcessingTime(TRIGGER_SECONDS),
                 spark=bench.spark(),
             )
-            run.handle = handle = MillstreamHandle(running, computation)
+            run.handle = handle = MillstreamHandle(running, computation, run.topics.source)
             result.phases.append(run.drain(args.records)[0])
             after_first = running.layout(computation)
             second = time.time()

@@ -399,29 +399,35 @@ def stop_query(query: StreamingQuery, patience: float = 10.0) -> None:
 
 
 class MillstreamHandle:
-    def __init__(self, running: RunningTopology, computation: str) -> None:
+    def __init__(self, running: RunningTopology, computation: str, topic: str) -> None:
         self.running = running
         self.computation = computation
+        self.topic = topic
 
     def check(self) -> None:
         self.running.raise_failure()
 
     def first_data_at(self) -> float | None:
-        return await_first_batch(lambda: self.running.queries.get(self.computation), self.check)
+        return await_first_batch(
+            lambda: self.running.queries.get(self.computation), self.check, self.topic
+        )
 
     def stop(self) -> None:
         self.running.stop()
 
 
 def await_first_batch(
-    query: Callable[[], StreamingQuery | None], check: Callable[[], None], timeout: float = 120
+    query: Callable[[], StreamingQuery | None],
+    check: Callable[[], None],
+    topic: str | None = None,
+    timeout: float = 120,
 ) -> float | None:
     """The start of the query's first batch that read rows, once its progress is reported
     (after the batch: the outputs of a batch show before its progress does)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         current = query()
-        start = None if current is None else first_data_batch_start(current)
+        start = None if current is None else first_data_batch_start(current, topic)
         if start is not None:
             return start
         check()
@@ -666,7 +672,7 @@ def start_millstream(
     running = run_topology(
         topology, config, settings, trigger=ProcessingTime(TRIGGER_SECONDS), spark=bench.spark()
     )
-    return MillstreamHandle(running, name)
+    return MillstreamHandle(running, name, topics.source)
 
 
 # -- measuring -------------------------------------------------------------------------------

@@ -19,17 +19,25 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Generator, Iterator
-from typing import Literal, NamedTuple, NoReturn
+from collections.abc import Generator, Iterator, Sequence
+from typing import Literal, NamedTuple, NoReturn, Protocol, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from millstream.connectors import kafka
 from millstream.engine.config import MillstreamConfig
-from millstream.engine.errors import MillstreamError, RecordDecodeError
+from millstream.engine.errors import MillstreamError, RecordDecodeError, ServiceOutageError
 from millstream.engine.records import Record, decode_record
 
-__all__ = ["StreamMessage", "kafka_down", "read_messages", "read_stream"]
+__all__ = [
+    "InputMessage",
+    "StreamMessage",
+    "kafka_down",
+    "range_reader",
+    "read_messages",
+    "read_ranges",
+    "read_stream",
+]
 
 _NO_TOPIC = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC})
 
@@ -41,6 +49,117 @@ class StreamMessage(NamedTuple):
     partition: int
     offset: int
     value: bytes | None
+
+
+class InputMessage(NamedTuple):
+    """One message of a range :func:`read_ranges` read: where it is, its Kafka timestamp
+    (µs), its Kafka key and its value (each ``None`` if the message has none)."""
+
+    topic: str
+    partition: int
+    offset: int
+    kafka_ts: int
+    key: bytes | None
+    value: bytes | None
+
+
+class _Range(Protocol):
+    """Offsets ``start`` (inclusive) to ``end`` (exclusive) of a topic partition."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def start(self) -> int: ...
+    @property
+    def end(self) -> int: ...
+
+
+def range_reader(config: MillstreamConfig, **settings: str | int | bool) -> Consumer:
+    """A consumer for :func:`read_ranges`: it reads committed data only, waits at most 10 ms
+    for a fetch to fill (a range's messages exist already; Kafka's default wait, 500 ms,
+    would land in every read of a partition's tail), and fails on an offset that is gone
+    (retention removed it) rather than jump to another."""
+    return kafka.consumer(
+        config,
+        "millstream-ranges",
+        **{"fetch.wait.max.ms": 10, "auto.offset.reset": "error", **settings},
+    )
+
+
+def read_ranges(
+    reader: Consumer, ranges: Sequence[_Range], timeout: float = 30.0
+) -> Iterator[InputMessage]:
+    """The messages of ``ranges``, in offset order within each partition (partitions
+    interleave), read with ``reader`` (:func:`range_reader`), which this assigns to them.
+
+    An offset a transaction marker or an aborted transaction takes, or compaction emptied,
+    yields nothing: a partition is done once the consumer's position reaches its range's
+    end. Raises :class:`~millstream.engine.errors.ServiceOutageError` if no partition moves
+    for ``timeout`` seconds (Kafka down), :class:`~millstream.engine.errors.MillstreamError`
+    if a range's messages are gone, and Kafka's own errors as ``KafkaException``.
+    """
+    # A partition may have several ranges (a batch without some of its messages): it is
+    # read from the first one's start to the last one's end, keeping what is in a range.
+    spans: dict[tuple[str, int], list[tuple[int, int]]] = {}
+    for r in ranges:
+        if r.end > r.start:
+            spans.setdefault((r.topic, r.partition), []).append((r.start, r.end))
+    if not spans:
+        return
+    left = {place: max(end for _, end in parts) for place, parts in spans.items()}
+    gaps = {place: parts for place, parts in spans.items() if len(parts) > 1}
+    reader.assign(
+        [TopicPartition(t, p, min(start for start, _ in parts)) for (t, p), parts in spans.items()]
+    )
+    deadline = time.monotonic() + timeout
+    try:
+        while left:
+            messages = reader.consume(10_000, 0.05)
+            for message in messages:
+                error = message.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        continue
+                    where = f"{message.topic()} partition {message.partition()}"
+                    if error.code() == KafkaError._AUTO_OFFSET_RESET:
+                        raise MillstreamError(
+                            f"the input of a batch is gone from {where} ({error}): Kafka "
+                            "deleted it (retention) before it was processed"
+                        )
+                    raise KafkaException(error)
+                # Set on every consumed message (the stubs allow None).
+                place = (cast(str, message.topic()), cast(int, message.partition()))
+                offset = cast(int, message.offset())
+                end = left.get(place)
+                if end is None or offset >= end:
+                    continue  # past its range: the next batch's
+                if gaps and place in gaps and not any(a <= offset < b for a, b in gaps[place]):
+                    continue  # between two of its ranges
+                yield InputMessage(
+                    place[0],
+                    place[1],
+                    offset,
+                    message.timestamp()[1] * 1000,
+                    message.key(),
+                    message.value(),
+                )
+            if messages:
+                deadline = time.monotonic() + timeout
+            # Offsets have gaps (transaction markers, aborted transactions, compaction):
+            # the consumer's position passes them, the messages do not.
+            for at in reader.position([TopicPartition(t, p) for t, p in left]):
+                if at.offset >= left[(at.topic, at.partition)]:
+                    del left[(at.topic, at.partition)]
+                    deadline = time.monotonic() + timeout
+            if left and time.monotonic() > deadline:
+                raise ServiceOutageError(
+                    f"Kafka: reading {sorted(left)} up to offsets {sorted(left.values())} made "
+                    f"no progress for {timeout} s"
+                )
+    finally:
+        reader.unassign()
 
 
 def read_stream(

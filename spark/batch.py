@@ -23,6 +23,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
+from confluent_kafka import TopicPartition
+
 from millstream.connectors import kafka as kafka_connector
 from millstream.connectors.kafka import (
     KafkaTransactionalSink,
@@ -39,14 +41,7 @@ from millstream.engine.store import IntervalStore
 from millstream.engine.topology import ComputationSpec
 from millstream.spark.checkpoint import batch_offsets, fence_checkpoint, lost_checkpoint_race
 from millstream.spark.driver_watermarks import DriverWatermarks
-from millstream.spark.executor import (
-    ROUTED_SCHEMA,
-    IntervalSlots,
-    TaskSettings,
-    interval_task,
-    router,
-    tick_rows,
-)
+from millstream.spark.executor import BatchInput, IntervalSlots, TaskSettings, batch_task
 from millstream.spark.isolation import (
     MAX_ISOLATED,
     OffsetRange,
@@ -59,7 +54,7 @@ from millstream.spark.metrics import RESULT_SCHEMA, BatchMetrics, ResultRow, sum
 from millstream.spark.quarantine import Quarantine, QuarantinedRecord, python_traceback
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 __all__ = [
     "BatchHandler",
@@ -76,6 +71,7 @@ _ERROR_LINE: Final = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrup
 _SUB_RUN_TRIES: Final = 2
 _FENCES: Final = (FencedError.__name__, "RetiredIntervalError")
 _SUB_RUN: Final = "computation %r batch %d: sub-run on %s %s"
+_OFFSETS_TIMEOUT: Final = 30.0
 
 
 class BatchHandler:
@@ -177,6 +173,8 @@ class BatchHandler:
         return self._transactions.open(computation, interval, self.spec.options.send_timeout)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        # ``batch`` is never read: the offset log says what the batch holds, and its tasks
+        # read that from Kafka themselves (see _run).
         started = time.monotonic()
         # A zombie stops before anything, a rebalance (which acquires intervals) included.
         fence_checkpoint(self.checkpoint, batch_id, self.spec.name, self.driver_id)
@@ -190,7 +188,7 @@ class BatchHandler:
         )
         plan = self.driver.begin(consumed, had_input=has_data, retry=outage.retry)
         bookkeeping = time.monotonic() - started
-        batch_run = _BatchRun(batch, batch_id, plan, has_data, outage, consumed, previous)
+        batch_run = _BatchRun(batch_id, plan, has_data, outage, consumed, previous)
         rows, failures = self._attempt(batch_run)
         self.driver.absorb(
             IntervalOutcome(
@@ -257,7 +255,7 @@ class BatchHandler:
             fence_checkpoint(self.checkpoint, batch_id, self.spec.name, self.driver_id)
             run.outage.attempting()
             try:
-                return self._run(run.batch, run.plan, self._quarantined(run))
+                return self._run(run, run.plan, self._quarantined(run))
             except Exception as exc:
                 failures.append(short_error(exc))
                 if self.stopping.is_set():
@@ -294,29 +292,37 @@ class BatchHandler:
         )
 
     def _ranges(self, run: _BatchRun) -> list[OffsetRange]:
-        """The offset ranges of the batch's data topics, each from the first offset read."""
+        """The offset ranges of the batch's data topics: from where the previous batch ended,
+        or, for a partition no batch read before (the query's first batch, a partition
+        added since), from its earliest offset, where the Kafka source starts it."""
         if run.ranges is None:
             starts = run.previous or {}
-            if any(
-                partition not in starts.get(topic, {})
+            unread = [
+                (topic, partition)
                 for topic in self.data_topics
                 for partition in run.consumed.get(topic, {})
-            ):
-                starts = self._first_offsets(run.batch, starts)
+                if partition not in starts.get(topic, {})
+            ]
+            if unread:
+                starts = self._earliest(starts, unread)
             run.ranges = batch_ranges(run.consumed, starts, self.data_topics)
         return run.ranges
 
-    def _first_offsets(
-        self, batch: DataFrame, known: Mapping[str, Mapping[int, int]]
+    def _earliest(
+        self, known: Mapping[str, Mapping[int, int]], unread: Sequence[tuple[str, int]]
     ) -> dict[str, dict[int, int]]:
-        """``known`` starts, and the first offset the batch read of every other partition
-        (the first batch of a query has no previous batch to start where it ended)."""
-        from pyspark.sql import functions as F  # noqa: N812  (pyspark's convention)
-
+        """``known`` starts, and the earliest offset Kafka keeps of each ``unread``
+        partition."""
         starts = {topic: dict(partitions) for topic, partitions in known.items()}
-        data = batch.where(F.col("topic").isin(self.data_topics))
-        for row in data.groupBy("topic", "partition").agg(F.min("offset").alias("first")).collect():
-            starts.setdefault(row["topic"], {}).setdefault(int(row["partition"]), int(row["first"]))
+        reader = kafka_connector.consumer(self.settings.config, "millstream-offsets")
+        try:
+            for topic, partition in unread:
+                low, _ = reader.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=_OFFSETS_TIMEOUT
+                )
+                starts.setdefault(topic, {})[partition] = low
+        finally:
+            reader.close()
         return starts
 
     def _isolate(self, run: _BatchRun, failure: Exception) -> None:
@@ -352,7 +358,7 @@ class BatchHandler:
                 run.sub_runs += 1
                 what = f"{count(part)} offsets" if part else "no records (the control)"
                 try:
-                    self._run(run.batch, held, self._quarantined(run), records=part or [])
+                    self._run(run, held, self._quarantined(run), records=part or [])
                 except Exception as exc:
                     if _fenced(exc):
                         raise
@@ -468,30 +474,32 @@ class BatchHandler:
 
     def _run(
         self,
-        batch: DataFrame,
+        run: _BatchRun,
         plan: BatchPlan,
         quarantine: Mapping[Position, str],
         records: Sequence[OffsetRange] | None = None,
     ) -> list[ResultRow]:
         """Run the batch, or a sub-run of it: only its ``records`` (if given), with its
-        ticks only if it has no records (an isolation's control, or the whole batch)."""
-        from pyspark.sql import functions as F  # noqa: N812  (pyspark's convention)
+        ticks only if it has no records (an isolation's control, or the whole batch).
 
-        slots = self._task_slots()
-        # Wake-up messages only started the batch.
-        routed = batch.where(F.col("topic").isin(self.data_topics))
-        if records is not None:
-            routed = routed.where(_selecting(records))
-        routed = routed.mapInArrow(router(self.spec, plan.layout, slots, quarantine), ROUTED_SCHEMA)
-        if plan.ticks and not records:
-            ticking = self.spark.createDataFrame(tick_rows(plan.ticks, slots), ROUTED_SCHEMA)
-            routed = routed.unionByName(ticking)
-        # An explicit partition count: adaptive execution would otherwise coalesce the few
-        # small shuffle partitions of a micro-batch into one task and leave cores idle.
-        task = interval_task(
-            self.spec, self.settings, plan.watermark, plan.timer_watermark, plan.layout
+        One Spark job of one stage: a task per core, each reading the batch's ranges from
+        Kafka itself and working its share of the intervals (:func:`.executor.batch_task`).
+        The batch's own DataFrame is never read: routing rows through Spark's shuffle cost a
+        second stage, and each row two crossings between the JVM and Python."""
+        ticks = tuple(plan.ticks) if not records else ()
+        if records is None:
+            records = self._ranges(run) if run.has_data else []
+        batch = BatchInput(
+            ranges=tuple(records),
+            ticks=ticks,
+            slots=self._task_slots(),
+            quarantine=quarantine,
         )
-        collected = routed.repartition(self.tasks, "slot").mapInArrow(task, RESULT_SCHEMA).collect()
+        task = batch_task(
+            self.spec, self.settings, plan.watermark, plan.timer_watermark, plan.layout, batch
+        )
+        numbers = self.spark.range(0, self.tasks, numPartitions=self.tasks)
+        collected = numbers.mapInArrow(task, RESULT_SCHEMA).collect()
         return [ResultRow.of(row.asDict()) for row in collected]
 
 
@@ -501,7 +509,6 @@ class _BatchRun:
 
     def __init__(
         self,
-        batch: DataFrame,
         batch_id: int,
         plan: BatchPlan,
         has_data: bool,
@@ -509,7 +516,6 @@ class _BatchRun:
         consumed: dict[str, dict[int, int]],
         previous: dict[str, dict[int, int]] | None,
     ) -> None:
-        self.batch = batch
         self.batch_id = batch_id
         self.plan = plan
         self.has_data = has_data
@@ -519,21 +525,6 @@ class _BatchRun:
         self.ranges: list[OffsetRange] | None = None  # read when needed
         self.isolated = 0
         self.sub_runs = 0
-
-
-def _selecting(ranges: Sequence[OffsetRange]) -> Column:
-    """A filter of a Kafka source's rows that keeps those in ``ranges``."""
-    from pyspark.sql import functions as F  # noqa: N812  (pyspark's convention)
-
-    selection = F.lit(False)
-    for r in ranges:
-        selection = selection | (
-            (F.col("topic") == r.topic)
-            & (F.col("partition") == r.partition)
-            & (F.col("offset") >= r.start)
-            & (F.col("offset") < r.end)
-        )
-    return selection
 
 
 def _alone(position: Position) -> tuple[OffsetRange, ...]:

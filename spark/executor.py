@@ -1,26 +1,33 @@
-"""The executor side of the Spark runner: routing a micro-batch and working its key intervals.
+"""The executor side of the Spark runner: reading and routing a micro-batch, and working its
+key intervals.
 
-:mod:`millstream.spark.batch` ships two Arrow functions per computation and batch to
-Spark's Python workers (``mapInArrow``: whole record batches, column by column, no pandas):
+:mod:`millstream.spark.batch` runs each batch as one Spark job of one stage,
+``spark.range(tasks).mapInArrow(`` :func:`batch_task` ``)``: task ``n`` (one per core)
 
-1. :func:`router`: decodes each Kafka message, applies the consumer's key
-   extractor *of the stream (topic) the message came from*, and tags the row with its key
-   interval. A message that cannot be made a delivery (oversized, undecodable, unknown schema,
-   failing or non-``str`` key extractor, a tombstone the computation does not take) becomes
-   a *rejected* row in the interval of the empty key, carrying its raw bytes and its error.
-   A tombstone the computation takes (``ComputationOptions.tombstones``) becomes a
-   *deletion* row under its Kafka message key.
-2. :func:`interval_task`, after a shuffle that gives each task (one per core) every row of
-   its share of the intervals: turns each interval's rows back into
-   :class:`~millstream.engine.protocol.Delivery` / ``Rejected`` inputs, in (stream, partition,
-   offset) order, and runs the interval's :class:`~millstream.engine.protocol.IntervalWorker`
-   on them, on ``config.executor_interval_threads`` threads at once, against a
-   :class:`~millstream.engine.stores.cassandra.CassandraIntervalStore` and a
-   :class:`~millstream.connectors.kafka.KafkaProductionSink`. It returns one row of counts
-   per interval, which the driver collects as the batch's metrics, with what the interval has
-   left to do (its :class:`~millstream.engine.watermarks.IntervalProgress`), which the driver
-   needs for watermarks. A *tick* (:func:`tick_rows`: a row with no stream) makes an interval
-   run without input, for its due timers and unacknowledged productions.
+1. reads the batch's offset ranges straight from Kafka
+   (:func:`~millstream.connectors.stream_reader.read_ranges`, this process's consumer), never
+   through the batch's DataFrame: a shuffle of routed rows cost a second stage and two
+   crossings between the JVM and Python per record;
+2. routes every message (:func:`message_router`): decodes it, applies the consumer's key
+   extractor *of the stream (topic) the message came from*, and finds its key interval. A
+   message that cannot be made a delivery (oversized, undecodable, unknown schema, failing
+   or non-``str`` key extractor, a tombstone the computation does not take) becomes a
+   :class:`~millstream.engine.protocol.Rejected` in the interval of the empty key, with its
+   raw bytes and the genuine exception; a tombstone the computation takes
+   (``ComputationOptions.tombstones``) becomes the deletion of its Kafka message key;
+3. keeps the messages of the intervals that are its share (:class:`IntervalSlots`: whole
+   intervals, spread evenly or as the driver assigned them), adds its share of the batch's
+   *ticks* (intervals that run without input, for their due timers and unacknowledged
+   productions), and runs each interval's :class:`~millstream.engine.protocol.IntervalWorker`
+   on its inputs in (stream, partition, offset) order, ``config.executor_interval_threads``
+   at once, against a :class:`~millstream.engine.stores.cassandra.CassandraIntervalStore`
+   and a :class:`~millstream.connectors.kafka.KafkaProductionSink`.
+
+Every task decodes the whole batch to find its share (a key extractor is user code: only it
+says where a record goes). It returns one row of counts per interval, which the driver
+collects as the batch's metrics, with what the interval has left to do (its
+:class:`~millstream.engine.watermarks.IntervalProgress`), which the driver needs for
+watermarks.
 
 **Per-process cache.** Spark reuses Python worker processes across tasks
 (``spark.python.worker.reuse``, on by default), so each process keeps, at module level, one
@@ -39,153 +46,82 @@ workers of the earlier declaration.
 **Failures.** Whatever the worker raises (``FencedError``, an unresolved unknown outcome, a
 store or Kafka outage) fails the task: the interval's commit either applied completely for a
 key or not at all, the worker forgets its soft state, and the driver re-runs the batch
-(see :mod:`millstream.spark.runner`). Rejected input is re-decoded here rather than
-shipped as an exception object: user exceptions need not be picklable, and re-running the
-(deterministic) decoder and extractor yields the genuine exception for the dead letter. A
-quarantined message (:mod:`millstream.spark.quarantine`) is the exception: the router rejects
-it undecoded, with its :class:`~millstream.engine.errors.PoisonRecordError` as text, and it is
-never decoded here either. The fault points ``executor.task`` and ``executor.record``
-(:mod:`millstream.engine.fault_points`) cost one test per task and one per interval unset.
+(see :mod:`millstream.spark.runner`). A quarantined message
+(:mod:`millstream.spark.quarantine`) is rejected undecoded, with its
+:class:`~millstream.engine.errors.PoisonRecordError`. The fault points ``executor.task`` and
+``executor.record`` (:mod:`millstream.engine.fault_points`) cost one test per task and one
+per interval unset.
 """
 
 from __future__ import annotations
 
 import os
-import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, NamedTuple, cast, get_args, get_type_hints
+from typing import TYPE_CHECKING, Any, Final
 
-import mmh3
 import pyarrow as pa
 
 from millstream.connectors.kafka import stream_topic
+from millstream.connectors.stream_reader import InputMessage, range_reader, read_ranges
 from millstream.engine.cache import StateCache
 from millstream.engine.clock import SystemClock
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.deadletters import Origin
-from millstream.engine.errors import PoisonRecordError, TombstoneError
+from millstream.engine.errors import PoisonRecordError
 from millstream.engine.fault_points import armed_faults, fault_point
 from millstream.engine.layout import IntervalLayout
 from millstream.engine.protocol import Delivery, Rejected, WorkerPool
-from millstream.engine.records import Deletion, Record
 from millstream.engine.routing import decode_delivery, decode_tombstone, rejected_interval
 from millstream.engine.topology import ComputationSpec
-from millstream.spark.isolation import Position
+from millstream.spark.isolation import OffsetRange, Position
 from millstream.spark.metrics import RESULT_SCHEMA, ResultRow, interval_counts
-from millstream.spark.quarantine import POISON_ERROR_PREFIX
 
 if TYPE_CHECKING:
     from millstream.connectors.kafka import KafkaProductionSink, KafkaTransactionalSink
 
 __all__ = [
     "RESULT_SCHEMA",
-    "ROUTED_SCHEMA",
+    "BatchInput",
     "IntervalSlots",
-    "RoutedRow",
+    "Reader",
+    "Routed",
     "TaskSettings",
+    "batch_task",
     "clear_process_cache",
     "decode_delivery",
-    "interval_task",
-    "partition_representatives",
-    "router",
-    "source_columns",
-    "spark_int_hash",
-    "tick_rows",
+    "message_router",
+    "read_from_kafka",
 ]
-
-
-class RoutedRow(NamedTuple):
-    """One row :func:`router` emits (:data:`ROUTED_SCHEMA`): a rejected message has an
-    ``error`` (a description; the exception is rebuilt later) and ``raw`` (``None`` for a
-    tombstone); a delivery has no ``error``, its ``key`` and the ``record_*`` fields; a
-    deletion (a tombstone the computation takes) has no ``error``, its ``key``,
-    ``record_ts`` and ``record_id`` and no ``record_value``; a tick (:func:`tick_rows`) has
-    nothing but its interval. ``slot`` is the value to repartition by that sends the row to
-    its interval's task (:class:`IntervalSlots`)."""
-
-    interval: int
-    stream: str | None
-    partition: int | None
-    offset: int | None
-    kafka_ts: int | None
-    key: str | None
-    record_key: str | None
-    record_value: bytes | None
-    record_ts: int | None
-    record_id: bytes | None
-    raw: bytes | None
-    error: str | None
-    slot: int
-
-    @classmethod
-    def tick(cls, interval: int, slot: int) -> RoutedRow:
-        """A row that makes ``interval`` run without input."""
-        return cls._make((interval, *(None,) * (len(cls._fields) - 2), slot))
-
-
-_INT_COLUMNS: Final = frozenset({"interval", "partition", "slot"})  # Spark ints; others long
-_SPARK_TYPES: Final = {int: "long", str: "string", bytes: "binary", float: "double"}
-
-
-def _row_schema(row: type[tuple[Any, ...]]) -> str:
-    """The Spark DDL schema of a row type's fields, in order."""
-    columns = []
-    for name, hint in get_type_hints(row).items():
-        kind = next(t for t in get_args(hint) or (hint,) if t is not type(None))
-        columns.append(f"{name} {'int' if name in _INT_COLUMNS else _SPARK_TYPES[kind]}")
-    return ", ".join(columns)
-
-
-ROUTED_SCHEMA: Final = _row_schema(RoutedRow)
-"""The rows :func:`router` emits: :class:`RoutedRow`."""
-
-_INT: Final = struct.Struct("<i")
-_SPARK_HASH_SEED: Final = 42
-
-
-def spark_int_hash(value: int) -> int:
-    """Spark's ``hash()`` of an ``int`` column (Murmur3 x86 32-bit, seed 42), which its hash
-    partitioning takes modulo the partition count."""
-    return int(mmh3.hash(_INT.pack(value), _SPARK_HASH_SEED))
-
-
-def partition_representatives(partitions: int) -> list[int]:
-    """For each partition ``p`` of ``partitions``, the smallest non-negative int that Spark's
-    ``repartition(partitions, column)`` sends to ``p``."""
-    found: dict[int, int] = {}
-    value = 0
-    while len(found) < partitions:
-        found.setdefault(spark_int_hash(value) % partitions, value)
-        value += 1
-    return [found[p] for p in range(partitions)]
 
 
 class IntervalSlots:
     """Which of a batch's ``tasks`` works each key interval: ``assignment[i]``, else
-    ``i mod tasks``, whole intervals.
-
-    Hash partitioning by the interval itself spreads 16 intervals over 2 tasks as unevenly
-    as 11 and 5; instead each row carries, as ``slot``, an integer that Spark's partitioning
-    hash sends to the intended task (:func:`partition_representatives`). Computed where the
-    rows are made, so the plan stays the same size however many intervals there are.
-    """
+    ``i mod tasks``, whole intervals."""
 
     def __init__(self, tasks: int, assignment: Mapping[int, int] | None = None) -> None:
         self.tasks = tasks
         self.assignment = dict(assignment or {})
-        self._representatives = partition_representatives(tasks)
 
     def task_of(self, interval: int) -> int:
         return self.assignment.get(interval, interval % self.tasks)
 
-    def slot(self, interval: int) -> int:
-        """The value of the row's ``slot`` column: ``repartition(tasks, "slot")`` sends it
-        to :meth:`task_of`."""
-        return self._representatives[self.task_of(interval)]
+
+@dataclass(frozen=True, slots=True)
+class BatchInput:
+    """What the tasks of a batch (or of a sub-run of it) read and run: the offset ranges of
+    its data topics, the intervals that run even without input (``ticks``: due timers,
+    unacknowledged productions), which task works each interval, and the quarantined
+    messages (:mod:`millstream.spark.quarantine`) by position, each with its
+    :class:`~millstream.engine.errors.PoisonRecordError` message."""
+
+    ranges: tuple[OffsetRange, ...]
+    ticks: tuple[int, ...]
+    slots: IntervalSlots
+    quarantine: Mapping[Position, str]
 
 
 _ARROW_TYPES: Final = {
@@ -205,18 +141,7 @@ def _arrow_schema(ddl: str) -> pa.Schema:
     )
 
 
-_ROUTED_ARROW: Final = _arrow_schema(ROUTED_SCHEMA)
 _RESULT_ARROW: Final = _arrow_schema(RESULT_SCHEMA)
-_SOURCE_COLUMNS: Final = ("value", "topic", "partition", "offset", "kafka_ts")
-
-
-def source_columns(spec: ComputationSpec) -> tuple[str, ...]:
-    """The Kafka source's columns :func:`router` reads for ``spec``: the message key too
-    only if the computation takes tombstones as deletions of their key (the default path
-    carries no key it does not use)."""
-    if spec.options.tombstones == "deliver":
-        return (*_SOURCE_COLUMNS, "key")
-    return _SOURCE_COLUMNS
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,7 +176,11 @@ class _Resources:
     transactions: KafkaTransactionalSink
     workers: WorkerPool
     threads: ThreadPoolExecutor
+    reader: Any = None  # the consumer of the batches' ranges, made at the first read
 
+
+_READ_TIMEOUT: Final = 30.0
+"""Seconds a task's read of its batch may make no progress before Kafka counts as down."""
 
 _CACHE: dict[tuple[str, tuple[str, ...], int, str, str], _Resources] = {}
 
@@ -261,6 +190,8 @@ def clear_process_cache() -> None:
     while _CACHE:
         _, resources = _CACHE.popitem()
         resources.threads.shutdown()
+        if resources.reader is not None:
+            resources.reader.close()
         resources.transactions.close()
         resources.sink.close()
         resources.cluster.shutdown()
@@ -306,179 +237,117 @@ def _resources(settings: TaskSettings) -> _Resources:
     return resources
 
 
-def router(
+Routed = tuple[int, Delivery | Rejected]
+"""A message routed: its key interval and what the interval's worker takes of it."""
+
+
+def message_router(
     spec: ComputationSpec,
     layout: IntervalLayout | None = None,
-    slots: IntervalSlots | None = None,
     quarantine: Mapping[Position, str] | None = None,
-) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The ``mapInArrow`` function that decodes, keys and routes ``spec``'s input to the
-    intervals of ``layout`` (default: those the computation starts with), and their tasks
-    (``slots``; default: one task).
+) -> Callable[[InputMessage], Routed]:
+    """The function that decodes, keys and routes each message of ``spec``'s input to an
+    interval of ``layout`` (default: those the computation starts with).
 
-    ``quarantine`` maps the (topic, partition, offset) of each quarantined message
-    (:mod:`millstream.spark.quarantine`) to its
-    :class:`~millstream.engine.errors.PoisonRecordError` message: such a message is
-    rejected as it is, before anything decodes it.
-
-    Input columns (:func:`source_columns`): ``value`` (bytes; ``None`` for a tombstone),
-    ``topic``, ``partition``, ``offset``, ``kafka_ts`` (the Kafka message timestamp in µs),
-    and ``key`` (bytes) if the computation takes tombstones. Output: :data:`ROUTED_SCHEMA`,
-    column by column (no pandas, no per-row objects beyond the decoded record). Every input
-    row yields one output row.
+    Every message yields one input: a :class:`Delivery` (a record under the consumer's key,
+    or the deletion a tombstone the computation takes names), or a :class:`Rejected` in the
+    interval of the empty key (oversized, undecodable, unknown schema, failing or non-``str``
+    key extractor, a tombstone the computation does not take), carrying its raw bytes and the
+    genuine exception. ``quarantine`` maps the (topic, partition, offset) of each quarantined
+    message to its :class:`~millstream.engine.errors.PoisonRecordError` message: such a
+    message is rejected as it is, before anything decodes it.
     """
     layout = layout or IntervalLayout.initial(spec.options.key_intervals)
-    slots = slots or IntervalSlots(1)
     reject_interval = rejected_interval(spec, layout)
     streams = _streams_by_topic(spec)
     quarantined = dict(quarantine or {})
     takes_tombstones = spec.options.tombstones == "deliver"
 
-    def rejected(
-        stream: str, partition: int, offset: int, kafka_ts: int, raw: bytes | None, error: str
-    ) -> RoutedRow:
-        """The row of a message that becomes a dead letter in the rejected interval."""
-        return RoutedRow(
-            interval=reject_interval,
-            stream=stream,
-            partition=partition,
-            offset=offset,
-            kafka_ts=kafka_ts,
-            key=None,
-            record_key=None,
-            record_value=None,
-            record_ts=None,
-            record_id=None,
-            raw=raw,
-            error=error,
-            slot=slots.slot(reject_interval),
-        )
-
-    def route(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            rows: list[RoutedRow] = []
-            columns = [batch.column(name).to_pylist() for name in _SOURCE_COLUMNS]
-            message_keys = (
-                batch.column("key").to_pylist() if takes_tombstones else [None] * batch.num_rows
+    def route(message: InputMessage) -> Routed:
+        topic, partition, offset, kafka_ts, message_key, value = message
+        stream = streams[topic]
+        origin = Origin(stream=stream, partition=partition, offset=offset)
+        # One test per message when nothing is quarantined.
+        poison = quarantined.get(Position(topic, partition, offset)) if quarantined else None
+        if poison is not None:
+            # Never decoded again (that may be what crashes); located by position.
+            return reject_interval, Rejected(
+                origin, value or b"", PoisonRecordError(poison), kafka_ts
             )
-            for value, topic, partition, offset, kafka_ts, message_key in zip(
-                *columns, message_keys, strict=True
-            ):
-                stream = streams[topic]
-                # One test per row when nothing is quarantined.
-                poison = (
-                    quarantined.get(Position(topic, partition, offset)) if quarantined else None
-                )
-                if poison is not None:
-                    raw = value if value is not None else b""
-                    error_text = POISON_ERROR_PREFIX + poison
-                    rows.append(rejected(stream, partition, offset, kafka_ts, raw, error_text))
-                    continue
-                error: Exception | None
-                if value is None and takes_tombstones:
-                    deletion, error = decode_tombstone(
-                        spec, stream, message_key, partition, offset, kafka_ts
-                    )
-                    if deletion is not None:
-                        interval = layout.interval_of(deletion.key)
-                        rows.append(
-                            RoutedRow(
-                                interval=interval,
-                                stream=stream,
-                                partition=partition,
-                                offset=offset,
-                                kafka_ts=kafka_ts,
-                                key=deletion.key,
-                                record_key=None,
-                                record_value=None,
-                                record_ts=deletion.timestamp,
-                                record_id=deletion.record_id,
-                                raw=None,
-                                error=None,
-                                slot=slots.slot(interval),
-                            )
-                        )
-                        continue
-                else:
-                    record, key, error = decode_delivery(spec, stream, value)
-                    if error is None:
-                        assert record is not None
-                        assert key is not None
-                        interval = layout.interval_of(key)
-                        rows.append(
-                            RoutedRow(
-                                interval=interval,
-                                stream=stream,
-                                partition=partition,
-                                offset=offset,
-                                kafka_ts=kafka_ts,
-                                key=key,
-                                record_key=record.key,
-                                record_value=record.value,
-                                record_ts=record.timestamp,
-                                record_id=record.record_id,
-                                raw=None,
-                                error=None,
-                                slot=slots.slot(interval),
-                            )
-                        )
-                        continue
-                assert error is not None
-                rows.append(rejected(stream, partition, offset, kafka_ts, value, _described(error)))
-            yield _record_batch(rows, _ROUTED_ARROW)
+        if value is None and takes_tombstones:
+            deletion, refused = decode_tombstone(
+                spec, stream, message_key, partition, offset, kafka_ts
+            )
+            if deletion is None:
+                assert refused is not None
+                return reject_interval, Rejected(origin, b"", refused, kafka_ts)
+            return layout.interval_of(deletion.key), Delivery(deletion.key, deletion, origin)
+        record, key, error = decode_delivery(spec, stream, value)
+        if error is None:
+            assert record is not None
+            assert key is not None
+            return layout.interval_of(key), Delivery(key, record, origin)
+        if record is None:
+            return reject_interval, Rejected(origin, value or b"", error, kafka_ts)
+        # Decoded, but the key extractor failed: the dead letter names the record.
+        located = Origin(stream, partition, offset, record_id=record.record_id)
+        return reject_interval, Rejected(located, value or b"", error, record.timestamp)
 
     return route
-
-
-def _described(error: Exception) -> str:
-    """A rejected row's ``error``: never empty, and naming the error's class first."""
-    return f"{type(error).__qualname__}: {error}"
-
-
-def _record_batch(rows: Iterable[Sequence[Any]], schema: pa.Schema) -> pa.RecordBatch:
-    """Rows of a row type whose fields are ``schema``'s columns, in order, as a batch."""
-    columns = list(zip(*rows, strict=True)) or [() for _ in schema]
-    return pa.RecordBatch.from_arrays(
-        [pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)], schema=schema
-    )
 
 
 def _streams_by_topic(spec: ComputationSpec) -> dict[str, str]:
     return {stream_topic(i.stream): i.stream for i in spec.inputs}
 
 
-def tick_rows(intervals: Iterable[int], slots: IntervalSlots | None = None) -> list[RoutedRow]:
-    """:data:`ROUTED_SCHEMA` rows that make an interval run without input (a *tick*): for its
-    due timers and unacknowledged productions."""
-    slots = slots or IntervalSlots(1)
-    return [RoutedRow.tick(interval, slots.slot(interval)) for interval in intervals]
+Reader = Callable[[TaskSettings, Sequence[OffsetRange]], Iterable[InputMessage]]
+"""How a task reads its batch's ranges: :func:`read_from_kafka`, or a test's own."""
 
 
-def interval_task(
+def read_from_kafka(
+    settings: TaskSettings, ranges: Sequence[OffsetRange]
+) -> Iterator[InputMessage]:
+    """The messages of ``ranges``, read with this process's consumer."""
+    resources = _resources(settings)
+    if resources.reader is None:
+        resources.reader = range_reader(settings.config)
+    return read_ranges(resources.reader, ranges, _READ_TIMEOUT)
+
+
+def batch_task(
     spec: ComputationSpec,
     settings: TaskSettings,
     watermark: int,
     timer_watermark: int,
-    layout: IntervalLayout | None = None,
+    layout: IntervalLayout,
+    batch: BatchInput,
+    read: Reader = read_from_kafka,
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The ``mapInArrow`` function that runs the key intervals of one partition of a batch
-    (the partitions are by interval, so each interval is in exactly one).
-
-    Each interval's rows run, in (stream, partition, offset) order, through the interval's
-    worker; records under the input low watermark before the batch (``watermark``), event-time
-    timers under the one after it (see :meth:`IntervalWorker.process`). One
-    :data:`RESULT_SCHEMA` row per interval. Raises whatever a worker raises, failing the task;
-    see the module docstring.
+    """The ``mapInArrow`` function of a batch's one Spark stage: its input is the task
+    numbers (``spark.range(tasks)``), and task ``n`` reads the batch's ranges straight from
+    Kafka, routes every message (:func:`message_router`) and keeps those of the intervals
+    ``batch.slots`` gives it, then runs each of them (and its ticks) through the interval's
+    worker, in (stream, partition, offset) order; records under the input low watermark
+    before the batch (``watermark``), event-time timers under the one after it (see
+    :meth:`IntervalWorker.process`). One :data:`RESULT_SCHEMA` row per interval. Raises
+    whatever a worker raises, failing the task; see the module docstring.
     """
 
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def run(numbers: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        tasks = {n for numbered in numbers for n in numbered.column(0).to_pylist()}
+        if not tasks:
+            return
         fault_point("executor.task", spec.name)
         faults = armed_faults("executor.record", spec.name)
-        by_interval: dict[int, list[RoutedRow]] = {}
-        for batch in batches:
-            columns = (batch.column(name).to_pylist() for name in RoutedRow._fields)
-            for row in map(RoutedRow._make, zip(*columns, strict=True)):
-                by_interval.setdefault(row.interval, []).append(row)
+        task_of = batch.slots.task_of
+        by_interval: dict[int, list[Delivery | Rejected]] = {
+            interval: [] for interval in batch.ticks if task_of(interval) in tasks
+        }
+        route = message_router(spec, layout, batch.quarantine)
+        for message in read(settings, batch.ranges):
+            interval, item = route(message)
+            if task_of(interval) in tasks:
+                by_interval.setdefault(interval, []).append(item)
         resources = _resources(settings)
         # The intervals' round trips to Cassandra and Kafka overlap on the pool's threads.
         futures = [
@@ -488,13 +357,13 @@ def interval_task(
                 settings.run_token,
                 resources.workers,
                 interval,
-                interval_rows,
+                inputs,
                 watermark,
                 timer_watermark,
                 layout,
                 faults,
             )
-            for interval, interval_rows in sorted(by_interval.items())
+            for interval, inputs in sorted(by_interval.items())
         ]
         wait(futures)
         results = [future.result() for future in futures]  # raises the first failure
@@ -506,23 +375,30 @@ def interval_task(
     return run
 
 
+def _record_batch(rows: Iterable[Sequence[Any]], schema: pa.Schema) -> pa.RecordBatch:
+    """Rows of a row type whose fields are ``schema``'s columns, in order, as a batch."""
+    columns = list(zip(*rows, strict=True)) or [() for _ in schema]
+    return pa.RecordBatch.from_arrays(
+        [pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)], schema=schema
+    )
+
+
 def _run_interval(
     spec: ComputationSpec,
     run_token: str,
     workers: WorkerPool,
     interval: int,
-    rows: list[RoutedRow],
+    inputs: list[Delivery | Rejected],
     watermark: int,
     timer_watermark: int,
     layout: IntervalLayout | None,
     faults: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
-    """Run one interval's rows; its :data:`RESULT_SCHEMA` row (:meth:`ResultRow.columns`).
+    """Run one interval's inputs; its :data:`RESULT_SCHEMA` row (:meth:`ResultRow.columns`).
     ``faults``: record IDs (hex) a fault harness armed (:mod:`~millstream.engine.fault_points`)."""
     started, cpu_started = time.monotonic(), time.thread_time()
-    # Ticks (no stream) first; they carry no input.
-    rows.sort(key=lambda row: (row.stream or "", row.partition or 0, row.offset or 0))
-    inputs = _inputs(spec, rows)
+    # Partitions interleave as they are read; each partition's messages come in order.
+    inputs.sort(key=_position)
     if faults:
         _inject_faults(spec, inputs, faults)
     worker, cached = workers.worker(spec, interval, layout, run=run_token)
@@ -539,61 +415,14 @@ def _run_interval(
     ).columns()
 
 
+def _position(item: Delivery | Rejected) -> tuple[str, int, int]:
+    origin = item.origin
+    return (origin.stream or "", origin.partition or 0, origin.offset or 0)
+
+
 def _inject_faults(
     spec: ComputationSpec, inputs: list[Delivery | Rejected], faults: frozenset[str]
 ) -> None:
     for item in inputs:
         if isinstance(item, Delivery):
             fault_point("executor.record", spec.name, item.record.record_id.hex(), faults)
-
-
-def _inputs(spec: ComputationSpec, rows: list[RoutedRow]) -> list[Delivery | Rejected]:
-    inputs: list[Delivery | Rejected] = []
-    for row in rows:
-        if row.stream is None:
-            continue  # a tick: the interval runs for its timers and resends only
-        origin = Origin(stream=row.stream, partition=row.partition, offset=row.offset)
-        if row.error is not None:
-            inputs.append(_rejected(spec, origin, row.raw, cast(int, row.kafka_ts), row.error))
-            continue
-        assert row.key is not None
-        assert row.record_ts is not None
-        assert row.record_id is not None
-        if row.record_value is None:
-            deletion = Deletion(row.key, row.record_ts, row.stream, row.record_id)
-            inputs.append(Delivery(row.key, deletion, origin))
-            continue
-        assert row.record_key is not None
-        record = Record(row.record_key, row.record_value, row.record_ts, row.record_id)
-        inputs.append(Delivery(row.key, record, origin))
-    return inputs
-
-
-def _rejected(
-    spec: ComputationSpec, origin: Origin, raw: bytes | None, kafka_ts: int, error_text: str
-) -> Rejected:
-    assert origin.stream is not None
-    if error_text.startswith(POISON_ERROR_PREFIX):
-        # Quarantined: never decoded again (that may be what crashes); located by position.
-        poison = PoisonRecordError(error_text.removeprefix(POISON_ERROR_PREFIX))
-        return Rejected(origin, raw or b"", poison, kafka_ts)
-    if raw is None:
-        # A tombstone: no user code judged it, so the router's description is the whole
-        # error (re-deciding would need the message key, which the row does not carry).
-        message = error_text.removeprefix(f"{TombstoneError.__qualname__}: ")
-        return Rejected(origin, b"", TombstoneError(message), kafka_ts)
-    record, _, error = decode_delivery(spec, origin.stream, raw)
-    if error is None:
-        error = RuntimeError(
-            f"message at {origin.stream}/{origin.partition}@{origin.offset} failed to decode "
-            f"or key on the first attempt and succeeded on the second; the key extractor of "
-            f"{spec.name!r} must be deterministic"
-        )
-    if record is not None:
-        return Rejected(
-            Origin(origin.stream, origin.partition, origin.offset, record_id=record.record_id),
-            raw,
-            error,
-            record.timestamp,
-        )
-    return Rejected(origin, raw, error, kafka_ts)

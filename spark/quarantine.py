@@ -28,12 +28,11 @@ from pathlib import Path
 from typing import Final
 
 from millstream.engine.deadletters import MAX_ERROR_MESSAGE_CHARS
-from millstream.engine.errors import PoisonRecordError, TopologyError
+from millstream.engine.errors import TopologyError
 from millstream.spark.isolation import OffsetRange, Position
 
 __all__ = [
     "MAX_TRACEBACK_CHARS",
-    "POISON_ERROR_PREFIX",
     "QUARANTINE_DIRECTORY",
     "Quarantine",
     "QuarantinedRecord",
@@ -45,9 +44,6 @@ QUARANTINE_DIRECTORY: Final = "millstream-quarantine"
 MAX_TRACEBACK_CHARS: Final = 3_000
 """The end of a failing worker's traceback kept with a quarantined message (its last frames
 and the error: the part that says where the engine failed)."""
-
-POISON_ERROR_PREFIX: Final = f"{PoisonRecordError.__qualname__}: "
-"""How a rejected row's error column starts when the router rejected a quarantined message."""
 
 _TRACEBACK: Final = "Traceback (most recent call last)"
 _JVM_FRAME: Final = re.compile(r"^\s+at [\w$.]+\(.*\)$")
@@ -82,7 +78,7 @@ class QuarantinedRecord:
             "run the record once it is fixed. "
             f"{self.error}"
         )
-        room = MAX_ERROR_MESSAGE_CHARS - len(POISON_ERROR_PREFIX) - len(head) - 1
+        room = MAX_ERROR_MESSAGE_CHARS - len(head) - 1
         return f"{head}\n{self.traceback[-room:]}" if room > 0 else head
 
 

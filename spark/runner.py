@@ -10,12 +10,16 @@ topics of the same name** (:func:`millstream.connectors.kafka.stream_topic`): st
 
 A micro-batch flows like this (``foreachBatch`` on the driver only plans and collects)::
 
-    Kafka ──► mapInArrow(router)             executors: decode, size-check, key extractor of
-                │                                       the message's stream, key interval;
-                │                                       undecodable → rejected row
+    offset log ──► the batch's offset ranges   driver: from the query's checkpoint
+                │
                 ▼
-              repartition(cores, interval)      each task gets whole intervals, evenly
-                .mapInArrow(interval_task)      executors: each interval's IntervalWorker
+    spark.range(cores)                         one task per core, one stage
+      .mapInArrow(batch_task)                  executors: each task reads the ranges from
+                │                                       Kafka, decodes, size-checks, applies
+                │                                       the key extractor of the message's
+                │                                       stream (undecodable → rejected), and
+                │                                       keeps the whole intervals it owns;
+                │                                       each interval's IntervalWorker
                 │                                       (cached per Python worker process)
                 │                                       acquires the sequencer, dedups, runs
                 │                                       user code, commits by LWT to Cassandra,
@@ -128,7 +132,7 @@ from millstream.spark.driver_watermarks import (
     WatermarkSnapshot,
     offsets_consumer,
 )
-from millstream.spark.executor import TaskSettings, source_columns
+from millstream.spark.executor import TaskSettings
 from millstream.spark.metrics import (
     BatchMetrics,
     ComputationMetrics,
@@ -839,8 +843,6 @@ class RunningTopology:
         return self.checkpoint_root / self.topology.name / computation
 
     def _start_query(self, spec: ComputationSpec) -> StreamingQuery:
-        from pyspark.sql import functions as F  # noqa: N812  (pyspark's convention)
-
         with self._lock:
             running = self._queries.get(spec.name)
             if running is not None and running.isActive:
@@ -873,11 +875,6 @@ class RunningTopology:
             [*topics, *wakes],
             starting_offsets=starting_offsets,
             options=options,
-        ).select(
-            *(
-                F.unix_micros("timestamp").alias(name) if name == "kafka_ts" else F.col(name)
-                for name in source_columns(spec)
-            )
         )
         writer = (
             source.writeStream.queryName(f"{self.topology.name}.{spec.name}.{uuid.uuid4().hex}")

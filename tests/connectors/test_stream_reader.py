@@ -1,4 +1,5 @@
-"""read_stream: a stream's records, typed, as a job reads what its topology produced."""
+"""read_stream: a stream's records, typed, as a job reads what its topology produced; and
+read_ranges: the offset ranges of a batch, as its tasks read them."""
 
 from __future__ import annotations
 
@@ -7,12 +8,15 @@ import time
 from collections.abc import Callable
 
 import pytest
+from confluent_kafka import TopicPartition
 
 from millstream.connectors import kafka as kafka_connector
 from millstream.connectors import read_stream
+from millstream.connectors.stream_reader import InputMessage, range_reader, read_ranges
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.errors import MillstreamError, RecordDecodeError
 from millstream.engine.records import Record, encode_record, injector_record_id
+from millstream.spark.isolation import OffsetRange
 
 pytestmark = pytest.mark.integration
 
@@ -73,3 +77,93 @@ def test_a_stream_without_a_topic_is_an_error_saying_so(
 ) -> None:
     with pytest.raises(MillstreamError, match="has no topic"):
         list(read_stream(services, unique("nothing")))
+
+
+def read_back(services: MillstreamConfig, ranges: list[OffsetRange]) -> list[tuple[int, int]]:
+    """(partition, offset) of each message :func:`read_ranges` yields, in order."""
+    reader = range_reader(services)
+    try:
+        return [(m.partition, m.offset) for m in read_ranges(reader, ranges, timeout=30)]
+    finally:
+        reader.close()
+
+
+def test_ranges_are_read_exactly_across_gaps_and_transaction_markers(
+    services: MillstreamConfig, unique: Callable[[str], str]
+) -> None:
+    stream = unique("ranges")
+    plain = kafka_connector.producer(services)
+    transactional = kafka_connector.producer(services, **{"transactional.id": stream})
+    try:
+        kafka_connector.create_topics(services, [stream], partitions=2)
+        for n in range(10):  # partition 0: offsets 0-9
+            plain.produce(stream, value=encode_record(record(n)), partition=0, timestamp=n)
+        assert plain.flush(30) == 0
+        # Partition 1: a committed transaction (offsets 0-2, its marker 3), an aborted one
+        # (4-5, marker 6), a committed one (7, marker 8).
+        transactional.init_transactions(30)
+        for values, commit in (([0, 1, 2], True), ([3, 4], False), ([5], True)):
+            transactional.begin_transaction()
+            for n in values:
+                transactional.produce(stream, value=encode_record(record(n)), partition=1)
+            if commit:
+                transactional.commit_transaction(30)
+            else:
+                assert transactional.flush(30) == 0
+                transactional.abort_transaction(30)
+
+        # Two ranges of partition 0 with a hole (a batch without a quarantined message),
+        # ending before the partition does; all of partition 1, markers and aborts skipped.
+        found = read_back(
+            services,
+            [
+                OffsetRange(stream, 0, 2, 4),
+                OffsetRange(stream, 0, 5, 8),
+                OffsetRange(stream, 1, 0, 9),
+            ],
+        )
+        assert sorted(found) == [
+            (0, 2),
+            (0, 3),
+            (0, 5),
+            (0, 6),
+            (0, 7),
+            (1, 0),
+            (1, 1),
+            (1, 2),
+            (1, 7),
+        ]
+        for partition in (0, 1):  # each partition in offset order
+            offsets = [offset for p, offset in found if p == partition]
+            assert offsets == sorted(offsets)
+        # A range that is only an abort and its marker yields nothing, and ends.
+        assert read_back(services, [OffsetRange(stream, 1, 4, 7)]) == []
+        # What a message carries: its place, the Kafka timestamp in µs, its key and value.
+        reader = range_reader(services)
+        try:
+            (message,) = read_ranges(reader, [OffsetRange(stream, 0, 9, 10)])
+        finally:
+            reader.close()
+        assert message == InputMessage(stream, 0, 9, 9_000, None, encode_record(record(9)))
+    finally:
+        kafka_connector.delete_topics(services, [stream])
+
+
+def test_a_range_whose_messages_retention_removed_is_an_error_saying_so(
+    services: MillstreamConfig, unique: Callable[[str], str]
+) -> None:
+    stream = unique("gone")
+    writer = kafka_connector.producer(services)
+    admin = kafka_connector.admin_client(services)
+    try:
+        kafka_connector.create_topics(services, [stream], partitions=1)
+        for n in range(5):
+            writer.produce(stream, value=encode_record(record(n)))
+        assert writer.flush(30) == 0
+        (deleted,) = admin.delete_records([TopicPartition(stream, 0, 3)]).values()
+        deleted.result(30)
+        with pytest.raises(MillstreamError, match=r"gone from .* deleted it"):
+            read_back(services, [OffsetRange(stream, 0, 1, 5)])
+        assert read_back(services, [OffsetRange(stream, 0, 3, 5)]) == [(0, 3), (0, 4)]
+    finally:
+        kafka_connector.delete_topics(services, [stream])

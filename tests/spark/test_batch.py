@@ -1,5 +1,6 @@
-"""The batch handler's shuffle (every task gets whole intervals, and as many as the others),
-its fences, and its search for poison pills (with a stand-in for the Spark job)."""
+"""The batch handler's spread of intervals over tasks (every task gets whole intervals, and
+as many as the others), its fences, and its search for poison pills (with a stand-in for the
+Spark job)."""
 
 from __future__ import annotations
 
@@ -18,11 +19,7 @@ from millstream.engine.driver import BatchPlan
 from millstream.engine.errors import FencedError, PoisonIsolationError, ServiceOutageError
 from millstream.engine.outages import Outage
 from millstream.spark.batch import BatchHandler, _BatchRun, short_error
-from millstream.spark.executor import (
-    IntervalSlots,
-    partition_representatives,
-    spark_int_hash,
-)
+from millstream.spark.executor import IntervalSlots
 from millstream.spark.isolation import MAX_ISOLATED, OffsetRange, Position
 from millstream.spark.metrics import ResultRow
 from millstream.spark.quarantine import QUARANTINE_DIRECTORY, Quarantine
@@ -32,50 +29,30 @@ if TYPE_CHECKING:
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("partitions", [1, 2, 3, 8, 64])
-def test_each_partition_has_a_representative(partitions: int) -> None:
-    found = partition_representatives(partitions)
-    assert [spark_int_hash(v) % partitions for v in found] == list(range(partitions))
+def test_intervals_spread_evenly_over_tasks_or_where_an_assignment_says() -> None:
+    even = IntervalSlots(2)
+    assert sorted(Counter(even.task_of(i) for i in range(16)).values()) == [8, 8]
+    chosen = IntervalSlots(3, {5: 2, 7: 2, 40: 0})
+    assert {i: chosen.task_of(i) for i in [5, 7, 40, 1, 2, 3]} == {
+        5: 2,
+        7: 2,
+        40: 0,
+        1: 1,
+        2: 2,
+        3: 0,
+    }
 
 
 @pytest.mark.integration
-def test_the_hash_is_sparks_and_intervals_spread_evenly(spark: SparkSession) -> None:
+def test_each_task_number_of_a_batch_is_one_spark_task(spark: SparkSession) -> None:
+    # The handler's job is spark.range(tasks) in as many partitions: each task reads the
+    # batch and works the intervals of its number, so no number may be in two tasks or none.
     from pyspark.sql import functions as F  # noqa: N812  (pyspark's convention)
 
-    values = spark.range(-500, 500).select(F.col("id").cast("int").alias("v"))
-    hashes = {r["v"]: r["h"] for r in values.select("v", F.hash("v").alias("h")).collect()}
-    assert hashes == {v: spark_int_hash(v) for v in range(-500, 500)}
-
-    # 16 intervals over 2 tasks, as the handler partitions them: 8 and 8, whole.
-    even = IntervalSlots(2)
-    placed = _placed(spark, 2, [(i % 16, even.slot(i % 16)) for i in range(160)])
-    assert len(placed) == 16  # every interval in one task
-    assert sorted(Counter(placed.values()).values()) == [8, 8]
-    assert placed == {i: even.task_of(i) for i in range(16)}
-
-    # An assignment by load (rebalancing): the named intervals go where it says.
-    chosen = IntervalSlots(3, {5: 2, 7: 2, 40: 0})
-    intervals = [5, 7, 40, 1, 2, 3]
-    placed = _placed(spark, 3, [(i, chosen.slot(i)) for i in intervals for _ in range(5)])
-    assert placed == {5: 2, 7: 2, 40: 0, 1: 1, 2: 2, 3: 0}
-
-
-def _placed(spark: SparkSession, tasks: int, rows: list[tuple[int, int]]) -> dict[int, int]:
-    """Each interval's task once ``rows`` (interval, slot) are repartitioned by the slot."""
-    from pyspark.sql import functions as F  # noqa: N812  (pyspark's convention)
-
-    found = (
-        spark.createDataFrame(rows, "interval int, slot int")
-        .repartition(tasks, "slot")
-        .select("interval", F.spark_partition_id().alias("task"))
-        .distinct()
-        .collect()
-    )
-    placed: dict[int, int] = {}
-    for row in found:
-        assert row["interval"] not in placed, "an interval was split over tasks"
-        placed[row["interval"]] = row["task"]
-    return placed
+    for tasks in (1, 2, 3, 8):
+        numbers = spark.range(0, tasks, numPartitions=tasks)
+        placed = numbers.select("id", F.spark_partition_id().alias("task")).collect()
+        assert sorted((row["id"], row["task"]) for row in placed) == [(n, n) for n in range(tasks)]
 
 
 @pytest.mark.unit
@@ -177,7 +154,7 @@ class _FakeRuns:
 
     def __call__(
         self,
-        batch: object,
+        run: object,
         plan: object,
         quarantine: Mapping[Position, str],
         records: Sequence[OffsetRange] | None = None,
@@ -213,7 +190,6 @@ def _handler(tmp_path: Path, runs: _FakeRuns, monkeypatch: pytest.MonkeyPatch) -
 
 def _batch_run() -> _BatchRun:
     return _BatchRun(
-        cast(Any, None),
         3,
         cast(Any, BatchPlan(watermark=10, timer_watermark=20, ticks=[], layout=cast(Any, None))),
         True,

@@ -1,14 +1,16 @@
-"""The executor's two Arrow functions, without Spark: rows are read and written by name."""
+"""The executor's batch task, without Spark or Kafka: each task reads the batch's messages
+(here from a list), routes them and works the intervals of its number."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
 import pyarrow as pa
 import pytest
 
+from millstream.connectors.stream_reader import InputMessage
 from millstream.engine.clock import ManualClock
 from millstream.engine.computation import Computation
 from millstream.engine.config import MillstreamConfig
@@ -19,23 +21,16 @@ from millstream.engine.protocol import WorkerPool
 from millstream.engine.records import (
     Deletion,
     Record,
-    deletion_record_id,
     encode_record,
     injector_record_id,
 )
+from millstream.engine.routing import rejected_interval
 from millstream.engine.stores.memory.store import MemoryIntervalStore
 from millstream.engine.testing import TestingSink
-from millstream.engine.topology import ComputationOptions, Topology
+from millstream.engine.topology import ComputationOptions, ComputationSpec, Topology
 from millstream.spark import executor
-from millstream.spark.executor import (
-    ROUTED_SCHEMA,
-    IntervalSlots,
-    RoutedRow,
-    TaskSettings,
-    interval_task,
-    router,
-    tick_rows,
-)
+from millstream.spark.executor import BatchInput, IntervalSlots, TaskSettings, batch_task
+from millstream.spark.isolation import OffsetRange, Position
 from millstream.spark.metrics import RESULT_COLUMNS, RESULT_SCHEMA, ResultRow
 
 pytestmark = pytest.mark.unit
@@ -79,29 +74,59 @@ SETTINGS = TaskSettings(MillstreamConfig(), "keyspace", "table", "run-1", "keysp
 SPEC_OF_DEFAULTS = Topology("t", streams=["in"]).add_computation("c", Computation(), inputs=["in"])
 
 
-def messages(*values: bytes) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pydict(
-        {
-            "value": list(values),
-            "topic": ["in"] * len(values),
-            "partition": [0] * len(values),
-            "offset": list(range(len(values))),
-            "kafka_ts": [5] * len(values),
-        }
+def messages(
+    values: Sequence[bytes | None], keys: Sequence[bytes | None] | None = None
+) -> list[InputMessage]:
+    """Messages of stream ``in``, partition 0, at offsets 0, 1, ..., Kafka timestamp 5."""
+    keys = keys or [None] * len(values)
+    return [
+        InputMessage("in", 0, offset, 5, key, value)
+        for offset, (key, value) in enumerate(zip(keys, values, strict=True))
+    ]
+
+
+def run_batch(
+    spec: ComputationSpec,
+    sent: list[InputMessage],
+    layout: IntervalLayout | None = None,
+    *,
+    tasks: int = 2,
+    ticks: Iterable[int] = (),
+    timer_watermark: int = 0,
+    quarantine: Mapping[Position, str] | None = None,
+) -> list[ResultRow]:
+    """Every task of a batch of ``sent`` (read in one range), as Spark would run them; the
+    rows of all of them. Checks that no interval ran in two tasks."""
+    layout = layout or IntervalLayout.initial(spec.options.key_intervals)
+    batch = BatchInput(
+        ranges=(OffsetRange("in", 0, 0, len(sent)),),
+        ticks=tuple(ticks),
+        slots=IntervalSlots(tasks),
+        quarantine=quarantine or {},
     )
+
+    def read(settings: TaskSettings, ranges: Sequence[OffsetRange]) -> list[InputMessage]:
+        assert settings == SETTINGS
+        assert tuple(ranges) == batch.ranges
+        return sent
+
+    results: list[ResultRow] = []
+    for number in range(tasks):
+        task = batch_task(spec, SETTINGS, 0, timer_watermark, layout, batch, read)
+        numbers = pa.RecordBatch.from_pydict({"id": pa.array([number], pa.int64())})
+        rows = [ResultRow.of(row) for out in task(iter([numbers])) for row in out.to_pylist()]
+        assert all(batch.slots.task_of(row.interval) == number for row in rows)
+        results += rows
+    intervals = [row.interval for row in results]
+    assert len(intervals) == len(set(intervals)), "an interval ran in two tasks"
+    return results
 
 
 def record(key: str, timestamp: int, number: int) -> bytes:
     return encode_record(Record(key, key.encode(), timestamp, injector_record_id("t", 0, number)))
 
 
-def test_the_row_schemas_are_the_spark_schemas_the_queries_were_started_with() -> None:
-    assert ROUTED_SCHEMA == (
-        "interval int, stream string, partition int, offset long, kafka_ts long, "
-        "key string, record_key string, record_value binary, record_ts long, record_id binary, "
-        "raw binary, error string, slot int"
-    )
-    assert [part.split()[0] for part in ROUTED_SCHEMA.split(", ")] == list(RoutedRow._fields)
+def test_the_result_schema_is_the_spark_schema_the_job_collects() -> None:
     assert [part.split()[0] for part in RESULT_SCHEMA.split(", ")] == [
         name for name, _ in RESULT_COLUMNS
     ]
@@ -117,58 +142,24 @@ def test_messages_are_routed_worked_and_counted_by_interval(sink: TestingSink) -
         options=ComputationOptions(key_intervals=4),
     )
     layout = IntervalLayout.initial(4)
-    slots = IntervalSlots(2)
-    routed = list(
-        router(spec, layout, slots)(
-            iter([messages(record("a", 10, 0), b"not a record", record("b", 20, 1))])
-        )
-    )
-    rows = [RoutedRow(**row) for batch in routed for row in batch.to_pylist()]
-    good = [row for row in rows if row.error is None]
-    assert [(row.key, row.record_ts, row.interval) for row in good] == [
-        ("a", 10, layout.interval_of("a")),
-        ("b", 20, layout.interval_of("b")),
-    ]
-    (bad,) = [row for row in rows if row.error is not None]
-    assert bad.raw == b"not a record"
-    assert bad.error is not None
-    assert bad.key is None
-    assert all(row.slot == slots.slot(row.interval) for row in rows)
-
-    quiet = next(i for i in layout.ids if i not in {row.interval for row in rows})
-    ticks = pa.RecordBatch.from_pylist(
-        [row._asdict() for row in tick_rows([quiet], slots)], schema=routed[0].schema
-    )
-    task = interval_task(spec, SETTINGS, 0, 1_000, layout)
-    results = [
-        ResultRow.of(row) for batch in task(iter([*routed, ticks])) for row in batch.to_pylist()
-    ]
+    sent = messages([record("a", 10, 0), b"not a record", record("b", 20, 1)])
+    busy = {layout.interval_of("a"), layout.interval_of("b"), rejected_interval(spec, layout)}
+    quiet = next(i for i in layout.ids if i not in busy)
+    results = run_batch(spec, sent, layout, ticks=[quiet], timer_watermark=1_000)
     by_interval = {row.interval: row for row in results}
-    assert set(by_interval) == {*(row.interval for row in rows), quiet}
+    assert set(by_interval) == {*busy, quiet}
     assert by_interval[quiet].counts.inputs == 0  # the tick ran the interval without input
     assert sum(row.counts.inputs for row in results) == 3
     assert sum(row.counts.rejected for row in results) == 1
+    assert by_interval[rejected_interval(spec, layout)].counts.rejected == 1
     assert sum(row.counts.processed for row in results) == 2
     assert sum(row.counts.fired_timers for row in results) == 2  # both windows closed at 1000
     assert all(row.computation == "windows" and row.counts.intervals == 1 for row in results)
-    assert by_interval[good[0].interval].progress.oldest_work is None  # nothing left to do
+    assert by_interval[layout.interval_of("a")].progress.oldest_work is None  # nothing left
     assert sorted(p.record.value for p in sink.delivered("out")) == [b"a", b"b"]
-
-
-def kafka_batch(
-    values: list[bytes | None], keys: list[bytes | None] | None = None
-) -> pa.RecordBatch:
-    """Messages of stream ``in`` at offsets 0, 1, ...; with ``keys``, the key column too."""
-    columns = {
-        "value": pa.array(values, pa.binary()),
-        "topic": pa.array(["in"] * len(values)),
-        "partition": pa.array([0] * len(values), pa.int32()),
-        "offset": pa.array(range(len(values)), pa.int64()),
-        "kafka_ts": pa.array([5] * len(values), pa.int64()),
-    }
-    if keys is not None:
-        columns["key"] = pa.array(keys, pa.binary())
-    return pa.RecordBatch.from_pydict(columns)
+    letter = dead_letters(sink, "windows")[1]
+    assert (letter.origin, letter.raw) == (Origin("in", 0, 1), b"not a record")
+    assert letter.error_type == "MalformedRecordError"
 
 
 def dead_letters(sink: TestingSink, computation: str) -> dict[int | None, DeadLetter]:
@@ -184,20 +175,7 @@ def test_a_tombstone_or_an_empty_value_is_dead_lettered_and_the_partition_goes_o
 ) -> None:
     topology = Topology("t", streams=["in"])
     spec = topology.add_computation("windows", Windows(), inputs=["in"], outputs=["out"])
-    routed = list(
-        router(spec)(iter([kafka_batch([record("a", 10, 0), None, b"", record("b", 20, 1)])]))
-    )
-    rows = [RoutedRow(**row) for batch in routed for row in batch.to_pylist()]
-    assert len(rows) == 4
-    tombstone, empty = rows[1], rows[2]
-    assert tombstone.error is not None
-    assert tombstone.error.startswith("TombstoneError: ")
-    assert "tombstones='deliver'" in tombstone.error
-    assert empty.error is not None
-    assert empty.error.startswith("MalformedRecordError: ")
-
-    task = interval_task(spec, SETTINGS, 0, 0)
-    results = [ResultRow.of(row) for batch in task(iter(routed)) for row in batch.to_pylist()]
+    results = run_batch(spec, messages([record("a", 10, 0), None, b"", record("b", 20, 1)]))
     assert sum(row.counts.rejected for row in results) == 2
     assert sum(row.counts.processed for row in results) == 2
     letters = dead_letters(sink, "windows")
@@ -207,7 +185,7 @@ def test_a_tombstone_or_an_empty_value_is_dead_lettered_and_the_partition_goes_o
     }
     assert letters[1].origin == Origin(stream="in", partition=0, offset=1)
     assert (letters[1].raw, letters[1].raw_size) == (b"", 0)
-    assert letters[1].error_message == tombstone.error.removeprefix("TombstoneError: ")
+    assert "tombstones='deliver'" in letters[1].error_message
     assert sorted(p.record.value for p in sink.delivered("out")) == [b"a", b"b"]
 
 
@@ -233,21 +211,12 @@ def test_a_computation_taking_tombstones_gets_each_keyed_one_as_a_deletion(
         outputs=["out"],
         options=ComputationOptions(key_intervals=4, tombstones="deliver"),
     )
-    assert executor.source_columns(spec) == (*executor.source_columns(SPEC_OF_DEFAULTS), "key")
     layout = IntervalLayout.initial(4)
-    batch = kafka_batch(
+    sent = messages(
         [record("a", 10, 0), record("b", 11, 1), None, None, None],
         [b"a", b"b", b"a", None, b"\xff"],
     )
-    routed = list(router(spec, layout)(iter([batch])))
-    rows = [RoutedRow(**row) for batch in routed for row in batch.to_pylist()]
-    deletion = rows[2]
-    assert (deletion.key, deletion.error, deletion.record_value) == ("a", None, None)
-    assert (deletion.record_ts, deletion.record_id) == (5, deletion_record_id("in", 0, 2))
-    assert deletion.interval == layout.interval_of("a")
-
-    task = interval_task(spec, SETTINGS, 0, 0, layout)
-    results = [ResultRow.of(row) for batch in task(iter(routed)) for row in batch.to_pylist()]
+    results = run_batch(spec, sent, layout)
     assert sum(row.counts.processed for row in results) == 3  # two records, one deletion
     assert sum(row.counts.rejected for row in results) == 2
     store = executor._CACHE[SETTINGS.endpoints].workers.store

@@ -7,23 +7,20 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 
+from millstream.connectors.stream_reader import InputMessage
 from millstream.engine import fault_points
 from millstream.engine.computation import Computation
 from millstream.engine.context import Context
 from millstream.engine.deadletters import MAX_ERROR_MESSAGE_CHARS, Origin
 from millstream.engine.errors import PoisonRecordError
+from millstream.engine.layout import IntervalLayout
 from millstream.engine.protocol import Rejected
 from millstream.engine.records import Record, encode_record
+from millstream.engine.routing import rejected_interval
 from millstream.engine.topology import ComputationOptions, ComputationSpec, Topology
-from millstream.spark.executor import (
-    ROUTED_SCHEMA,
-    RoutedRow,
-    _inputs,
-    router,
-)
+from millstream.spark.executor import message_router
 from millstream.spark.isolation import OffsetRange, Position
 from millstream.spark.quarantine import (
     MAX_TRACEBACK_CHARS,
@@ -94,7 +91,9 @@ def test_within_keeps_the_entries_of_a_batch_with_their_messages(tmp_path: Path)
 def test_the_message_fits_a_dead_letter_and_keeps_the_end_of_the_traceback() -> None:
     long = "Traceback (most recent call last)\n" + "frame\n" * 2_000 + "InjectedFault: boom"
     message = entry(1, traceback=long).message()
-    assert len(f"PoisonRecordError: {message}") <= MAX_ERROR_MESSAGE_CHARS
+    # The dead letter keeps MAX_ERROR_MESSAGE_CHARS of it: all of it, the end included.
+    assert len(message) <= MAX_ERROR_MESSAGE_CHARS
+    assert len(message) > MAX_ERROR_MESSAGE_CHARS - 100  # the traceback fills the room
     assert message.endswith("InjectedFault: boom")
     assert message.startswith("message searches/1@1 made the engine")
 
@@ -122,29 +121,24 @@ def spec() -> ComputationSpec:
 
 def test_the_router_rejects_a_quarantined_message_without_decoding_it() -> None:
     good = encode_record(Record("k", b"v", 5, b"i" * 16))
-    batch = pa.RecordBatch.from_pydict(
-        {
-            "value": [good, b"crashes the decoder", good],
-            "topic": ["in", "in", "in"],
-            "partition": [0, 0, 1],
-            "offset": [6, 7, 7],
-            "kafka_ts": [1, 2, 3],
-        }
-    )
+    messages = [
+        InputMessage("in", 0, 6, 1, None, good),
+        InputMessage("in", 0, 7, 2, None, b"crashes the decoder"),
+        InputMessage("in", 1, 7, 3, None, good),
+    ]
     quarantine = {Position("in", 0, 7): "the engine failed: InjectedFault"}
     computation = spec()
-    out = next(router(computation, quarantine=quarantine)(iter([batch])))
-    rows = [RoutedRow._make(r.values()) for r in out.to_pylist()]
-    assert [r.error is None for r in rows] == [True, False, True]
-    poisoned = rows[1]
-    assert poisoned.error == "PoisonRecordError: the engine failed: InjectedFault"
-    assert poisoned.raw == b"crashes the decoder"
-    assert ROUTED_SCHEMA.startswith("interval int")
-    (rejected,) = _inputs(computation, [poisoned])
+    route = message_router(computation, quarantine=quarantine)
+    routed = [route(message) for message in messages]
+    assert [isinstance(item, Rejected) for _, item in routed] == [False, True, False]
+    interval, rejected = routed[1]
     assert isinstance(rejected, Rejected)
+    assert interval == rejected_interval(computation, IntervalLayout.initial(4))
+    assert rejected.raw == b"crashes the decoder"
     assert isinstance(rejected.error, PoisonRecordError)
     assert str(rejected.error) == "the engine failed: InjectedFault"
     assert rejected.origin == Origin("in", 0, 7)
+    assert rejected.timestamp == 2  # the Kafka timestamp: nothing was decoded
 
 
 @pytest.fixture

@@ -1,22 +1,21 @@
-"""The Spark router and the interval task's reading of its rows, fuzzed without Spark.
+"""The executor's router, fuzzed without Spark or Kafka.
 
-Batches of arbitrary Kafka messages (values ``None``, empty, random, valid envelopes, mutated
-and truncated ones, unknown schemas, oversized; keys ``None`` or any bytes; every timestamp)
-go through :func:`~millstream.spark.executor.router` as Arrow record batches, and its rows
-back into the interval task's inputs. Whatever comes, the router does not raise, each
-message yields exactly one row, and each row is a record as it was encoded, a deletion, or a
-rejection naming its error; the interval task turns each row into exactly one input.
+Arbitrary Kafka messages (values ``None``, empty, random, valid envelopes, mutated and
+truncated ones, unknown schemas, oversized; keys ``None`` or any bytes; every timestamp) go
+through :func:`~millstream.spark.executor.message_router`. Whatever comes, the router does not
+raise, and each message yields exactly one input, in an interval: a record as it was encoded,
+a deletion, or a rejection carrying its error.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from millstream.connectors.stream_reader import InputMessage
 from millstream.engine import errors
 from millstream.engine.computation import Computation
 from millstream.engine.context import Context
@@ -41,8 +40,7 @@ from millstream.engine.topology import (
     Tombstones,
     Topology,
 )
-from millstream.spark import executor
-from millstream.spark.executor import IntervalSlots, RoutedRow, router, source_columns
+from millstream.spark.executor import message_router
 
 pytestmark = pytest.mark.unit
 
@@ -138,79 +136,44 @@ def messages(draw: st.DrawFn) -> Message:
     return Message(value, key, draw(INT64), encodes)
 
 
-def kafka_batch(batch: list[Message], with_key: bool) -> pa.RecordBatch:
-    columns = {
-        "value": pa.array([m.value for m in batch], pa.binary()),
-        "topic": pa.array([TOPIC] * len(batch), pa.string()),
-        "partition": pa.array([n % 3 for n in range(len(batch))], pa.int32()),
-        "offset": pa.array(range(len(batch)), pa.int64()),
-        "kafka_ts": pa.array([m.kafka_ts for m in batch], pa.int64()),
-    }
-    if with_key:
-        columns["key"] = pa.array([m.key for m in batch], pa.binary())
-    return pa.RecordBatch.from_pydict(columns)
+def input_message(message: Message, number: int) -> InputMessage:
+    """``message`` as read from partition ``number % 3`` at offset ``number``."""
+    return InputMessage(TOPIC, number % 3, number, message.kafka_ts, message.key, message.value)
 
 
 @FUZZ
-@given(st.lists(st.lists(messages(), max_size=12), min_size=1, max_size=3))
-def test_every_message_yields_one_row_that_is_a_record_a_deletion_or_a_rejection(
-    batches: list[list[Message]],
+@given(st.lists(messages(), min_size=1, max_size=30))
+def test_every_message_yields_one_input_that_is_a_record_a_deletion_or_a_rejection(
+    sent: list[Message],
 ) -> None:
     layout = IntervalLayout.initial(8)
-    slots = IntervalSlots(2)
     for spec in SPECS:
-        with_key = "key" in source_columns(spec)
         takes_tombstones = spec.options.tombstones == "deliver"
-        arrow = [kafka_batch(batch, with_key) for batch in batches]
-        routed = list(router(spec, layout, slots)(iter(arrow)))
-        assert [b.num_rows for b in routed] == [len(batch) for batch in batches]
-        rows = [RoutedRow(**row) for b in routed for row in b.to_pylist()]
-        sent = [m for batch in batches for m in batch]
-        for message, row in zip(sent, rows, strict=True):
-            assert row.slot == slots.slot(row.interval)
-            if row.error is not None:
-                assert row.error.split(":", 1)[0] in ERROR_NAMES, row.error
-                assert row.interval == rejected_interval(spec, layout)
-                assert row.raw == message.value
+        route = message_router(spec, layout)
+        for number, message in enumerate(sent):
+            interval, item = route(input_message(message, number))
+            origin = (item.origin.stream, item.origin.partition, item.origin.offset)
+            assert origin == (TOPIC, number % 3, number)
+            if isinstance(item, Rejected):
+                assert type(item.error).__qualname__ in ERROR_NAMES, item.error
+                assert interval == rejected_interval(spec, layout)
+                assert item.raw == (message.value or b"")
                 if message.value is None:
-                    assert row.error.startswith("TombstoneError: ")
+                    assert isinstance(item.error, TombstoneError)
                 assert message.encodes is None or spec.key_extractor(TOPIC) is by_value
-            elif row.record_value is None:  # a deletion of the message's key
+                continue
+            assert isinstance(item, Delivery)
+            assert interval == layout.interval_of(item.key)
+            if isinstance(item.record, Deletion):  # a deletion of the message's key
                 assert takes_tombstones
                 assert message.value is None
                 assert message.key is not None
-                assert row.key == message.key.decode("utf-8")
-                assert row.interval == layout.interval_of(row.key)
-                assert row.record_ts == message.kafka_ts
-                assert row.partition is not None
-                assert row.offset is not None
-                assert row.record_id == deletion_record_id(TOPIC, row.partition, row.offset)
+                assert item.key == message.key.decode("utf-8")
+                assert item.record.timestamp == message.kafka_ts
+                assert item.record.record_id == deletion_record_id(TOPIC, number % 3, number)
             else:
                 assert message.value is not None
                 record = decode_record(message.value)
                 assert message.encodes in (None, record)  # a valid envelope is what it encodes
-                assert (row.record_key, row.record_value) == (record.key, record.value)
-                assert (row.record_ts, row.record_id) == (record.timestamp, record.record_id)
-                assert row.key == spec.key_extractor(TOPIC)(record)
-                assert row.interval == layout.interval_of(row.key)
-            if message.encodes is not None and spec.key_extractor(TOPIC) is not by_value:
-                assert row.error is None
-
-        # The interval task reads each row back as exactly one input of its kind.
-        inputs = executor._inputs(spec, rows)
-        assert len(inputs) == len(rows)
-        for row, item in zip(rows, inputs, strict=True):
-            origin = (item.origin.stream, item.origin.partition, item.origin.offset)
-            assert origin == (TOPIC, row.partition, row.offset)
-            if row.error is not None:
-                assert isinstance(item, Rejected)
-                assert type(item.error).__qualname__ == row.error.split(":", 1)[0]
-                assert item.raw == (row.raw or b"")
-                if row.raw is None:
-                    assert isinstance(item.error, TombstoneError)
-                    assert f"TombstoneError: {item.error}" == row.error
-            else:
-                assert isinstance(item, Delivery)
-                kind = Deletion if row.record_value is None else Record
-                assert isinstance(item.record, kind)
-                assert (item.key, item.record.record_id) == (row.key, row.record_id)
+                assert item.record == record
+                assert item.key == spec.key_extractor(TOPIC)(record)
