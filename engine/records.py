@@ -71,6 +71,7 @@ __all__ = [
     "deletion_record_id",
     "encode_record",
     "encode_single_object",
+    "envelope_key",
     "injector_record_id",
     "production_record_id",
     "shipped_schema",
@@ -312,6 +313,38 @@ def encode_record(record: Record) -> bytes:
             record.record_id,
         )
     )
+
+
+def envelope_key(data: bytes) -> str | None:
+    """The key of a record in the current envelope, read from its first field without
+    decoding the rest; ``None`` if ``data`` does not begin as one (another schema version,
+    not an envelope, a key length past the end, a key that is not UTF-8).
+
+    Where :func:`decode_record` succeeds on bytes of the current envelope, the record's key
+    is this: a reader can tell a record's key, and so where it goes, without the cost of
+    decoding it (the Spark executor's tasks skip the records of other tasks so).
+    """
+    header = _envelope_header()
+    if not data.startswith(header):
+        return None
+    at = len(header)
+    zigzag = shift = 0
+    while True:  # the key's length: an Avro long, 7 bits a byte, least significant first
+        if at >= len(data) or shift > 63:
+            return None
+        byte = data[at]
+        at += 1
+        zigzag |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            break
+        shift += 7
+    length = (zigzag >> 1) ^ -(zigzag & 1)
+    if length < 0 or at + length > len(data):
+        return None
+    try:
+        return data[at : at + length].decode("utf-8")
+    except UnicodeDecodeError:
+        return None
 
 
 @cache

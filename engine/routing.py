@@ -4,7 +4,10 @@ A consumer reads each of its input streams with that stream's key extractor (use
 key decides the key interval (:func:`~millstream.engine.keys.key_interval`) and so which
 :class:`~millstream.engine.protocol.IntervalWorker` runs the record. A message that cannot be
 delivered (oversized, undecodable, an unknown schema, a key extractor that raises or returns
-no ``str``) is rejected into the interval of the empty key, where it becomes a dead letter.
+no ``str``) is rejected into the interval of the empty key, where it becomes a dead letter;
+a rejection that names a key (``Origin.key``: the Spark executor names the key of an envelope
+it could read that far, when the stream is keyed by the record's key) goes to that key's
+interval, where its dead letter's exactly-once bookkeeping is kept.
 
 A *tombstone* (a Kafka message with no value) is no record: it is rejected with a
 :class:`~millstream.engine.errors.TombstoneError`, unless the consumer takes tombstones
@@ -173,13 +176,13 @@ def rejected_interval(spec: ComputationSpec, layout: IntervalLayout | None = Non
 def interval_of(
     spec: ComputationSpec, item: Delivery | Rejected, layout: IntervalLayout | None = None
 ) -> int:
-    """The key interval that works ``item``: its key's, or :func:`rejected_interval` (in
-    ``layout``, default: the intervals the computation starts with)."""
-    if isinstance(item, Delivery):
-        if layout is not None:
-            return layout.interval_of(item.key)
-        return key_interval(item.key, spec.options.key_intervals)
-    return rejected_interval(spec, layout)
+    """The key interval that works ``item``: its key's, or for a rejection the key its origin
+    names (the empty key's, :func:`rejected_interval`, if none), in ``layout`` (default: the
+    intervals the computation starts with)."""
+    key = item.key if isinstance(item, Delivery) else item.origin.key or ""
+    if layout is not None:
+        return layout.interval_of(key)
+    return key_interval(key, spec.options.key_intervals)
 
 
 def split_by_interval(

@@ -60,7 +60,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final
 
 import pyarrow as pa
@@ -75,8 +75,14 @@ from millstream.engine.errors import PoisonRecordError
 from millstream.engine.fault_points import armed_faults, fault_point
 from millstream.engine.layout import IntervalLayout
 from millstream.engine.protocol import Delivery, Rejected, WorkerPool
-from millstream.engine.routing import decode_delivery, decode_tombstone, rejected_interval
-from millstream.engine.topology import ComputationSpec
+from millstream.engine.records import envelope_key
+from millstream.engine.routing import (
+    decode_delivery,
+    decode_tombstone,
+    interval_of,
+    rejected_interval,
+)
+from millstream.engine.topology import ComputationSpec, record_key
 from millstream.spark.isolation import OffsetRange, Position
 from millstream.spark.metrics import RESULT_SCHEMA, ResultRow, interval_counts
 
@@ -250,18 +256,34 @@ def message_router(
     interval of ``layout`` (default: those the computation starts with).
 
     Every message yields one input: a :class:`Delivery` (a record under the consumer's key,
-    or the deletion a tombstone the computation takes names), or a :class:`Rejected` in the
-    interval of the empty key (oversized, undecodable, unknown schema, failing or non-``str``
-    key extractor, a tombstone the computation does not take), carrying its raw bytes and the
-    genuine exception. ``quarantine`` maps the (topic, partition, offset) of each quarantined
-    message to its :class:`~millstream.engine.errors.PoisonRecordError` message: such a
-    message is rejected as it is, before anything decodes it.
+    or the deletion a tombstone the computation takes names), or a :class:`Rejected`
+    (oversized, undecodable, unknown schema, failing or non-``str`` key extractor, a
+    tombstone the computation does not take), carrying its raw bytes and the genuine
+    exception. ``quarantine`` maps the (topic, partition, offset) of each quarantined message
+    to its :class:`~millstream.engine.errors.PoisonRecordError` message: such a message is
+    rejected as it is, before anything decodes it.
+
+    A rejected message goes to the interval of the empty key, unless its stream is keyed by
+    the record's own key and the message begins as an envelope whose key can be read
+    (:func:`~millstream.engine.records.envelope_key`): then to that key's interval, under
+    that key (its dead letter says so), which is where :func:`batch_task` finds it without
+    decoding it.
     """
     layout = layout or IntervalLayout.initial(spec.options.key_intervals)
     reject_interval = rejected_interval(spec, layout)
     streams = _streams_by_topic(spec)
+    by_record_key = _keyed_by_record_key(spec)
     quarantined = dict(quarantine or {})
     takes_tombstones = spec.options.tombstones == "deliver"
+
+    def rejected(
+        origin: Origin, topic: str, value: bytes | None, error: Exception, timestamp: int
+    ) -> Routed:
+        key = envelope_key(value) if value is not None and topic in by_record_key else None
+        if key is not None:
+            origin = replace(origin, key=key)
+        item = Rejected(origin, value or b"", error, timestamp)
+        return interval_of(spec, item, layout), item
 
     def route(message: InputMessage) -> Routed:
         topic, partition, offset, kafka_ts, message_key, value = message
@@ -271,9 +293,7 @@ def message_router(
         poison = quarantined.get(Position(topic, partition, offset)) if quarantined else None
         if poison is not None:
             # Never decoded again (that may be what crashes); located by position.
-            return reject_interval, Rejected(
-                origin, value or b"", PoisonRecordError(poison), kafka_ts
-            )
+            return rejected(origin, topic, value, PoisonRecordError(poison), kafka_ts)
         if value is None and takes_tombstones:
             deletion, refused = decode_tombstone(
                 spec, stream, message_key, partition, offset, kafka_ts
@@ -288,12 +308,17 @@ def message_router(
             assert key is not None
             return layout.interval_of(key), Delivery(key, record, origin)
         if record is None:
-            return reject_interval, Rejected(origin, value or b"", error, kafka_ts)
+            return rejected(origin, topic, value, error, kafka_ts)
         # Decoded, but the key extractor failed: the dead letter names the record.
         located = Origin(stream, partition, offset, record_id=record.record_id)
         return reject_interval, Rejected(located, value or b"", error, record.timestamp)
 
     return route
+
+
+def _keyed_by_record_key(spec: ComputationSpec) -> frozenset[str]:
+    """The topics of ``spec``'s input streams it keys by the record's own key."""
+    return frozenset(stream_topic(i.stream) for i in spec.inputs if i.key_extractor is record_key)
 
 
 def _streams_by_topic(spec: ComputationSpec) -> dict[str, str]:
@@ -344,8 +369,21 @@ def batch_task(
             interval: [] for interval in batch.ticks if task_of(interval) in tasks
         }
         route = message_router(spec, layout, batch.quarantine)
+        by_record_key = _keyed_by_record_key(spec)
         for message in read(settings, batch.ranges):
+            # Another task's record is skipped undecoded when its key can be read as it is:
+            # each task would otherwise decode the whole batch.
+            key = None
+            if message.value is not None and message.topic in by_record_key:
+                key = envelope_key(message.value)
+                if key is not None and task_of(layout.interval_of(key)) not in tasks:
+                    continue
             interval, item = route(message)
+            if key is not None and interval != layout.interval_of(key):
+                raise RuntimeError(
+                    f"{message.topic}/{message.partition}@{message.offset} was routed to "
+                    f"interval {interval}, not to that of its envelope's key {key!r}: a bug"
+                )
             if task_of(interval) in tasks:
                 by_interval.setdefault(interval, []).append(item)
         resources = _resources(settings)

@@ -26,6 +26,7 @@ from millstream.engine.records import (
     default_registry,
     encode_record,
     encode_single_object,
+    envelope_key,
     injector_record_id,
     production_record_id,
     timer_identity,
@@ -58,6 +59,36 @@ def test_the_envelope_is_encoded_as_fastavro_encodes_it(record: Record) -> None:
         "record_id": record.record_id,
     }
     assert encode_record(record) == encode_single_object(datum, envelope)
+
+
+@given(records)
+def test_an_envelopes_key_reads_without_decoding_it(record: Record) -> None:
+    data = encode_record(record)
+    assert envelope_key(data) == record.key
+    # Whatever follows the key does not matter; a key cut short is no key.
+    key_end = len(encode_record(Record(record.key, b"", 0, RID))) - 18  # value 1, time 1, ID 16
+    assert envelope_key(data[:key_end]) == record.key
+    if record.key:
+        assert envelope_key(data[: key_end - 1]) is None
+
+
+@given(st.binary(max_size=64))
+def test_a_key_that_decodes_is_the_key_envelope_key_reads(body: bytes) -> None:
+    header = encode_record(Record("k", b"v", 1, RID))[:10]
+    with contextlib.suppress(RecordDecodeError):
+        assert envelope_key(header + body) == decode_record(header + body).key
+    assert envelope_key(body) is None or body.startswith(header)
+
+
+def test_no_key_is_read_from_what_is_not_the_current_envelope() -> None:
+    assert envelope_key(b"") is None
+    assert envelope_key(b"plain text") is None
+    data = encode_record(Record("k", b"v", 1, RID))
+    other_schema = data[:2] + bytes(8) + data[10:]
+    assert envelope_key(other_schema) is None
+    assert envelope_key(data[:10] + b"\x04\xff\xfe") is None  # not UTF-8
+    assert envelope_key(data[:10] + b"\x03") is None  # a negative length
+    assert envelope_key(data[:10] + b"\xff" * 11) is None  # a length past 64 bits
 
 
 def test_encoding_is_single_object_with_the_envelope_fingerprint() -> None:

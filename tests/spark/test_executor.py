@@ -230,3 +230,38 @@ def test_a_computation_taking_tombstones_gets_each_keyed_one_as_a_deletion(
     }
     assert "has no key" in letters[3].error_message
     assert "not UTF-8" in letters[4].error_message
+
+
+def test_each_task_skips_the_records_of_the_others_undecoded_and_loses_none(
+    sink: TestingSink, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    topology = Topology("t", streams=["in"])
+    spec = topology.add_computation(
+        "windows",
+        Windows(),
+        inputs=["in"],
+        outputs=["out"],
+        options=ComputationOptions(key_intervals=8),
+    )
+    layout = IntervalLayout.initial(8)
+    keys = [f"k{n}" for n in range(40)]
+    # A record cut after its key: rejected, under its key, by the task that owns the key.
+    broken = record("broken", 7, 99)[:-5]
+    sent = messages([*(record(key, 10, n) for n, key in enumerate(keys)), broken])
+    decoded: list[bytes] = []
+    real_decode = executor.decode_delivery
+
+    def counting(spec: ComputationSpec, stream: str, raw: bytes | None) -> Any:
+        decoded.append(cast(bytes, raw))
+        return real_decode(spec, stream, raw)
+
+    monkeypatch.setattr(executor, "decode_delivery", counting)
+    results = run_batch(spec, sent, layout, tasks=4)
+    assert len(decoded) == len(sent)  # each message decoded once, by one of the 4 tasks
+    assert sum(row.counts.inputs for row in results) == len(sent)
+    assert sum(row.counts.processed for row in results) == len(keys)
+    assert sorted(p.record.value for p in sink.delivered("out")) == sorted(k.encode() for k in keys)
+    letter = dead_letters(sink, "windows")[len(keys)]
+    assert (letter.origin.key, letter.error_type) == ("broken", "MalformedRecordError")
+    by_interval = {row.interval: row for row in results}
+    assert by_interval[layout.interval_of("broken")].counts.rejected == 1

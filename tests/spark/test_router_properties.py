@@ -31,6 +31,7 @@ from millstream.engine.records import (
     decode_record,
     deletion_record_id,
     encode_record,
+    envelope_key,
 )
 from millstream.engine.routing import rejected_interval
 from millstream.engine.topology import (
@@ -39,6 +40,7 @@ from millstream.engine.topology import (
     KeyExtractor,
     Tombstones,
     Topology,
+    record_key,
 )
 from millstream.spark.executor import message_router
 
@@ -156,7 +158,14 @@ def test_every_message_yields_one_input_that_is_a_record_a_deletion_or_a_rejecti
             assert origin == (TOPIC, number % 3, number)
             if isinstance(item, Rejected):
                 assert type(item.error).__qualname__ in ERROR_NAMES, item.error
-                assert interval == rejected_interval(spec, layout)
+                # Under its envelope's key if that can be read and keys the stream, so that
+                # the task owning the key's interval finds it without decoding it.
+                key = None if message.value is None else envelope_key(message.value)
+                if key is not None and spec.key_extractor(TOPIC) is record_key:
+                    assert (interval, item.origin.key) == (layout.interval_of(key), key)
+                else:
+                    assert interval == rejected_interval(spec, layout)
+                    assert item.origin.key is None
                 assert item.raw == (message.value or b"")
                 if message.value is None:
                     assert isinstance(item.error, TombstoneError)
@@ -177,3 +186,4 @@ def test_every_message_yields_one_input_that_is_a_record_a_deletion_or_a_rejecti
                 assert message.encodes in (None, record)  # a valid envelope is what it encodes
                 assert item.record == record
                 assert item.key == spec.key_extractor(TOPIC)(record)
+                assert envelope_key(message.value) == record.key
