@@ -132,16 +132,21 @@ def test_the_result_schema_is_the_spark_schema_the_job_collects() -> None:
     ]
 
 
-def test_messages_are_routed_worked_and_counted_by_interval(sink: TestingSink) -> None:
+def windows(intervals: int) -> tuple[ComputationSpec, IntervalLayout]:
+    """A ``Windows`` computation over ``intervals`` key intervals, and their layout."""
     topology = Topology("t", streams=["in"])
     spec = topology.add_computation(
         "windows",
         Windows(),
         inputs=["in"],
         outputs=["out"],
-        options=ComputationOptions(key_intervals=4),
+        options=ComputationOptions(key_intervals=intervals),
     )
-    layout = IntervalLayout.initial(4)
+    return spec, IntervalLayout.initial(intervals)
+
+
+def test_messages_are_routed_worked_and_counted_by_interval(sink: TestingSink) -> None:
+    spec, layout = windows(4)
     sent = messages([record("a", 10, 0), b"not a record", record("b", 20, 1)])
     busy = {layout.interval_of("a"), layout.interval_of("b"), rejected_interval(spec, layout)}
     quiet = next(i for i in layout.ids if i not in busy)
@@ -235,15 +240,7 @@ def test_a_computation_taking_tombstones_gets_each_keyed_one_as_a_deletion(
 def test_each_task_skips_the_records_of_the_others_undecoded_and_loses_none(
     sink: TestingSink, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    topology = Topology("t", streams=["in"])
-    spec = topology.add_computation(
-        "windows",
-        Windows(),
-        inputs=["in"],
-        outputs=["out"],
-        options=ComputationOptions(key_intervals=8),
-    )
-    layout = IntervalLayout.initial(8)
+    spec, layout = windows(8)
     keys = [f"k{n}" for n in range(40)]
     # A record cut after its key: rejected, under its key, by the task that owns the key.
     broken = record("broken", 7, 99)[:-5]
