@@ -288,7 +288,4 @@ def _bounds(
     ends = dict(kafka.end_offsets(reader, [topic], timeout)[topic])
     if not from_beginning:
         return dict(ends), ends
-    starts = {
-        p: reader.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)[0] for p in ends
-    }
-    return starts, ends
+    return dict(kafka.start_offsets(reader, [topic], timeout)[topic]), ends

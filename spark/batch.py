@@ -23,8 +23,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from confluent_kafka import TopicPartition
-
 from millstream.connectors import kafka as kafka_connector
 from millstream.connectors.kafka import (
     KafkaTransactionalSink,
@@ -40,7 +38,7 @@ from millstream.engine.productions import CommitTag
 from millstream.engine.store import IntervalStore
 from millstream.engine.topology import ComputationSpec
 from millstream.spark.checkpoint import batch_offsets, fence_checkpoint, lost_checkpoint_race
-from millstream.spark.driver_watermarks import DriverWatermarks
+from millstream.spark.driver_watermarks import DriverWatermarks, offsets_consumer
 from millstream.spark.executor import BatchInput, IntervalSlots, TaskSettings, batch_task
 from millstream.spark.isolation import (
     MAX_ISOLATED,
@@ -314,15 +312,15 @@ class BatchHandler:
         """``known`` starts, and the earliest offset Kafka keeps of each ``unread``
         partition."""
         starts = {topic: dict(partitions) for topic, partitions in known.items()}
-        reader = kafka_connector.consumer(self.settings.config, "millstream-offsets")
+        reader = offsets_consumer(self.settings.config)
         try:
-            for topic, partition in unread:
-                low, _ = reader.get_watermark_offsets(
-                    TopicPartition(topic, partition), timeout=_OFFSETS_TIMEOUT
-                )
-                starts.setdefault(topic, {})[partition] = low
+            earliest = kafka_connector.start_offsets(
+                reader, sorted({topic for topic, _ in unread}), _OFFSETS_TIMEOUT
+            )
         finally:
             reader.close()
+        for topic, partition in unread:
+            starts.setdefault(topic, {})[partition] = earliest[topic][partition]
         return starts
 
     def _isolate(self, run: _BatchRun, failure: Exception) -> None:

@@ -373,16 +373,18 @@ def batch_task(
         for message in read(settings, batch.ranges):
             # Another task's record is skipped undecoded when its key can be read as it is:
             # each task would otherwise decode the whole batch.
-            key = None
+            keyed = None  # the interval of the envelope's key, when it can be read
             if message.value is not None and message.topic in by_record_key:
                 key = envelope_key(message.value)
-                if key is not None and task_of(layout.interval_of(key)) not in tasks:
-                    continue
+                if key is not None:
+                    keyed = layout.interval_of(key)
+                    if task_of(keyed) not in tasks:
+                        continue
             interval, item = route(message)
-            if key is not None and interval != layout.interval_of(key):
+            if keyed is not None and interval != keyed:
                 raise RuntimeError(
                     f"{message.topic}/{message.partition}@{message.offset} was routed to "
-                    f"interval {interval}, not to that of its envelope's key {key!r}: a bug"
+                    f"interval {interval}, not to {keyed}, that of its envelope's key: a bug"
                 )
             if task_of(interval) in tasks:
                 by_interval.setdefault(interval, []).append(item)

@@ -38,6 +38,7 @@ from millstream.connectors.kafka.topics import (
     delete_topics,
     delete_wake_topics,
     end_offsets,
+    start_offsets,
     stream_topic,
     wake_topic,
 )
@@ -81,6 +82,7 @@ __all__ = [
     "java_client_settings",
     "producer",
     "refusal",
+    "start_offsets",
     "store_namespace",
     "stream_topic",
     "transaction_marker_topic",

@@ -33,6 +33,7 @@ __all__ = [
     "delete_topics",
     "delete_wake_topics",
     "end_offsets",
+    "start_offsets",
     "stream_topic",
     "wake_topic",
 ]
@@ -135,7 +136,13 @@ def end_offsets(reader: Consumer, topics: Sequence[str], timeout: float = 10.0) 
     Retriable broker errors (a topic just created has no leader yet) are retried until
     ``timeout``.
     """
-    return _when_ready(lambda: _end_offsets(reader, topics, timeout), timeout)
+    return _when_ready(lambda: _offsets(reader, topics, timeout, _HIGH), timeout)
+
+
+def start_offsets(reader: Consumer, topics: Sequence[str], timeout: float = 10.0) -> Offsets:
+    """The first offset each partition of ``topics`` still keeps (retention and deleted
+    records move it), retried as :func:`end_offsets` is."""
+    return _when_ready(lambda: _offsets(reader, topics, timeout, _LOW), timeout)
 
 
 def _when_ready(call: Callable[[], _T], timeout: float) -> _T:
@@ -156,9 +163,12 @@ def _when_ready(call: Callable[[], _T], timeout: float) -> _T:
             time.sleep(0.1)
 
 
-def _end_offsets(reader: Consumer, topics: Sequence[str], timeout: float) -> Offsets:
+_LOW, _HIGH = 0, 1  # which of a partition's watermark offsets
+
+
+def _offsets(reader: Consumer, topics: Sequence[str], timeout: float, which: int) -> Offsets:
     try:
-        return _end_offsets_once(reader, topics, timeout)
+        return _offsets_once(reader, topics, timeout, which)
     except KafkaException as exc:
         # What a client that never got past authentication reports instead.
         unreachable = exc.args[0].code() in UNREACHABLE
@@ -169,19 +179,19 @@ def _end_offsets(reader: Consumer, topics: Sequence[str], timeout: float) -> Off
         raise
 
 
-def _end_offsets_once(reader: Consumer, topics: Sequence[str], timeout: float) -> Offsets:
-    ends: dict[str, dict[int, int]] = {}
+def _offsets_once(reader: Consumer, topics: Sequence[str], timeout: float, which: int) -> Offsets:
+    found: dict[str, dict[int, int]] = {}
     for topic in topics:
         metadata = reader.list_topics(topic, timeout=timeout).topics[topic]
         if metadata.error is not None:
             raise KafkaException(metadata.error)
-        ends[topic] = {
+        found[topic] = {
             partition: reader.get_watermark_offsets(
                 TopicPartition(topic, partition), timeout=timeout
-            )[1]
+            )[which]
             for partition in metadata.partitions
         }
-    return ends
+    return found
 
 
 WATERMARK_TOPIC_CONFIG: Mapping[str, str] = {
