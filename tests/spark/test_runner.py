@@ -969,6 +969,22 @@ def test_a_report_alone_wakes_the_consumers_of_its_streams_and_no_other_query(
         running.stop()
 
 
+def searches_to_hits(
+    pipeline: Pipeline, name: str, computation: Computation, options: ComputationOptions
+) -> Topology:
+    """Topology ``<name>_<suffix>``: ``computation`` as ``pipeline.per_user``, from the
+    searches to the hits."""
+    topology = Topology(f"{name}_{pipeline.suffix}", streams=[pipeline.searches])
+    topology.add_computation(
+        pipeline.per_user,
+        computation,
+        inputs=[pipeline.searches],
+        outputs=[pipeline.hits],
+        options=options,
+    )
+    return topology
+
+
 class WallClockReminder(Computation):
     """Sets a wall-time timer a moment ahead; produces when it fires."""
 
@@ -986,13 +1002,8 @@ class WallClockReminder(Computation):
 def test_a_wall_time_timer_fires_without_further_input(
     services: MillstreamConfig, spark: SparkSession, pipeline: Pipeline
 ) -> None:
-    topology = Topology(f"alarm_{pipeline.suffix}", streams=[pipeline.searches])
-    topology.add_computation(
-        pipeline.per_user,
-        WallClockReminder(pipeline.hits),
-        inputs=[pipeline.searches],
-        outputs=[pipeline.hits],
-        options=ComputationOptions(key_intervals=2),
+    topology = searches_to_hits(
+        pipeline, "alarm", WallClockReminder(pipeline.hits), ComputationOptions(key_intervals=2)
     )
     kafka_connector.create_topics(services, [pipeline.searches], partitions=1)
     running = start(pipeline, services, spark, topology, trigger=ProcessingTime(0.5))
@@ -1026,13 +1037,8 @@ def test_a_run_stopped_mid_batch_does_not_retry_the_cancelled_batch(
     pipeline: Pipeline,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    topology = Topology(f"slow_{pipeline.suffix}", streams=[pipeline.searches])
-    topology.add_computation(
-        pipeline.per_user,
-        SlowCount(pipeline.hits),
-        inputs=[pipeline.searches],
-        outputs=[pipeline.hits],
-        options=ComputationOptions(key_intervals=2),
+    topology = searches_to_hits(
+        pipeline, "slow", SlowCount(pipeline.hits), ComputationOptions(key_intervals=2)
     )
     kafka_connector.create_topics(services, [pipeline.searches], partitions=1)
     produce(services, pipeline.searches, [encode_record(event) for event in events(200)])
@@ -1077,13 +1083,11 @@ def test_due_timers_beyond_one_batchs_firing_cap_fire_without_further_input(
     """A key with more due timers than ``max_timer_firings_per_key`` fires them over several
     batches, though no input or report comes after the first (regression: the rest waited
     for input that a finished replay never sends)."""
-    topology = Topology(f"capped_{pipeline.suffix}", streams=[pipeline.searches])
-    topology.add_computation(
-        pipeline.per_user,
+    topology = searches_to_hits(
+        pipeline,
+        "capped",
         ManyWindows(pipeline.hits),
-        inputs=[pipeline.searches],
-        outputs=[pipeline.hits],
-        options=ComputationOptions(key_intervals=1, max_timer_firings_per_key=3),
+        ComputationOptions(key_intervals=1, max_timer_firings_per_key=3),
     )
     one_key = [
         Record("q", b"", window_start(w), injector_record_id("capped", 0, w)) for w in range(10)
