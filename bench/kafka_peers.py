@@ -8,6 +8,10 @@
 * ``bytewax``: Bytewax 0.21, one worker: the same count with ``stateful_map``, its state
   snapshotted into SQLite recovery partitions each epoch, out through its Kafka sink (at
   least once: its free edition has no transactional sink).
+* ``pathway``: Pathway 0.33, two threads: the same count (a Python function per row, as in
+  the others, its counts kept by the process), reading the topic to its end
+  (``mode="static"``), its input persisted to the filesystem for recovery, out through its
+  Kafka writer (at least once, like Bytewax's).
 
 Each stops once it has handled ``--records`` input messages (Quix commits its last
 transaction on the way out; Bytewax stops at the topic's end) and prints one JSON line:
@@ -39,6 +43,7 @@ from typing import Any
 
 QUIX_REQUIREMENT = "quixstreams==3.28.1"
 BYTEWAX_REQUIREMENT = "bytewax[kafka]==0.21.1"
+PATHWAY_REQUIREMENT = "pathway==0.33.0"
 
 
 def run_loop(args: argparse.Namespace) -> dict[str, Any]:
@@ -144,6 +149,51 @@ def run_bytewax(args: argparse.Namespace) -> dict[str, Any]:
     return {"first_record_at": counter.first, "handled": counter.handled}
 
 
+def run_pathway(args: argparse.Namespace) -> dict[str, Any]:
+    """Pathway: two worker threads (``PATHWAY_THREADS``), the topic read to its end
+    (``mode="static"``), each row given its key's new count by a Python function (one output
+    per input, as every other row of the benchmark writes; Pathway's own ``groupby().reduce``
+    would write one update per key and minibatch instead), its input persisted to the
+    filesystem, output at least once through its Kafka writer."""
+    import os
+    import threading
+
+    os.environ.setdefault("PATHWAY_THREADS", "2")
+    pw: Any = importlib.import_module("pathway")
+    counter = _Counter(args.pad, args.work_us)
+    totals: dict[bytes, int] = {}
+    lock = threading.Lock()  # the worker threads share the counts
+
+    def count(key: bytes) -> bytes:
+        with lock:
+            total = totals.get(key, 0) + 1
+            totals[key] = total
+            return counter.count(total)
+
+    settings = {"bootstrap.servers": args.bootstrap}
+    # A generated row ID: the message key would make rows of one key replace each other.
+    rows = pw.io.kafka.read(
+        {**settings, "group.id": args.group},
+        args.source,
+        format="raw",
+        mode="static",
+        autogenerate_key=True,
+    )
+    counted = rows.select(
+        key=pw.this.key,
+        value=pw.apply_with_type(count, bytes, pw.this.key),
+    )
+    pw.io.kafka.write(
+        counted, settings, args.sink, format="raw", key=counted.key, value=counted.value
+    )
+    backend = pw.persistence.Backend.filesystem(args.state_dir)
+    pw.run(
+        monitoring_level=pw.MonitoringLevel.NONE,
+        persistence_config=pw.persistence.Config(backend),
+    )
+    return {"first_record_at": counter.first, "handled": counter.handled}
+
+
 class _Counter:
     """Counts calls, notes the first's wall time, spends the work, pads the new count."""
 
@@ -180,7 +230,7 @@ def spend_cpu(microseconds: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("peer", choices=["loop", "quix", "bytewax"])
+    parser.add_argument("peer", choices=["loop", "quix", "bytewax", "pathway"])
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--source", required=True)
     parser.add_argument("--sink", required=True)
@@ -193,7 +243,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    runs = {"loop": run_loop, "quix": run_quix, "bytewax": run_bytewax}
+    runs = {
+        "loop": run_loop,
+        "quix": run_quix,
+        "bytewax": run_bytewax,
+        "pathway": run_pathway,
+    }
     result = runs[args.peer](args)
     print(json.dumps(result), flush=True)
     return 0

@@ -17,6 +17,7 @@ is (41 bytes).
 | ``spark-floor`` | Spark Kafka → ``foreachBatch`` → Kafka, no state | at-least-once |
 | ``quix`` | Quix Streams 3, ``processing_guarantee="exactly-once"``, RocksDB | exactly-once |
 | ``bytewax`` | Bytewax 0.21, one worker, state in SQLite recovery partitions | at-least-once |
+| ``pathway`` | Pathway 0.33, two threads, input persisted to the filesystem | at-least-once |
 | ``spark-tws`` | ``transformWithStateInPandas``, RocksDB state store, Kafka sink | at-least-once |
 | ``millstream-strong`` | strong productions, exactly-once, 16 intervals, txns | exactly-once |
 | ``millstream-notx`` | the same, ``transactional_productions=False`` | eo-millstream |
@@ -38,7 +39,7 @@ right: for the counting rows, each key's counts 1..n exactly once (duplicates an
 listed); for the floors, one output per input. For the Spark rows (millstream included) the
 notes give each Spark Python worker's CPU seconds while draining, and its share of that time
 (from /proc, so Linux only): how busy each core's worker was; for the peer processes (the
-loop, Quix, Bytewax), their CPU over their whole life, start-up included.
+loop, Quix, Bytewax, Pathway), their CPU over their whole life, start-up included.
 
 **Latency** (``--rates``, ``--latency-seconds`` at each): after its backlog, the
 ``spark-floor``, ``millstream-strong`` and ``millstream-notx`` instances get paced input at
@@ -76,9 +77,10 @@ keeps the collapsed stacks in ``DIR`` and prints each role's top functions with 
 the workers wait on. py-spy's own processes share the cores: a profiled row drains at about half
 its speed on 2 cores, so its records/s is marked and not comparable; the shares are the point.
 
-Quix Streams and Bytewax run in virtualenvs of their own (see ``bench/kafka_peers.py`` for
-why), created on first use under ``~/.millstream/bench/quix-venv`` and ``bytewax-venv`` with
-pip (or pass ``--quix-python``).
+Quix Streams, Bytewax and Pathway run in virtualenvs of their own (see
+``bench/kafka_peers.py`` for why), created on first use under ``~/.millstream/bench/`` as
+``quix-venv``, ``bytewax-venv`` and ``pathway-venv`` with pip (or pass ``--quix-python``);
+Pathway's takes about a minute and 1.6 GB (it brings pandas, scipy, scikit-learn and more).
 Runtime with the defaults on 2 cores: about 3.5 minutes (half a minute of it preloading the
 large state), plus a minute the first time for Quix's virtualenv.
 """
@@ -123,7 +125,12 @@ from bench.harness import (
     python_worker_cpu,
     unique_suffix,
 )
-from bench.kafka_peers import BYTEWAX_REQUIREMENT, QUIX_REQUIREMENT, spend_cpu
+from bench.kafka_peers import (
+    BYTEWAX_REQUIREMENT,
+    PATHWAY_REQUIREMENT,
+    QUIX_REQUIREMENT,
+    spend_cpu,
+)
 from bench.profiling import Profiler
 from millstream.connectors import cassandra as cassandra_connector
 from millstream.engine.clock import SystemClock
@@ -190,6 +197,9 @@ SYSTEMS = (
     ),
     System("quix", "quix", "Quix Streams 3, RocksDB count", "exactly-once"),
     System("bytewax", "bytewax", "Bytewax 0.21, one worker, SQLite recovery", "at-least-once"),
+    System(
+        "pathway", "pathway", "Pathway 0.33, two threads, filesystem persistence", "at-least-once"
+    ),
     System(
         "spark-tws",
         "tws",
@@ -435,7 +445,11 @@ def await_first_batch(
     return None
 
 
-PEER_REQUIREMENTS = {"quix": QUIX_REQUIREMENT, "bytewax": BYTEWAX_REQUIREMENT}
+PEER_REQUIREMENTS = {
+    "quix": QUIX_REQUIREMENT,
+    "bytewax": BYTEWAX_REQUIREMENT,
+    "pathway": PATHWAY_REQUIREMENT,
+}
 
 
 def peer_python(bench: Bench, peer: str) -> Path:
@@ -802,7 +816,7 @@ def _start_and_drain(
     startup time, and the Python workers' CPU meanwhile (in the notes)."""
     cpu_before = python_worker_cpu()
     started = time.time()
-    if system.name in ("kafka-loop", "quix", "bytewax"):
+    if system.name in ("kafka-loop", "quix", "bytewax", "pathway"):
         run.handle = start_peer(bench, run.topics, system.short, python)
     elif system.name == "spark-floor":
         run.handle = start_floor(bench, run.topics)
