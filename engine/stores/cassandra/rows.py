@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator, Sequence
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, NamedTuple, TypeAlias
 
 from millstream.engine.errors import StoreError
 from millstream.engine.productions import CommitTag, Production
@@ -22,6 +22,7 @@ from millstream.engine.timers import TimeDomain, Timer
 __all__ = [
     "TIMER_INDEX",
     "TIMESTAMP_OFFSET",
+    "Bound",
     "Row",
     "change_rows",
     "dedup_ttl_seconds",
@@ -54,8 +55,26 @@ _TAG = struct.Struct(">qq")
 _MAX_TTL_SECONDS = 20 * 365 * 24 * 3600
 _MICROS_PER_SECOND = 1_000_000
 
-# A statement of a batch with its parameters.
-Row: TypeAlias = tuple[Any, tuple[Any, ...]]
+_INT32 = struct.Struct(">i")
+_INT64 = struct.Struct(">q")
+
+
+class Bound(NamedTuple):
+    """A row of a batch whose values are serialized already, as the driver's ``bind`` would
+    serialize its parameters: the batch takes them as they are.
+
+    A commit's state and dedup rows are bound so, the partition, key and expiry of their
+    values serialized once per key: ``BatchStatement.add`` binds every row on its own, 4 to 7
+    µs a row (a dedup row per record), against about 0.4 µs. The statements' column types are
+    checked when they are prepared (``schema.Statements``).
+    """
+
+    statement: Any
+    values: list[bytes]
+
+
+# A statement of a batch with its parameters, or bound already.
+Row: TypeAlias = tuple[Any, tuple[Any, ...]] | Bound
 
 
 def index_time(timestamp: int) -> str:
@@ -162,11 +181,13 @@ def change_rows(
     statements; ``expires`` and ``ttl_seconds`` are its dedup IDs'."""
     partition = (lease.computation, lease.interval)
     key = change.key
+    # The values of put_state and put_dedup that every row of the key shares, serialized.
+    shared = [lease.computation.encode("utf-8"), _INT32.pack(lease.interval), key.encode("utf-8")]
     rows: list[Row] = []
     if change.state is None:
         rows.append((statements.delete_row, (*partition, "state", key, b"")))
     elif change.state is not UNCHANGED:
-        rows.append((statements.put_state, (*partition, key, change.state)))
+        rows.append(Bound(statements.put_state, [*shared, bytes(change.state)]))
     indexed: set[tuple[str, str, bytes]] = set()
     for tag, timer in change.timers.items():
         item = tag.encode("utf-8")
@@ -184,8 +205,11 @@ def change_rows(
         index = index_row(previous)
         if index not in indexed:
             rows.append((statements.delete_row, (*partition, *index)))
-    for record_id in dict.fromkeys(change.dedup_ids):
-        rows.append((statements.put_dedup, (*partition, key, record_id, expires, ttl_seconds)))
+    if change.dedup_ids:
+        put_dedup = statements.put_dedup
+        expiry = [_INT64.pack(expires), _INT32.pack(ttl_seconds)]
+        for record_id in dict.fromkeys(change.dedup_ids):
+            rows.append(Bound(put_dedup, [*shared, bytes(record_id), *expiry]))
     return rows
 
 

@@ -170,6 +170,12 @@ class Statements:
             f"SELECT item, record FROM {name} {where} AND kind = 'production'"
         )
         self.list_intervals = self._prepare(f"SELECT DISTINCT computation, interval FROM {name}")
+        # A commit binds these two itself (rows.Bound): their values must be what it encodes.
+        _expect_types(self.put_state, ("VarcharType", "Int32Type", "VarcharType", "BytesType"))
+        _expect_types(
+            self.put_dedup,
+            ("VarcharType", "Int32Type", "VarcharType", "BytesType", "LongType", "Int32Type"),
+        )
 
     def _prepare(self, cql: str, *, lwt: bool = False, serial_read: bool = False) -> Any:
         try:
@@ -189,6 +195,17 @@ class Statements:
             statement.serial_consistency_level = self._serial
             statement.retry_policy = FallthroughRetryPolicy()
         return statement
+
+
+def _expect_types(statement: Any, types: tuple[str, ...]) -> None:
+    """Refuse a table whose columns would make :class:`~.rows.Bound` values wrong."""
+    found = tuple(column.type.__name__ for column in statement.column_metadata)
+    if found != types:
+        raise StoreError(
+            f"the statement {statement.query_string!r} binds {', '.join(found)}, not "
+            f"{', '.join(types)}: the table's columns are not the interval store's; create it "
+            "with millstream.engine.stores.cassandra.create_schema(session, keyspace, table)"
+        )
 
 
 def check_identifier(what: str, name: str) -> None:

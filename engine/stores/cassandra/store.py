@@ -138,6 +138,7 @@ from millstream.engine.store import (
 from millstream.engine.stores.cassandra.rows import (
     TIMER_INDEX,
     TIMESTAMP_OFFSET,
+    Bound,
     Row,
     change_rows,
     dedup_ttl_seconds,
@@ -712,8 +713,14 @@ class CassandraIntervalStore(IntervalStore):
                 self._statements.guard,
                 (marker, lease.computation, lease.interval, lease.token, predecessor),
             )
-            for statement, parameters in rows:
-                batch.add(statement, parameters)
+            # The driver's own append, which its add calls once it has bound a row: bound
+            # rows skip the bind (their routing is the guard's, the one partition's).
+            append = batch._add_statement_and_params
+            for statement_row in rows:
+                if isinstance(statement_row, Bound):
+                    append(True, statement_row.statement.query_id, statement_row.values)
+                else:
+                    batch.add(*statement_row)
             stats.batches += 1
             stats.statements += len(batch)
             stats.largest_batch_bytes = max(stats.largest_batch_bytes, approximate_bytes)

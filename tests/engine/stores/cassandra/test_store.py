@@ -37,6 +37,8 @@ from millstream.engine.stores.cassandra import (
     CassandraIntervalStore,
     create_schema,
 )
+from millstream.engine.stores.cassandra.rows import Bound, change_rows
+from millstream.engine.stores.cassandra.schema import schema_cql
 from millstream.engine.testing import TestingSink
 from millstream.engine.timers import TimeDomain, Timer
 from millstream.engine.topology import ComputationOptions, ComputationSpec, InputStream
@@ -213,6 +215,36 @@ def test_create_schema_is_idempotent_and_requires_the_keyspace(
 def test_a_missing_table_is_reported_with_the_fix(cassandra: Any, keyspace: str) -> None:
     with pytest.raises(StoreError, match=r"create_schema\(session, keyspace, table\)"):
         CassandraIntervalStore(cassandra, keyspace, SystemClock(), table="absent")
+
+
+def test_a_table_whose_columns_bound_rows_would_misencode_is_refused(
+    cassandra: Any, keyspace: str
+) -> None:
+    # Every column the store reads and writes, but ``expires`` an int: a bound dedup row's
+    # 8-byte expiry would not fit it.
+    cassandra.execute(schema_cql(keyspace, "misshapen").replace("expires bigint", "expires int"))
+    with pytest.raises(StoreError, match=r"binds .*Int32Type.*not .*LongType"):
+        CassandraIntervalStore(cassandra, keyspace, SystemClock(), table="misshapen")
+
+
+def test_bound_rows_carry_what_the_driver_would_bind(cassandra: Any, keyspace: str) -> None:
+    store = CassandraIntervalStore(cassandra, keyspace, SystemClock())
+    statements = store._statements
+    lease = Lease("c\u00e9", 2**31 - 1, 7, cache_valid=False)
+    change = KeyChanges("k\u00ff", state=b"\x00state", dedup_ids=[rid(1), rid(2), rid(1)])
+    made = change_rows(statements, lease, change, 2**62 + 5, 3_601)
+    rows = [row for row in made if isinstance(row, Bound)]
+    assert len(rows) == len(made) == 3  # every row bound; the repeated ID written once
+    assert [row.statement for row in rows] == [statements.put_state] + [statements.put_dedup] * 2
+    partition = (lease.computation, lease.interval)
+    expected = [
+        statements.put_state.bind((*partition, change.key, change.state)).values,
+        *(
+            statements.put_dedup.bind((*partition, change.key, i, 2**62 + 5, 3_601)).values
+            for i in (rid(1), rid(2))
+        ),
+    ]
+    assert [row.values for row in rows] == expected
 
 
 def test_options_are_validated(cassandra: Any, keyspace: str) -> None:
