@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import logging
 import re
+import shutil
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -156,6 +158,11 @@ class BatchHandler:
             delivered=self._delivered if spec.options.transactional else None,
         )
         self._slots = IntervalSlots(self.tasks)  # each interval's task
+        # Local mode (one machine): a job's tasks claim their shares in a directory they all
+        # see, each the one its process worked last (executor.claim_slot).
+        self._claims = (
+            checkpoint / "claims" if (spark.sparkContext.master or "").startswith("local") else None
+        )
         self._slots_of: Mapping[int, int] | None = None  # the driver's spread they follow
         self.quarantine = Quarantine(checkpoint)
         self.quarantine.load()
@@ -487,17 +494,23 @@ class BatchHandler:
         ticks = tuple(plan.ticks) if not records else ()
         if records is None:
             records = self._ranges(run) if run.has_data else []
+        claims = None if self._claims is None else self._claims / uuid.uuid4().hex
         batch = BatchInput(
             ranges=tuple(records),
             ticks=ticks,
             slots=self._task_slots(),
             quarantine=quarantine,
+            claims=None if claims is None else str(claims),
         )
         task = batch_task(
             self.spec, self.settings, plan.watermark, plan.timer_watermark, plan.layout, batch
         )
         numbers = self.spark.range(0, self.tasks, numPartitions=self.tasks)
-        collected = numbers.mapInArrow(task, RESULT_SCHEMA).collect()
+        try:
+            collected = numbers.mapInArrow(task, RESULT_SCHEMA).collect()
+        finally:
+            if claims is not None and claims.exists():
+                shutil.rmtree(claims)  # this job's alone: a retry claims in a fresh one
         return [ResultRow.of(row.asDict()) for row in collected]
 
 

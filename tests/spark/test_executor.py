@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, cast
+from unittest.mock import patch
 
 import pyarrow as pa
 import pytest
@@ -29,7 +31,13 @@ from millstream.engine.stores.memory.store import MemoryIntervalStore
 from millstream.engine.testing import TestingSink
 from millstream.engine.topology import ComputationOptions, ComputationSpec, Topology
 from millstream.spark import executor
-from millstream.spark.executor import BatchInput, IntervalSlots, TaskSettings, batch_task
+from millstream.spark.executor import (
+    BatchInput,
+    IntervalSlots,
+    TaskSettings,
+    batch_task,
+    claim_slot,
+)
 from millstream.spark.isolation import OffsetRange, Position
 from millstream.spark.metrics import RESULT_COLUMNS, RESULT_SCHEMA, ResultRow
 
@@ -94,15 +102,19 @@ def run_batch(
     ticks: Iterable[int] = (),
     timer_watermark: int = 0,
     quarantine: Mapping[Position, str] | None = None,
+    claims: Path | None = None,
+    processes: Sequence[dict[str, int]] = (),
 ) -> list[ResultRow]:
     """Every task of a batch of ``sent`` (read in one range), as Spark would run them; the
-    rows of all of them. Checks that no interval ran in two tasks."""
+    rows of all of them. Checks that no interval ran in two tasks. With ``claims``, task
+    ``n`` runs in a process whose last slots are ``processes[n]``."""
     layout = layout or IntervalLayout.initial(spec.options.key_intervals)
     batch = BatchInput(
         ranges=(OffsetRange("in", 0, 0, len(sent)),),
         ticks=tuple(ticks),
         slots=IntervalSlots(tasks),
         quarantine=quarantine or {},
+        claims=None if claims is None else str(claims),
     )
 
     def read(settings: TaskSettings, ranges: Sequence[OffsetRange]) -> list[InputMessage]:
@@ -114,8 +126,11 @@ def run_batch(
     for number in range(tasks):
         task = batch_task(spec, SETTINGS, 0, timer_watermark, layout, batch, read)
         numbers = pa.RecordBatch.from_pydict({"id": pa.array([number], pa.int64())})
-        rows = [ResultRow.of(row) for out in task(iter([numbers])) for row in out.to_pylist()]
-        assert all(batch.slots.task_of(row.interval) == number for row in rows)
+        process = processes[number] if processes else {}
+        with patch.object(executor, "_LAST_SLOT", process):
+            rows = [ResultRow.of(row) for out in task(iter([numbers])) for row in out.to_pylist()]
+        slot = number if claims is None else process[SETTINGS.run_token]
+        assert all(batch.slots.task_of(row.interval) == slot for row in rows)
         results += rows
     intervals = [row.interval for row in results]
     assert len(intervals) == len(set(intervals)), "an interval ran in two tasks"
@@ -235,6 +250,55 @@ def test_a_computation_taking_tombstones_gets_each_keyed_one_as_a_deletion(
     }
     assert "has no key" in letters[3].error_message
     assert "not UTF-8" in letters[4].error_message
+
+
+def claim_in(process: dict[str, int], claims: Path, task: int, slots: int = 2) -> int:
+    """:func:`claim_slot` in a process whose last slots are ``process``."""
+    with patch.object(executor, "_LAST_SLOT", process):
+        return claim_slot(str(claims), task, slots, "run")
+
+
+def test_each_task_claims_the_slot_its_process_worked_last(tmp_path: Path) -> None:
+    first: dict[str, int] = {}  # two Python workers, new
+    second: dict[str, int] = {}
+    assert [claim_in(first, tmp_path / "1", 0), claim_in(second, tmp_path / "1", 1)] == [0, 1]
+    # Spark gives them each other's task numbers: each keeps its slot.
+    assert [claim_in(second, tmp_path / "2", 0), claim_in(first, tmp_path / "2", 1)] == [1, 0]
+    # A second attempt of a task, in another process, takes the slot of its first attempt.
+    third: dict[str, int] = {}
+    assert claim_in(third, tmp_path / "2", 1) == 0
+    # A new process whose task number is taken gets the free slot.
+    assert [claim_in(first, tmp_path / "3", 0), claim_in(third, tmp_path / "3", 1)] == [0, 1]
+    with pytest.raises(RuntimeError, match="more tasks than slots"):
+        claim_in({}, tmp_path / "3", 2)
+
+
+def test_tasks_claiming_at_once_share_the_slots_out(tmp_path: Path) -> None:
+    slots = 8
+
+    def claim(task: int) -> int:
+        return claim_slot(str(tmp_path), task, slots, "run")
+
+    # Threads of one process, which worked slot 3 last: all go for it at once.
+    with patch.object(executor, "_LAST_SLOT", {"run": 3}), ThreadPoolExecutor(slots) as threads:
+        claimed = list(threads.map(claim, range(slots)))
+    assert sorted(claimed) == list(range(slots))
+
+
+def test_a_batch_whose_tasks_claim_their_slots_runs_every_interval_once(
+    sink: TestingSink, tmp_path: Path
+) -> None:
+    spec, layout = windows(8)
+    keys = [f"k{n}" for n in range(40)]
+    sent = messages([record(key, 10, n) for n, key in enumerate(keys)])
+    # Four processes that worked slots 2, 0, 3 and 1 last: task n runs in process n.
+    processes = [{SETTINGS.run_token: slot} for slot in (2, 0, 3, 1)]
+    results = run_batch(spec, sent, layout, tasks=4, claims=tmp_path, processes=processes)
+    assert sorted(row.interval for row in results) == sorted(
+        {layout.interval_of(key) for key in keys}
+    )
+    assert sum(row.counts.processed for row in results) == len(keys)
+    assert sorted(p.record.value for p in sink.delivered("out")) == sorted(k.encode() for k in keys)
 
 
 def test_each_task_skips_the_records_of_the_others_undecoded_and_loses_none(
