@@ -16,7 +16,8 @@ key intervals.
    raw bytes and the genuine exception; a tombstone the computation takes
    (``ComputationOptions.tombstones``) becomes the deletion of its Kafka message key;
 3. keeps the messages of the intervals that are its share (:class:`IntervalSlots`: whole
-   intervals, spread evenly or as the driver assigned them), adds its share of the batch's
+   intervals, spread evenly or as the driver assigned them; in local mode the share its
+   process worked last, :func:`claim_slot`), adds its share of the batch's
    *ticks* (intervals that run without input, for their due timers and unacknowledged
    productions), and runs each interval's :class:`~millstream.engine.protocol.IntervalWorker`
    on its inputs in (stream, partition, offset) order, ``config.executor_interval_threads``
