@@ -62,6 +62,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
+from itertools import chain
 from typing import TYPE_CHECKING, Any, Final
 
 import pyarrow as pa
@@ -270,12 +271,10 @@ def claim_slot(claims: str, task: int, slots: int, run_token: str) -> int:
         with open(os.path.join(claims, name)) as claimed:
             if claimed.read() == mine:
                 return int(name)
-    preferred: int = _LAST_SLOT.get(run_token, task % slots)
-    candidates: list[int] = [preferred, *range(slots)]
-    for candidate in candidates:
-        if _made(os.path.join(claims, str(candidate)), mine):
-            _LAST_SLOT[run_token] = candidate
-            return candidate
+    for slot in chain((_LAST_SLOT.get(run_token, task % slots),), range(slots)):
+        if _made(os.path.join(claims, str(slot)), mine):
+            _LAST_SLOT[run_token] = slot
+            return slot
     raise RuntimeError(
         f"task {task} found all {slots} slots of {claims} claimed: more tasks than slots"
     )
@@ -284,11 +283,10 @@ def claim_slot(claims: str, task: int, slots: int, run_token: str) -> int:
 def _made(path: str, content: str) -> bool:
     """Whether this call made the file ``path`` (with ``content``); false if it existed."""
     try:
-        descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        with open(path, "x") as made:  # exclusive creation: O_CREAT | O_EXCL
+            made.write(content)
     except FileExistsError:
         return False
-    with os.fdopen(descriptor, "w") as made:
-        made.write(content)
     return True
 
 
