@@ -16,7 +16,7 @@ from millstream.engine.context import Context
 from millstream.engine.errors import FencedError, RetiredIntervalError, TopologyError
 from millstream.engine.keys import key_hash, key_interval
 from millstream.engine.layout import IntervalLayout
-from millstream.engine.productions import Production
+from millstream.engine.productions import CommitTag, Production
 from millstream.engine.protocol import Delivery, IntervalWorker
 from millstream.engine.rebalance import RebalancePolicy, begin, finish_change, plan
 from millstream.engine.records import Record, injector_record_id
@@ -268,20 +268,30 @@ def test_an_exported_interval_recreates_its_keys(backend: Backend) -> None:
     lease = store.acquire("c", 0)
     timer = Timer("a", "t", 5, set_by=b"x")
     pending = Production("out", Record("z", b"v", 3, injector_record_id("e", 0, 1)))
+    # A transactional commit's productions keep its tag: a split leaves out those the
+    # source's transaction marker covers, and an untagged one never counts as delivered.
+    tagged = Production(
+        "out", Record("y", b"w", 4, injector_record_id("e", 0, 2)), tag=CommitTag(lease.token, 1)
+    )
     store.commit(
         lease,
         [
             KeyChanges("a", state=b"1", timers={"t": timer}, dedup_ids=[b"i" * 16]),
             KeyChanges("b", state=b"2", productions=[pending]),
+            KeyChanges("c", state=b"3", productions=[tagged]),
         ],
         dedup_ttl=60_000_000,
     )
     exported = store.export(lease)
-    assert [(c.key, c.state, c.timers, c.dedup_ids) for c in exported[:2]] == [
+    assert [(c.key, c.state, c.timers, c.dedup_ids) for c in exported[:3]] == [
         ("a", b"1", {"t": timer}, [b"i" * 16]),
         ("b", b"2", {}, []),
+        ("c", b"3", {}, []),
     ]
-    assert (exported[2].key, exported[2].productions) == ("", [pending])
+    assert exported[3].key == ""
+    assert sorted((p.record_id, p.tag) for p in exported[3].productions) == sorted(
+        [(pending.record_id, None), (tagged.record_id, CommitTag(lease.token, 1))]
+    )
     store.retire(lease)
     with pytest.raises(RetiredIntervalError):
         store.acquire("c", 0)

@@ -643,7 +643,10 @@ class CassandraIntervalStore(IntervalStore):
         pending = [
             production
             for row in result_rows(productions.result())
-            for production in unpack_productions(row["record"])
+            # With their commit's tag: a split or merge leaves out what the source's
+            # transaction marker says was delivered (finish_change), and an untagged
+            # production never counts as delivered.
+            for production in unpack_productions(row["record"], production_tag(row["item"]))
         ]
         if pending:
             changes.append(KeyChanges("", productions=pending))
