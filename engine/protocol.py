@@ -41,7 +41,7 @@ come again and, being duplicates of whatever was committed, are harmless.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -180,6 +180,9 @@ class _SoftState:
     # the last committed transaction recorded.
     unresolved: bool = True
     marker: CommitTag | None = None
+    # Transactional productions delivered whose rows the next commit deletes (paper 6.1.1:
+    # cleaned up lazily, not by a write of their own).
+    delivered: list[bytes] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -394,7 +397,8 @@ class IntervalWorker:
             tag = CommitTag(soft.lease.token, 1)
             for change in to_commit:
                 change.productions = [replace(p, tag=tag) for p in change.productions]
-        self._commit_resolving(soft.lease, to_commit)
+        self._commit_resolving(soft.lease, to_commit, soft.delivered)
+        soft.delivered = []
         result.unknown_outcomes, self._unknown_outcomes = self._unknown_outcomes, 0
         result.committed_keys = len(to_commit)
         self._remember(soft, before, to_commit)
@@ -477,15 +481,23 @@ class IntervalWorker:
             key_changes.dedup_ids.append(rejected.origin.cause_id())
         result.dead_letters.append(dead_letter)
 
-    def _commit_resolving(self, lease: Lease, changes: list[KeyChanges]) -> None:
-        """Commit ``changes``; an unknown outcome is read back, and what did not apply is
-        committed again."""
+    def _commit_resolving(
+        self, lease: Lease, changes: list[KeyChanges], delivered: Sequence[bytes] = ()
+    ) -> None:
+        """Commit ``changes`` and delete the rows of the ``delivered`` productions; an
+        unknown outcome is read back, and what did not apply is committed again (a delete
+        that did not apply leaves rows a later owner resolves)."""
+        if not changes and delivered:
+            self._store.delete_productions(lease, delivered)
         remaining = changes
         unknown = 0
         while remaining:
             try:
-                self._store.commit(lease, remaining, dedup_ttl=self.spec.options.dedup_ttl)
+                self._store.commit(
+                    lease, remaining, dedup_ttl=self.spec.options.dedup_ttl, delivered=delivered
+                )
             except UnknownOutcomeError as outcome:
+                delivered = ()
                 unknown += 1
                 self._unknown_outcomes += 1
                 applied = self._store.was_applied(lease, outcome.marker)
@@ -569,7 +581,11 @@ class IntervalWorker:
                 soft.marker = marker
                 result.transactions += 1
                 pause_point("executor.delivered", name)
-                self._drop_delivered(soft, [p.record_id for p in productions])
+                # Their rows go with the next commit: the marker says they were delivered
+                # to whoever finds them before that.
+                for production in productions:
+                    soft.pending.pop(production.record_id, None)
+                    soft.delivered.append(production.record_id)
                 result.acknowledged += len(productions)
                 return
             soft.unresolved = True

@@ -161,7 +161,14 @@ class IntervalStore(LayoutStore):
         return {record_id for _, record_id in self.seen(lease, {key: record_ids})}
 
     @abstractmethod
-    def commit(self, lease: Lease, changes: Sequence[KeyChanges], *, dedup_ttl: int) -> None:
+    def commit(
+        self,
+        lease: Lease,
+        changes: Sequence[KeyChanges],
+        *,
+        dedup_ttl: int,
+        delivered: Collection[bytes] = (),
+    ) -> None:
         """Apply the changes of several keys, conditionally on the lease.
 
         Each key appears at most once in ``changes`` and its changes are applied atomically:
@@ -178,6 +185,13 @@ class IntervalStore(LayoutStore):
         not apply (``uncertain_keys`` if it returned false, plus ``unattempted_keys``).
         Re-committing applied changes would also be harmless (every write is an idempotent
         put or delete), but resolving first keeps soft state exact.
+
+        ``delivered``: IDs of pending productions the sink acknowledged since they were
+        committed. The production rows they complete (see :meth:`delete_productions`) are
+        deleted in the commit's own conditional write where it has room (paper 6.1.1: the
+        acknowledged productions are cleaned up lazily, in a later commit), else by a write
+        of their own, as without ``changes``. A delete that did not apply (a fence, an unknown
+        outcome) leaves rows a later owner finds pending and resolves as any others.
         """
 
     @abstractmethod

@@ -8,7 +8,7 @@ in ``tests/connectors/test_kafka_transactions.py``.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
 import pytest
@@ -17,10 +17,11 @@ from millstream.engine.computation import Computation
 from millstream.engine.context import Context
 from millstream.engine.errors import FencedError
 from millstream.engine.layout import IntervalLayout
-from millstream.engine.productions import CommitTag, Production
+from millstream.engine.productions import CommitTag, Production, delivered_by
 from millstream.engine.protocol import Delivery, IntervalWorker
 from millstream.engine.rebalance import begin, finish_change
 from millstream.engine.records import Record
+from millstream.engine.sequencer import Lease
 from millstream.engine.stores.memory.store import FaultPoint, InjectedCrash
 from millstream.engine.testing import TestingTransactions, TransactionFault
 from millstream.engine.topology import ComputationOptions, ComputationSpec
@@ -100,8 +101,40 @@ def test_a_commits_productions_go_in_one_transaction_whose_marker_names_the_comm
     assert values(transactions) == [b"1", b"2"]
     assert workers.sink.sent == []  # nothing goes around the transaction
     assert (result.transactions, result.acknowledged, result.pending) == (1, 2, 0)
-    assert transactions.marker("comp", 0) == CommitTag(result.lease.token, 1)
+    marker = transactions.marker("comp", 0)
+    assert marker == CommitTag(result.lease.token, 1)
+    # Their row stays until the next commit deletes it; whoever finds it first learns from
+    # the marker that they were delivered.
+    rows = workers.store.productions("comp")
+    assert [p.record.value for p in rows] == [b"1", b"2"]
+    assert all(delivered_by(p.tag, marker) for p in rows)
+
+
+def test_the_next_commit_deletes_the_delivered_rows_in_its_own_write(
+    workers: Workers,
+    transactions: TestingTransactions,
+    make_record: RecordFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    spec = workers.spec(Echo())
+    owner = worker(workers, spec, transactions)
+    owner.process(deliver(make_record("a", b"1")), WM)
+    deletes: list[list[bytes]] = []
+    delete = workers.store.delete_productions
+
+    def counted(lease: Lease, record_ids: Collection[bytes]) -> None:
+        deletes.append(list(record_ids))
+        delete(lease, record_ids)
+
+    monkeypatch.setattr(workers.store, "delete_productions", counted)
+    owner.process(deliver(make_record("b", b"2")), WM)
+    assert [p.record.value for p in workers.store.productions("comp")] == [b"2"]
+    assert deletes == []  # the first batch's row went with the second's commit
+
+    result = owner.process([], WM)  # nothing to commit: its own delete, a batch late
+    assert (result.committed_keys, len(deletes)) == (0, 1)
     assert workers.store.productions("comp") == []
+    assert values(transactions) == [b"1", b"2"]
 
 
 def test_a_worker_keeps_its_producer_open_while_it_keeps_the_interval(
@@ -208,7 +241,14 @@ def test_an_unknown_transaction_outcome_is_resolved_by_the_marker_in_the_same_ba
     assert result.transaction_failures == 1
     assert result.marker_resolved == resolved
     assert result.transactions == 1 - resolved
-    assert (result.pending, workers.store.productions("comp")) == (0, [])
+    assert result.pending == 0
+    # Resolved by the reopen's marker, the row went with the write that follows an open;
+    # delivered again, it stays for the next commit, its delivery named by the marker.
+    marker = transactions.marker("comp", 0)
+    left = [] if resolved else [(b"1", True)]
+    assert [
+        (p.record.value, delivered_by(p.tag, marker)) for p in workers.store.productions("comp")
+    ] == left
     assert transactions.opens == 2  # the reopen that resolved it
 
 

@@ -454,7 +454,14 @@ class CassandraIntervalStore(IntervalStore):
         self._production_rows[(lease.computation, lease.interval)] = rows
         return tuple(productions)
 
-    def commit(self, lease: Lease, changes: Sequence[KeyChanges], *, dedup_ttl: int) -> None:
+    def commit(
+        self,
+        lease: Lease,
+        changes: Sequence[KeyChanges],
+        *,
+        dedup_ttl: int,
+        delivered: Collection[bytes] = (),
+    ) -> None:
         keys = [change.key for change in changes]
         if len(set(keys)) != len(keys):
             raise ValueError("each key may appear once per commit: merge its changes first")
@@ -469,6 +476,12 @@ class CassandraIntervalStore(IntervalStore):
                 )
         batches = _cap_statements(split_batches(changes, self.max_batch_bytes))
         partition = (lease.computation, lease.interval)
+        done = self._acknowledge(partition, delivered) if delivered else []
+        # The rows of delivered productions go in the commit's one batch when it has room (a
+        # commit split in several batches is large enough not to miss a write of its own).
+        folded = done if len(batches) == 1 and _room(batches[0], done) else []
+        if done and not folded:
+            self._delete_rows(lease, done)
         for number, batch in enumerate(batches):
             expires = self.clock.now() + dedup_ttl
             rows = [
@@ -494,10 +507,12 @@ class CassandraIntervalStore(IntervalStore):
                 self._production_rows.setdefault(partition, {})[item] = {
                     p.record_id for p in productions
                 }
+            delete = self._statements.delete_row
+            rows += [(delete, (*partition, "production", "", item)) for item in folded]
             self._write(
                 lease,
                 rows,
-                sum(change.approximate_size() for change in batch),
+                sum(change.approximate_size() for change in batch) + _DELETE_BYTES * len(folded),
                 what=f"commit of {len(batch)} key(s)",
                 uncertain_keys=tuple(change.key for change in batch),
                 unattempted_keys=tuple(c.key for later in batches[number + 1 :] for c in later),
@@ -568,6 +583,12 @@ class CassandraIntervalStore(IntervalStore):
         repeating them is the whole recovery).
         """
         partition = (lease.computation, lease.interval)
+        self._delete_rows(lease, self._acknowledge(partition, record_ids))
+
+    def _acknowledge(
+        self, partition: tuple[str, int], record_ids: Collection[bytes]
+    ) -> list[bytes]:
+        """Note ``record_ids`` acknowledged; the items of the rows now wholly acknowledged."""
         rows = self._production_rows.get(partition, {})
         acknowledged = set(record_ids)
         done: list[bytes] = []
@@ -576,6 +597,11 @@ class CassandraIntervalStore(IntervalStore):
             if not ids:
                 done.append(item)
                 del rows[item]
+        return done
+
+    def _delete_rows(self, lease: Lease, done: list[bytes]) -> None:
+        """Delete the production rows ``done`` (with none, still the guard: a fence check)."""
+        partition = (lease.computation, lease.interval)
         per_batch = max(1, min(self.max_batch_bytes // _DELETE_BYTES, MAX_BATCH_STATEMENTS - 1))
         chunks = [done[start : start + per_batch] for start in range(0, len(done), per_batch)]
         delete = self._statements.delete_row
@@ -847,6 +873,12 @@ def _cap_statements(batches: list[list[KeyChanges]]) -> list[list[KeyChanges]]:
             count += rows
         capped.append(current)
     return capped
+
+
+def _room(batch: list[KeyChanges], deletes: list[bytes]) -> bool:
+    """Whether a commit batch of ``batch`` can take ``deletes`` production rows besides."""
+    statements = 1 + sum(row_count(change) for change in batch) + len(deletes)
+    return statements <= MAX_BATCH_STATEMENTS and len(deletes) <= 1_000
 
 
 def _new_marker() -> bytes:

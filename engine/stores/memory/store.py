@@ -110,6 +110,7 @@ class _Write:
     marker: bytes
     changes: tuple[KeyChanges, ...]
     dedup_ttl: int
+    deletes: tuple[bytes, ...] = ()  # production rows (their markers) deleted with it
 
 
 @dataclass
@@ -247,15 +248,29 @@ class MemoryIntervalStore(IntervalStore):
             row.acknowledged.clear()  # a new owner's instance knows of no acknowledgement
         return tuple(partition.pending())
 
-    def commit(self, lease: Lease, changes: Sequence[KeyChanges], *, dedup_ttl: int) -> None:
+    def commit(
+        self,
+        lease: Lease,
+        changes: Sequence[KeyChanges],
+        *,
+        dedup_ttl: int,
+        delivered: Collection[bytes] = (),
+    ) -> None:
         keys = [change.key for change in changes]
         if len(set(keys)) != len(keys):
             raise ValueError("each key may appear once per commit: merge its changes first")
         batches = split_batches(changes, self.max_batch_bytes)
+        if delivered and len(batches) != 1:
+            # As on Cassandra: a commit of several batches (or none) deletes on its own.
+            self.delete_productions(lease, delivered)
+            delivered = ()
         for number, batch in enumerate(batches):
             self._fault(FaultPoint.BEFORE_COMMIT)
             partition = self._fenced(lease)
-            write = _Write(lease, partition.last_commit, self._marker(), tuple(batch), dedup_ttl)
+            deletes = self._acknowledge(partition, delivered)
+            write = _Write(
+                lease, partition.last_commit, self._marker(), tuple(batch), dedup_ttl, deletes
+            )
             outcome = self._unknown_outcomes.popleft() if self._unknown_outcomes else None
             if outcome is None or outcome is UnknownOutcome.APPLIED:
                 self._land(partition, write)
@@ -283,11 +298,8 @@ class MemoryIntervalStore(IntervalStore):
     def delete_productions(self, lease: Lease, record_ids: Collection[bytes]) -> None:
         self._fault(FaultPoint.BEFORE_DELETE)
         partition = self._fenced(lease)
-        acknowledged = set(record_ids)
-        for marker, row in list(partition.productions.items()):
-            row.acknowledged |= acknowledged & row.productions.keys()
-            if row.acknowledged >= row.productions.keys():
-                del partition.productions[marker]
+        for marker in self._acknowledge(partition, record_ids):
+            del partition.productions[marker]
         partition.last_commit = self._marker()
         self._fault(FaultPoint.AFTER_DELETE)
 
@@ -398,6 +410,8 @@ class MemoryIntervalStore(IntervalStore):
         expires = self.clock.now() + write.dedup_ttl
         for change in write.changes:
             _apply(partition, change, expires)
+        for marker in write.deletes:
+            partition.productions.pop(marker, None)
         productions = {p.record_id: p for c in write.changes for p in c.productions}
         if productions:
             partition.productions[write.marker] = _ProductionRow(productions)
@@ -412,6 +426,18 @@ class MemoryIntervalStore(IntervalStore):
                 tuple(c.key for c in write.changes),
             )
         )
+
+    @staticmethod
+    def _acknowledge(partition: _Partition, record_ids: Collection[bytes]) -> tuple[bytes, ...]:
+        """Note ``record_ids`` acknowledged (the owner's instance memory, as on Cassandra);
+        the markers of the production rows now wholly acknowledged."""
+        acknowledged = set(record_ids)
+        done: list[bytes] = []
+        for marker, row in partition.productions.items():
+            row.acknowledged |= acknowledged & row.productions.keys()
+            if row.acknowledged >= row.productions.keys():
+                done.append(marker)
+        return tuple(done)
 
     def _marker(self) -> bytes:
         return struct.pack(">Q", next(self._markers))

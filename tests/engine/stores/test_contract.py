@@ -327,6 +327,30 @@ def test_due_and_next_timers_follow_the_firing_rule(backend: Backend) -> None:
     assert store.next_timers(lease) == NextTimers(event_time=7, wall_time=6)
 
 
+def test_a_commit_deletes_the_rows_its_delivered_productions_complete(backend: Backend) -> None:
+    store = backend.store()
+    lease = store.acquire("c", 0)
+    store.commit(lease, [KeyChanges("k", productions=[production(1)])], dedup_ttl=TTL)
+    two = [production(2, "j"), production(3, "i")]
+    halves = [KeyChanges("j", productions=[two[0]]), KeyChanges("i", productions=[two[1]])]
+    store.commit(lease, halves, dedup_ttl=TTL)
+
+    # The first row, wholly delivered, goes with the next commit; the second, half
+    # delivered, stays whole.
+    store.commit(lease, [change("k", ids=(9,))], dedup_ttl=TTL, delivered=[rid(1), rid(2)])
+    assert store.read_state(lease, "k") == b"s"
+    assert set(store.scan(lease).productions) == set(two)
+    # Without changes, the delivered rows go all the same.
+    store.commit(lease, [], dedup_ttl=TTL, delivered=[rid(3)])
+    assert store.scan(lease).productions == ()
+    # A stale lease's commit deletes nothing.
+    store.commit(lease, [KeyChanges("k", productions=[production(4)])], dedup_ttl=TTL)
+    stale, _ = lease, store.acquire("c", 0)
+    with pytest.raises(FencedError):
+        store.commit(stale, [change("k")], dedup_ttl=TTL, delivered=[rid(4)])
+    assert store.scan(stale).productions == (production(4),)
+
+
 def test_pending_productions_are_those_not_deleted(backend: Backend) -> None:
     store = backend.store()
     lease = store.acquire("c", 0)

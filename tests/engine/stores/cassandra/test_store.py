@@ -509,6 +509,25 @@ def test_productions_share_a_row_per_commit_batch_deleted_once_all_are_acknowled
     assert successor.pending_productions(new_lease) == ()
 
 
+def test_delivered_rows_go_in_the_commits_own_batch_unless_it_is_split(
+    make_store: StoreFactory, cassandra: Any, keyspace: str
+) -> None:
+    store = make_store(max_batch_bytes=FAIL_THRESHOLD)
+    lease = store.acquire("c", 0)
+    store.commit(lease, [KeyChanges("a", productions=[production(0, "a")])], dedup_ttl=TTL)
+    before = store.stats.batches
+    store.commit(lease, [full_change(1)], dedup_ttl=TTL, delivered=[rid(0)])
+    assert store.stats.batches == before + 1  # one conditional write: the commit's
+    assert [r.key for r in rows_of(cassandra, keyspace, "production")] == [""]  # key 1's
+    # A commit split in several batches deletes in a write of its own, first.
+    large = [full_change(n, state_size=1_000) for n in range(2, 2 + 3 * FAIL_THRESHOLD // 1_000)]
+    before = store.stats.batches
+    store.commit(lease, large, dedup_ttl=TTL, delivered=[rid(1)])
+    assert store.stats.batches - before == 1 + len(split_batches(large, FAIL_THRESHOLD))
+    pending = store.pending_productions(store.acquire("c", 0))
+    assert {p.record_id for p in pending} == {rid(n) for n in range(2, 2 + len(large))}
+
+
 def test_timers_are_indexed_by_time_and_the_index_follows_replacements(
     make_store: StoreFactory, cassandra: Any, keyspace: str
 ) -> None:
