@@ -361,7 +361,7 @@ class IntervalWorker:
             else:
                 self._check_interval(item.key)
                 records.setdefault(item.key, []).append(item)
-        due = self._store.due_timers(soft.lease, timer_watermark, now)
+        due = self._due_timers(soft, timer_watermark, now)
         keys = sorted(records.keys() | {timer.key for timer in due})
         committed = self._committed(soft, keys)
         if self.spec.options.exactly_once:
@@ -453,6 +453,15 @@ class IntervalWorker:
         result.pending = len(soft.pending)
         result.progress = _progress(soft, soft.next_timers)
         return result
+
+    def _due_timers(self, soft: _SoftState, timer_watermark: int, now: int) -> list[Timer]:
+        """The interval's due timers, read only when its earliest timers may be due: the soft
+        state's are exact while the lease holds (only this worker wrote since it read them,
+        and it reads them again after every commit that changed a timer)."""
+        first = soft.next_timers
+        if first is not None and not _any_due(first, timer_watermark, now):
+            return []
+        return self._store.due_timers(soft.lease, timer_watermark, now)
 
     def _committed(self, soft: _SoftState, keys: list[str]) -> dict[str, KeySnapshot]:
         """The committed state and timers of ``keys``: from the cache, the rest in bulk."""
@@ -920,6 +929,14 @@ def _stale_index_entries(
         ):
             stale.setdefault(timer.key, []).append(timer)
     return stale
+
+
+def _any_due(first: NextTimers, input_low_watermark: int, now: int) -> bool:
+    """Whether a timer of an interval whose earliest timers are ``first`` is due (the rule
+    of :meth:`~millstream.engine.timers.Timer.is_due`)."""
+    return (first.event_time is not None and first.event_time < input_low_watermark) or (
+        first.wall_time is not None and first.wall_time <= now
+    )
 
 
 def _progress(soft: _SoftState, timers: NextTimers) -> IntervalProgress:

@@ -688,6 +688,47 @@ def test_event_timers_fire_once_the_watermark_passes_them_in_timestamp_order(
     assert workers.store.timers("comp") == []
 
 
+def test_the_due_timers_are_read_only_when_the_earliest_timers_say_one_may_be_due(
+    workers: Workers,
+    clock: ManualClock,
+    make_record: RecordFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    computation = TimerSetter()
+    spec = workers.spec(computation)
+    worker = workers.worker(spec)
+    reads: list[int] = []
+    read = workers.store.due_timers
+
+    def counted(lease: Lease, input_low_watermark: int, now: int) -> list[Timer]:
+        reads.append(input_low_watermark)
+        return read(lease, input_low_watermark, now)
+
+    monkeypatch.setattr(workers.store, "due_timers", counted)
+    wall = clock.now() + 5
+    worker.process(deliver(make_record("k", f"e:30,w:{wall}:wall".encode())), 10)
+    assert reads == [10]  # a new worker knows nothing of the interval's timers
+    worker.process([], 30)  # event timer 30 is not below watermark 30
+    clock.advance(4)
+    worker.process([], 30)
+    assert reads == [10]
+    assert computation.fired == []
+
+    clock.advance(1)  # the wall timer is due: read, and fired
+    assert [t.tag for t in worker.process([], 30).fired_timers] == ["w"]
+    assert [t.tag for t in worker.process([], 31).fired_timers] == ["e"]
+    assert reads == [10, 30, 31]
+    worker.process([], 1_000)  # none left
+    assert reads == [10, 30, 31]
+
+    # A timer another worker set is due here: the kept lease's stale view skips the read,
+    # its commit finds the lease superseded, and the run after the takeover fires it.
+    workers.worker(spec).process(deliver(make_record("j", b"x:40")), 31)
+    result = worker.process(deliver(make_record("k", b"y:2000")), 41)
+    assert result.rescanned
+    assert [t.tag for t in result.fired_timers] == ["x"]
+
+
 def test_wall_timers_fire_when_the_clock_reaches_them(
     workers: Workers, clock: ManualClock, make_record: RecordFactory
 ) -> None:
