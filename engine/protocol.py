@@ -363,9 +363,16 @@ class IntervalWorker:
                 records.setdefault(item.key, []).append(item)
         due = self._due_timers(soft, timer_watermark, now)
         keys = sorted(records.keys() | {timer.key for timer in due})
-        committed = self._committed(soft, keys)
-        if self.spec.options.exactly_once:
-            records, rejected = self._fresh(soft, records, rejected)
+        committed, missing = self._cached(soft, keys)
+        exactly_once = self.spec.options.exactly_once
+        firsts, rejects, candidates = _dedup_candidates(records, rejected, exactly_once)
+        if missing or candidates:
+            # One round trip for the keys the cache lacks and the dedup lookups.
+            read, seen = self._store.read_batch(soft.lease, missing, candidates)
+            committed.update(read)
+            if exactly_once:
+                records = unseen(firsts, seen)
+                rejected = [r for items in unseen(rejects, seen).values() for r in items]
         result.duplicates += len(inputs) - len(rejected)
         result.duplicates -= sum(len(deliveries) for deliveries in records.values())
         return _Batch(keys, records, rejected, due, committed)
@@ -463,8 +470,11 @@ class IntervalWorker:
             return []
         return self._store.due_timers(soft.lease, timer_watermark, now)
 
-    def _committed(self, soft: _SoftState, keys: list[str]) -> dict[str, KeySnapshot]:
-        """The committed state and timers of ``keys``: from the cache, the rest in bulk."""
+    def _cached(
+        self, soft: _SoftState, keys: list[str]
+    ) -> tuple[dict[str, KeySnapshot], list[str]]:
+        """The committed state and timers of those of ``keys`` the cache holds, and the rest
+        (read in bulk with the batch's dedup lookups)."""
         cache = self._cache
         committed: dict[str, KeySnapshot] = {}
         missing: list[str] = []
@@ -474,30 +484,7 @@ class IntervalWorker:
                 missing.append(key)
             else:
                 committed[key] = snapshot
-        if missing:
-            committed.update(self._store.read_keys(soft.lease, missing))
-        return committed
-
-    def _fresh(
-        self, soft: _SoftState, records: dict[str, list[Delivery]], rejected: list[Rejected]
-    ) -> tuple[dict[str, list[Delivery]], list[Rejected]]:
-        """The records and rejected input not processed before (exactly-once).
-
-        A repeat within the batch counts at its first delivery; the rest are looked up in the
-        store, all keys in one bulk read. Rejected input counts by its origin (or record ID),
-        since a replayed batch repeats it too.
-        """
-        firsts = first_occurrences(records, lambda d: d.record.record_id)
-        rejects = first_occurrences(
-            _by_key(rejected, lambda r: r.origin.key or ""), lambda r: r.origin.cause_id()
-        )
-        candidates: dict[str, set[bytes]] = {}
-        for by_key in (firsts, rejects):
-            for key, items in by_key.items():
-                candidates.setdefault(key, set()).update(items)
-        seen = self._store.seen(soft.lease, candidates) if candidates else frozenset()
-        fresh_rejected = [r for items in unseen(rejects, seen).values() for r in items]
-        return unseen(firsts, seen), fresh_rejected
+        return committed, missing
 
     def _check_interval(self, key: str) -> None:
         actual = self.layout.interval_of(key)
@@ -929,6 +916,28 @@ def _stale_index_entries(
         ):
             stale.setdefault(timer.key, []).append(timer)
     return stale
+
+
+def _dedup_candidates(
+    records: dict[str, list[Delivery]], rejected: list[Rejected], exactly_once: bool
+) -> tuple[
+    dict[str, dict[bytes, Delivery]], dict[str, dict[bytes, Rejected]], dict[str, set[bytes]]
+]:
+    """Per key, the first delivery of each record ID and of each rejected input's origin
+    (a repeat within the batch counts at its first; rejected input by its origin or record
+    ID, since a replayed batch repeats it too), and the IDs to look up in the store; nothing
+    without exactly-once."""
+    if not exactly_once:
+        return {}, {}, {}
+    firsts = first_occurrences(records, lambda d: d.record.record_id)
+    rejects = first_occurrences(
+        _by_key(rejected, lambda r: r.origin.key or ""), lambda r: r.origin.cause_id()
+    )
+    candidates: dict[str, set[bytes]] = {}
+    for by_key in (firsts, rejects):
+        for key, items in by_key.items():
+            candidates.setdefault(key, set()).update(items)
+    return firsts, rejects, candidates
 
 
 def _any_due(first: NextTimers, input_low_watermark: int, now: int) -> bool:

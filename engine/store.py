@@ -122,6 +122,15 @@ class IntervalStore(LayoutStore):
         """The ``(key, record ID)`` pairs among ``record_ids`` (IDs by key) committed as dedup
         IDs of that key and not expired; one bulk read for all keys."""
 
+    def read_batch(
+        self, lease: Lease, keys: Collection[str], record_ids: Mapping[str, Collection[bytes]]
+    ) -> tuple[dict[str, KeySnapshot], Set[tuple[str, bytes]]]:
+        """What a batch reads before its user code: :meth:`read_keys` of ``keys`` and
+        :meth:`seen` of ``record_ids`` (either skipped when empty). A store that can overlaps
+        the two reads' round trips; this default makes one after the other."""
+        snapshots = self.read_keys(lease, keys) if keys else {}
+        return snapshots, self.seen(lease, record_ids) if record_ids else frozenset()
+
     @abstractmethod
     def due_timers(self, lease: Lease, input_low_watermark: int, now: int) -> list[Timer]:
         """The timers due under ``input_low_watermark`` and ``now`` (see

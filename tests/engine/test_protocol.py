@@ -228,6 +228,31 @@ def test_user_code_runs_holding_the_workers_lock_and_io_does_not(
     assert not lock.locked()
 
 
+def test_a_batch_reads_its_uncached_keys_and_its_dedup_ids_in_one_call(
+    workers: Workers, make_record: RecordFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = workers.spec(Appender())
+    store = workers.store
+    calls: list[tuple[list[str], dict[str, set[bytes]]]] = []
+    read_batch = store.read_batch
+
+    def recorded(
+        lease: Lease, keys: Collection[str], record_ids: Mapping[str, Collection[bytes]]
+    ) -> tuple[dict[str, KeySnapshot], Set[tuple[str, bytes]]]:
+        calls.append((list(keys), {k: set(ids) for k, ids in record_ids.items()}))
+        return read_batch(lease, keys, record_ids)
+
+    monkeypatch.setattr(store, "read_batch", recorded)
+    worker = workers.worker(spec)
+    a, b = make_record("a", b"1"), make_record("b", b"2")
+    worker.process(deliver(a, b, a), WM)
+    worker.process(deliver(a, make_record("a", b"3")), WM)
+
+    assert [keys for keys, _ in calls] == [["a", "b"], []]  # "a" cached by the second
+    assert calls[0][1] == {"a": {a.record_id}, "b": {b.record_id}}
+    assert workers.state(spec) == {"a": ["1", "3"], "b": ["2"]}
+
+
 def test_a_new_owner_rebuilds_dedup_from_the_store(
     workers: Workers, make_record: RecordFactory
 ) -> None:

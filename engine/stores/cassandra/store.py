@@ -106,11 +106,12 @@ from __future__ import annotations
 import random
 import time
 import uuid
-from collections.abc import Collection, Iterator, Mapping, Sequence, Set
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 from cassandra import ConsistencyLevel, OperationTimedOut, WriteFailure, WriteTimeout
+from cassandra.cluster import ResponseFuture
 from cassandra.connection import ConnectionException
 from cassandra.policies import FallthroughRetryPolicy
 from cassandra.protocol import ErrorMessage, ServerError
@@ -384,31 +385,40 @@ class CassandraIntervalStore(IntervalStore):
 
     def read_keys(self, lease: Lease, keys: Collection[str]) -> dict[str, KeySnapshot]:
         distinct = list(dict.fromkeys(keys))
-        partition = (lease.computation, lease.interval)
-        states: dict[str, bytes] = {}
-        timers: dict[str, dict[str, Timer]] = {}
-        reads = [(*partition, chunk) for chunk in _chunks(distinct)]
-        for row in self._rows_at_once(self._statements.read_keys, reads):
-            if row["kind"] == "state":
-                states[row["key"]] = row["value"]
-            else:
-                timer = row_timer(row)
-                timers.setdefault(timer.key, {})[timer.tag] = timer
-        return {key: KeySnapshot(states.get(key), timers.get(key, {})) for key in distinct}
+        return _snapshots(distinct, self._rows(self._key_reads(lease, distinct)))
 
     def seen(
         self, lease: Lease, record_ids: Mapping[str, Collection[bytes]]
     ) -> Set[tuple[str, bytes]]:
+        return self._seen_rows(self._rows(self._dedup_reads(lease, record_ids)))
+
+    def read_batch(
+        self, lease: Lease, keys: Collection[str], record_ids: Mapping[str, Collection[bytes]]
+    ) -> tuple[dict[str, KeySnapshot], Set[tuple[str, bytes]]]:
+        # Every read of both is sent before any is awaited: one round trip, not two.
+        distinct = list(dict.fromkeys(keys))
+        key_reads = self._key_reads(lease, distinct)
+        dedup_reads = self._dedup_reads(lease, record_ids)
+        snapshots = _snapshots(distinct, self._rows(key_reads)) if distinct else {}
+        return snapshots, self._seen_rows(self._rows(dedup_reads))
+
+    def _key_reads(self, lease: Lease, distinct: list[str]) -> list[ResponseFuture]:
+        partition = (lease.computation, lease.interval)
+        reads = [(*partition, chunk) for chunk in _chunks(distinct)]
+        return self._send(self._statements.read_keys, reads)
+
+    def _dedup_reads(
+        self, lease: Lease, record_ids: Mapping[str, Collection[bytes]]
+    ) -> list[ResponseFuture]:
         pairs = list(
             dict.fromkeys((key, record_id) for key, ids in record_ids.items() for record_id in ids)
         )
         reads = [(lease.computation, lease.interval, chunk) for chunk in _chunks(pairs)]
+        return self._send(self._statements.read_dedup, reads)
+
+    def _seen_rows(self, rows: Iterable[dict[str, Any]]) -> Set[tuple[str, bytes]]:
         now = self.clock.now()
-        return {
-            (row["key"], row["item"])
-            for row in self._rows_at_once(self._statements.read_dedup, reads)
-            if row["expires"] > now
-        }
+        return {(row["key"], row["item"]) for row in rows if row["expires"] > now}
 
     def due_timers(self, lease: Lease, input_low_watermark: int, now: int) -> list[Timer]:
         # Event time is due below the watermark, wall time at or below now.
@@ -836,12 +846,32 @@ class CassandraIntervalStore(IntervalStore):
     ) -> Iterator[dict[str, Any]]:
         """The rows of ``statement`` run with each of ``reads``, all sent before any is
         awaited (one round trip, not one per read)."""
-        futures = [
+        return self._rows(self._send(statement, reads))
+
+    def _send(self, statement: Any, reads: Sequence[tuple[Any, ...]]) -> list[ResponseFuture]:
+        """``statement`` run with each of ``reads``, sent now; awaited by :meth:`_rows`."""
+        return [
             self._session.execute_async(statement, parameters, timeout=self.request_timeout)
             for parameters in reads
         ]
+
+    @staticmethod
+    def _rows(futures: list[ResponseFuture]) -> Iterator[dict[str, Any]]:
         for future in futures:
             yield from result_rows(future.result())
+
+
+def _snapshots(distinct: list[str], rows: Iterable[dict[str, Any]]) -> dict[str, KeySnapshot]:
+    """Each of ``distinct`` keys' committed state and timers, from its ``read_keys`` rows."""
+    states: dict[str, bytes] = {}
+    timers: dict[str, dict[str, Timer]] = {}
+    for row in rows:
+        if row["kind"] == "state":
+            states[row["key"]] = row["value"]
+        else:
+            timer = row_timer(row)
+            timers.setdefault(timer.key, {})[timer.tag] = timer
+    return {key: KeySnapshot(states.get(key), timers.get(key, {})) for key in distinct}
 
 
 def _is_uncertain(exc: BaseException) -> bool:

@@ -296,6 +296,25 @@ def test_seen_answers_by_key_and_id_across_many_keys(backend: Backend) -> None:
     assert store.seen(lease, asked) == set()
 
 
+def test_read_batch_answers_as_read_keys_and_seen_do(backend: Backend) -> None:
+    store = backend.store()
+    lease = store.acquire("c", 0)
+    store.commit(
+        lease,
+        [change(f"k{n}", state=f"s{n}".encode(), ids=(n,)) for n in range(300)],
+        dedup_ttl=TTL,
+    )
+    keys = [f"k{n}" for n in range(0, 300, 2)] + ["absent"]
+    asked = {f"k{n}": [rid(n), rid(n + 1_000)] for n in range(1, 300, 2)}
+
+    read, seen = store.read_batch(lease, keys, asked)
+    assert read == store.read_keys(lease, keys)
+    assert read["k0"].state == b"s0"
+    assert seen == store.seen(lease, asked) == {(f"k{n}", rid(n)) for n in range(1, 300, 2)}
+    assert store.read_batch(lease, [], asked) == ({}, seen)
+    assert store.read_batch(lease, keys, {}) == (read, set())
+
+
 def test_due_and_next_timers_follow_the_firing_rule(backend: Backend) -> None:
     store = backend.store()
     lease = store.acquire("c", 0)

@@ -247,6 +247,36 @@ def test_bound_rows_carry_what_the_driver_would_bind(cassandra: Any, keyspace: s
     assert [row.values for row in rows] == expected
 
 
+def test_a_batchs_reads_are_all_sent_before_any_is_awaited(
+    make_store: StoreFactory, scripted: ScriptedSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = make_store()
+    lease = store.acquire("c", 0)
+    store.commit(lease, [full_change(n) for n in range(3)], dedup_ttl=60_000_000)
+    events: list[str] = []
+    send = scripted.session.execute_async
+
+    def recorded(statement: Any, parameters: Any = None, **options: Any) -> Any:
+        events.append("send")
+        future = send(statement, parameters, **options)
+        result = future.result
+
+        def awaited(*args: Any, **kwargs: Any) -> Any:
+            events.append("await")
+            return result(*args, **kwargs)
+
+        future.result = awaited
+        return future
+
+    monkeypatch.setattr(scripted, "execute_async", recorded)
+    keys = [f"key-{n:05d}" for n in range(3)]
+    read, seen = store.read_batch(lease, keys, {keys[1]: [rid(1), rid(7)]})
+
+    assert events == ["send", "send", "await", "await"]  # one round trip, not two
+    assert read[keys[2]].state == bytes([2]) * 10
+    assert seen == {(keys[1], rid(1))}
+
+
 def test_options_are_validated(cassandra: Any, keyspace: str) -> None:
     with pytest.raises(ValueError, match="max_batch_bytes"):
         CassandraIntervalStore(cassandra, keyspace, SystemClock(), max_batch_bytes=0)
