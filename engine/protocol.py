@@ -6,12 +6,6 @@ one batch of input at a time (a Spark micro-batch's share of the interval):
 1. **Acquire** the interval's sequencer. If nobody else acquired it since this worker's last
    batch, its soft state (the cached state and timers of keys, the pending productions) is
    still exact; otherwise it drops the cache and reads the pending productions back.
-   A worker with strong productions that finished its last batch keeps its lease instead
-   (MillWheel's long-lived owners): no write of its own, since every write of the batch is
-   conditional on the lease anyway. A batch whose kept lease turns out superseded (the
-   interval ran elsewhere meanwhile) has applied nothing; the worker acquires the interval,
-   reads it back and runs the batch again. Weak productions leave before the commit, so a
-   worker with them acquires every batch: a batch must not send what stale state made.
 2. **Resend** committed productions not yet acknowledged (its own, or a previous owner's).
 3. **Read what the batch touches, in bulk** (the cost grows with the batch, not with the
    interval): the due timers (a range of the store's time-ordered index), the state and
@@ -61,8 +55,6 @@ from millstream.engine.deadletters import DeadLetter, Origin
 from millstream.engine.dedup import first_occurrences, unseen
 from millstream.engine.errors import (
     AbsurdTimestampError,
-    FencedError,
-    RetiredIntervalError,
     UndeclaredStreamError,
     UnknownOutcomeError,
 )
@@ -188,7 +180,6 @@ class _SoftState:
     # the last committed transaction recorded.
     unresolved: bool = True
     marker: CommitTag | None = None
-    commits: int = 0  # under this lease: numbers its commits' tags
     # Transactional productions delivered whose rows the next commit deletes (paper 6.1.1:
     # cleaned up lazily, not by a write of their own).
     delivered: list[bytes] = field(default_factory=list)
@@ -270,23 +261,10 @@ class IntervalWorker:
         which may be higher, since a key's timers fire only after its records of the batch.
         """
         timers = input_low_watermark if timer_watermark is None else timer_watermark
-        batch = list(inputs)
-        watermarks = (input_low_watermark, max(timers, input_low_watermark))
-        kept = self._soft is not None and self._keeps_lease
         try:
-            try:
-                return self._process(batch, *watermarks)
-            except RetiredIntervalError:
-                raise
-            except FencedError:
-                if not kept:
-                    raise
-                # The kept lease was superseded: the interval ran elsewhere since the last
-                # batch (its first conditional write failed, nothing of this run applied) or
-                # runs there now (what applied is read back like any owner's commit). Take
-                # the interval over and run the batch again.
-                self._soft = None
-                return self._process(batch, *watermarks)
+            return self._process(
+                list(inputs), input_low_watermark, max(timers, input_low_watermark)
+            )
         except BaseException:
             # The store may now differ from the soft state (a fenced or uncertain write, a
             # crash between steps); only a rescan can tell what it holds.
@@ -312,17 +290,9 @@ class IntervalWorker:
         self._send(soft, committed, result)
         return self._finish(soft, result)
 
-    @property
-    def _keeps_lease(self) -> bool:
-        return self.spec.options.strong_productions
-
     def _begin(self) -> tuple[_SoftState, BatchResult]:
         """Step 1: acquire the sequencer; keep the soft state if it is still exact, else start
-        it again from the pending productions the store holds. A worker that keeps its lease
-        (see the module docstring) keeps its soft state as it is."""
-        soft = self._soft
-        if soft is not None and self._keeps_lease:
-            return soft, BatchResult(lease=soft.lease, rescanned=False, resent=len(soft.pending))
+        it again from the pending productions the store holds."""
         store = self._store
         previous = self._soft.lease if self._soft is not None else None
         lease = store.acquire(self.spec.name, self.interval, previous)
@@ -430,9 +400,8 @@ class IntervalWorker:
         if to_commit:
             pause_point("executor.commit", self.spec.name)
         if self._transactions is not None:
-            # A kept lease commits many times: its tags order by their number.
-            soft.commits += 1
-            tag = CommitTag(soft.lease.token, soft.commits)
+            # One commit per lease: the token alone would do, the number leaves room for more.
+            tag = CommitTag(soft.lease.token, 1)
             for change in to_commit:
                 change.productions = [replace(p, tag=tag) for p in change.productions]
         self._commit_resolving(soft.lease, to_commit, soft.delivered)

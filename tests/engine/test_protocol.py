@@ -317,7 +317,7 @@ def test_a_zombie_is_fenced_and_commits_nothing(
 ) -> None:
     spec = workers.spec(Appender())
     zombie, successor = workers.worker(spec), workers.worker(spec)
-    workers.worker(spec).process(deliver(make_record("k", b"a")), WM)
+    zombie.process(deliver(make_record("k", b"a")), WM)
     commits = len(workers.store.commit_log)
     # The successor acquires the interval while the zombie is between user code and commit.
     workers.store.inject(FaultPoint.BEFORE_COMMIT, lambda: successor.process([], WM))
@@ -328,43 +328,6 @@ def test_a_zombie_is_fenced_and_commits_nothing(
     assert workers.state(spec) == {"k": ["a"]}
     assert len(workers.store.commit_log) == commits
     assert all(p.record.value != b"zombie" for p in workers.sink.sent)
-
-
-def test_an_owner_keeps_its_lease_and_acquires_again_once_another_worker_took_over(
-    workers: Workers, make_record: RecordFactory
-) -> None:
-    spec = workers.spec(Appender())
-    mine, other = workers.worker(spec), workers.worker(spec)
-    first = mine.process(deliver(make_record("k", b"a")), WM)
-    kept = mine.process(deliver(make_record("k", b"b")), WM)
-    assert kept.lease == first.lease  # no write of its own: the commit's condition checks it
-    assert workers.store.sequencer("comp", 0) == first.lease.token
-
-    # Another worker takes the interval between two batches: the kept lease's first write
-    # fails, nothing of that run applied, and the batch runs again on the interval read back.
-    seen_elsewhere = make_record("k", b"c")
-    other.process(deliver(seen_elsewhere), WM)
-    commits = len(workers.store.commit_log)
-    retaken = mine.process(deliver(make_record("k", b"d"), seen_elsewhere), WM)
-    assert retaken.rescanned
-    assert retaken.lease.token > first.lease.token + 1
-    assert (retaken.processed, retaken.duplicates) == (1, 1)
-    assert len(workers.store.commit_log) == commits + 1
-    assert workers.state(spec) == {"k": ["a", "b", "c", "d"]}
-
-
-def test_weak_productions_acquire_the_lease_every_batch(
-    workers: Workers, make_record: RecordFactory
-) -> None:
-    # They leave before the commit: a batch must not send what a stale view made.
-    spec = workers.spec(
-        Appender(), options=ComputationOptions(key_intervals=1, strong_productions=False)
-    )
-    worker = workers.worker(spec)
-    first = worker.process(deliver(make_record("k", b"a")), WM)
-    second = worker.process(deliver(make_record("k", b"b")), WM)
-    assert second.lease.token == first.lease.token + 1
-    assert not second.rescanned
 
 
 def test_a_failed_batch_drops_soft_state(workers: Workers, make_record: RecordFactory) -> None:
