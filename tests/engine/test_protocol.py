@@ -709,8 +709,8 @@ def test_the_due_timers_are_read_only_when_the_earliest_timers_say_one_may_be_du
     worker.process([], 1_000)  # none left
     assert reads == [10, 30, 31]
 
-    # A timer another worker set is due here: the kept lease's stale view skips the read,
-    # its commit finds the lease superseded, and the run after the takeover fires it.
+    # A timer another worker set since: the acquire finds the soft state stale, and the
+    # interval read back has it due.
     workers.worker(spec).process(deliver(make_record("j", b"x:40")), 31)
     result = worker.process(deliver(make_record("k", b"y:2000")), 41)
     assert result.rescanned
