@@ -88,6 +88,7 @@ from millstream.engine.timers import (
     TimeDomain,
     Timer,
     due_timers,
+    is_due_at,
 )
 from millstream.engine.topology import ComputationSpec
 from millstream.engine.watermarks import IntervalProgress
@@ -432,8 +433,8 @@ class IntervalWorker:
 
     def _due_timers(self, soft: _SoftState, timer_watermark: int, now: int) -> list[Timer]:
         """The interval's due timers, read only when its earliest timers may be due: the soft
-        state's are exact while the lease holds (only this worker wrote since it read them,
-        and it reads them again after every commit that changed a timer)."""
+        state's are exact while it is valid (the acquire says nobody else wrote since it read
+        them, and it reads them again after every commit that changed a timer)."""
         first = soft.next_timers
         if first is not None and not _any_due(first, timer_watermark, now):
             return []
@@ -910,10 +911,13 @@ def _dedup_candidates(
 
 
 def _any_due(first: NextTimers, input_low_watermark: int, now: int) -> bool:
-    """Whether a timer of an interval whose earliest timers are ``first`` is due (the rule
-    of :meth:`~millstream.engine.timers.Timer.is_due`)."""
-    return (first.event_time is not None and first.event_time < input_low_watermark) or (
-        first.wall_time is not None and first.wall_time <= now
+    """Whether a timer of an interval whose earliest timers are ``first`` is due."""
+    return any(
+        timestamp is not None and is_due_at(domain, timestamp, input_low_watermark, now)
+        for domain, timestamp in (
+            (TimeDomain.EVENT_TIME, first.event_time),
+            (TimeDomain.WALL_TIME, first.wall_time),
+        )
     )
 
 

@@ -32,6 +32,7 @@ __all__ = [
     "Timer",
     "due_timers",
     "firing_order",
+    "is_due_at",
 ]
 
 RESERVED_TAG_PREFIX = "millstream."
@@ -82,9 +83,15 @@ class Timer:
 
     def is_due(self, input_low_watermark: int, now: int) -> bool:
         """Whether the timer fires, by the rule in the module docstring."""
-        if self.domain is TimeDomain.EVENT_TIME:
-            return self.timestamp < input_low_watermark
-        return self.timestamp <= now
+        return is_due_at(self.domain, self.timestamp, input_low_watermark, now)
+
+
+def is_due_at(domain: TimeDomain, timestamp: int, input_low_watermark: int, now: int) -> bool:
+    """Whether a timer of ``domain`` at ``timestamp`` fires, by the rule in the module
+    docstring (also for timestamps known without their timer: an interval's earliest)."""
+    if domain is TimeDomain.EVENT_TIME:
+        return timestamp < input_low_watermark
+    return timestamp <= now
 
 
 def firing_order(timer: Timer) -> tuple[int, int, str]:

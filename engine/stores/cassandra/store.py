@@ -399,8 +399,7 @@ class CassandraIntervalStore(IntervalStore):
         distinct = list(dict.fromkeys(keys))
         key_reads = self._key_reads(lease, distinct)
         dedup_reads = self._dedup_reads(lease, record_ids)
-        snapshots = _snapshots(distinct, self._rows(key_reads)) if distinct else {}
-        return snapshots, self._seen_rows(self._rows(dedup_reads))
+        return _snapshots(distinct, self._rows(key_reads)), self._seen_rows(self._rows(dedup_reads))
 
     def _key_reads(self, lease: Lease, distinct: list[str]) -> list[ResponseFuture]:
         partition = (lease.computation, lease.interval)
