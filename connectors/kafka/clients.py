@@ -79,7 +79,7 @@ def refusal(config: MillstreamConfig, error: KafkaError) -> ConfigError | None:
     """The :class:`ConfigError` for a Kafka error that means the security settings are
     wrong (credentials refused, TLS failed), or None for any other error. The message names
     the settings and never shows the password."""
-    if error.code() in _REFUSED:
+    if error.code() in _REFUSED and not _lost_during_handshake(error):
         return ConfigError(
             f"Kafka at {config.kafka_bootstrap} refused the credentials of user "
             f"{config.kafka_username!r} ({config.kafka_sasl_mechanism}): {error.str()}; "
@@ -92,6 +92,17 @@ def refusal(config: MillstreamConfig, error: KafkaError) -> ConfigError | None:
             f"certificates) and {setting_name('kafka', 'security_protocol')}"
         )
     return None
+
+
+def _lost_during_handshake(error: KafkaError) -> bool:
+    """Whether ``error`` is librdkafka's "SASL ... mechanism handshake failed" caused by a
+    local error (the connection dropped before the broker answered) rather than by the broker.
+
+    librdkafka reports every failed handshake as an authentication error, its cause in the
+    text: ``Local: ...`` for its own errors, ``Broker: ...`` for the broker's answer. A
+    connection lost mid-handshake (a busy broker, a client closing) is retried like any
+    other, and says nothing about the credentials."""
+    return "mechanism handshake failed: Local:" in error.str()
 
 
 def java_client_settings(config: MillstreamConfig) -> dict[str, str]:
