@@ -6,6 +6,13 @@ one batch of input at a time (a Spark micro-batch's share of the interval):
 1. **Acquire** the interval's sequencer. If nobody else acquired it since this worker's last
    batch, its soft state (the cached state and timers of keys, the pending productions) is
    still exact; otherwise it drops the cache and reads the pending productions back.
+   A worker with strong productions keeps its lease from one batch to the next instead
+   (MillWheel's long-lived owners) as long as a cheap read of the sequencer says it still
+   holds it (:meth:`~millstream.engine.store.IntervalStore.holds`): every write of the batch
+   is conditional on the lease anyway, so a stale answer costs a fenced batch, never a wrong
+   write. A fenced batch is never retried here: a zombie must stay fenced. Weak productions
+   leave before the commit, so a worker with them acquires every batch: a batch must not send
+   what a stale view made.
 2. **Resend** committed productions not yet acknowledged (its own, or a previous owner's).
 3. **Read what the batch touches, in bulk** (the cost grows with the batch, not with the
    interval): the due timers (a range of the store's time-ordered index), the state and
@@ -181,6 +188,7 @@ class _SoftState:
     # the last committed transaction recorded.
     unresolved: bool = True
     marker: CommitTag | None = None
+    commits: int = 0  # under this lease: numbers its commits' tags
     # Transactional productions delivered whose rows the next commit deletes (paper 6.1.1:
     # cleaned up lazily, not by a write of their own).
     delivered: list[bytes] = field(default_factory=list)
@@ -292,12 +300,15 @@ class IntervalWorker:
         return self._finish(soft, result)
 
     def _begin(self) -> tuple[_SoftState, BatchResult]:
-        """Step 1: acquire the sequencer; keep the soft state if it is still exact, else start
-        it again from the pending productions the store holds."""
+        """Step 1: acquire the sequencer, unless this worker keeps the lease it still holds
+        (see the module docstring); keep the soft state if it is still exact, else start it
+        again from the pending productions the store holds."""
         store = self._store
-        previous = self._soft.lease if self._soft is not None else None
-        lease = store.acquire(self.spec.name, self.interval, previous)
         soft = self._soft
+        if soft is not None and self.spec.options.strong_productions and store.holds(soft.lease):
+            return soft, BatchResult(lease=soft.lease, rescanned=False, resent=len(soft.pending))
+        previous = soft.lease if soft is not None else None
+        lease = store.acquire(self.spec.name, self.interval, previous)
         rescan = soft is None or not lease.cache_valid
         if soft is None or rescan:
             pending = store.pending_productions(lease)
@@ -401,8 +412,9 @@ class IntervalWorker:
         if to_commit:
             pause_point("executor.commit", self.spec.name)
         if self._transactions is not None:
-            # One commit per lease: the token alone would do, the number leaves room for more.
-            tag = CommitTag(soft.lease.token, 1)
+            # A kept lease commits once per batch: its tags order by their number.
+            soft.commits += 1
+            tag = CommitTag(soft.lease.token, soft.commits)
             for change in to_commit:
                 change.productions = [replace(p, tag=tag) for p in change.productions]
         self._commit_resolving(soft.lease, to_commit, soft.delivered)

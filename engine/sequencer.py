@@ -1,7 +1,7 @@
 """Sequencers: the lease that makes one worker the only writer of a key interval (paper 6.2).
 
 Every key interval of a computation has a sequencer, an integer stored with the interval's
-data. A worker starting a batch on an interval *acquires* it: one linearizable write moves the
+data. A worker taking an interval over *acquires* it: one linearizable write moves the
 sequencer forward to a value nobody held before, and that value becomes the worker's
 :class:`Lease` token. Every later write of the worker carries the condition
 ``sequencer == token``, so once another worker has acquired the interval, no write of the
@@ -14,6 +14,9 @@ of its previous batch, it learns ``cache_valid``: true exactly when the sequence
 that lease's token, i.e. no one else acquired the interval in between, so nothing but this
 worker wrote to it. Otherwise the worker must rescan the interval before trusting any cache:
 a scan started before a competitor's last write could miss it (paper figure 12).
+
+An owner with strong productions keeps its lease across batches while a cheap read of the
+sequencer says it still holds it (:mod:`millstream.engine.protocol`, step 1).
 """
 
 from __future__ import annotations

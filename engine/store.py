@@ -110,6 +110,17 @@ class IntervalStore(LayoutStore):
         """
 
     @abstractmethod
+    def holds(self, lease: Lease) -> bool:
+        """Whether ``lease`` is still the interval's latest, by a read that is cheap rather
+        than linearizable (no consensus round, no write): how an owner that keeps its lease
+        across batches learns that someone else took the interval over meanwhile.
+
+        A stale ``True`` (another worker's acquire in flight, or not yet visible) costs
+        nothing but a failed batch: every write under ``lease`` is conditional on it and fails
+        with :class:`~millstream.engine.errors.FencedError`. ``False`` for a retired interval.
+        """
+
+    @abstractmethod
     def read_keys(self, lease: Lease, keys: Collection[str]) -> dict[str, KeySnapshot]:
         """The committed state and timers of each of ``keys`` (a key with neither maps to an
         empty :class:`KeySnapshot`), read in bulk: a few concurrent round trips per call,

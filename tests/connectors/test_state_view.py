@@ -270,9 +270,12 @@ def test_state_command_shows_what_the_protocol_committed_to_cassandra(
     create_schema(cassandra, keyspace)
     store = CassandraIntervalStore(cassandra, keyspace, SystemClock())
     other = other_interval_key("alice")
-    # Two batches: the sequencer of alice's interval moves twice.
+    # Two batches of one owner, which keeps its lease: the sequencer of alice's interval
+    # moved once. Another worker's batch (a duplicate, dropped) moves it again.
     run_unacknowledged(store, [[click("alice", 1), click(other, 3)], [click("alice", 2)]])
     interval = key_interval("alice", INTERVALS)
+    assert store.sequencer("windows", interval) == 1
+    run_unacknowledged(store, [[click("alice", 2)]])
     window_end = START + MINUTE
 
     # Without --intervals or --topology: found by reading the computation's two intervals.

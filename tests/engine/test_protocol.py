@@ -328,6 +328,68 @@ def test_a_zombie_is_fenced_and_commits_nothing(
     assert workers.state(spec) == {"k": ["a"]}
     assert len(workers.store.commit_log) == commits
     assert all(p.record.value != b"zombie" for p in workers.sink.sent)
+    # The zombie kept its lease from its first batch (it still held it as the second began):
+    # fenced at its commit, it does not acquire and run the batch again. A zombie must stay
+    # fenced; the batch's inputs come again to whoever owns the interval.
+    assert workers.store.sequencer("comp", 0) == 2
+
+
+def test_an_owner_keeps_its_lease_while_it_holds_it_and_acquires_once_it_does_not(
+    workers: Workers, make_record: RecordFactory
+) -> None:
+    spec = workers.spec(Appender())
+    mine, other = workers.worker(spec), workers.worker(spec)
+    first = mine.process(deliver(make_record("k", b"a")), WM)
+    kept = mine.process(deliver(make_record("k", b"b")), WM)
+    assert kept.lease == first.lease  # a read of the sequencer, no write of its own
+    assert not kept.rescanned
+    assert workers.store.sequencer("comp", 0) == first.lease.token
+
+    # Another worker takes the interval between two batches: the next batch finds the
+    # sequencer moved, acquires, and reads the interval back before running.
+    seen_elsewhere = make_record("k", b"c")
+    other.process(deliver(seen_elsewhere), WM)
+    commits = len(workers.store.commit_log)
+    retaken = mine.process(deliver(make_record("k", b"d"), seen_elsewhere), WM)
+    assert retaken.rescanned
+    assert retaken.lease.token == first.lease.token + 2
+    assert (retaken.processed, retaken.duplicates) == (1, 1)
+    assert len(workers.store.commit_log) == commits + 1
+    assert workers.state(spec) == {"k": ["a", "b", "c", "d"]}
+
+
+def test_a_stale_answer_that_the_lease_is_held_costs_a_fenced_batch_and_nothing_else(
+    workers: Workers, make_record: RecordFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = workers.spec(Appender())
+    mine, other = workers.worker(spec), workers.worker(spec)
+    mine.process(deliver(make_record("k", b"a")), WM)
+    other.process(deliver(make_record("k", b"b")), WM)
+    # The read of the sequencer misses the other worker's acquire (in flight, or not yet
+    # on the replica read): the kept lease's commit is conditional on it, and is fenced.
+    monkeypatch.setattr(workers.store, "holds", lambda lease: True)
+    with pytest.raises(FencedError):
+        mine.process(deliver(make_record("k", b"stale")), WM)
+    assert workers.state(spec) == {"k": ["a", "b"]}
+    # The failed batch dropped the soft state: the next one acquires and reads back.
+    monkeypatch.undo()
+    again = mine.process(deliver(make_record("k", b"c")), WM)
+    assert again.rescanned
+    assert workers.state(spec) == {"k": ["a", "b", "c"]}
+
+
+def test_weak_productions_acquire_the_lease_every_batch(
+    workers: Workers, make_record: RecordFactory
+) -> None:
+    # They leave before the commit: a batch must not send what a stale view made.
+    spec = workers.spec(
+        Appender(), options=ComputationOptions(key_intervals=1, strong_productions=False)
+    )
+    worker = workers.worker(spec)
+    first = worker.process(deliver(make_record("k", b"a")), WM)
+    second = worker.process(deliver(make_record("k", b"b")), WM)
+    assert second.lease.token == first.lease.token + 1
+    assert not second.rescanned
 
 
 def test_a_failed_batch_drops_soft_state(workers: Workers, make_record: RecordFactory) -> None:

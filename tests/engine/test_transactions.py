@@ -142,9 +142,13 @@ def test_a_worker_keeps_its_producer_open_while_it_keeps_the_interval(
 ) -> None:
     spec = workers.spec(Echo())
     owner = worker(workers, spec, transactions)
-    for value in (b"1", b"2", b"3"):
-        owner.process(deliver(make_record("a", value)), WM)
+    leases = {
+        owner.process(deliver(make_record("a", value)), WM).lease for value in (b"1", b"2", b"3")
+    }
 
+    # One lease, kept: its commits' tags are numbered, and the marker names the last.
+    [lease] = leases
+    assert transactions.marker("comp", 0) == CommitTag(lease.token, 3)
     assert transactions.opens == 1
     # Begun in the background as the first batch began, before its commit; not again.
     assert transactions.prepares == 1

@@ -110,6 +110,8 @@ class Statements:
         self.read_sequencer = self._prepare(
             f"SELECT sequencer, last_commit FROM {name} {where} LIMIT 1", serial_read=True
         )
+        # Not linearizable, and so no consensus round: a kept lease's check (holds).
+        self.peek_sequencer = self._prepare(f"SELECT sequencer FROM {name} {where} LIMIT 1")
         columns = "computation, interval, kind, key, item"
         self.put_state = self._prepare(
             f"INSERT INTO {name} ({columns}, value) VALUES (?, ?, 'state', ?, 0x, ?)"

@@ -383,6 +383,14 @@ class CassandraIntervalStore(IntervalStore):
             ),
         )
 
+    def holds(self, lease: Lease) -> bool:
+        """One QUORUM read of the sequencer (no Paxos round): it sees every acquire that
+        completed; one still in flight it may miss, which the lease's next conditional write
+        then finds."""
+        result = self._execute(self._statements.peek_sequencer, (lease.computation, lease.interval))
+        rows = list(result_rows(result))
+        return bool(rows) and rows[0]["sequencer"] == lease.token
+
     def read_keys(self, lease: Lease, keys: Collection[str]) -> dict[str, KeySnapshot]:
         distinct = list(dict.fromkeys(keys))
         return _snapshots(distinct, self._rows(self._key_reads(lease, distinct)))

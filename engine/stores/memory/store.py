@@ -189,6 +189,12 @@ class MemoryIntervalStore(IntervalStore):
         self._fault(FaultPoint.AFTER_ACQUIRE)
         return lease
 
+    def holds(self, lease: Lease) -> bool:
+        partition = self._partitions.get((lease.computation, lease.interval))
+        return (
+            partition is not None and not partition.retired and partition.sequencer == lease.token
+        )
+
     def scan(self, lease: Lease) -> IntervalSnapshot:
         self._fault(FaultPoint.BEFORE_SCAN)
         partition = self._partition(lease.computation, lease.interval)

@@ -60,6 +60,19 @@ def test_acquire_moves_the_sequencer_and_reports_cache_validity(backend: Backend
     assert not store.acquire("d", 0, previous=after_other).cache_valid
 
 
+def test_holds_says_whether_a_lease_is_still_its_intervals_latest(backend: Backend) -> None:
+    store = backend.store()
+    first = store.acquire("c", 0)
+    assert store.holds(first)
+    taken = store.acquire("c", 0)  # another worker takes the interval over
+    assert not store.holds(first)
+    assert store.holds(taken)
+    # An interval nobody acquired, and one retired by a split or merge, are held by nobody.
+    assert not store.holds(Lease("c", 7, 1, False))
+    store.retire(taken)
+    assert not store.holds(taken)
+
+
 def test_commit_applies_state_timers_dedup_ids_and_productions(backend: Backend) -> None:
     store = backend.store()
     lease = store.acquire("c", 0)
