@@ -14,7 +14,7 @@ import statistics
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -442,13 +442,9 @@ def _offsets(offsets: Any, topic: str) -> dict[str, int]:
     return dict((offsets or {}).get(topic, {}))
 
 
-def python_workers() -> list[int]:
-    """The pids of the Spark Python workers this process started (and of their daemon).
-
-    Spark's Python workers are forked by ``pyspark.daemon``, a child of the JVM that pyspark
-    started from this process; they are found among this process's descendants in /proc
-    (Linux only; elsewhere the answer is empty).
-    """
+def _descendants() -> dict[int, bytes]:
+    """The command lines of this process's descendants, by pid (from /proc: Linux only;
+    elsewhere the answer is empty)."""
     parents: dict[int, int] = {}
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
         if entry.isdigit():
@@ -463,30 +459,77 @@ def python_workers() -> list[int]:
         found = {pid for pid, parent in parents.items() if parent in descendants}
         grew = not found <= descendants
         descendants |= found
-    workers = []
+    commands = {}
     for pid in descendants - {os.getpid()}:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as command:
-                if b"pyspark" in command.read():
-                    workers.append(pid)
+                commands[pid] = command.read()
         except OSError:
             continue
-    return workers
+    return commands
+
+
+def python_workers() -> list[int]:
+    """The pids of the Spark Python workers this process started (and of their daemon).
+
+    Spark's Python workers are forked by ``pyspark.daemon``, a child of the JVM that pyspark
+    started from this process; they are found among this process's descendants in /proc
+    (Linux only; elsewhere the answer is empty).
+    """
+    return [pid for pid, command in _descendants().items() if b"pyspark" in command]
+
+
+def process_cpu(pid: int) -> float | None:
+    """CPU seconds (user + system) of ``pid`` so far; None if it is gone (or not Linux)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def python_worker_cpu() -> dict[int, float]:
     """CPU seconds (user + system) so far of each Spark Python worker this process started
     (:func:`python_workers`)."""
-    ticks = os.sysconf("SC_CLK_TCK")
     cpu: dict[int, float] = {}
     for pid in python_workers():
-        try:
-            with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-            cpu[pid] = (int(fields[11]) + int(fields[12])) / ticks
-        except (OSError, ValueError, IndexError):
-            continue
+        used = process_cpu(pid)
+        if used is not None:
+            cpu[pid] = used
     return cpu
+
+
+def core_use(services: Mapping[str, int]) -> dict[str, float]:
+    """CPU seconds so far of everything a row runs on, by role: each of ``services`` (name to
+    pid: the local stack's Cassandra and Kafka), this process (the benchmark, and for Spark
+    rows the driver's Python side), and its descendants: the Spark JVM, the Spark Python
+    workers, and anything else (a peer's process, py-spy)."""
+    use = {name: process_cpu(pid) or 0.0 for name, pid in services.items()}
+    use["bench+driver"] = process_cpu(os.getpid()) or 0.0
+    for role in ("Spark JVM", "Python workers", "others"):
+        use[role] = 0.0
+    for pid, command in _descendants().items():
+        role = (
+            "Python workers"
+            if b"pyspark" in command
+            else "Spark JVM"
+            if command.split(b"\0", 1)[0].endswith(b"java")
+            else "others"
+        )
+        use[role] += process_cpu(pid) or 0.0
+    return use
+
+
+def core_note(before: Mapping[str, float], after: Mapping[str, float], seconds: float) -> str:
+    """Where the machine's cores went in a window: each role's cores busy on average (CPU
+    seconds over wall seconds), and what is left of the machine's cores."""
+    busy = {role: (after[role] - before.get(role, 0.0)) / seconds for role in after}
+    # A process that started in the window (a peer, a Python worker) counts from zero; one
+    # that ended in it is missed, so "idle" can overstate.
+    parts = ", ".join(f"{role} {cores:.2f}" for role, cores in busy.items() if cores >= 0.005)
+    idle = (os.cpu_count() or 1) - sum(busy.values())
+    return f"cores busy over {seconds:.1f} s: {parts}; idle {max(idle, 0.0):.2f}"
 
 
 def cpu_note(before: dict[int, float], after: dict[int, float], seconds: float) -> str:

@@ -114,6 +114,8 @@ if __package__ in (None, ""):  # run as a script: make `bench.harness` importabl
 from bench.harness import (
     Injection,
     OutputWatcher,
+    core_note,
+    core_use,
     cpu_note,
     create_topic_pair,
     delete_topics_containing,
@@ -133,6 +135,7 @@ from bench.kafka_peers import (
 )
 from bench.profiling import Profiler
 from millstream.connectors import cassandra as cassandra_connector
+from millstream.devtools.local.stack import LocalStack
 from millstream.engine.clock import SystemClock
 from millstream.engine.codecs import IntCodec
 from millstream.engine.computation import Computation
@@ -272,6 +275,20 @@ class Bench:
     root: Path
     output_bytes: int
     _spark: SparkSession | None = None
+    _services: dict[str, int] | None = None
+
+    @property
+    def services(self) -> dict[str, int]:
+        """The pids of the local stack's nodes this benchmark runs against (none if the
+        services run elsewhere), for the cores each row's note accounts for."""
+        if self._services is None:
+            stack = LocalStack(self.config, lambda _: None)
+            self._services = {
+                service.name: pid
+                for service in stack.services
+                if (pid := service.process.running_pid()) is not None
+            }
+        return self._services
 
     def spark(self) -> SparkSession:
         """The one Spark session of the benchmark, warmed up (see :func:`warm_up`)."""
@@ -806,7 +823,9 @@ def measure_backlog(
         busy = sum(b.seconds for b in batches)
         result.notes.append(f"{len(batches)} batches, {busy:.1f} s in batches")
     if system.latency:
-        result.latency = latency_phases(bench, run.config, run.topics, run.watcher, handle)
+        result.latency = latency_phases(
+            bench, run.config, run.topics, run.watcher, handle, notes=result.notes
+        )
 
 
 def _start_and_drain(
@@ -815,6 +834,7 @@ def _start_and_drain(
     """Start ``system`` on the run's backlog and drain it, into ``result``: records/s, the
     startup time, and the Python workers' CPU meanwhile (in the notes)."""
     cpu_before = python_worker_cpu()
+    cores_before = core_use(bench.services)
     started = time.time()
     if system.name in ("kafka-loop", "quix", "bytewax", "pathway"):
         run.handle = start_peer(bench, run.topics, system.short, python)
@@ -829,6 +849,7 @@ def _start_and_drain(
         result.notes.append(cpu_note(cpu_before, python_worker_cpu(), done - started))
     if isinstance(run.handle, ProcessHandle):
         result.notes.append(run.handle.cpu_note())
+    result.notes.append(core_note(cores_before, core_use(bench.services), done - started))
     result.startup_s = first - started
 
 
@@ -842,9 +863,11 @@ def latency_phases(
     rates: list[float] | None = None,
     first: int | None = None,
     key_of: Callable[[int], str] | None = None,
+    notes: list[str] | None = None,
 ) -> dict[float, list[float]]:
     """Paced input at each of ``rates`` (default ``--rates``) for ``--latency-seconds``,
-    numbered on from ``first`` (default: after the backlog); the latencies (ms) per rate."""
+    numbered on from ``first`` (default: after the backlog); the latencies (ms) per rate.
+    Where each phase's cores went is added to ``notes``."""
     args = bench.args
     samples: dict[float, list[float]] = {}
     first = args.records if first is None else first
@@ -853,6 +876,7 @@ def latency_phases(
         count = max(1, int(rate * args.latency_seconds))
         before = watcher.count()
         phase_start = time.time_ns() // 1_000
+        cores_before = core_use(bench.services)
         inject_events(
             config,
             topics.source,
@@ -864,6 +888,12 @@ def latency_phases(
             value_of=no_value,
         )
         watcher.wait(before + count, max(120.0, count / 20), handle.check)
+        if notes is not None:
+            seconds = time.time() - phase_start / 1_000_000
+            notes.append(
+                f"at {rate:g} events/s, "
+                + core_note(cores_before, core_use(bench.services), seconds)
+            )
         time.sleep(0.3)
         phase: list[float] = []
         for message in watcher.messages[before:]:
