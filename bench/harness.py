@@ -442,6 +442,9 @@ def _offsets(offsets: Any, topic: str) -> dict[str, int]:
     return dict((offsets or {}).get(topic, {}))
 
 
+_PYTHON_WORKER = b"pyspark.daemon"  # in the daemon's and its forked workers' command line
+
+
 def _descendants() -> dict[int, bytes]:
     """The command lines of this process's descendants, by pid (from /proc: Linux only;
     elsewhere the answer is empty)."""
@@ -474,9 +477,10 @@ def python_workers() -> list[int]:
 
     Spark's Python workers are forked by ``pyspark.daemon``, a child of the JVM that pyspark
     started from this process; they are found among this process's descendants in /proc
-    (Linux only; elsewhere the answer is empty).
+    (Linux only; elsewhere the answer is empty). The JVM's own command line names pyspark
+    too (its classpath), so they are told by the daemon's module name.
     """
-    return [pid for pid, command in _descendants().items() if b"pyspark" in command]
+    return [pid for pid, command in _descendants().items() if _PYTHON_WORKER in command]
 
 
 def process_cpu(pid: int) -> float | None:
@@ -512,7 +516,7 @@ def core_use(services: Mapping[str, int]) -> dict[str, float]:
     for pid, command in _descendants().items():
         role = (
             "Python workers"
-            if b"pyspark" in command
+            if _PYTHON_WORKER in command
             else "Spark JVM"
             if command.split(b"\0", 1)[0].endswith(b"java")
             else "others"

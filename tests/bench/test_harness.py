@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from bench.harness import core_note, core_use
+from bench.harness import core_note, core_use, python_workers
 
 pytestmark = pytest.mark.unit
 
@@ -31,6 +31,21 @@ def test_a_busy_process_counts_under_its_service_name_and_as_a_descendant() -> N
     assert after["service"] - before["service"] > 0.3
     assert after["others"] - before["others"] > 0.3  # a child that is no Spark process
     assert after["Spark JVM"] == after["Python workers"] == 0.0
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc (Linux)")
+def test_python_workers_are_the_pyspark_daemons_processes_not_the_jvm_naming_pyspark() -> None:
+    # The JVM's command line names pyspark too (its classpath); only the daemon's module
+    # name tells Spark's Python workers.
+    jvm_like = subprocess.Popen([sys.executable, "-c", BURN, "-cp", "site-packages/pyspark/conf"])
+    worker_like = subprocess.Popen([sys.executable, "-c", BURN, "-m", "pyspark.daemon"])
+    try:
+        assert worker_like.pid in python_workers()
+        assert jvm_like.pid not in python_workers()
+    finally:
+        for child in (jvm_like, worker_like):
+            child.kill()  # by its own pid
+            child.wait()
 
 
 def test_the_note_gives_each_role_its_cores_and_the_machine_what_is_left() -> None:
