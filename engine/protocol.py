@@ -17,7 +17,8 @@ one batch of input at a time (a Spark micro-batch's share of the interval):
 3. **Read what the batch touches, in bulk** (the cost grows with the batch, not with the
    interval): the due timers (a range of the store's time-ordered index), the state and
    timers of the batch's keys missing from the cache, and (exactly-once computations) which
-   of the batch's record IDs the store holds as dedup IDs.
+   of the batch's record IDs the store holds as dedup IDs, but for those the worker's Bloom
+   filter of the interval's IDs proves fresh (:mod:`millstream.engine.dedup`).
 4. For each key, in key order, with its records in delivery order:
 
    * drop duplicates: repeats within the batch, and IDs the store holds for the key;
@@ -48,7 +49,7 @@ come again and, being duplicates of whatever was committed, are harmless.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence, Set
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -59,7 +60,7 @@ from millstream.engine.clock import Clock
 from millstream.engine.computation import Computation
 from millstream.engine.context import Context
 from millstream.engine.deadletters import DeadLetter, Origin
-from millstream.engine.dedup import first_occurrences, unseen
+from millstream.engine.dedup import IdFilter, first_occurrences, unseen
 from millstream.engine.errors import (
     AbsurdTimestampError,
     UndeclaredStreamError,
@@ -104,6 +105,11 @@ __all__ = ["BatchResult", "Delivery", "IntervalWorker", "Rejected", "WorkerPool"
 
 # After this many unknown outcomes in a row the batch fails; the store is too unhealthy to wait.
 _MAX_COMMIT_ATTEMPTS = 5
+# The Bloom filter of an interval's dedup IDs (engine.dedup): loaded by a worker that takes
+# the interval over unless it holds more IDs than this (then every ID is looked up: the load
+# would cost more than the lookups it saves), and sized for this many more than it loaded.
+_FILTER_MOST_IDS = 2_000_000
+_FILTER_HEADROOM = 50_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +152,7 @@ class BatchResult:
     ``unknown_outcomes`` the commits whose outcome was unknown, since the worker's last
     finished batch (read back, or settled by this batch's takeover of the interval).
     ``expired``: keys whose state expired (``ComputationOptions.state_ttl``).
+    ``unlooked``: record IDs the interval's Bloom filter proved fresh, so not looked up.
 
     Transactional productions: ``transactions`` committed; ``transaction_failures``
     transactions aborted or of unknown outcome, and opens the coordinator did not answer in
@@ -169,6 +176,7 @@ class BatchResult:
     resent: int = 0
     unknown_outcomes: int = 0
     expired: int = 0
+    unlooked: int = 0
     transactions: int = 0
     transaction_failures: int = 0
     fenced_producers: int = 0
@@ -189,6 +197,10 @@ class _SoftState:
     unresolved: bool = True
     marker: CommitTag | None = None
     commits: int = 0  # under this lease: numbers its commits' tags
+    # Exactly-once: the interval's dedup IDs, loaded as the worker took it over (None: not
+    # yet, or "too many" when ``unfiltered``), then every commit's.
+    ids: IdFilter | None = None
+    unfiltered: bool = False
     # Transactional productions delivered whose rows the next commit deletes (paper 6.1.1:
     # cleaned up lazily, not by a write of their own).
     delivered: list[bytes] = field(default_factory=list)
@@ -348,13 +360,16 @@ class IntervalWorker:
         committed, missing = self._cached(soft, keys)
         exactly_once = self.spec.options.exactly_once
         firsts, rejects, candidates = _dedup_candidates(records, rejected, exactly_once)
+        if candidates and (ids := self._id_filter(soft)) is not None:
+            candidates, result.unlooked = _maybe_seen(ids, candidates)
+        seen: Set[tuple[str, bytes]] = frozenset()
         if missing or candidates:
             # One round trip for the keys the cache lacks and the dedup lookups.
             read, seen = self._store.read_batch(soft.lease, missing, candidates)
             committed.update(read)
-            if exactly_once:
-                records = unseen(firsts, seen)
-                rejected = [r for items in unseen(rejects, seen).values() for r in items]
+        if exactly_once:
+            records = unseen(firsts, seen)
+            rejected = [r for items in unseen(rejects, seen).values() for r in items]
         result.duplicates += len(inputs) - len(rejected)
         result.duplicates -= sum(len(deliveries) for deliveries in records.values())
         return _Batch(keys, records, rejected, due, committed)
@@ -452,6 +467,18 @@ class IntervalWorker:
             return []
         return self._store.due_timers(soft.lease, timer_watermark, now)
 
+    def _id_filter(self, soft: _SoftState) -> IdFilter | None:
+        """The soft state's Bloom filter of the interval's dedup IDs, loaded the first time a
+        batch of this view of the interval asks; None if the interval holds too many."""
+        if soft.ids is None and not soft.unfiltered:
+            loaded = self._store.dedup_ids(soft.lease, _FILTER_MOST_IDS)
+            if loaded is None:
+                soft.unfiltered = True
+                return None
+            soft.ids = IdFilter(2 * len(loaded) + _FILTER_HEADROOM)
+            soft.ids.add(loaded)
+        return soft.ids
+
     def _cached(
         self, soft: _SoftState, keys: list[str]
     ) -> tuple[dict[str, KeySnapshot], list[str]]:
@@ -525,6 +552,10 @@ class IntervalWorker:
         """Bring the soft state up to the commit: the keys' cache entries, the pending
         productions, and whether the interval's next timers must be read again."""
         after = dict(before)
+        if soft.ids is not None:
+            soft.ids.add([record_id for change in committed for record_id in change.dedup_ids])
+            if soft.ids.full:
+                soft.ids = None  # loaded again, twice the size, when next asked
         for change in committed:
             if change.timers or change.previous_timers:
                 soft.next_timers = None
@@ -898,6 +929,20 @@ def _stale_index_entries(
         ):
             stale.setdefault(timer.key, []).append(timer)
     return stale
+
+
+def _maybe_seen(
+    ids: IdFilter, candidates: dict[str, set[bytes]]
+) -> tuple[dict[str, set[bytes]], int]:
+    """The ``candidates`` (IDs by key) that ``ids`` may hold, and how many it proved fresh."""
+    pairs = [(key, record_id) for key, key_ids in candidates.items() for record_id in key_ids]
+    kept: dict[str, set[bytes]] = {}
+    for (key, record_id), maybe in zip(
+        pairs, ids.may_hold([record_id for _, record_id in pairs]), strict=True
+    ):
+        if maybe:
+            kept.setdefault(key, set()).add(record_id)
+    return kept, len(pairs) - sum(len(key_ids) for key_ids in kept.values())
 
 
 def _dedup_candidates(

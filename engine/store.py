@@ -121,6 +121,12 @@ class IntervalStore(LayoutStore):
         """
 
     @abstractmethod
+    def dedup_ids(self, lease: Lease, limit: int) -> list[bytes] | None:
+        """Every unexpired dedup ID of the interval, of any key, or ``None`` if it holds more
+        than ``limit`` (read no further). What a worker that takes the interval over loads
+        into its Bloom filter (:class:`~millstream.engine.dedup.IdFilter`)."""
+
+    @abstractmethod
     def read_keys(self, lease: Lease, keys: Collection[str]) -> dict[str, KeySnapshot]:
         """The committed state and timers of each of ``keys`` (a key with neither maps to an
         empty :class:`KeySnapshot`), read in bulk: a few concurrent round trips per call,

@@ -84,9 +84,9 @@ class ComputationOptions:
     * ``send_timeout`` (s): how long a worker waits for the sink before leaving productions
       pending for a later resend.
     * ``dead_letter_stream``: defaults to ``<computation>.dead-letters``.
-    * ``bloom_expected_ids``, ``bloom_false_positive_rate``: deprecated and ignored since
-      duplicates are found by bulk point lookups (:mod:`millstream.engine.dedup`); setting
-      them warns, and they will be removed.
+    * ``bloom_expected_ids``, ``bloom_false_positive_rate``: deprecated and ignored: the
+      Bloom filter in front of the dedup lookups sizes itself from the IDs its interval
+      holds (:mod:`millstream.engine.dedup`); setting them warns, and they will be removed.
     * ``max_timer_firings_per_key``: per key and batch; the rest fire in the next batch, so a
       timer that keeps re-arming itself cannot stall an interval.
     * ``watermark_percentile`` (paper 7.2): run records and event-time timers under this
@@ -179,8 +179,8 @@ class ComputationOptions:
         ):
             warnings.warn(
                 "ComputationOptions.bloom_expected_ids and bloom_false_positive_rate are "
-                "ignored (duplicates are found by bulk point lookups, with no Bloom filter); "
-                "remove them",
+                "ignored (the Bloom filter in front of the dedup lookups sizes itself from the "
+                "IDs its interval holds); remove them",
                 DeprecationWarning,
                 stacklevel=3,
             )

@@ -1,8 +1,10 @@
+import hashlib
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from millstream.engine.dedup import first_occurrences, unseen
+from millstream.engine.dedup import IdFilter, first_occurrences, unseen
 
 pytestmark = pytest.mark.unit
 
@@ -31,3 +33,41 @@ def test_unseen_is_the_distinct_ids_minus_the_seen_pairs(
     fresh = unseen(first_occurrences(items, lambda item: item), seen)
     for key, ids in items.items():
         assert fresh[key] == [i for i in dict.fromkeys(ids) if (key, i) not in seen]
+
+
+def _ids(start: int, count: int) -> list[bytes]:
+    return [
+        hashlib.blake2b(str(n).encode(), digest_size=16).digest()
+        for n in range(start, start + count)
+    ]
+
+
+@pytest.mark.parametrize(
+    "ids",
+    [
+        _ids(0, 20_000),
+        # Not every 16-byte ID is a hash: counters, mostly zero bytes, must spread too.
+        [n.to_bytes(16, "big") for n in range(20_000)],
+    ],
+    ids=["hashed", "counters"],
+)
+def test_a_filter_holds_every_id_added_and_few_others(ids: list[bytes]) -> None:
+    ids_filter = IdFilter(len(ids))
+    ids_filter.add(ids)
+    assert all(ids_filter.may_hold(ids))
+    others = _ids(10**9, 20_000)
+    rate = sum(ids_filter.may_hold(others)) / len(others)
+    assert rate < 0.02  # sized for 1 %
+    assert not ids_filter.full
+    ids_filter.add(_ids(10**8, 1))
+    assert ids_filter.full
+
+
+def test_an_empty_filter_holds_nothing_and_answers_in_order() -> None:
+    ids_filter = IdFilter(100)
+    assert ids_filter.may_hold([]) == []
+    ids_filter.add([])
+    fresh, added = _ids(0, 2)
+    assert ids_filter.may_hold([fresh, added]) == [False, False]
+    ids_filter.add([added])
+    assert ids_filter.may_hold([fresh, added, added]) == [False, True, True]

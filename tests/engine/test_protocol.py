@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from millstream.engine import protocol
 from millstream.engine.cache import StateCache
 from millstream.engine.clock import ManualClock
 from millstream.engine.codecs import JsonCodec
@@ -174,11 +175,10 @@ def test_a_batch_reads_its_keys_and_dedup_ids_in_one_bulk_read_each(
     result = worker.process(deliver(*fresh, seen, seen), WM)
 
     assert (result.processed, result.duplicates) == (3, 2)
-    assert store.lookups[-1] == {
-        "k": frozenset({seen.record_id, fresh[0].record_id}),
-        "j": frozenset({fresh[1].record_id}),
-        "i": frozenset({fresh[2].record_id}),
-    }
+    # The worker's Bloom filter of the interval's IDs proved the three fresh ones fresh: only
+    # the ID it committed is looked up.
+    assert store.lookups[-1] == {"k": frozenset({seen.record_id})}
+    assert result.unlooked == 3
     # The second batch read only the keys the cache did not hold, all at once.
     assert store.key_reads == [frozenset({"k"}), frozenset({"i", "j"})]
 
@@ -243,13 +243,14 @@ def test_a_batch_reads_its_uncached_keys_and_its_dedup_ids_in_one_call(
         return read_batch(lease, keys, record_ids)
 
     monkeypatch.setattr(store, "read_batch", recorded)
-    worker = workers.worker(spec)
     a, b = make_record("a", b"1"), make_record("b", b"2")
-    worker.process(deliver(a, b, a), WM)
-    worker.process(deliver(a, make_record("a", b"3")), WM)
+    workers.worker(spec).process(deliver(a, b, a), WM)
+    # A worker that takes the interval over: its cache is empty, its Bloom filter loaded
+    # with the IDs the interval holds (a's and b's), so a's is looked up, the new one not.
+    workers.worker(spec).process(deliver(a, make_record("a", b"3")), WM)
 
-    assert [keys for keys, _ in calls] == [["a", "b"], []]  # "a" cached by the second
-    assert calls[0][1] == {"a": {a.record_id}, "b": {b.record_id}}
+    # The first batch's filter held no ID: nothing to look up.
+    assert calls == [(["a", "b"], {}), (["a"], {"a": {a.record_id}})]
     assert workers.state(spec) == {"a": ["1", "3"], "b": ["2"]}
 
 
@@ -264,6 +265,57 @@ def test_a_new_owner_rebuilds_dedup_from_the_store(
     assert result.rescanned
     assert result.duplicates == 1
     assert workers.state(spec) == {"k": ["a"]}
+
+
+def test_an_interval_with_more_ids_than_the_filter_takes_looks_every_id_up(
+    make_workers: WorkersFactory,
+    clock: ManualClock,
+    sink: TestingSink,
+    make_record: RecordFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(protocol, "_FILTER_MOST_IDS", 1)
+    store = CountingStore(clock)
+    workers = make_workers(store, sink)
+    spec = workers.spec(Appender(), options=ComputationOptions(key_intervals=1))
+    first, second = make_record("k", b"a"), make_record("k", b"b")
+    workers.worker(spec).process(deliver(first, second), WM)
+    fresh = make_record("j", b"c")
+    result = workers.worker(spec).process(deliver(fresh, first), WM)
+
+    assert store.lookups[-1] == {"k": {first.record_id}, "j": {fresh.record_id}}
+    assert (result.unlooked, result.duplicates, result.processed) == (0, 1, 1)
+
+
+def test_the_filter_learns_each_commits_ids_and_is_loaded_again_once_full(
+    make_workers: WorkersFactory,
+    clock: ManualClock,
+    sink: TestingSink,
+    make_record: RecordFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(protocol, "_FILTER_HEADROOM", 2)
+    store = CountingStore(clock)
+    workers = make_workers(store, sink)
+    spec = workers.spec(Appender(), options=ComputationOptions(key_intervals=1))
+    worker = workers.worker(spec)
+    loads: list[int] = []
+    dedup_ids = store.dedup_ids
+
+    def counted(lease: Lease, limit: int) -> list[bytes] | None:
+        found = dedup_ids(lease, limit)
+        loads.append(-1 if found is None else len(found))
+        return found
+
+    monkeypatch.setattr(store, "dedup_ids", counted)
+    records = [make_record("k", str(n).encode()) for n in range(4)]
+    for record in records:
+        worker.process(deliver(record), WM)
+    # Sized for 2 IDs when loaded empty, full at the third: loaded again, sized for 2 * 3 + 2.
+    assert loads == [0, 3]
+    again = worker.process(deliver(*records), WM)
+    assert (again.duplicates, again.processed) == (4, 0)
+    assert workers.state(spec) == {"k": ["0", "1", "2", "3"]}
 
 
 def test_dedup_ids_expire_after_the_ttl(

@@ -383,6 +383,18 @@ class CassandraIntervalStore(IntervalStore):
             ),
         )
 
+    def dedup_ids(self, lease: Lease, limit: int) -> list[bytes] | None:
+        """The dedup rows of the interval, a page at a time, until more than ``limit``."""
+        result = self._execute(self._statements.scan_dedup, (lease.computation, lease.interval))
+        now = self.clock.now()
+        found: list[bytes] = []
+        for row in result_rows(result):
+            if row["expires"] > now:
+                found.append(row["item"])
+                if len(found) > limit:
+                    return None
+        return found
+
     def holds(self, lease: Lease) -> bool:
         """One QUORUM read of the sequencer (no Paxos round): it sees every acquire that
         completed; one still in flight it may miss, which the lease's next conditional write

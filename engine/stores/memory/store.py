@@ -210,6 +210,17 @@ class MemoryIntervalStore(IntervalStore):
             ),
         )
 
+    def dedup_ids(self, lease: Lease, limit: int) -> list[bytes] | None:
+        self._fault(FaultPoint.BEFORE_SCAN)
+        now = self.clock.now()
+        found = [
+            record_id
+            for ids in self._partition(lease.computation, lease.interval).dedup.values()
+            for record_id, expires in ids.items()
+            if expires > now
+        ]
+        return found if len(found) <= limit else None
+
     def read_keys(self, lease: Lease, keys: Collection[str]) -> dict[str, KeySnapshot]:
         self._fault(FaultPoint.BEFORE_READ)
         partition = self._partition(lease.computation, lease.interval)

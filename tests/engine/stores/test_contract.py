@@ -73,6 +73,20 @@ def test_holds_says_whether_a_lease_is_still_its_intervals_latest(backend: Backe
     assert not store.holds(taken)
 
 
+def test_dedup_ids_are_the_intervals_unexpired_ids_of_every_key_up_to_a_bound(
+    backend: Backend,
+) -> None:
+    store = backend.store()
+    lease = store.acquire("c", 0)
+    assert store.dedup_ids(lease, 10) == []
+    store.commit(lease, [change("a", ids=(1, 2)), change("b", ids=(3,))], dedup_ttl=TTL)
+    assert sorted(store.dedup_ids(lease, 3) or []) == sorted([rid(1), rid(2), rid(3)])
+    assert store.dedup_ids(lease, 2) is None  # more than the bound
+    assert store.dedup_ids(store.acquire("c", 1), 10) == []  # another interval's are not
+    backend.clock.advance(TTL + 1)
+    assert store.dedup_ids(lease, 10) == []
+
+
 def test_commit_applies_state_timers_dedup_ids_and_productions(backend: Backend) -> None:
     store = backend.store()
     lease = store.acquire("c", 0)
