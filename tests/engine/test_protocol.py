@@ -37,7 +37,7 @@ from millstream.engine.stores.memory.store import (
 )
 from millstream.engine.testing import SendOutcome, TestingSink
 from millstream.engine.timers import TimeDomain, Timer
-from millstream.engine.topology import ComputationOptions
+from millstream.engine.topology import ComputationOptions, ComputationSpec
 from millstream.engine.watermarks import IntervalProgress
 
 if TYPE_CHECKING:
@@ -267,17 +267,23 @@ def test_a_new_owner_rebuilds_dedup_from_the_store(
     assert workers.state(spec) == {"k": ["a"]}
 
 
+@pytest.fixture
+def counted(
+    make_workers: WorkersFactory, clock: ManualClock, sink: TestingSink
+) -> tuple[CountingStore, Workers, ComputationSpec]:
+    """Workers on a store that records its bulk reads, and an appender on one interval."""
+    store = CountingStore(clock)
+    workers = make_workers(store, sink)
+    return store, workers, workers.spec(Appender(), options=ComputationOptions(key_intervals=1))
+
+
 def test_an_interval_with_more_ids_than_the_filter_takes_looks_every_id_up(
-    make_workers: WorkersFactory,
-    clock: ManualClock,
-    sink: TestingSink,
+    counted: tuple[CountingStore, Workers, ComputationSpec],
     make_record: RecordFactory,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(protocol, "_FILTER_MOST_IDS", 1)
-    store = CountingStore(clock)
-    workers = make_workers(store, sink)
-    spec = workers.spec(Appender(), options=ComputationOptions(key_intervals=1))
+    store, workers, spec = counted
     first, second = make_record("k", b"a"), make_record("k", b"b")
     workers.worker(spec).process(deliver(first, second), WM)
     fresh = make_record("j", b"c")
@@ -288,26 +294,22 @@ def test_an_interval_with_more_ids_than_the_filter_takes_looks_every_id_up(
 
 
 def test_the_filter_learns_each_commits_ids_and_is_loaded_again_once_full(
-    make_workers: WorkersFactory,
-    clock: ManualClock,
-    sink: TestingSink,
+    counted: tuple[CountingStore, Workers, ComputationSpec],
     make_record: RecordFactory,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(protocol, "_FILTER_HEADROOM", 2)
-    store = CountingStore(clock)
-    workers = make_workers(store, sink)
-    spec = workers.spec(Appender(), options=ComputationOptions(key_intervals=1))
+    store, workers, spec = counted
     worker = workers.worker(spec)
     loads: list[int] = []
     dedup_ids = store.dedup_ids
 
-    def counted(lease: Lease, limit: int) -> list[bytes] | None:
+    def loading(lease: Lease, limit: int) -> list[bytes] | None:
         found = dedup_ids(lease, limit)
         loads.append(-1 if found is None else len(found))
         return found
 
-    monkeypatch.setattr(store, "dedup_ids", counted)
+    monkeypatch.setattr(store, "dedup_ids", loading)
     records = [make_record("k", str(n).encode()) for n in range(4)]
     for record in records:
         worker.process(deliver(record), WM)
