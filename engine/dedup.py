@@ -121,8 +121,20 @@ class IdFilter:
         """For each of ``record_ids``, in order: False if it was never added."""
         if not record_ids:
             return []
+        held: list[bool] = self._held(record_ids).tolist()
+        return held
+
+    def held_at(self, record_ids: Collection[bytes]) -> list[int]:
+        """The indices of those of ``record_ids`` it may hold, in order (the others were
+        never added): for batches where most IDs are fresh."""
+        if not record_ids:
+            return []
+        at: list[int] = np.flatnonzero(self._held(record_ids)).tolist()
+        return at
+
+    def _held(self, record_ids: Collection[bytes]) -> np.ndarray:
         positions = self._positions(record_ids)
         words = self._array[positions >> np.uint64(6)]
         bits = (words >> (positions & np.uint64(63))) & np.uint64(1)
-        held: list[bool] = bits.all(axis=1).tolist()
+        held: np.ndarray = bits.all(axis=1)
         return held

@@ -49,6 +49,8 @@ come again and, being duplicates of whatever was committed, are harmless.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Callable, Iterable, Sequence, Set
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
@@ -935,15 +937,18 @@ def _stale_index_entries(
 def _maybe_seen(
     ids: IdFilter, candidates: dict[str, set[bytes]]
 ) -> tuple[dict[str, set[bytes]], int]:
-    """The ``candidates`` (IDs by key) that ``ids`` may hold, and how many it proved fresh."""
-    pairs = [(key, record_id) for key, key_ids in candidates.items() for record_id in key_ids]
+    """The ``candidates`` (IDs by key) that ``ids`` may hold, and how many it proved fresh.
+    Most are fresh: the IDs go to the filter in one flat list, and only those it may hold
+    are traced back to their key (by where each key's IDs end in the list)."""
+    keys = list(candidates)
+    flat = [record_id for key_ids in candidates.values() for record_id in key_ids]
+    held = ids.held_at(flat)
     kept: dict[str, set[bytes]] = {}
-    for (key, record_id), maybe in zip(
-        pairs, ids.may_hold([record_id for _, record_id in pairs]), strict=True
-    ):
-        if maybe:
-            kept.setdefault(key, set()).add(record_id)
-    return kept, len(pairs) - sum(len(key_ids) for key_ids in kept.values())
+    if held:
+        ends = list(itertools.accumulate(len(key_ids) for key_ids in candidates.values()))
+        for at in held:
+            kept.setdefault(keys[bisect.bisect_right(ends, at)], set()).add(flat[at])
+    return kept, len(flat) - len(held)
 
 
 def _dedup_candidates(

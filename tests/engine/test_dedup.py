@@ -71,3 +71,5 @@ def test_an_empty_filter_holds_nothing_and_answers_in_order() -> None:
     assert ids_filter.may_hold([fresh, added]) == [False, False]
     ids_filter.add([added])
     assert ids_filter.may_hold([fresh, added, added]) == [False, True, True]
+    assert ids_filter.held_at([fresh, added, fresh, added]) == [1, 3]
+    assert ids_filter.held_at([]) == []

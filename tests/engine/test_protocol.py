@@ -13,6 +13,7 @@ from millstream.engine.codecs import JsonCodec
 from millstream.engine.computation import Computation
 from millstream.engine.context import Context
 from millstream.engine.deadletters import Origin, decode_dead_letter
+from millstream.engine.dedup import IdFilter
 from millstream.engine.errors import FencedError, MalformedRecordError, UnknownOutcomeError
 from millstream.engine.keys import key_interval
 from millstream.engine.productions import Production
@@ -318,6 +319,23 @@ def test_the_filter_learns_each_commits_ids_and_is_loaded_again_once_full(
     again = worker.process(deliver(*records), WM)
     assert (again.duplicates, again.processed) == (4, 0)
     assert workers.state(spec) == {"k": ["0", "1", "2", "3"]}
+
+
+def test_only_the_ids_the_filter_may_hold_are_kept_each_under_its_key() -> None:
+    ids = {
+        name: injector_record_id("t", 0, n)
+        for n, name in enumerate(["a1", "a2", "b1", "c1", "c2", "c3"])
+    }
+    held = IdFilter(100)
+    held.add([ids["a2"], ids["c1"], ids["c3"]])
+    candidates = {
+        "a": {ids["a1"], ids["a2"]},
+        "b": {ids["b1"]},
+        "c": {ids["c1"], ids["c2"], ids["c3"]},
+    }
+    kept, fresh = protocol._maybe_seen(held, candidates)
+    assert kept == {"a": {ids["a2"]}, "c": {ids["c1"], ids["c3"]}}
+    assert fresh == 3
 
 
 def test_dedup_ids_expire_after_the_ttl(
