@@ -103,6 +103,7 @@ than it, or deleted timers could come back on a replica that missed the delete.
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 import uuid
@@ -378,22 +379,15 @@ class CassandraIntervalStore(IntervalStore):
                 for row in result_rows(productions.result())
                 for production in unpack_productions(row["record"], production_tag(row["item"]))
             ),
-            dedup_ids=tuple(
-                row["item"] for row in result_rows(dedup.result()) if row["expires"] > now
-            ),
+            dedup_ids=tuple(row["item"] for row in _unexpired(result_rows(dedup.result()), now)),
         )
 
     def dedup_ids(self, lease: Lease, limit: int) -> list[bytes] | None:
         """The dedup rows of the interval, a page at a time, until more than ``limit``."""
         result = self._execute(self._statements.scan_dedup, (lease.computation, lease.interval))
-        now = self.clock.now()
-        found: list[bytes] = []
-        for row in result_rows(result):
-            if row["expires"] > now:
-                found.append(row["item"])
-                if len(found) > limit:
-                    return None
-        return found
+        live = _unexpired(result_rows(result), self.clock.now())
+        found = [row["item"] for row in itertools.islice(live, limit + 1)]
+        return found if len(found) <= limit else None
 
     def holds(self, lease: Lease) -> bool:
         """One QUORUM read of the sequencer (no Paxos round): it sees every acquire that
@@ -437,7 +431,7 @@ class CassandraIntervalStore(IntervalStore):
 
     def _seen_rows(self, rows: Iterable[dict[str, Any]]) -> Set[tuple[str, bytes]]:
         now = self.clock.now()
-        return {(row["key"], row["item"]) for row in rows if row["expires"] > now}
+        return {(row["key"], row["item"]) for row in _unexpired(rows, now)}
 
     def due_timers(self, lease: Lease, input_low_watermark: int, now: int) -> list[Timer]:
         # Event time is due below the watermark, wall time at or below now.
@@ -691,9 +685,8 @@ class CassandraIntervalStore(IntervalStore):
             timer = row_timer(row)
             by_key.setdefault(timer.key, KeyChanges(timer.key)).timers[timer.tag] = timer
         now = self.clock.now()
-        for row in result_rows(dedup.result()):
-            if row["expires"] > now:
-                by_key.setdefault(row["key"], KeyChanges(row["key"])).dedup_ids.append(row["item"])
+        for row in _unexpired(result_rows(dedup.result()), now):
+            by_key.setdefault(row["key"], KeyChanges(row["key"])).dedup_ids.append(row["item"])
         changes = [by_key[key] for key in sorted(by_key)]
         pending = [
             production
@@ -939,3 +932,9 @@ def _backoff(attempt: int) -> None:
     # Competing acquirers (lost races, contention timeouts) retry after a random, growing
     # pause, so that they do not keep colliding in lockstep.
     time.sleep(random.uniform(0, min(0.5, 0.01 * 2**attempt)))
+
+
+def _unexpired(rows: Iterable[dict[str, Any]], now: int) -> Iterator[dict[str, Any]]:
+    """The dedup ``rows`` whose ``expires`` is after ``now``: Cassandra's own TTL runs in
+    real seconds, so the store's clock decides."""
+    return (row for row in rows if row["expires"] > now)

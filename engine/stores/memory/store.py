@@ -136,6 +136,10 @@ class _Partition:
     def pending(self) -> list[Production]:
         return [p for row in self.productions.values() for p in row.productions.values()]
 
+    def unexpired_ids(self, now: int) -> list[bytes]:
+        """Every dedup ID of the partition whose TTL has not run out at ``now``."""
+        return [rid for ids in self.dedup.values() for rid, expires in ids.items() if expires > now]
+
     delayed: list[tuple[int, _Write]] = field(default_factory=list)
 
 
@@ -202,23 +206,13 @@ class MemoryIntervalStore(IntervalStore):
         return IntervalSnapshot(
             timers=tuple(t for timers in partition.timers.values() for t in timers.values()),
             productions=tuple(partition.pending()),
-            dedup_ids=tuple(
-                record_id
-                for ids in partition.dedup.values()
-                for record_id, expires in ids.items()
-                if expires > now
-            ),
+            dedup_ids=tuple(partition.unexpired_ids(now)),
         )
 
     def dedup_ids(self, lease: Lease, limit: int) -> list[bytes] | None:
         self._fault(FaultPoint.BEFORE_SCAN)
-        now = self.clock.now()
-        found = [
-            record_id
-            for ids in self._partition(lease.computation, lease.interval).dedup.values()
-            for record_id, expires in ids.items()
-            if expires > now
-        ]
+        partition = self._partition(lease.computation, lease.interval)
+        found = partition.unexpired_ids(self.clock.now())
         return found if len(found) <= limit else None
 
     def read_keys(self, lease: Lease, keys: Collection[str]) -> dict[str, KeySnapshot]:
