@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import struct
 import threading
@@ -19,6 +20,7 @@ from millstream.devtools.local.cassandra import (
     JVM17_MODULE_OPTIONS,
     CassandraService,
     cql_ping,
+    tidy_stopped_node,
 )
 from millstream.devtools.local.java import JavaRuntime
 from millstream.engine.config import MillstreamConfig
@@ -152,6 +154,47 @@ def test_prepare_is_idempotent_and_keeps_data(service: CassandraService) -> None
     assert segment.read_bytes() == b"mutations"
     assert yaml_file.read_text() == service.cassandra_yaml()
     assert not list((service.root / "conf").glob("*.partial"))
+
+
+# -- tidy_stopped_node() ------------------------------------------------------------------
+
+LIVE_TABLE = "5bc52802-de25-35ed-aeab-188eecebb090"
+DROPPED_TABLE = "c6cec6e0-ea1c-11f1-b9dc-1f245ee24605"
+
+
+def test_a_stopped_node_forgets_dropped_tables_paxos_state_and_the_compaction_history(
+    tmp_path: Path,
+) -> None:
+    system = tmp_path / "data" / "system"
+    state = system / "_paxos_repair_state"
+    history = system / "compaction_history-b4dbb7b4dc493fb5b3bfce6e434832ca"
+    peers = system / "peers_v2-c4325fbb8e5e3bafbd070f9250ed818e"
+    for directory in (state, history / "backups", peers):
+        directory.mkdir(parents=True)
+    live = [state / f"system_auth-roles-{LIVE_TABLE}-3.paxos", state / "ballot.meta"]
+    dropped = [
+        state / f"bench_032176ba-intervals-{DROPPED_TABLE}-0.paxos",
+        state / f"bench_032176ba-intervals-{DROPPED_TABLE}-0.paxos.crc",
+        state / f"UNKNOWN-UNKNOWN-{DROPPED_TABLE}-2.paxos",
+    ]
+    newer = state / "ks-t-0072a0e0-ea33-11f1-9ba3-5d7b8e632c8c-1.paxos"  # after the read
+    logged = [history / "nb-5254-big-Data.db", history / "nb_txn_compaction_1.log"]
+    sstable = peers / "nb-1-big-Data.db"
+    for path in (*live, *dropped, *logged, sstable):
+        path.write_bytes(b"x")
+        os.utime(path, (1_000.0, 1_000.0))
+    newer.write_bytes(b"x")
+    os.utime(newer, (3_000.0, 3_000.0))
+
+    assert tidy_stopped_node(tmp_path, {LIVE_TABLE}, since=2_000.0) == len(dropped)
+
+    assert not any(path.exists() for path in (*dropped, *logged))
+    assert all(path.exists() for path in (*live, newer, sstable))
+    assert (history / "backups").is_dir()  # directories stay; Cassandra expects them
+
+
+def test_tidying_a_node_that_never_started_does_nothing(tmp_path: Path) -> None:
+    assert tidy_stopped_node(tmp_path, set(), since=2_000.0) == 0
 
 
 # -- argv() --------------------------------------------------------------------------------

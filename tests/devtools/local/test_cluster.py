@@ -545,6 +545,48 @@ def test_the_store_goes_on_with_one_cassandra_node_down_and_the_node_rejoins(
 
 
 @pytest.mark.integration
+def test_a_node_stopped_forgets_the_paxos_state_of_dropped_tables_and_keeps_the_live_ones(
+    cluster: LocalCluster, client: MillstreamConfig, session: Session
+) -> None:
+    keyspace = _unique("tidy")
+    cassandra_connector.create_keyspace(session, keyspace, client.cassandra_replication)
+    victim = next(s for s in _nodes(cluster, CassandraService) if s.node.number == 3)
+    state = victim.root / "data" / "system" / "_paxos_repair_state"
+    history = next((victim.root / "data" / "system").glob("compaction_history-*"))
+    try:
+        session.execute(f"CREATE TABLE {keyspace}.t (k int PRIMARY KEY)")
+        live_id = (
+            session.execute(
+                "SELECT id FROM system_schema.tables WHERE keyspace_name = %s AND table_name = 't'",
+                (keyspace,),
+            )
+            .one()
+            .id
+        )
+        # Files as Paxos v2 names them, written long ago: one of a table that exists, one of
+        # a table that does not (any more). The node reads neither while it runs.
+        live = state / f"{keyspace}-t-{live_id}-9.paxos"
+        dropped = state / f"{keyspace}-gone-{uuid.uuid1()}-9.paxos"
+        for path in (live, dropped):
+            path.write_bytes(b"")
+            os.utime(path, (time.time() - 3_600,) * 2)
+
+        assert victim.down()
+
+        assert live.exists()
+        assert not dropped.exists()
+        assert not [p for p in history.iterdir() if p.is_file()]
+    finally:
+        for path in state.glob(f"{keyspace}-*"):
+            path.unlink()  # the node must not read the empty files at its start
+        if victim.process.running_pid() is None:
+            assert victim.up().healthy
+            host = session.cluster.metadata.get_host(victim.host)
+            _eventually("the driver to see the node up again", lambda: host.is_up or None, 60)
+        cassandra_connector.drop_keyspace(session, keyspace)
+
+
+@pytest.mark.integration
 def test_acks_all_go_on_with_one_broker_down_and_the_broker_rejoins(
     cluster: LocalCluster, client: MillstreamConfig
 ) -> None:
