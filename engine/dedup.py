@@ -73,9 +73,9 @@ class IdFilter:
     """A Bloom filter of record IDs (16 bytes each), sized for ``capacity`` IDs at a 1 %
     false-positive rate; whole batches of IDs at a time.
 
-    :meth:`may_hold` is never wrong about an ID it was given (:meth:`add`); of the others it
-    wrongly says "maybe" about 1 % while it holds at most ``capacity`` (more, once
-    :attr:`full`). It lives in one process only.
+    :meth:`held_at` never leaves out an ID it was given (:meth:`add`); of the others it
+    wrongly keeps about 1 % while it holds at most ``capacity`` (more, once :attr:`full`).
+    It lives in one process only.
     """
 
     def __init__(self, capacity: int) -> None:
@@ -116,13 +116,6 @@ class IdFilter:
             np.left_shift(np.uint64(1), positions & np.uint64(63)),
         )
         self.count += len(record_ids)
-
-    def may_hold(self, record_ids: Collection[bytes]) -> list[bool]:
-        """For each of ``record_ids``, in order: False if it was never added."""
-        if not record_ids:
-            return []
-        held: list[bool] = self._held(record_ids).tolist()
-        return held
 
     def held_at(self, record_ids: Collection[bytes]) -> list[int]:
         """The indices of those of ``record_ids`` it may hold, in order (the others were
