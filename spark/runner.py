@@ -100,6 +100,12 @@ from typing import TYPE_CHECKING, Any, Final
 
 from millstream.connectors import cassandra as cassandra_connector
 from millstream.connectors import kafka as kafka_connector
+from millstream.connectors.kafka.hanging import (
+    HangingTransactionSweeper,
+    JavaTransactionAdmin,
+    OpenTransaction,
+    hanging_after,
+)
 from millstream.connectors.provisioning import provision
 from millstream.connectors.services import reaching
 from millstream.engine.authority import WatermarkAuthority
@@ -347,6 +353,9 @@ class RunningTopology:
         self._layout_store_lock = threading.Lock()
         self.prometheus: TopologyMetrics | None = None
         self.metrics_server: MetricsServer | None = None
+        # Transactional productions: the transactions left hanging on their streams and
+        # markers are aborted (connectors.kafka.hanging), from start() to stop().
+        self._sweeper: HangingTransactionSweeper | None = None
         if settings.metrics_port:
             # prometheus_client is only imported by a driver that serves metrics.
             from millstream.spark.prometheus import TopologyMetrics
@@ -382,6 +391,13 @@ class RunningTopology:
                 self.metrics_server = None
             raise
         self._prepared = True
+        self._sweeper = HangingTransactionSweeper(
+            self._transaction_admin,
+            self._transactional_topics,
+            self.clock,
+            older_than=hanging_after(self.config.kafka_transaction_timeout),
+        )
+        self._sweeper.start()
         if isinstance(self.trigger, ProcessingTime):
             for spec in self._ordered():
                 self._start_query(spec)
@@ -407,6 +423,9 @@ class RunningTopology:
             publisher, self._publisher = self._publisher, None
             authority, self._authority = self._authority, None
             server, self.metrics_server = self.metrics_server, None
+            sweeper, self._sweeper = self._sweeper, None
+        if sweeper is not None:
+            sweeper.stop()
         for name, query in queries.items():
             self._stop_query(name, query)
         with self._layout_store_lock:
@@ -421,6 +440,31 @@ class RunningTopology:
             publisher.close()
         if server is not None:
             server.close()
+
+    def abort_hanging_transactions(self) -> list[OpenTransaction]:
+        """Abort now the Kafka transactions hanging on the streams the transactional
+        computations write and on their markers (a running topology does so every
+        :data:`~millstream.connectors.kafka.hanging.SWEEP_SECONDS`): those aborted."""
+        if self._sweeper is None:
+            raise TopologyError("the topology is not started")
+        return self._sweeper.sweep()
+
+    def _transaction_admin(self) -> JavaTransactionAdmin:
+        return JavaTransactionAdmin(
+            self.spark.sparkContext._jvm, kafka_connector.java_client_settings(self.config)
+        )
+
+    def _transactional_topics(self) -> list[str]:
+        """The topics of the streams the transactional computations write (none: nothing
+        to sweep but the consumer offsets, where no marker is then either)."""
+        return sorted(
+            {
+                kafka_connector.stream_topic(stream)
+                for spec in self.topology.computations.values()
+                if spec.options.transactional
+                for stream in spec.produced_streams
+            }
+        )
 
     def process_available(self, timeout: float = 600.0, max_rounds: int = 100) -> int:
         """With :class:`AvailableNow`: run every computation over the input its topics hold,

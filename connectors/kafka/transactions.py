@@ -73,6 +73,7 @@ __all__ = [
     "GRACE_SECONDS",
     "IDLE_SECONDS",
     "MAX_PRODUCERS",
+    "TRANSACTIONAL_ID_PREFIX",
     "KafkaTransactionalSink",
     "create_transaction_marker_topic",
     "delete_transaction_markers",
@@ -172,10 +173,14 @@ def store_namespace(keyspace: str, table: str, table_id: uuid.UUID) -> str:
     return f"{keyspace}.{table}.{table_id.hex[:12]}"
 
 
+TRANSACTIONAL_ID_PREFIX: Final = "millstream."
+"""How every transactional ID (and marker group) of millstream begins."""
+
+
 def transactional_id(namespace: str, computation: str, interval: int) -> str:
     """The transactional ID (and marker group) of an interval of a computation whose store
     is ``namespace`` (:func:`store_namespace`): stable across processes and restarts."""
-    return f"millstream.{namespace}.{computation}.{interval}"
+    return f"{TRANSACTIONAL_ID_PREFIX}{namespace}.{computation}.{interval}"
 
 
 @dataclass
@@ -401,9 +406,23 @@ class KafkaTransactionalSink:
 
     def _read_marker(self, name: str, timeout: float) -> CommitTag | None:
         request = ConsumerGroupTopicPartitions(name, [TopicPartition(self._marker_topic, 0)])
+        admin = self._admin
         try:
-            futures = self._admin.list_consumer_group_offsets([request], require_stable=True)
+            futures = admin.list_consumer_group_offsets([request], require_stable=True)
             answer = futures[name].result(timeout=timeout)
+        except FutureTimeout as exc:
+            # No answer: its offset held by a transaction that does not end (the broker
+            # answers UNSTABLE_OFFSET_COMMIT and librdkafka asks again), or the client
+            # wedged. After a kill -9 of the broker, the admin client made before it never
+            # answered again (every read timed out for minutes while a new client's read of
+            # the same marker answered at once): the next read gets a new one.
+            with self._lock:
+                if self._admin is admin:
+                    self._admin = admin_client(self._config)
+            raise TransactionUnavailableError(
+                f"the transaction marker of {name!r} was not readable within {timeout:.0f} s "
+                "(a transaction left open on it, or Kafka not answering)"
+            ) from exc
         except KafkaException as exc:
             raise TransactionUnavailableError(
                 f"could not read the transaction marker of {name!r}: {exc.args[0]}"

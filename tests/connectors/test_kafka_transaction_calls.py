@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import Future
 from typing import Any
 
 import pytest
@@ -12,7 +13,12 @@ import pytest
 from millstream.connectors.kafka import transactions
 from millstream.connectors.kafka.transactions import KafkaTransactionalSink, _Producer
 from millstream.engine.config import MillstreamConfig
-from millstream.engine.productions import CommitTag, DeliveryOutcome, Production
+from millstream.engine.productions import (
+    CommitTag,
+    DeliveryOutcome,
+    Production,
+    TransactionUnavailableError,
+)
 from millstream.engine.records import Record, injector_record_id
 
 pytestmark = pytest.mark.unit
@@ -60,3 +66,36 @@ def test_a_call_blocked_past_its_timeout_is_abandoned_with_its_producer(
         assert sink.abandoned == 1
     finally:
         released.set()
+
+
+class SilentAdmin:
+    """Stands for an admin client that never answers again (made before a broker's kill)."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def list_consumer_group_offsets(self, requests: Any, require_stable: bool) -> dict[str, Any]:
+        self.asked += 1
+        assert require_stable
+        return {request.group_id: Future() for request in requests}
+
+
+def test_a_marker_read_without_an_answer_is_unavailable_and_the_next_read_gets_a_new_client(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    made: list[SilentAdmin] = []
+
+    def admin_client(config: MillstreamConfig) -> SilentAdmin:
+        made.append(SilentAdmin())
+        return made[-1]
+
+    monkeypatch.setattr(transactions, "admin_client", admin_client)
+    sink = KafkaTransactionalSink(MillstreamConfig(kafka_bootstrap="127.0.0.1:1"), "ks.table")
+    with pytest.raises(TransactionUnavailableError, match="not readable within 0 s"):
+        sink._read_marker("millstream.ks.table.comp.0", 0.05)
+    assert len(made) == 2
+    assert made[0].asked == 1
+    with pytest.raises(TransactionUnavailableError):
+        sink._read_marker("millstream.ks.table.comp.0", 0.05)
+    assert made[1].asked == 1
+    assert len(made) == 3

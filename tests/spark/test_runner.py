@@ -28,7 +28,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from millstream.connectors import kafka as kafka_connector
+from millstream.connectors.kafka.stalls import stable_offsets
 from millstream.connectors.stream_reader import read_messages
+from millstream.devtools.local.hanging_transactions import write_hanging_transaction
 from millstream.engine.clock import SystemClock
 from millstream.engine.codecs import JsonCodec
 from millstream.engine.computation import Computation
@@ -239,6 +241,33 @@ def test_two_stages_keyed_differently_count_each_distinct_event_once(
     # Downstream, deduplicating by record ID, sees one production per distinct event.
     hits = [decode_record(value) for _, _, value in read_topic(services, pipeline.hits)]
     assert len({r.record_id for r in hits}) == len(distinct)
+
+
+def test_the_driver_aborts_a_transaction_hanging_on_a_stream_its_computations_write(
+    services: MillstreamConfig,
+    spark: SparkSession,
+    pipeline: Pipeline,
+    kafka_topic: Callable[..., str],
+) -> None:
+    running = start(pipeline, services, spark)  # provisions the streams, runs no batch
+    try:
+        foreign = kafka_topic()
+        _, hanging = write_hanging_transaction(services, pipeline.hits, 0)
+        write_hanging_transaction(services, foreign, 0)
+        [aborted] = running.abort_hanging_transactions()
+        assert (aborted.topic, aborted.partition, aborted.start_offset) == (
+            pipeline.hits,
+            0,
+            hanging,
+        )
+        admin = kafka_connector.admin_client(services)
+        offsets = stable_offsets(admin, [pipeline.hits, foreign])
+        # Its readers go on past it; a topic none of its computations writes is not its
+        # business, and what hangs there stays.
+        assert offsets[(pipeline.hits, 0)] == (hanging + 2, hanging + 2)
+        assert offsets[(foreign, 0)] == (0, 1)
+    finally:
+        running.stop()
 
 
 def test_bad_input_lands_in_dead_letters_with_its_origin(
