@@ -216,8 +216,20 @@ class TopologyMetrics:
             _LABELS,
             registry=self.registry,
         )
+        self._hanging = Counter(
+            "millstream_hanging_transactions_aborted_total",
+            "Transactions found hanging on the topology's transactional streams or their "
+            "markers (open, silent, and no longer counted by their coordinator) and aborted "
+            "by the driver's sweep.",
+            ("topology",),
+            registry=self.registry,
+        )
         self._watermarks = _WatermarkCollector(topology, clock or SystemClock(), watermarks)
         self.registry.register(self._watermarks)
+
+    def hanging_aborted(self, count: int = 1) -> None:
+        """Count hanging transactions the driver aborted."""
+        self._hanging.labels(self.topology).inc(count)
 
     def watch(self, watermarks: Callable[[], Mapping[str, WatermarkSnapshot]]) -> None:
         """Read the watermark gauges from ``watermarks()`` at each scrape."""

@@ -396,6 +396,7 @@ class RunningTopology:
             self._transactional_topics,
             self.clock,
             older_than=hanging_after(self.config.kafka_transaction_timeout),
+            on_abort=self._hanging_aborted,
         )
         self._sweeper.start()
         if isinstance(self.trigger, ProcessingTime):
@@ -448,6 +449,10 @@ class RunningTopology:
         if self._sweeper is None:
             raise TopologyError("the topology is not started")
         return self._sweeper.sweep()
+
+    def _hanging_aborted(self, transaction: OpenTransaction) -> None:
+        if self.prometheus is not None:
+            self.prometheus.hanging_aborted()
 
     def _transaction_admin(self) -> JavaTransactionAdmin:
         return JavaTransactionAdmin(

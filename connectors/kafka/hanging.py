@@ -270,7 +270,8 @@ class HangingTransactionSweeper:
     """Aborts the transactions hanging on the partitions of ``topics()`` (and of the consumer
     offsets topic), every ``every`` seconds on a thread of its own (:meth:`start`,
     :meth:`stop`), or once (:meth:`sweep`). ``admin`` makes the admin client at the first
-    sweep; ``clock`` says the time (µs). :attr:`aborted` lists what it aborted."""
+    sweep; ``clock`` says the time (µs). :attr:`aborted` lists what it aborted, and
+    ``on_abort`` is told of each (metrics)."""
 
     def __init__(
         self,
@@ -280,8 +281,10 @@ class HangingTransactionSweeper:
         *,
         older_than: float,
         every: float = SWEEP_SECONDS,
+        on_abort: Callable[[OpenTransaction], None] | None = None,
     ) -> None:
         self._make_admin = admin
+        self._on_abort = on_abort
         self._admin: TransactionAdmin | None = None
         self._topics = topics
         self._clock = clock
@@ -319,6 +322,8 @@ class HangingTransactionSweeper:
                 )
                 admin.abort(transaction)
                 done.append(transaction)
+                if self._on_abort is not None:
+                    self._on_abort(transaction)
             self.aborted += done
             return done
 

@@ -108,10 +108,16 @@ def test_a_sweep_aborts_the_hanging_transactions_of_the_topics_and_the_consumer_
     live = open_on("out", 0, 13, 10 * MINUTE_MS)
     other = open_on("elsewhere", 0, 14, 10 * MINUTE_MS)
     admin = FakeAdmin([stray, marker, live, other], ids={13: "t"}, counted={"t": {("out", 0)}})
+    told: list[OpenTransaction] = []
     sweeper = HangingTransactionSweeper(
-        lambda: admin, lambda: ["out"], ManualClock(NOW_MS * 1000), older_than=60.0
+        lambda: admin,
+        lambda: ["out"],
+        ManualClock(NOW_MS * 1000),
+        older_than=60.0,
+        on_abort=told.append,
     )
     assert sorted(sweeper.sweep(), key=str) == sorted([stray, marker], key=str)
+    assert told == admin.aborted
     assert admin.open == [live, other]
     assert sweeper.aborted == admin.aborted
     assert sweeper.sweep() == []

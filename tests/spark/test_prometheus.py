@@ -121,6 +121,14 @@ def test_stalls_of_transactional_outputs_are_counted_and_their_levels_kept() -> 
     assert samples["millstream_transaction_unstable_messages", orders] == 7
 
 
+def test_hanging_transactions_aborted_are_counted_per_topology() -> None:
+    metrics = TopologyMetrics("shop")
+    metrics.hanging_aborted(2)
+    metrics.hanging_aborted()
+    samples = Samples.of(metrics.registry)
+    assert samples["millstream_hanging_transactions_aborted_total", {"topology": "shop"}] == 3
+
+
 def test_a_batch_without_interval_runs_keeps_the_last_hit_ratio() -> None:
     metrics = TopologyMetrics("shop")
     metrics.observe(batch("orders", 0, intervals=2, cache_hits=1))
