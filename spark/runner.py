@@ -398,8 +398,9 @@ class RunningTopology:
             older_than=hanging_after(self.config.kafka_transaction_timeout),
             on_abort=self._hanging_aborted,
         )
-        self._sweeper.start()
         if isinstance(self.trigger, ProcessingTime):
+            # Sweeping while the queries run (process_available sweeps during its rounds).
+            self._sweeper.start()
             for spec in self._ordered():
                 self._start_query(spec)
 
@@ -480,6 +481,16 @@ class RunningTopology:
         """
         if not isinstance(self.trigger, AvailableNow):
             raise TopologyError("process_available needs the AvailableNow trigger; use await_idle")
+        sweeper = self._sweeper
+        if sweeper is not None:
+            sweeper.start()
+        try:
+            return self._rounds(timeout, max_rounds)
+        finally:
+            if sweeper is not None:
+                sweeper.stop()
+
+    def _rounds(self, timeout: float, max_rounds: int) -> int:
         deadline = time.monotonic() + timeout
         for round_number in range(1, max_rounds + 1):
             before = self._input_count()

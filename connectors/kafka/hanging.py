@@ -328,7 +328,7 @@ class HangingTransactionSweeper:
             return done
 
     def start(self) -> None:
-        """Sweep every ``every`` seconds until :meth:`stop`."""
+        """Sweep every ``every`` seconds until :meth:`stop` (again after a stop)."""
         if self._thread is not None:
             return
         self._stopped.clear()

@@ -52,7 +52,10 @@ from cassandra.query import SimpleStatement
 
 from millstream.connectors import cassandra as cassandra_connector
 from millstream.connectors import kafka as kafka_connector
+from millstream.connectors.kafka.hanging import SWEEP_SECONDS
+from millstream.connectors.kafka.stalls import stable_offsets
 from millstream.connectors.provisioning import provision
+from millstream.devtools.local.hanging_transactions import write_hanging_transaction
 from millstream.devtools.local.process import alive, log_tail
 from millstream.devtools.proving.checks import (
     CheckResult,
@@ -119,12 +122,15 @@ FAULTS: Final = {
     "cassandra-outage": "the Cassandra node unreachable (SIGSTOP) for a minute, then SIGCONT",
     "disk-full": "the disk under the driver's checkpoints full, then space again (needs root)",
     "poison": "a record the engine fails on, and tombstones, among the input: dead letters",
+    "hanging": "a Kafka transaction no coordinator counts left open on tally's output stream "
+    "(what a broker's crash can leave): the driver must abort it",
 }
 
 # Resource faults: slow (an outage lasts a minute) or needing root (a tmpfs to fill).
 RESOURCE_FAULTS: Final = ("kafka-outage", "cassandra-outage", "disk-full")
-# Input faults: messages that must not stop a stream (each costs the batch's bisection).
-INPUT_FAULTS: Final = ("poison",)
+# Input faults: messages that must not stop a stream (each costs the batch's bisection), and a
+# transaction left hanging on an output stream (it waits for the driver's sweep, 30 s apart).
+INPUT_FAULTS: Final = ("poison", "hanging")
 # Crashes on the transactional path of strong productions (with the other crashes).
 TRANSACTION_FAULTS: Final = ("driver-transaction", "worker-transaction", "driver-delivered")
 # The crashes every tier runs; the CI tier leaves the resource and input faults out.
@@ -197,9 +203,13 @@ TIERS: Final = {
         kinds=tuple(k for k in CRASHES if k != "driver-send"),
     ),
     "t1": Tier(records=100_000, keys=100, rate=2_000.0, faults=3),
-    # About ten minutes and thirty faults: the crashes and the full disk, three of each.
+    # About ten minutes: the crashes, the full disk and the input faults, three of each.
     "t2": Tier(
-        records=60_000, keys=100, rate=1_000.0, faults=3, kinds=(*CRASHES, "disk-full", "poison")
+        records=60_000,
+        keys=100,
+        rate=1_000.0,
+        faults=3,
+        kinds=(*CRASHES, "disk-full", *INPUT_FAULTS),
     ),
 }
 
@@ -627,6 +637,8 @@ class _Run:
             self._disk_full_fault(outcome)
         elif kind == "poison":
             self._poison_fault(outcome)
+        elif kind == "hanging":
+            self._hanging_fault(outcome)
         elif kind == "injector":
             self._injector_fault(outcome)
         else:
@@ -875,6 +887,31 @@ class _Run:
         self.injector.start()
         outcome.applied = True
         outcome.detail = f"killed after {self.injected()} records read; restarted"
+
+    def _hanging_fault(self, outcome: FaultOutcome) -> None:
+        """Leave a transaction no coordinator counts open on a partition of ``windows``: it
+        pins the partition for ``rollup``'s read_committed reads until the driver's sweep
+        aborts it (connectors.kafka.hanging); nothing may be lost."""
+        topic = kafka_connector.stream_topic(self.description.names.windows)
+        admin = kafka_connector.admin_client(self.config)
+        partitions = sorted(admin.list_topics(topic, timeout=30).topics[topic].partitions)
+        partition = self.rng.choice(partitions)
+        _, offset = write_hanging_transaction(self.config, topic, partition)
+        outcome.target = f"{topic}-{partition} from offset {offset}"
+        started = time.monotonic()
+        self.nudge()
+
+        def aborted() -> bool:
+            stable, _ = stable_offsets(admin, [topic])[(topic, partition)]
+            return stable > offset
+
+        limit = 3 * SWEEP_SECONDS + 60
+        outcome.applied = self.wait(aborted, limit, "the driver to abort the transaction")
+        outcome.detail = (
+            f"aborted by the driver after {time.monotonic() - started:.0f} s"
+            if outcome.applied
+            else f"NOT aborted within {limit:.0f} s"
+        )
 
     def _poison_fault(self, outcome: FaultOutcome) -> None:
         """Arm an engine fault on a well-formed record the injector has not sent yet and

@@ -158,6 +158,11 @@ def test_the_sweeper_sweeps_on_its_thread_until_stopped_and_survives_a_failed_sw
     stopped_at = calls
     time.sleep(0.1)  # ten periods: a sweeper still running would have swept again
     assert calls == stopped_at
+    # Started again (process_available does, each call): it sweeps again.
+    swept.clear()
+    sweeper.start()
+    assert swept.wait(10.0)
+    sweeper.stop()
 
 
 def test_on_the_consumer_offsets_only_millstreams_own_hanging_transactions_count() -> None:
