@@ -152,6 +152,7 @@ class NonVacuity:
     injector_outage_waits: int = 0
     interval_changes: int = 0
     changes_finished_after_a_kill: int = 0
+    hanging_aborted: int = 0
 
     def rows(self) -> list[tuple[str, int]]:
         return [
@@ -172,6 +173,7 @@ class NonVacuity:
             ("injector steps that waited out an outage", self.injector_outage_waits),
             ("key intervals split or merged", self.interval_changes),
             ("splits and merges a new driver finished", self.changes_finished_after_a_kill),
+            ("hanging transactions aborted by the driver", self.hanging_aborted),
         ]
 
 

@@ -1130,6 +1130,10 @@ def prove(
             report.checks, report.provoked = recheck(
                 base_config, directory, plain_exactly_once=plain_exactly_once
             )
+            # Only the fault sees these (the driver's sweep is in no batch's metrics).
+            report.provoked.hanging_aborted = sum(
+                o.applied for o in report.outcomes if o.fault.kind == "hanging"
+            )
         finally:
             run.stop_everything()
             if checkpoint_disk is not None:
