@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 from millstream.engine.config import MillstreamConfig, setting_name
 from millstream.engine.errors import ServiceOutageError
-from millstream.engine.outages import is_outage
+from millstream.engine.outages import first_line, is_outage
 
 __all__ = ["reaching", "unreachable"]
 
@@ -58,7 +58,7 @@ def reaching(config: MillstreamConfig) -> Iterator[None]:
             settings.append(setting_name("cassandra", "hosts", "port"))
         raise ServiceOutageError(
             f"{' and '.join(down)} cannot be reached. {_WHAT_TO_DO}; services elsewhere are "
-            f"set by {' and '.join(settings)}. (The error: {_first_line(exc)})"
+            f"set by {' and '.join(settings)}. (The error: {first_line(exc)})"
         ) from exc
 
 
@@ -79,8 +79,3 @@ def _refusal(address: tuple[str, int], timeout: float) -> str | None:
     except OSError as exc:
         return exc.strerror or type(exc).__name__
     return None
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0][:300]}" if lines else type(exc).__name__

@@ -25,6 +25,7 @@ __all__ = [
     "OUTAGE_MARKERS",
     "Outage",
     "ServiceOutageError",
+    "first_line",
     "is_outage",
     "unreachable_service",
 ]
@@ -154,7 +155,7 @@ class Outage:
 
         ``description`` tells the error in the log and the message (default: its first line).
         """
-        told = description or _first_line(exc)
+        told = description or first_line(exc)
         service = unreachable_service(exc)
         now = self._monotonic()
         if self._since is None:
@@ -221,6 +222,8 @@ class Outage:
             return result
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """An error in one line for a log or a message: its type and the first line of its text
+    (at most 300 characters; Py4J and driver errors run to pages)."""
     lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0][:300] if lines else ''}"
+    return f"{type(exc).__name__}: {lines[0][:300]}" if lines else type(exc).__name__

@@ -38,6 +38,7 @@ from typing import Any, Final, Protocol
 
 from millstream.connectors.kafka.transactions import TRANSACTIONAL_ID_PREFIX
 from millstream.engine.clock import Clock
+from millstream.engine.outages import first_line
 
 __all__ = [
     "CONSUMER_OFFSETS_TOPIC",
@@ -85,14 +86,6 @@ class OpenTransaction:
         return (
             f"producer {self.producer_id} epoch {self.producer_epoch} on "
             f"{self.topic}-{self.partition} from offset {self.start_offset}"
-        )
-
-    def abort_command(self) -> str:
-        """What an operator would run to abort it by hand."""
-        return (
-            "kafka-transactions.sh --bootstrap-server BROKER abort "
-            f"--topic {self.topic} --partition {self.partition} "
-            f"--start-offset {self.start_offset}"
         )
 
 
@@ -306,10 +299,11 @@ class HangingTransactionSweeper:
                 self._admin = self._make_admin()
             admin = self._admin
             topics = sorted({*streams, CONSUMER_OFFSETS_TOPIC})
+            now_ms = self._clock.now() // 1000
             hanging = find_hanging(
                 admin,
                 admin.partitions(topics),
-                now_ms=self._clock.now() // 1000,
+                now_ms=now_ms,
                 older_than_ms=int(self.older_than * 1000),
             )
             done = []
@@ -317,7 +311,7 @@ class HangingTransactionSweeper:
                 _log.warning(
                     "aborting a hanging Kafka transaction (its coordinator no longer counts "
                     "it; silent for %.0f s): %s",
-                    (self._clock.now() // 1000 - transaction.last_timestamp_ms) / 1000,
+                    (now_ms - transaction.last_timestamp_ms) / 1000,
                     transaction,
                 )
                 admin.abort(transaction)
@@ -349,7 +343,7 @@ class HangingTransactionSweeper:
                     "could not look for hanging Kafka transactions (tried again in %.0f s; "
                     "by hand: kafka-transactions.sh find-hanging, then abort): %s",
                     self.every,
-                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+                    first_line(exc),
                 )
 
     def stop(self) -> None:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from millstream.devtools.local.security import SECURE_USER
 from millstream.devtools.local.service import LocalService, ServiceStatus
+from millstream.devtools.local.wire import read_exactly
 from millstream.engine.config import Secret
 from millstream.engine.errors import ConfigError, ServiceStartError
 
@@ -509,20 +510,10 @@ def _send(conn: socket.socket, stream: int, opcode: int, body: bytes) -> None:
 
 
 def _receive(conn: socket.socket, stream: int) -> tuple[int, bytes]:
-    version, _flags, got_stream, opcode, length = struct.unpack(">BBhBi", _read(conn, 9))
+    version, _flags, got_stream, opcode, length = struct.unpack(">BBhBi", read_exactly(conn, 9))
     if version != _V4_RESPONSE or got_stream != stream or not 0 <= length < 1 << 20:
         raise ValueError("not a CQL v4 response to our request")
-    return opcode, _read(conn, length)
-
-
-def _read(conn: socket.socket, size: int) -> bytes:
-    data = bytearray()
-    while len(data) < size:
-        chunk = conn.recv(size - len(data))
-        if not chunk:
-            raise ValueError("connection closed mid-frame")
-        data += chunk
-    return bytes(data)
+    return opcode, read_exactly(conn, length)
 
 
 def _string_map(values: dict[str, str]) -> bytes:

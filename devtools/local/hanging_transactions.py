@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from typing import Final
 
 from confluent_kafka.admin import (
+    AdminClient,
     AlterConfigOpType,
     ConfigEntry,
     ConfigResource,
@@ -26,6 +27,7 @@ from confluent_kafka.admin import (
 )
 
 from millstream.connectors.kafka.topics import admin_client
+from millstream.devtools.local.wire import read_exactly
 from millstream.engine.config import MillstreamConfig
 
 __all__ = ["write_hanging_transaction"]
@@ -57,15 +59,13 @@ def write_hanging_transaction(
     producer_id = (1 << 40) + random.randrange(1 << 20)
     stamp = int((time.time() - age) * 1000)
     batch = _record_batch(producer_id, key, value, stamp)
-    with _verification_off(config, sorted(metadata.brokers)):
+    with _verification_off(admin, sorted(metadata.brokers)):
         offset = _produce(str(leader.host), int(leader.port), topic, partition, batch)
     return producer_id, offset
 
 
 @contextmanager
-def _verification_off(config: MillstreamConfig, brokers: list[int]) -> Iterator[None]:
-    admin = admin_client(config)
-
+def _verification_off(admin: AdminClient, brokers: list[int]) -> Iterator[None]:
     def alter(operation: AlterConfigOpType, value: str) -> None:
         entry = ConfigEntry(_VERIFICATION, value, incremental_operation=operation)
         resources = [
@@ -118,8 +118,8 @@ def _produce(host: str, port: int, topic: str, partition: int, batch: bytes) -> 
     request = struct.pack(">hhi", _PRODUCE, 3, 1) + _string("millstream-hanging") + body
     with socket.create_connection((host, port), _TIMEOUT) as connection:
         connection.sendall(struct.pack(">i", len(request)) + request)
-        (size,) = struct.unpack(">i", _read(connection, 4))
-        answer = _read(connection, size)
+        (size,) = struct.unpack(">i", read_exactly(connection, 4))
+        answer = read_exactly(connection, size)
     # Correlation ID, one topic (its name), one partition: index, error, base offset.
     at = 8
     (name_length,) = struct.unpack(">h", answer[at : at + 2])
@@ -128,16 +128,6 @@ def _produce(host: str, port: int, topic: str, partition: int, batch: bytes) -> 
     if error:
         raise RuntimeError(f"the broker refused the hanging transaction's batch: error {error}")
     return int(offset)
-
-
-def _read(connection: socket.socket, size: int) -> bytes:
-    chunks = bytearray()
-    while len(chunks) < size:
-        chunk = connection.recv(size - len(chunks))
-        if not chunk:
-            raise ConnectionError("the broker closed the connection")
-        chunks += chunk
-    return bytes(chunks)
 
 
 def _string(text: str) -> bytes:
