@@ -69,6 +69,7 @@ from millstream.engine.errors import (
     UnknownOutcomeError,
 )
 from millstream.engine.layout import IntervalLayout
+from millstream.engine.outages import first_line, is_outage
 from millstream.engine.pause_points import pause_point
 from millstream.engine.productions import (
     CommitTag,
@@ -539,7 +540,7 @@ class IntervalWorker:
                 delivered = ()
                 unknown += 1
                 self._unknown_outcomes += 1
-                applied = self._store.was_applied(lease, outcome.marker)
+                applied = self._resolve(lease, outcome)
                 left = set(outcome.unattempted_keys)
                 if not applied:
                     left.update(outcome.uncertain_keys)
@@ -548,6 +549,24 @@ class IntervalWorker:
                     raise
             else:
                 return
+
+    def _resolve(self, lease: Lease, outcome: UnknownOutcomeError) -> bool:
+        """Whether the uncertain commit of ``outcome`` applied. If the store cannot be asked
+        (an outage), the commit's outcome stays unknown, and the error says so: the attempt
+        fails as an outage and the interval's next takeover settles the commit."""
+        try:
+            return self._store.was_applied(lease, outcome.marker)
+        except UnknownOutcomeError:
+            raise
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+            raise UnknownOutcomeError(
+                f"{outcome} (reading its outcome back failed: {first_line(exc)})",
+                marker=outcome.marker,
+                uncertain_keys=outcome.uncertain_keys,
+                unattempted_keys=outcome.unattempted_keys,
+            ) from exc
 
     def _remember(
         self, soft: _SoftState, before: dict[str, KeySnapshot], committed: list[KeyChanges]

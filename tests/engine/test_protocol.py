@@ -16,6 +16,7 @@ from millstream.engine.deadletters import Origin, decode_dead_letter
 from millstream.engine.dedup import IdFilter
 from millstream.engine.errors import FencedError, MalformedRecordError, UnknownOutcomeError
 from millstream.engine.keys import key_interval
+from millstream.engine.outages import is_outage
 from millstream.engine.productions import Production
 from millstream.engine.protocol import Delivery, IntervalWorker, Rejected
 from millstream.engine.records import (
@@ -524,6 +525,38 @@ def test_endless_unknown_outcomes_fail_the_batch(
     with pytest.raises(UnknownOutcomeError):
         workers.worker(spec).process(deliver(make_record("k", b"a")), WM)
     assert workers.state(spec) == {}
+
+
+def test_an_unknown_outcome_that_cannot_be_read_back_fails_the_attempt_as_unknown(
+    workers: Workers, make_record: RecordFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = workers.spec(Appender())
+    workers.store.inject_unknown_outcome(UnknownOutcome.NOT_APPLIED)
+
+    def unreachable(lease: Lease, marker: bytes) -> bool:
+        raise TimeoutError("no node answered")  # an outage
+
+    monkeypatch.setattr(workers.store, "was_applied", unreachable)
+    with pytest.raises(UnknownOutcomeError, match="reading its outcome back failed") as raised:
+        workers.worker(spec).process(deliver(make_record("k", b"a")), WM)
+    # Still an outage (waited out, not an attempt used up), and the commit it left is named.
+    assert is_outage(raised.value)
+    assert isinstance(raised.value.__cause__, TimeoutError)
+    assert raised.value.uncertain_keys == ("k",)
+
+
+def test_a_fenced_read_back_of_an_unknown_outcome_stays_fenced(
+    workers: Workers, make_record: RecordFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = workers.spec(Appender())
+    workers.store.inject_unknown_outcome(UnknownOutcome.NOT_APPLIED)
+
+    def fenced(lease: Lease, marker: bytes) -> bool:
+        raise FencedError("another owner took the interval")
+
+    monkeypatch.setattr(workers.store, "was_applied", fenced)
+    with pytest.raises(FencedError):
+        workers.worker(spec).process(deliver(make_record("k", b"a")), WM)
 
 
 def test_commits_split_between_keys_never_within_one(
