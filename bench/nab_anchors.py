@@ -12,6 +12,14 @@ precision (found / (found + false alarms)) and NAB's standard score normalised o
 series (``zeitgeist.series.nab_score``). Nothing counts in NAB's probation (the first 750 rows
 of each series). Zeitgeist's parameters were chosen looking at these series: its row is
 in-sample. Pure Python, no services; about half a minute on 2 cores.
+
+    python bench/nab_anchors.py --ensembles
+
+adds what an ensemble could reach: each published detector's flagged times together with
+Zeitgeist's (a union: one alarm of either counts), scored the same way. A union is the most
+an ensemble of the two that votes "either" can find, and its false alarms are what it pays
+for that; the rows are in-sample (Zeitgeist's were chosen here, the published detectors'
+thresholds on all of NAB).
 """
 
 from __future__ import annotations
@@ -95,36 +103,60 @@ def published(path: Path, queries: Iterable[str]) -> dict[str, dict[str, list[in
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.parse_args(argv)
+    parser.add_argument(
+        "--ensembles",
+        action="store_true",
+        help="also each published detector's alarms together with Zeitgeist's (a union)",
+    )
+    args = parser.parse_args(argv)
     series = load_series(SERIES)
-    rows = [
-        score_detector(name, series, by_query)
-        for name, by_query in published(PUBLISHED, (s.query for s in series)).items()
-    ]
+    others = published(PUBLISHED, (s.query for s in series))
+    rows = [score_detector(name, series, by_query) for name, by_query in others.items()]
     started = time.monotonic()
     ours: dict[str, list[int]] = defaultdict(list)
     for detection in reference_detections(series, ModelParams()):
         ours[detection.query].append(detection.bucket)
     seconds = time.monotonic() - started
     rows.append(score_detector("Zeitgeist (in-sample)", series, ours))
-    rows.sort(key=lambda r: -(r.nab.normalised or 0.0))
-    header = (
-        f"{'detector':<24} {'windows':>8} {'false alarms':>12} {'recall':>6} "
-        f"{'precision':>9} {'NAB':>6}"
-    )
     print(
         f"the {len(series)} tweet series NAB labelled ({rows[0].score.windows} windows), "
         "each detector at its published standard threshold\n"
     )
+    _print_rows(rows)
+    if args.ensembles:
+        unions = [
+            score_detector(f"Zeitgeist + {name}", series, _union(ours, by_query))
+            for name, by_query in others.items()
+        ]
+        print("\nZeitgeist's alarms and each detector's together (in-sample)\n")
+        _print_rows(unions)
+    print(f"\nZeitgeist's offline reference: {seconds:.1f} s")
+
+
+def _union(*flagged: dict[str, list[int]]) -> dict[str, list[int]]:
+    """The flagged times of several detectors together, per query."""
+    together: dict[str, set[int]] = defaultdict(set)
+    for by_query in flagged:
+        for query, times in by_query.items():
+            together[query].update(times)
+    return {query: sorted(times) for query, times in together.items()}
+
+
+def _print_rows(rows: list[Row]) -> None:
+    """A table of ``rows``, the best NAB score first."""
+    width = max(24, *(len(row.detector) for row in rows))
+    header = (
+        f"{'detector':<{width}} {'windows':>8} {'false alarms':>12} {'recall':>6} "
+        f"{'precision':>9} {'NAB':>6}"
+    )
     print(header)
     print("-" * len(header))
-    for row in rows:
+    for row in sorted(rows, key=lambda r: -(r.nab.normalised or 0.0)):
         print(
-            f"{row.detector:<24} {row.score.found:>4}/{row.score.windows:<3} "
+            f"{row.detector:<{width}} {row.score.found:>4}/{row.score.windows:<3} "
             f"{row.score.false_alarms:>12} {row.score.recall:>6.2f} "
             f"{row.score.precision:>9.2f} {row.nab.normalised or 0.0:>6.1f}"
         )
-    print(f"\nZeitgeist's offline reference: {seconds:.1f} s")
 
 
 if __name__ == "__main__":

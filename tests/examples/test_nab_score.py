@@ -159,3 +159,31 @@ def test_the_anchor_benchmark_prints_the_published_detectors_as_nab_extra_tabula
     assert rows["contextOSE"] == ["11/15", "7", "0.73", "0.61", "64.4"]
     assert rows["expose"] == ["5/15", "42", "0.33", "0.11", "11.5"]
     assert "Zeitgeist" in rows
+
+
+def test_the_anchor_benchmark_scores_zeitgeist_together_with_each_published_detector(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--ensembles``: a union finds every window either part found, and no fewer."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "nab_anchors.py"
+    spec = importlib.util.spec_from_file_location("nab_anchors_ensembles", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    module.main(["--ensembles"])
+    found = {
+        line.rsplit(maxsplit=5)[0].strip(): int(line.rsplit(maxsplit=5)[1].split("/")[0])
+        for line in capsys.readouterr().out.splitlines()
+        if line and line[0].isalpha() and "/" in line
+    }
+    published = [name for name in found if "Zeitgeist" not in name]
+    assert len(published) == 15
+    ours = found["Zeitgeist (in-sample)"]
+    for name in published:
+        assert found[f"Zeitgeist + {name}"] >= max(found[name], ours), name
+    # Exactly the windows of both: ARTime finds all 15 alone, so together they do too.
+    assert found["Zeitgeist + ARTime"] == 15
