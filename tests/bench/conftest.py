@@ -1,5 +1,5 @@
 """The benchmarks' helpers import as the scripts import them: ``bench`` from the repository's
-root."""
+root, ``zeitgeist`` from ``examples``."""
 
 from __future__ import annotations
 
@@ -7,5 +7,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for path in (ROOT, ROOT / "examples"):  # `bench`, and `zeitgeist` as its scripts find it
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
