@@ -224,23 +224,26 @@ def test_two_stages_keyed_differently_count_each_distinct_event_once(
     produce(services, pipeline.searches, [encode_record(r) for r in repeated[:200]])
 
     running = start(pipeline, services, spark, max_offsets_per_trigger=120)
-    running.process_available(timeout=300)
-    produce(services, pipeline.searches, [encode_record(r) for r in repeated[200:]])
-    running.process_available(timeout=300)
+    try:
+        running.process_available(timeout=300)
+        produce(services, pipeline.searches, [encode_record(r) for r in repeated[200:]])
+        running.process_available(timeout=300)
 
-    assert_results(cassandra, pipeline, distinct)
-    metrics = running.metrics()
-    first, second = metrics[pipeline.per_user], metrics[pipeline.per_query]
-    assert first.inputs == len(repeated)
-    assert (first.processed, first.duplicates) == (len(distinct), len(distinct[::5]))
-    assert (first.dead_letters, first.failed_attempts) == (0, 0)
-    assert second.processed == len(distinct)
-    assert second.duplicates == second.inputs - len(distinct)
-    assert first.batches >= 3
-    assert first.intervals == first.rescans + first.cache_hits
-    # Downstream, deduplicating by record ID, sees one production per distinct event.
-    hits = [decode_record(value) for _, _, value in read_topic(services, pipeline.hits)]
-    assert len({r.record_id for r in hits}) == len(distinct)
+        assert_results(cassandra, pipeline, distinct)
+        metrics = running.metrics()
+        first, second = metrics[pipeline.per_user], metrics[pipeline.per_query]
+        assert first.inputs == len(repeated)
+        assert (first.processed, first.duplicates) == (len(distinct), len(distinct[::5]))
+        assert (first.dead_letters, first.failed_attempts) == (0, 0)
+        assert second.processed == len(distinct)
+        assert second.duplicates == second.inputs - len(distinct)
+        assert first.batches >= 3
+        assert first.intervals == first.rescans + first.cache_hits
+        # Downstream, deduplicating by record ID, sees one production per distinct event.
+        hits = [decode_record(value) for _, _, value in read_topic(services, pipeline.hits)]
+        assert len({r.record_id for r in hits}) == len(distinct)
+    finally:
+        running.stop()
 
 
 def test_the_driver_aborts_a_transaction_hanging_on_a_stream_its_computations_write(
@@ -299,42 +302,45 @@ def test_bad_input_lands_in_dead_letters_with_its_origin(
     produce(services, pipeline.searches, messages, **{"message.max.bytes": 2_000_000})
 
     running = start(pipeline, services, spark)
-    running.process_available(timeout=300)
+    try:
+        running.process_available(timeout=300)
 
-    assert_results(cassandra, pipeline, good)
-    positions: dict[bytes, tuple[int, int]] = {}
-    for partition, offset, value in read_topic(services, pipeline.searches):
-        positions.setdefault(value, (partition, offset))  # a duplicate's first delivery
-    letters = {}
-    for _, _, value in read_topic(services, f"{pipeline.per_user}.dead-letters"):
-        envelope = decode_record(value)
-        letters[envelope.record_id] = decode_dead_letter(envelope.value)
-    assert len(letters) == len(bad)
-    by_error = {letter.error_type: letter for letter in letters.values()}
-    assert set(by_error) == set(bad.values())
-    for raw, error_type in bad.items():
-        letter = by_error[error_type]
-        assert letter.computation == pipeline.per_user
-        assert letter.origin.stream == pipeline.searches
-        assert (letter.origin.partition, letter.origin.offset) == positions[raw]
-        assert letter.raw_size == len(raw)
-        assert raw.startswith(letter.raw)
-        assert letter.raw == raw or error_type == "OversizedRecordError"
-        assert letter.error_message
-    assert by_error["ValueError"].origin.record_id == failing.record_id
-    assert by_error["KeyError"].origin.record_id == unkeyable.record_id
+        assert_results(cassandra, pipeline, good)
+        positions: dict[bytes, tuple[int, int]] = {}
+        for partition, offset, value in read_topic(services, pipeline.searches):
+            positions.setdefault(value, (partition, offset))  # a duplicate's first delivery
+        letters = {}
+        for _, _, value in read_topic(services, f"{pipeline.per_user}.dead-letters"):
+            envelope = decode_record(value)
+            letters[envelope.record_id] = decode_dead_letter(envelope.value)
+        assert len(letters) == len(bad)
+        by_error = {letter.error_type: letter for letter in letters.values()}
+        assert set(by_error) == set(bad.values())
+        for raw, error_type in bad.items():
+            letter = by_error[error_type]
+            assert letter.computation == pipeline.per_user
+            assert letter.origin.stream == pipeline.searches
+            assert (letter.origin.partition, letter.origin.offset) == positions[raw]
+            assert letter.raw_size == len(raw)
+            assert raw.startswith(letter.raw)
+            assert letter.raw == raw or error_type == "OversizedRecordError"
+            assert letter.error_message
+        assert by_error["ValueError"].origin.record_id == failing.record_id
+        assert by_error["KeyError"].origin.record_id == unkeyable.record_id
 
-    first = running.metrics()[pipeline.per_user]
-    assert first.inputs == len(messages)
-    assert first.rejected == 4  # malformed, unknown schema, oversized, unkeyable
-    assert first.duplicates == 1
-    assert first.dead_letters == len(bad)
-    assert first.inputs == first.processed + first.rejected + first.duplicates
-    # Its productions and dead letters went out in committed transactions: nothing left open
-    # behind a last stable offset when the driver looked after a batch.
-    assert first.transactions > 0
-    assert first.stalls == 0
-    assert all(b.unstable_messages == 0 for b in running.batches(pipeline.per_user))
+        first = running.metrics()[pipeline.per_user]
+        assert first.inputs == len(messages)
+        assert first.rejected == 4  # malformed, unknown schema, oversized, unkeyable
+        assert first.duplicates == 1
+        assert first.dead_letters == len(bad)
+        assert first.inputs == first.processed + first.rejected + first.duplicates
+        # Its productions and dead letters went out in committed transactions: nothing left open
+        # behind a last stable offset when the driver looked after a batch.
+        assert first.transactions > 0
+        assert first.stalls == 0
+        assert all(b.unstable_messages == 0 for b in running.batches(pipeline.per_user))
+    finally:
+        running.stop()
 
 
 def test_a_driver_killed_mid_run_loses_and_duplicates_nothing(
@@ -443,45 +449,48 @@ def test_a_task_whose_interval_was_taken_commits_nothing(
     kafka_connector.create_topics(services, [pipeline.searches], partitions=1)
     produce(services, pipeline.searches, [encode_record(events(1)[0])])
     running = start(pipeline, services, spark, topology=topology)
-    failures: list[BaseException] = []
-
-    def process() -> None:
-        try:
-            running.process_available(timeout=240)
-        except BaseException as exc:
-            failures.append(exc)
-
-    worker = threading.Thread(target=process)
-    worker.start()
     try:
-        deadline = time.monotonic() + 120
-        while not (tmp_path / "entered").exists():
-            assert time.monotonic() < deadline, "the task never reached user code"
-            assert worker.is_alive(), failures
-            time.sleep(0.1)
-        # The task holds sequencer 1 and runs user code; a newer owner takes the interval.
-        store = CassandraIntervalStore(cassandra, pipeline.keyspace, SystemClock())
-        assert store.acquire(name, 0).token == 2
-    finally:
-        (tmp_path / "gate").touch()
-        worker.join(240)
-    assert not worker.is_alive()
-    assert not failures, failures
+        failures: list[BaseException] = []
 
-    (batch,) = running.batches(name)
-    assert len(batch.failed_attempts) == 1
-    assert "FencedError" in batch.failed_attempts[0]
-    assert batch.processed == 1
-    # Only the retry (sequencer 3) committed: state and productions are its alone.
-    assert store.sequencer(name, 0) == 3
-    rows = cassandra.execute(
-        f"SELECT key, value FROM {pipeline.keyspace}.intervals "
-        "WHERE computation = %s AND interval = 0 AND kind = 'state'",
-        (name,),
-    )
-    assert [JSON.decode(row.value) for row in rows] == ["retry"]
-    produced = [decode_record(v).value for _, _, v in read_topic(services, pipeline.hits)]
-    assert produced == [b"retry"]
+        def process() -> None:
+            try:
+                running.process_available(timeout=240)
+            except BaseException as exc:
+                failures.append(exc)
+
+        worker = threading.Thread(target=process)
+        worker.start()
+        try:
+            deadline = time.monotonic() + 120
+            while not (tmp_path / "entered").exists():
+                assert time.monotonic() < deadline, "the task never reached user code"
+                assert worker.is_alive(), failures
+                time.sleep(0.1)
+            # The task holds sequencer 1 and runs user code; a newer owner takes the interval.
+            store = CassandraIntervalStore(cassandra, pipeline.keyspace, SystemClock())
+            assert store.acquire(name, 0).token == 2
+        finally:
+            (tmp_path / "gate").touch()
+            worker.join(240)
+        assert not worker.is_alive()
+        assert not failures, failures
+
+        (batch,) = running.batches(name)
+        assert len(batch.failed_attempts) == 1
+        assert "FencedError" in batch.failed_attempts[0]
+        assert batch.processed == 1
+        # Only the retry (sequencer 3) committed: state and productions are its alone.
+        assert store.sequencer(name, 0) == 3
+        rows = cassandra.execute(
+            f"SELECT key, value FROM {pipeline.keyspace}.intervals "
+            "WHERE computation = %s AND interval = 0 AND kind = 'state'",
+            (name,),
+        )
+        assert [JSON.decode(row.value) for row in rows] == ["retry"]
+        produced = [decode_record(v).value for _, _, v in read_topic(services, pipeline.hits)]
+        assert produced == [b"retry"]
+    finally:
+        running.stop()
 
 
 def wait_counted(
