@@ -32,6 +32,12 @@ kill). Every blocking transaction call therefore runs on a thread of its own, wa
 its timeout plus :data:`GRACE_SECONDS`: one that has not returned by then is abandoned with
 its producer (the outcome is unknown; the next open fences that producer and aborts its
 transaction) and counted in :attr:`KafkaTransactionalSink.abandoned`.
+``send_offsets_to_transaction``, the call that gets stuck, has a timeout of its own, at most
+:data:`OFFSETS_SECONDS`: it takes milliseconds when the coordinators answer, and a stuck one
+held its interval's batch for the whole send timeout (35 s per batch after a broker's
+restart in the proving ground), where giving up sooner only reopens the producer. An
+abandoned call also renews the sink's admin client, which the same broker restart leaves
+unanswering (see :meth:`KafkaTransactionalSink._read_marker`).
 
 On a secured cluster the principal needs, besides what it has for its streams: ``Write`` and
 ``Describe`` on the transactional IDs (prefix ``millstream.``), ``Read`` on the groups (prefix
@@ -57,6 +63,7 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
+from confluent_kafka.admin import AdminClient
 
 from millstream.connectors.kafka.clients import consumer, producer
 from millstream.connectors.kafka.topics import admin_client, create_topics, stream_topic
@@ -73,6 +80,7 @@ __all__ = [
     "GRACE_SECONDS",
     "IDLE_SECONDS",
     "MAX_PRODUCERS",
+    "OFFSETS_SECONDS",
     "TRANSACTIONAL_ID_PREFIX",
     "KafkaTransactionalSink",
     "create_transaction_marker_topic",
@@ -86,6 +94,9 @@ _log = logging.getLogger(__name__)
 
 IDLE_SECONDS: Final = 300.0
 GRACE_SECONDS: Final = 5.0
+OFFSETS_SECONDS: Final = 10.0
+"""The longest ``send_offsets_to_transaction`` is waited for (then :data:`GRACE_SECONDS`),
+shorter than the send timeout: see the module docstring."""
 _RETRY_BACKOFF_MS: Final = 10
 MAX_PRODUCERS: Final = 256
 
@@ -347,9 +358,12 @@ class KafkaTransactionalSink:
             made.begin_transaction()
             for production in productions:
                 self._produce(made, production, timeout)
+            offsets_timeout = min(timeout, OFFSETS_SECONDS)
             _bounded(
-                lambda: made.send_offsets_to_transaction(offsets, held.group_metadata, timeout),
-                timeout,
+                lambda: made.send_offsets_to_transaction(
+                    offsets, held.group_metadata, offsets_timeout
+                ),
+                offsets_timeout,
                 "send_offsets_to_transaction",
             )
             pause_point("executor.transaction", computation)
@@ -358,6 +372,9 @@ class KafkaTransactionalSink:
             with self._lock:
                 if self._producers.get(key) is held:
                     del self._producers[key]
+            # The coordinator that wedged this call likely wedged the admin client too (see
+            # _read_marker): the open that follows reads the marker through a new one.
+            self._renew_admin(self._admin)
             self.abandoned += 1
             _log.warning(
                 "transaction of interval %d of %r abandoned, its outcome unknown: %s",
@@ -404,6 +421,13 @@ class KafkaTransactionalSink:
                     ) from None
                 made.poll(0.05)
 
+    def _renew_admin(self, stale: AdminClient) -> None:
+        """A new admin client in place of ``stale``, unless another thread renewed it first
+        (a read still waiting on ``stale`` keeps it referenced until it ends)."""
+        with self._lock:
+            if self._admin is stale:
+                self._admin = admin_client(self._config)
+
     def _read_marker(self, name: str, timeout: float) -> CommitTag | None:
         request = ConsumerGroupTopicPartitions(name, [TopicPartition(self._marker_topic, 0)])
         admin = self._admin
@@ -416,9 +440,7 @@ class KafkaTransactionalSink:
             # wedged. After a kill -9 of the broker, the admin client made before it never
             # answered again (every read timed out for minutes while a new client's read of
             # the same marker answered at once): the next read gets a new one.
-            with self._lock:
-                if self._admin is admin:
-                    self._admin = admin_client(self._config)
+            self._renew_admin(admin)
             raise TransactionUnavailableError(
                 f"the transaction marker of {name!r} was not readable within {timeout:.0f} s "
                 "(a transaction left open on it, or Kafka not answering)"

@@ -30,6 +30,7 @@ class BlockedProducer:
     def __init__(self, released: threading.Event) -> None:
         self.released = released
         self.produced = 0
+        self.offsets_timeout: float | None = None
 
     def begin_transaction(self) -> None:
         pass
@@ -38,6 +39,7 @@ class BlockedProducer:
         self.produced += 1
 
     def send_offsets_to_transaction(self, offsets: Any, metadata: Any, timeout: float) -> None:
+        self.offsets_timeout = timeout
         self.released.wait()
 
     def commit_transaction(self, timeout: float) -> None:
@@ -64,6 +66,49 @@ def test_a_call_blocked_past_its_timeout_is_abandoned_with_its_producer(
         again = sink.deliver("comp", 0, [Production("out", record)], CommitTag(1, 1), 0.2)
         assert again is DeliveryOutcome.UNKNOWN
         assert sink.abandoned == 1
+    finally:
+        released.set()
+
+
+def test_a_stuck_send_offsets_is_given_up_on_sooner_than_the_send_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(transactions, "GRACE_SECONDS", 0.0)
+    monkeypatch.setattr(transactions, "OFFSETS_SECONDS", 0.2)
+    released = threading.Event()
+    sink = KafkaTransactionalSink(MillstreamConfig(kafka_bootstrap="127.0.0.1:1"), "ks.table")
+    blocked = BlockedProducer(released)
+    sink._producers[("comp", 0)] = _Producer(blocked, object(), time.monotonic())  # type: ignore[arg-type]
+    record = Record("k", b"v", 1, injector_record_id("t", 0, 0))
+    try:
+        started = time.monotonic()
+        outcome = sink.deliver("comp", 0, [Production("out", record)], CommitTag(1, 1), 60.0)
+        assert time.monotonic() - started < 5  # not the 60 s send timeout
+        assert outcome is DeliveryOutcome.UNKNOWN
+        assert sink.abandoned == 1
+        assert blocked.offsets_timeout == 0.2  # librdkafka is told the shorter timeout too
+    finally:
+        released.set()
+
+
+def test_a_stuck_call_gives_the_sink_a_new_admin_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(transactions, "GRACE_SECONDS", 0.0)
+    made: list[SilentAdmin] = []
+
+    def admin_client(config: MillstreamConfig) -> SilentAdmin:
+        made.append(SilentAdmin())
+        return made[-1]
+
+    monkeypatch.setattr(transactions, "admin_client", admin_client)
+    released = threading.Event()
+    sink = KafkaTransactionalSink(MillstreamConfig(kafka_bootstrap="127.0.0.1:1"), "ks.table")
+    sink._producers[("comp", 0)] = _Producer(BlockedProducer(released), object(), time.monotonic())  # type: ignore[arg-type]
+    record = Record("k", b"v", 1, injector_record_id("t", 0, 0))
+    try:
+        outcome = sink.deliver("comp", 0, [Production("out", record)], CommitTag(1, 1), 0.1)
+        assert outcome is DeliveryOutcome.UNKNOWN
+        assert len(made) == 2
+        assert sink._admin is made[1]  # type: ignore[comparison-overlap]
     finally:
         released.set()
 
