@@ -35,7 +35,7 @@ import argparse
 import multiprocessing
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,7 @@ for path in (ROOT, EXAMPLES):  # run as a script: `bench.nab_anchors` and `zeitg
 from zeitgeist.generate import generate  # noqa: E402
 from zeitgeist.model import ModelParams  # noqa: E402
 from zeitgeist.protocol import (  # noqa: E402
+    Judge,
     Judged,
     changes,
     cross_search,
@@ -128,7 +129,7 @@ def scaled_bars(params: ModelParams, factor: float) -> ModelParams:
 def hindsight_bars(
     series: Sequence[Series],
     params: ModelParams,
-    judge: Callable[[Sequence[tuple[Series, ModelParams]]], list[Judged]],
+    judge: Judge,
 ) -> dict[str, ModelParams]:
     """Per series, ``params`` with the spike and the dip bars scaled by the pair of
     :data:`HINDSIGHT` factors that scores best there (NAB raw score; ties: fewer false
