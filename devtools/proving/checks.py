@@ -63,6 +63,7 @@ from millstream.engine.records import Record, decode_record, injector_record_id
 from millstream.engine.watermarks import WatermarkReport, decode_watermark_message
 
 __all__ = [
+    "FENCED_WRITE",
     "PLAIN_DUPLICATES",
     "STORE_WRITES_LOST",
     "CheckResult",
@@ -78,7 +79,9 @@ __all__ = [
 # The driver's log lines of a split or merge it made, and of one it found journaled.
 _CHANGED = re.compile(r": (split|merge) of intervals \[")
 _FINISHING = re.compile(r": finishing a (split|merge)$")
-_FENCED = re.compile(r"^millstream\.engine\.errors\.FencedError: ")
+# A write the store refused to a zombie (a worker's traceback in a driver's log): not the
+# driver's own fence at a batch's start, which names FencedError too but writes nothing.
+FENCED_WRITE = re.compile(r"^millstream\.engine\.errors\.FencedError: ")
 # An outage wait (millstream.engine.outages), whichever service it names.
 _WAITING = re.compile(r": waiting for (Kafka|Cassandra)")
 # The injector's outage waits (its Outage names it "injector '<name>' process '<id>'").
@@ -628,7 +631,7 @@ def _non_vacuity(
         )
         # A fenced attempt's error names its interval, sequencer and lease: one message per
         # write refused, however often Spark's logs repeat it.
-        counts.fenced_attempts += len({line for line in lines if _FENCED.match(line)})
+        counts.fenced_attempts += len({line for line in lines if FENCED_WRITE.match(line)})
         taken_back = [line for line in lines if _TAKEN_BACK in line]
         counts.queries_taken_back += len(taken_back)
         counts.spark_fenced_queries += sum(_SPARK_FENCED in line for line in lines) - sum(
