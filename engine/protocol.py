@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import logging
 from collections.abc import Callable, Iterable, Sequence, Set
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
@@ -105,6 +106,8 @@ from millstream.engine.topology import ComputationSpec
 from millstream.engine.watermarks import IntervalProgress
 
 __all__ = ["BatchResult", "Delivery", "IntervalWorker", "Rejected", "WorkerPool"]
+
+_log = logging.getLogger(__name__)
 
 # After this many unknown outcomes in a row the batch fails; the store is too unhealthy to wait.
 _MAX_COMMIT_ATTEMPTS = 5
@@ -540,6 +543,14 @@ class IntervalWorker:
                 delivered = ()
                 unknown += 1
                 self._unknown_outcomes += 1
+                # Said at once: an attempt that fails on it reports no count, and the next
+                # one may run the interval in another process.
+                _log.warning(
+                    "computation %r interval %d: %s; reading it back",
+                    self.spec.name,
+                    self.interval,
+                    outcome,
+                )
                 applied = self._resolve(lease, outcome)
                 left = set(outcome.unattempted_keys)
                 if not applied:

@@ -82,6 +82,8 @@ _FINISHING = re.compile(r": finishing a (split|merge)$")
 # A write the store refused to a zombie (a worker's traceback in a driver's log): not the
 # driver's own fence at a batch's start, which names FencedError too but writes nothing.
 FENCED_WRITE = re.compile(r"^millstream\.engine\.errors\.FencedError: ")
+# A worker's warning of a commit whose outcome is unknown (millstream.engine.protocol).
+_UNKNOWN = re.compile(r"computation '[^']*' interval \d+: .*; reading it back$")
 # An outage wait (millstream.engine.outages), whichever service it names.
 _WAITING = re.compile(r": waiting for (Kafka|Cassandra)")
 # The injector's outage waits (its Outage names it "injector '<name>' process '<id>'").
@@ -602,6 +604,7 @@ def _non_vacuity(
     names: ProvingNames,
 ) -> NonVacuity:
     counts = NonVacuity()
+    logged_unknown = 0
     for batch in batches:
         counts.resent_productions += int(batch["resent"])
         counts.marker_resolved += int(batch.get("marker_resolved", 0))
@@ -625,6 +628,7 @@ def _non_vacuity(
             continue
         counts.failed_attempts += sum("failed, retrying" in line for line in lines)
         counts.outage_waits += sum(_WAITING.search(line) is not None for line in lines)
+        logged_unknown += sum(_UNKNOWN.search(line) is not None for line in lines)
         counts.interval_changes += sum(_CHANGED.search(line) is not None for line in lines)
         counts.changes_finished_after_a_kill += sum(
             _FINISHING.search(line) is not None for line in lines
@@ -637,6 +641,10 @@ def _non_vacuity(
         counts.spark_fenced_queries += sum(_SPARK_FENCED in line for line in lines) - sum(
             _SPARK_FENCED in line for line in taken_back
         )
+    # Each unknown outcome a worker met is also a warning in the driver's log, written before
+    # anything can fail on it: the batches miss one whose attempt failed naming another
+    # interval's error, or whose next attempt ran the interval in another process.
+    counts.unknown_outcomes = max(counts.unknown_outcomes, logged_unknown)
     # The rollup stage runs without exactly-once: an input it ran again (a replayed batch)
     # sent its weak productions again, under the same record IDs; its state, which sets,
     # absorbed the rerun.

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from millstream.devtools.proving import checks
 from millstream.engine import protocol
 from millstream.engine.cache import StateCache
 from millstream.engine.clock import ManualClock
@@ -557,6 +558,20 @@ def test_a_fenced_read_back_of_an_unknown_outcome_stays_fenced(
     monkeypatch.setattr(workers.store, "was_applied", fenced)
     with pytest.raises(FencedError):
         workers.worker(spec).process(deliver(make_record("k", b"a")), WM)
+
+
+def test_an_unknown_outcome_is_logged_as_it_is_met(
+    workers: Workers, make_record: RecordFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    spec = workers.spec(Appender())
+    workers.store.inject_unknown_outcome(UnknownOutcome.NOT_APPLIED)
+    with caplog.at_level("WARNING", logger="millstream.engine.protocol"):
+        workers.worker(spec).process(deliver(make_record("k", b"a")), WM)
+    (warning,) = [r.getMessage() for r in caplog.records if "reading it back" in r.getMessage()]
+    assert warning.startswith(f"computation {spec.name!r} interval 0: ")
+    assert warning.endswith("timed out (injected); reading it back")
+    # The proving ground counts these lines in the driver's log.
+    assert checks._UNKNOWN.search(warning) is not None
 
 
 def test_commits_split_between_keys_never_within_one(
