@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any
 
@@ -46,73 +47,6 @@ class BlockedProducer:
         raise AssertionError("a blocked transaction must not be committed")
 
 
-def test_a_call_blocked_past_its_timeout_is_abandoned_with_its_producer(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(transactions, "GRACE_SECONDS", 0.0)
-    released = threading.Event()
-    sink = KafkaTransactionalSink(MillstreamConfig(kafka_bootstrap="127.0.0.1:1"), "ks.table")
-    blocked = BlockedProducer(released)
-    sink._producers[("comp", 0)] = _Producer(blocked, object(), time.monotonic())  # type: ignore[arg-type]
-    record = Record("k", b"v", 1, injector_record_id("t", 0, 0))
-    try:
-        started = time.monotonic()
-        outcome = sink.deliver("comp", 0, [Production("out", record)], CommitTag(1, 1), 0.2)
-        assert time.monotonic() - started < 5
-        assert outcome is DeliveryOutcome.UNKNOWN
-        assert sink.abandoned == 1
-        assert blocked.produced == 1
-        # The next delivery must open the interval again (fencing the abandoned producer).
-        again = sink.deliver("comp", 0, [Production("out", record)], CommitTag(1, 1), 0.2)
-        assert again is DeliveryOutcome.UNKNOWN
-        assert sink.abandoned == 1
-    finally:
-        released.set()
-
-
-def test_a_stuck_send_offsets_is_given_up_on_sooner_than_the_send_timeout(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(transactions, "GRACE_SECONDS", 0.0)
-    monkeypatch.setattr(transactions, "OFFSETS_SECONDS", 0.2)
-    released = threading.Event()
-    sink = KafkaTransactionalSink(MillstreamConfig(kafka_bootstrap="127.0.0.1:1"), "ks.table")
-    blocked = BlockedProducer(released)
-    sink._producers[("comp", 0)] = _Producer(blocked, object(), time.monotonic())  # type: ignore[arg-type]
-    record = Record("k", b"v", 1, injector_record_id("t", 0, 0))
-    try:
-        started = time.monotonic()
-        outcome = sink.deliver("comp", 0, [Production("out", record)], CommitTag(1, 1), 60.0)
-        assert time.monotonic() - started < 5  # not the 60 s send timeout
-        assert outcome is DeliveryOutcome.UNKNOWN
-        assert sink.abandoned == 1
-        assert blocked.offsets_timeout == 0.2  # librdkafka is told the shorter timeout too
-    finally:
-        released.set()
-
-
-def test_a_stuck_call_gives_the_sink_a_new_admin_client(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(transactions, "GRACE_SECONDS", 0.0)
-    made: list[SilentAdmin] = []
-
-    def admin_client(config: MillstreamConfig) -> SilentAdmin:
-        made.append(SilentAdmin())
-        return made[-1]
-
-    monkeypatch.setattr(transactions, "admin_client", admin_client)
-    released = threading.Event()
-    sink = KafkaTransactionalSink(MillstreamConfig(kafka_bootstrap="127.0.0.1:1"), "ks.table")
-    sink._producers[("comp", 0)] = _Producer(BlockedProducer(released), object(), time.monotonic())  # type: ignore[arg-type]
-    record = Record("k", b"v", 1, injector_record_id("t", 0, 0))
-    try:
-        outcome = sink.deliver("comp", 0, [Production("out", record)], CommitTag(1, 1), 0.1)
-        assert outcome is DeliveryOutcome.UNKNOWN
-        assert len(made) == 2
-        assert sink._admin is made[1]  # type: ignore[comparison-overlap]
-    finally:
-        released.set()
-
-
 class SilentAdmin:
     """Stands for an admin client that never answers again (made before a broker's kill)."""
 
@@ -125,9 +59,9 @@ class SilentAdmin:
         return {request.group_id: Future() for request in requests}
 
 
-def test_a_marker_read_without_an_answer_is_unavailable_and_the_next_read_gets_a_new_client(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+@pytest.fixture
+def admins(monkeypatch: pytest.MonkeyPatch) -> list[SilentAdmin]:
+    """Every admin client the sinks made, in order: silent ones."""
     made: list[SilentAdmin] = []
 
     def admin_client(config: MillstreamConfig) -> SilentAdmin:
@@ -135,12 +69,73 @@ def test_a_marker_read_without_an_answer_is_unavailable_and_the_next_read_gets_a
         return made[-1]
 
     monkeypatch.setattr(transactions, "admin_client", admin_client)
+    return made
+
+
+@pytest.fixture
+def blocked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[tuple[KafkaTransactionalSink, BlockedProducer]]:
+    """A sink whose producer of interval 0 of ``comp`` blocks in send_offsets_to_transaction
+    until the test ends; calls are abandoned at their timeout, without grace."""
+    monkeypatch.setattr(transactions, "GRACE_SECONDS", 0.0)
+    released = threading.Event()
+    sink = KafkaTransactionalSink(MillstreamConfig(kafka_bootstrap="127.0.0.1:1"), "ks.table")
+    producer = BlockedProducer(released)
+    sink._producers[("comp", 0)] = _Producer(producer, object(), time.monotonic())  # type: ignore[arg-type]
+    yield sink, producer
+    released.set()
+
+
+def _deliver(sink: KafkaTransactionalSink, timeout: float) -> DeliveryOutcome:
+    record = Record("k", b"v", 1, injector_record_id("t", 0, 0))
+    return sink.deliver("comp", 0, [Production("out", record)], CommitTag(1, 1), timeout)
+
+
+def test_a_call_blocked_past_its_timeout_is_abandoned_with_its_producer(
+    blocked: tuple[KafkaTransactionalSink, BlockedProducer],
+) -> None:
+    sink, producer = blocked
+    started = time.monotonic()
+    assert _deliver(sink, 0.2) is DeliveryOutcome.UNKNOWN
+    assert time.monotonic() - started < 5
+    assert sink.abandoned == 1
+    assert producer.produced == 1
+    # The next delivery must open the interval again (fencing the abandoned producer).
+    assert _deliver(sink, 0.2) is DeliveryOutcome.UNKNOWN
+    assert sink.abandoned == 1
+
+
+def test_a_stuck_send_offsets_is_given_up_on_sooner_than_the_send_timeout(
+    blocked: tuple[KafkaTransactionalSink, BlockedProducer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(transactions, "OFFSETS_SECONDS", 0.2)
+    sink, producer = blocked
+    started = time.monotonic()
+    assert _deliver(sink, 60.0) is DeliveryOutcome.UNKNOWN
+    assert time.monotonic() - started < 5  # not the 60 s send timeout
+    assert sink.abandoned == 1
+    assert producer.offsets_timeout == 0.2  # librdkafka is told the shorter timeout too
+
+
+def test_a_stuck_call_gives_the_sink_a_new_admin_client(
+    admins: list[SilentAdmin], blocked: tuple[KafkaTransactionalSink, BlockedProducer]
+) -> None:
+    sink, _ = blocked
+    assert _deliver(sink, 0.1) is DeliveryOutcome.UNKNOWN
+    assert len(admins) == 2
+    assert sink._admin is admins[1]  # type: ignore[comparison-overlap]
+
+
+def test_a_marker_read_without_an_answer_is_unavailable_and_the_next_read_gets_a_new_client(
+    admins: list[SilentAdmin],
+) -> None:
     sink = KafkaTransactionalSink(MillstreamConfig(kafka_bootstrap="127.0.0.1:1"), "ks.table")
     with pytest.raises(TransactionUnavailableError, match="not readable within 0 s"):
         sink._read_marker("millstream.ks.table.comp.0", 0.05)
-    assert len(made) == 2
-    assert made[0].asked == 1
+    assert len(admins) == 2
+    assert admins[0].asked == 1
     with pytest.raises(TransactionUnavailableError):
         sink._read_marker("millstream.ks.table.comp.0", 0.05)
-    assert made[1].asked == 1
-    assert len(made) == 3
+    assert admins[1].asked == 1
+    assert len(admins) == 3
