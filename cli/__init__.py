@@ -28,7 +28,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from millstream.cli import inspection, prove, run, stack, streams
+from millstream.cli import inspection, prove, run, stack, streams, ui
 from millstream.cli.arguments import PlainHelp
 from millstream.connectors import logs
 from millstream.engine.errors import MillstreamError
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 __all__ = ["guarded", "main"]
 
 # The command groups, in the order `millstream --help` lists their commands.
-_GROUPS = (stack, run, streams, inspection, prove)
+_GROUPS = (stack, run, streams, inspection, ui, prove)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

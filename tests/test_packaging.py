@@ -118,6 +118,9 @@ def test_the_sdist_and_the_wheel_carry_every_module_and_file(built: tuple[Path, 
         "millstream/connectors/log4j2.properties",
         "millstream/devtools/local/kafka-tools-log4j2.properties",
         "millstream/schemas/envelope.avsc",
+        "millstream/ui/assets/index.html",
+        "millstream/ui/assets/app.js",
+        "millstream/ui/assets/style.css",
     ):
         assert data in in_wheel, f"{data} missing from {wheel.name}"
     assert not any(name.startswith(("engine/", "connectors/", "tests/")) for name in in_wheel)

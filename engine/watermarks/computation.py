@@ -93,6 +93,8 @@ class ComputationWatermarks:
         self.percentile_watermarks = dict.fromkeys(self.percentiles, MIN_EVENT_TIME)
         self.held_by = "not reported yet"
         self.records = 0
+        # How far the input topics were read (reported for the live view's Kafka lag).
+        self.consumed: dict[str, dict[int, int]] = {}
         self._published: tuple[object, ...] | None = None
 
     @classmethod
@@ -152,6 +154,9 @@ class ComputationWatermarks:
         and timers run under (the ``timer_percentile`` one when the computation chose it)."""
         before = self.timer_watermark
         self.input.advance(consumed)
+        for topic in self.input.streams.values():
+            if topic in consumed:
+                self.consumed[topic] = {**self.consumed.get(topic, {}), **consumed[topic]}
         return before, self.timer_watermark
 
     @property
@@ -201,6 +206,7 @@ class ComputationWatermarks:
             self.input.current,
             tuple(self.percentile_watermarks.items()),
             timers,
+            tuple((t, tuple(sorted(p.items()))) for t, p in sorted(self.consumed.items())),
         )
         if said == self._published:
             return None
@@ -217,4 +223,5 @@ class ComputationWatermarks:
             records=self.records or None,
             timer_watermark=timers,
             hot=tuple((h.interval, h.records) for h in self.intervals.hottest(3) if h.records),
+            consumed={t: dict(p) for t, p in self.consumed.items()},
         )

@@ -71,7 +71,9 @@ class WatermarkReport:
     sources of a stream); ``timer_watermark`` is the percentile input watermark a computation
     fires its event-time timers under, when it opted in to one (restored after a restart).
     ``hot`` names a computation's busiest key intervals, as ``(interval, records)`` in its
-    latest batches (for ``millstream watermarks``).
+    latest batches (for ``millstream watermarks``). ``consumed`` is how far a computation
+    had read its input topics (exclusive offsets) when it reported: its Kafka lag, for the
+    live view (``millstream ui``); no consumer's watermark depends on it.
     """
 
     source: str
@@ -85,6 +87,7 @@ class WatermarkReport:
     records: int | None = None
     timer_watermark: int | None = None
     hot: tuple[tuple[int, int], ...] = ()
+    consumed: Offsets = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.source:
@@ -109,10 +112,7 @@ class WatermarkReport:
             "streams": list(self.streams),
             "watermark": self.watermark,
             "sequence": self.sequence,
-            "offsets": {
-                topic: {str(p): o for p, o in sorted(parts.items())}
-                for topic, parts in sorted(self.offsets.items())
-            },
+            "offsets": _offsets_document(self.offsets),
             "held_by": self.held_by,
         }
         if self.input_watermark is not None:
@@ -125,6 +125,8 @@ class WatermarkReport:
             document["timer_watermark"] = self.timer_watermark
         if self.hot:
             document["hot"] = [list(pair) for pair in self.hot]
+        if self.consumed:
+            document["consumed"] = _offsets_document(self.consumed)
         return json.dumps(document, separators=(",", ":")).encode()
 
     @classmethod
@@ -145,10 +147,7 @@ class WatermarkReport:
                 streams=_streams(document["streams"]),
                 watermark=_int(document["watermark"]),
                 sequence=_int(document["sequence"]),
-                offsets={
-                    str(topic): {int(p): _int(o) for p, o in parts.items()}
-                    for topic, parts in document.get("offsets", {}).items()
-                },
+                offsets=_offsets_of(document.get("offsets", {})),
                 input_watermark=None if input_watermark is None else _int(input_watermark),
                 held_by=str(document.get("held_by", "")),
                 percentiles={
@@ -158,6 +157,7 @@ class WatermarkReport:
                 records=None if records is None else _int(records),
                 timer_watermark=None if timer_watermark is None else _int(timer_watermark),
                 hot=tuple((_int(i), _int(n)) for i, n in document.get("hot", [])),
+                consumed=_offsets_of(document.get("consumed", {})),
             )
         except WatermarkReportError:
             raise
@@ -165,6 +165,19 @@ class WatermarkReport:
             raise WatermarkReportError(
                 f"not a watermark report ({type(exc).__name__}: {exc}): {value[:200]!r}"
             ) from exc
+
+
+def _offsets_document(offsets: Offsets) -> dict[str, dict[str, int]]:
+    return {
+        topic: {str(p): o for p, o in sorted(parts.items())}
+        for topic, parts in sorted(offsets.items())
+    }
+
+
+def _offsets_of(document: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[int, int]]:
+    return {
+        str(topic): {int(p): _int(o) for p, o in parts.items()} for topic, parts in document.items()
+    }
 
 
 def _streams(value: Any) -> tuple[str, ...]:

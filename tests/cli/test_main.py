@@ -27,6 +27,7 @@ COMMANDS = [
     "tail",
     "watermarks",
     "state",
+    "ui",
     "prove",
 ]
 # The fewest arguments each command runs with.

@@ -1,0 +1,191 @@
+"""The live view's snapshots from observations, without services: the graph's edges, lag and
+backlog, rates, health, what holds a watermark, and the timeline."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pytest
+
+from millstream.engine.records import MAX_EVENT_TIME
+from millstream.engine.watermarks import ExpectedSet, WatermarkMessage, WatermarkReport
+from millstream.ui.snapshot import Observation, Tracker
+
+pytestmark = pytest.mark.unit
+
+S = 1_000_000
+NOW = 1_700_000_000 * S
+COUNT = "computation/t/count"
+SUM = "computation/t/sum"
+
+
+def injector(watermark: int, process: str = "0") -> WatermarkReport:
+    return WatermarkReport(f"injector/feed/{process}", ("in",), watermark, 1)
+
+
+def computation(
+    source: str,
+    outputs: tuple[str, ...],
+    watermark: int,
+    consumed: Mapping[str, Mapping[int, int]],
+    held_by: str = "input",
+) -> WatermarkReport:
+    return WatermarkReport(
+        source, outputs, watermark, 1, held_by=held_by, consumed=consumed, input_watermark=watermark
+    )
+
+
+def observe(
+    now: int, *reports: WatermarkMessage, ends: Mapping[str, Mapping[int, int]]
+) -> Observation:
+    return Observation(
+        now,
+        {r.source if isinstance(r, WatermarkReport) else r.key: r for r in reports},
+        ends,
+    )
+
+
+def pipeline(now: int, consumed: int, watermark: int) -> Observation:
+    """feed -> in -> count -> mid -> sum -> out."""
+    return observe(
+        now,
+        injector(watermark),
+        computation(COUNT, ("mid",), watermark, {"in": {0: consumed, 1: 4}}),
+        computation(SUM, ("out",), watermark, {"mid": {0: 2}}),
+        ends={"in": {0: 10, 1: 4}, "mid": {0: 2}, "out": {0: 1}},
+    )
+
+
+def test_the_graph_follows_the_streams_from_the_injector_to_the_last_computation() -> None:
+    snapshot = Tracker().update(pipeline(NOW, 5, NOW - 60 * S))
+    edges = {(e["from"], e["to"]) for e in snapshot["edges"]}
+    assert edges == {
+        ("injector/feed", "stream/in"),
+        ("stream/in", COUNT),
+        (COUNT, "stream/mid"),
+        ("stream/mid", SUM),
+        (SUM, "stream/out"),
+    }
+    nodes = {n["id"]: n for n in snapshot["nodes"]}
+    assert nodes[COUNT]["lag_s"] == 60.0
+    assert nodes[COUNT]["backlog"] == 5  # 10 - 5 on partition 0, nothing on 1
+    assert nodes[SUM]["backlog"] == 0
+    stream = next(s for s in snapshot["streams"] if s["name"] == "in")
+    assert stream["writers"] == ["injector/feed"]
+    assert stream["consumers"] == [{"computation": COUNT, "lag": 5, "lag_s": 60.0, "trend": [60.0]}]
+    assert snapshot["headline"]["kafka_lag"] == 5
+    # Freshness is the output's: sum writes the stream nothing reads.
+    assert snapshot["headline"]["freshness_s"] == 60.0
+
+
+def test_rates_come_from_two_observations() -> None:
+    tracker = Tracker()
+    first = tracker.update(pipeline(NOW, 5, NOW - 60 * S))
+    assert next(n for n in first["nodes"] if n["id"] == COUNT)["in_rate"] is None
+    second = pipeline(NOW + 2 * S, 8, NOW - 59 * S)
+    second = Observation(second.now, second.messages, {**second.ends, "in": {0: 16, 1: 4}})
+    snapshot = tracker.update(second)
+    assert next(n for n in snapshot["nodes"] if n["id"] == COUNT)["in_rate"] == 1.5
+    assert next(s for s in snapshot["streams"] if s["name"] == "in")["rate"] == 3.0
+    assert snapshot["headline"]["input_rate"] == 3.0
+    assert snapshot["headline"]["processed_rate"] == 1.5
+
+
+def test_a_watermark_that_does_not_move_while_input_waits_is_stalled_and_its_holder_named() -> None:
+    tracker = Tracker(stall_after=30 * S)
+    tracker.update(pipeline(NOW, 5, NOW - 60 * S))
+    snapshot = tracker.update(pipeline(NOW + 31 * S, 5, NOW - 60 * S))
+    nodes = {n["id"]: n for n in snapshot["nodes"]}
+    assert nodes[COUNT]["health"] == "stalled"
+    assert nodes[SUM]["health"] == "ok"  # nothing waits for it
+    assert snapshot["headline"]["stalled"] == 1
+    assert snapshot["held"][COUNT] == [COUNT, "stream/in", "injector/feed"]
+    assert snapshot["held"][SUM] == [SUM, "stream/mid", COUNT, "stream/in", "injector/feed"]
+    assert [e["kind"] for e in snapshot["events"] if e.get("source") == COUNT] == ["stalled"]
+    # It moves again: ok, and the timeline says so.
+    moved = tracker.update(pipeline(NOW + 32 * S, 6, NOW - 50 * S))
+    assert {n["id"]: n for n in moved["nodes"]}[COUNT]["health"] == "ok"
+    assert [e["kind"] for e in moved["events"] if e.get("source") == COUNT] == ["stalled", "ok"]
+
+
+def test_a_silent_injector_process_holds_the_path_and_is_named() -> None:
+    expected = ExpectedSet("feed", ("in",), ("0", "1"))
+    snapshot = Tracker().update(
+        observe(
+            NOW,
+            expected,
+            injector(NOW - 5 * S, "0"),
+            computation(COUNT, ("mid",), NOW - 900 * S, {"in": {0: 3}}),
+            ends={"in": {0: 3}, "mid": {0: 0}},
+        )
+    )
+    nodes = {n["id"]: n for n in snapshot["nodes"]}
+    feed = nodes["injector/feed"]
+    assert feed["state"] == "no report yet"
+    assert feed["health"] == "waiting"
+    assert feed["held_by"] == "process 1: no report yet"
+    assert [p["process"] for p in feed["processes"]] == ["0", "1"]
+    assert snapshot["held"][COUNT] == [COUNT, "stream/in", "injector/feed"]
+
+
+def test_a_computation_held_by_its_own_interval_ends_the_path_there() -> None:
+    snapshot = Tracker().update(
+        observe(
+            NOW,
+            injector(NOW),
+            computation(COUNT, ("mid",), NOW - 10 * S, {"in": {0: 3}}, held_by="interval 2"),
+            ends={"in": {0: 3}, "mid": {0: 0}},
+        )
+    )
+    assert snapshot["held"][COUNT] == [COUNT]
+    assert {n["id"]: n for n in snapshot["nodes"]}[COUNT]["held_by"] == "interval 2"
+
+
+def test_complete_sources_are_complete_and_hold_nothing() -> None:
+    snapshot = Tracker().update(
+        observe(
+            NOW,
+            injector(MAX_EVENT_TIME),
+            computation(COUNT, ("mid",), MAX_EVENT_TIME, {"in": {0: 3}}),
+            ends={"in": {0: 3}, "mid": {0: 0}},
+        )
+    )
+    nodes = {n["id"]: n for n in snapshot["nodes"]}
+    assert nodes[COUNT]["health"] == "complete"
+    assert nodes["injector/feed"]["health"] == "complete"
+    assert snapshot["held"] == {}
+    assert snapshot["headline"]["freshness_s"] is None
+
+
+def test_dead_letter_streams_are_marked_and_counted_per_minute() -> None:
+    tracker = Tracker()
+    ends = {"in": {0: 3}, "count.dead-letters": {0: 1}}
+    report = computation(COUNT, ("count.dead-letters",), NOW, {"in": {0: 3}})
+    tracker.update(observe(NOW, injector(NOW), report, ends=ends))
+    snapshot = tracker.update(
+        observe(NOW + 10 * S, injector(NOW), report, ends={**ends, "count.dead-letters": {0: 3}})
+    )
+    dead = next(s for s in snapshot["streams"] if s["name"] == "count.dead-letters")
+    assert dead["dead_letters"] is True
+    assert snapshot["headline"]["dead_letters_per_min"] == 12.0
+
+
+def test_memory_stays_bounded_however_long_it_runs() -> None:
+    tracker = Tracker(trend=5, events=3)
+    for i in range(50):
+        # Kafka answers every other time: each change is an event.
+        observation = pipeline(NOW + i * S, 5 + i, NOW - 60 * S + i * S)
+        error = "Kafka did not answer" if i % 2 else None
+        snapshot = tracker.update(
+            Observation(observation.now, observation.messages, observation.ends, error)
+        )
+    assert len(snapshot["events"]) == 3
+    assert all(len(n.get("lag_trend", [])) <= 5 for n in snapshot["nodes"])
+
+
+def test_a_source_gone_from_the_topic_is_a_retired_event() -> None:
+    tracker = Tracker()
+    tracker.update(pipeline(NOW, 5, NOW))
+    snapshot = tracker.update(observe(NOW + S, injector(NOW), ends={"in": {0: 10}}))
+    retired = [e for e in snapshot["events"] if e["kind"] == "retired"]
+    assert sorted(e["source"] for e in retired) == [COUNT, SUM]

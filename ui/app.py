@@ -1,0 +1,272 @@
+"""The live view's web app (Starlette): the page, its assets, the latest snapshot as JSON, and
+one Server-Sent Events stream per open page.
+
+One server task (:class:`SnapshotHub`) observes the services every ``period`` seconds, builds
+the snapshot and numbers it; every page's stream sends the newest snapshot it has not sent.
+A slow or frozen browser therefore holds nothing but a reference to the one newest snapshot
+(its stream skips those it had no time for) and never slows the observing, nor the engine,
+which the view only reads from Kafka.
+
+Read-only: every route is a GET. Bound to a loopback address the app is open to the machine's
+users; on any other address it needs a token (:class:`TokenGate`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import ipaddress
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+from importlib import resources
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import (
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from millstream.engine.errors import ConfigError
+from millstream.ui.graph import draw_graph
+from millstream.ui.snapshot import Observation, Tracker
+
+__all__ = ["SnapshotHub", "TokenGate", "create_app", "is_loopback"]
+
+_log = logging.getLogger(__name__)
+
+# The page's own files, served from the package (no CDN: it works without internet).
+_ASSETS = {
+    "app.js": "text/javascript; charset=utf-8",
+    "style.css": "text/css; charset=utf-8",
+}
+_SECURITY_HEADERS = {
+    # Scripts and styles from this server only; no inline script runs, whatever a name holds.
+    "content-security-policy": "default-src 'self'; script-src 'self'; style-src 'self'; "
+    "img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; "
+    "form-action 'none'",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+    "x-frame-options": "DENY",
+    "cache-control": "no-store",
+}
+TOKEN_COOKIE = "millstream_ui_token"
+_KEEPALIVE = 15.0  # seconds between comments on an idle event stream (proxies close idle ones)
+
+
+class SnapshotHub:
+    """Builds a snapshot every ``period`` seconds from ``observe()`` (run in a thread: it
+    blocks on Kafka) and hands the newest to whoever waits (:meth:`newer_than`)."""
+
+    def __init__(
+        self,
+        observe: Callable[[], Observation],
+        *,
+        period: float = 1.0,
+        tracker: Tracker | None = None,
+    ) -> None:
+        self.observe = observe
+        self.period = period
+        self.tracker = tracker or Tracker()
+        self.sequence = 0
+        self.latest: str | None = None  # the newest snapshot, as JSON
+        self._changed = asyncio.Condition()
+
+    async def run(self) -> None:
+        """Observe forever (until cancelled); an observation that fails is said in the next
+        snapshot's ``error`` and the loop goes on."""
+        while True:
+            started = asyncio.get_running_loop().time()
+            await self.step()
+            elapsed = asyncio.get_running_loop().time() - started
+            await asyncio.sleep(max(0.0, self.period - elapsed))
+
+    async def step(self) -> None:
+        """One observation, its snapshot published."""
+        observation = await asyncio.to_thread(self.observe)
+        await self.publish(self.tracker.update(observation))
+
+    async def publish(self, snapshot: Mapping[str, Any]) -> None:
+        """Number ``snapshot``, add its graph drawing, and wake the waiting streams."""
+        document = {
+            **snapshot,
+            "seq": self.sequence + 1,
+            "svg": draw_graph(snapshot["nodes"], snapshot["edges"]),
+        }
+        async with self._changed:
+            self.latest = json.dumps(document, separators=(",", ":"))
+            self.sequence += 1
+            self._changed.notify_all()
+
+    async def newer_than(self, seen: int, timeout: float) -> tuple[int, str] | None:
+        """The newest snapshot once its number is above ``seen`` (``None`` after ``timeout``
+        seconds without one)."""
+        async with self._changed:
+            try:
+                await asyncio.wait_for(
+                    self._changed.wait_for(
+                        lambda: self.sequence > seen and self.latest is not None
+                    ),
+                    timeout,
+                )
+            except TimeoutError:
+                return None
+            assert self.latest is not None
+            return self.sequence, self.latest
+
+
+def create_app(hub: SnapshotHub, *, token: str | None = None, run_hub: bool = True) -> ASGIApp:
+    """The ASGI app of the view around ``hub`` (started and stopped with the app unless
+    ``run_hub`` is false); with ``token``, every request needs it (:class:`TokenGate`)."""
+
+    async def page(request: Request) -> Response:
+        return Response(_asset("index.html"), media_type="text/html; charset=utf-8")
+
+    async def asset(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in _ASSETS:
+            return PlainTextResponse("not found", status_code=404)
+        return Response(_asset(name), media_type=_ASSETS[name])
+
+    async def snapshot(request: Request) -> Response:
+        if hub.latest is None:
+            return JSONResponse({"error": "no snapshot yet"}, status_code=503)
+        return Response(hub.latest, media_type="application/json")
+
+    async def events(request: Request) -> Response:
+        return StreamingResponse(
+            _event_stream(hub, request),
+            media_type="text/event-stream",
+            headers={"x-accel-buffering": "no"},
+        )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        task = asyncio.get_running_loop().create_task(hub.run()) if run_hub else None
+        try:
+            yield
+        finally:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    app: ASGIApp = Starlette(
+        routes=[
+            Route("/", page),
+            Route("/assets/{name}", asset),
+            Route("/api/snapshot", snapshot),
+            Route("/events", events),
+        ],
+        lifespan=lifespan,
+    )
+    if token is not None:
+        app = TokenGate(app, token)
+    return _SecurityHeaders(app)
+
+
+async def _event_stream(hub: SnapshotHub, request: Request) -> AsyncIterator[str]:
+    """The page's stream: each newer snapshot as an event whose id is its number; a comment
+    when nothing new came for a while. A reconnecting browser sends Last-Event-ID and gets
+    the newest snapshot at once."""
+    yield "retry: 2000\n\n"
+    seen = 0
+    while not await request.is_disconnected():
+        newer = await hub.newer_than(seen, _KEEPALIVE)
+        if newer is None:
+            yield ": keep-alive\n\n"
+            continue
+        seen, document = newer
+        yield f"id: {seen}\nevent: snapshot\ndata: {document}\n\n"
+
+
+def _asset(name: str) -> bytes:
+    return resources.files("millstream.ui").joinpath("assets", name).read_bytes()
+
+
+class _SecurityHeaders:
+    """Adds the security headers to every response."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [
+                    (k, v)
+                    for k, v in message.get("headers", [])
+                    if k.decode().lower() not in _SECURITY_HEADERS
+                ]
+                headers += [(k.encode(), v.encode()) for k, v in _SECURITY_HEADERS.items()]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+
+class TokenGate:
+    """Lets a request in only with the token: as ``Authorization: Bearer TOKEN``, as the
+    cookie the page gets once opened with ``?token=TOKEN`` (answered with a redirect to the
+    same address without it, so the token leaves the address bar and the history), or as
+    that query parameter itself (a browser's event stream cannot send headers)."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        if not token:
+            raise ConfigError("the live view's token must not be empty")
+        self.app = app
+        self.token = token.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        header = request.headers.get("authorization", "")
+        offered = [
+            request.query_params.get("token"),
+            request.cookies.get(TOKEN_COOKIE),
+            header[7:] if header.lower().startswith("bearer ") else None,
+        ]
+        if not any(o is not None and hmac.compare_digest(o.encode(), self.token) for o in offered):
+            response: Response = PlainTextResponse(
+                "millstream ui: this view needs its token; open it as "
+                f"{request.url.path}?token=TOKEN",
+                status_code=401,
+            )
+        elif "token" in request.query_params and request.url.path == "/":
+            response = RedirectResponse("/", status_code=303)
+            response.set_cookie(
+                TOKEN_COOKIE,
+                self.token.decode(),
+                httponly=True,
+                samesite="strict",
+                secure=request.url.scheme == "https"
+                or request.headers.get("x-forwarded-proto") == "https",
+            )
+        else:
+            await self.app(scope, receive, send)
+            return
+        await response(scope, receive, send)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is an address only this machine can reach."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,258 @@
+// The live view's page: renders each snapshot the server sends over /events.
+// Every string from the services (stream, computation and injector names, held-by reasons)
+// goes into the page as text (textContent), never as markup; the graph is SVG the server
+// drew with every name escaped, parsed as XML (no script of it ever runs: the page's
+// Content-Security-Policy allows this file's scripts only).
+"use strict";
+
+(function () {
+  const state = { paused: false, latest: null, shown: null, table: false, selected: null };
+
+  function el(tag, attributes, ...children) {
+    const node = document.createElement(tag);
+    for (const [name, value] of Object.entries(attributes || {})) {
+      if (value !== undefined && value !== null) node.setAttribute(name, String(value));
+    }
+    for (const child of children) {
+      if (child === undefined || child === null) continue;
+      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return node;
+  }
+
+  function number(value, digits) {
+    if (value === null || value === undefined) return "–";
+    return Number(value).toLocaleString(undefined, { maximumFractionDigits: digits || 0 });
+  }
+
+  function duration(seconds) {
+    if (seconds === null || seconds === undefined) return "–";
+    if (seconds < 120) return seconds.toFixed(1) + " s";
+    if (seconds < 7200) return (seconds / 60).toFixed(0) + " min";
+    if (seconds < 172800) return (seconds / 3600).toFixed(0) + " h";
+    return number(seconds / 86400) + " d";
+  }
+
+  function eventTime(micros) {
+    if (micros === null || micros === undefined) return "–";
+    const date = new Date(micros / 1000);
+    return isNaN(date.getTime()) ? String(micros) : date.toISOString().replace(".000Z", "Z");
+  }
+
+  function sparkline(values) {
+    const ns = "http://www.w3.org/2000/svg";
+    const svg = document.createElementNS(ns, "svg");
+    svg.setAttribute("class", "sparkline");
+    svg.setAttribute("width", "90");
+    svg.setAttribute("height", "20");
+    if (!values || values.length < 2) return svg;
+    const low = Math.min(...values), high = Math.max(...values);
+    const span = high - low || 1;
+    const points = values.map((v, i) =>
+      (i * 88 / (values.length - 1) + 1).toFixed(1) + "," + (19 - (v - low) * 18 / span).toFixed(1));
+    const line = document.createElementNS(ns, "polyline");
+    line.setAttribute("points", points.join(" "));
+    svg.append(line);
+    const title = document.createElementNS(ns, "title");
+    title.textContent = "lag from " + duration(values[0]) + " to " + duration(values[values.length - 1]);
+    svg.append(title);
+    return svg;
+  }
+
+  function fill(tbody, rows) {
+    tbody.replaceChildren(...rows);
+  }
+
+  function renderHeadline(snapshot) {
+    const h = snapshot.headline;
+    const cards = [
+      ["Data freshness", duration(h.freshness_s), "now minus the output's low watermark"],
+      ["Input", h.input_rate === null ? "–" : number(h.input_rate) + "/s", "records/s the injectors write"],
+      ["Processed", h.processed_rate === null ? "–" : number(h.processed_rate) + "/s", "records/s the computations consume"],
+      ["Kafka lag", number(h.kafka_lag) + " records", "written, not yet consumed"],
+      ["Dead letters", h.dead_letters_per_min === null ? "–" : number(h.dead_letters_per_min, 1) + "/min", "records set aside"],
+      ["Stalled", number(h.stalled), "sources whose watermark does not move while input waits"],
+    ];
+    document.getElementById("headline").replaceChildren(...cards.map(([label, value, help]) =>
+      el("div", { class: "card" + (label === "Stalled" && h.stalled ? " bad" : ""), title: help },
+        el("div", { class: "label" }, label), el("div", { class: "value" }, value))));
+  }
+
+  function renderGraph(snapshot) {
+    const box = document.getElementById("graph");
+    const parsed = new DOMParser().parseFromString(snapshot.svg, "image/svg+xml");
+    const svg = parsed.documentElement;
+    if (svg.nodeName !== "svg") {
+      box.replaceChildren(el("p", {}, "The graph could not be drawn."));
+      return;
+    }
+    box.replaceChildren(document.importNode(svg, true));
+    for (const node of box.querySelectorAll("g.node")) {
+      node.addEventListener("click", () => select(node.getAttribute("data-node")));
+    }
+    highlight(snapshot);
+  }
+
+  function highlight(snapshot) {
+    const box = document.getElementById("graph");
+    const marked = new Set();
+    for (const [computation, path] of Object.entries(snapshot.held || {})) {
+      const node = snapshot.nodes.find((n) => n.id === computation);
+      const show = state.selected ? state.selected === computation : node && node.health !== "ok";
+      if (show && path.length > 1) path.forEach((id) => marked.add(id));
+    }
+    for (const node of box.querySelectorAll("g.node")) {
+      const id = node.getAttribute("data-node");
+      node.classList.toggle("held-path", marked.has(id));
+      node.classList.toggle("selected", id === state.selected);
+    }
+    for (const edge of box.querySelectorAll("path.edge")) {
+      edge.classList.toggle("held-path",
+        marked.has(edge.getAttribute("data-from")) && marked.has(edge.getAttribute("data-to")));
+    }
+  }
+
+  function select(id) {
+    state.selected = state.selected === id ? null : id;
+    if (state.shown) highlight(state.shown);
+  }
+
+  function renderNodes(snapshot) {
+    fill(document.querySelector("#nodes tbody"), snapshot.nodes.map((n) =>
+      el("tr", { class: "health-" + (n.health || "ok") },
+        el("td", {}, n.kind), el("td", { class: "name" }, n.name), el("td", {}, n.state || ""),
+        el("td", {}, n.kind === "stream" ? "" : duration(n.lag_s)),
+        el("td", {}, number(n.kind === "stream" ? n.rate : n.in_rate)),
+        el("td", {}, n.kind === "computation" ? number(n.backlog) : ""),
+        el("td", {}, n.held_by || ""))));
+  }
+
+  function renderHeld(snapshot) {
+    const byId = Object.fromEntries(snapshot.nodes.map((n) => [n.id, n]));
+    const items = Object.entries(snapshot.held || {}).map(([computation, path]) => {
+      const words = path.map((id, i) => {
+        const node = byId[id] || { kind: "", name: id };
+        const held = i === path.length - 1 && node.held_by ? " (" + node.held_by + ")" : "";
+        return node.kind + " " + node.name + held;
+      });
+      const node = byId[computation];
+      const item = el("li", { class: "health-" + (node ? node.health : "ok"), tabindex: "0" },
+        words.join(" \u2190 "));
+      item.addEventListener("click", () => select(computation));
+      return item;
+    });
+    document.getElementById("held").replaceChildren(
+      ...(items.length ? items : [el("li", {}, "No computation is running.")]));
+  }
+
+  function renderComputations(snapshot) {
+    const rows = snapshot.nodes.filter((n) => n.kind === "computation").map((n) =>
+      el("tr", { class: "health-" + n.health },
+        el("td", {}, n.topology), el("td", { class: "name" }, n.name),
+        el("td", { class: "health" }, n.health),
+        el("td", {}, n.state === "complete" ? "complete" : eventTime(n.watermark)),
+        el("td", {}, duration(n.lag_s)), el("td", {}, sparkline(n.lag_trend)),
+        el("td", {}, number(n.in_rate)), el("td", {}, number(n.backlog)),
+        el("td", {}, n.held_by),
+        el("td", {}, (n.hot || []).map(([i, r]) => "interval " + i + " (" + number(r) + ")").join(", "))));
+    fill(document.querySelector("#computations tbody"), rows);
+  }
+
+  function renderStreams(snapshot) {
+    const names = Object.fromEntries(snapshot.nodes.map((n) => [n.id, n.name]));
+    const rows = snapshot.streams.map((s) =>
+      el("tr", { class: s.dead_letters ? "dead-letters" : "" },
+        el("td", { class: "name" }, s.name),
+        el("td", {}, Object.entries(s.partitions).map(([p, end]) => p + ": " + number(end)).join(", ")),
+        el("td", {}, number(s.records)), el("td", {}, number(s.rate)),
+        el("td", {}, s.writers.map((w) => names[w] || w).join(", ")),
+        el("td", {}, ...s.consumers.map((c) => el("div", {},
+          (names[c.computation] || c.computation) + ": " + number(c.lag) + " records, " +
+          duration(c.lag_s) + " ", sparkline(c.trend))))));
+    fill(document.querySelector("#streams tbody"), rows);
+  }
+
+  function renderEvents(snapshot) {
+    const items = snapshot.events.slice().reverse().map((e) =>
+      el("li", { class: "event " + e.kind },
+        el("time", {}, eventTime(e.at)), " ", e.source ? el("span", { class: "name" }, e.source) : null,
+        e.source ? ": " : "", e.text));
+    document.getElementById("events").replaceChildren(
+      ...(items.length ? items : [el("li", {}, "Nothing happened yet.")]));
+  }
+
+  function render(snapshot) {
+    state.shown = snapshot;
+    const error = document.getElementById("error");
+    error.hidden = !snapshot.error;
+    error.textContent = snapshot.error ? "Partial view: " + snapshot.error : "";
+    renderHeadline(snapshot);
+    renderGraph(snapshot);
+    renderNodes(snapshot);
+    renderHeld(snapshot);
+    renderComputations(snapshot);
+    renderStreams(snapshot);
+    renderEvents(snapshot);
+    document.body.dataset.seq = String(snapshot.seq);
+    tick();
+  }
+
+  function tick() {
+    const updated = document.getElementById("updated");
+    if (!state.shown) return;
+    const age = Math.max(0, Date.now() / 1000 - state.shown.now / 1e6);
+    updated.textContent = "as of " + eventTime(state.shown.now) + " (" + duration(age) + " ago)" +
+      (state.paused ? ", paused" : "");
+    updated.classList.toggle("stale", age > 10);
+  }
+
+  function connect() {
+    const connection = document.getElementById("connection");
+    const source = new EventSource("/events");
+    source.addEventListener("open", () => {
+      connection.textContent = "live";
+      connection.className = "connection live";
+    });
+    source.addEventListener("error", () => {
+      // EventSource reconnects by itself (the server asks for 2 s between tries).
+      connection.textContent = "reconnecting";
+      connection.className = "connection down";
+    });
+    source.addEventListener("snapshot", (event) => {
+      state.latest = JSON.parse(event.data);
+      if (!state.paused) render(state.latest);
+    });
+  }
+
+  function setTheme(theme) {
+    document.documentElement.dataset.theme = theme;
+    document.getElementById("theme").textContent = "Theme: " + theme;
+    try { localStorage.setItem("millstream-theme", theme); } catch (e) { /* private mode */ }
+  }
+
+  document.addEventListener("DOMContentLoaded", () => {
+    document.getElementById("pause").addEventListener("click", (event) => {
+      state.paused = !state.paused;
+      event.target.textContent = state.paused ? "Resume" : "Pause";
+      event.target.setAttribute("aria-pressed", String(state.paused));
+      if (!state.paused && state.latest) render(state.latest);
+      tick();
+    });
+    document.getElementById("view-toggle").addEventListener("click", (event) => {
+      state.table = !state.table;
+      document.getElementById("graph").hidden = state.table;
+      document.getElementById("nodes").hidden = !state.table;
+      event.target.textContent = state.table ? "Show as graph" : "Show as table";
+    });
+    const themes = ["auto", "light", "dark"];
+    document.getElementById("theme").addEventListener("click", () => {
+      const now = document.documentElement.dataset.theme || "auto";
+      setTheme(themes[(themes.indexOf(now) + 1) % themes.length]);
+    });
+    let saved = "auto";
+    try { saved = localStorage.getItem("millstream-theme") || "auto"; } catch (e) { /* private mode */ }
+    setTheme(themes.includes(saved) ? saved : "auto");
+    setInterval(tick, 1000);
+    connect();
+  });
+})();

@@ -1,0 +1,437 @@
+"""What the live view shows, built from what the services hold: the topology's graph, each
+source's watermark lag and health, what holds a stuck computation, the streams and their
+consumers' lag, the headline numbers and a timeline of what changed.
+
+Everything here is pure: an :class:`Observation` (one reading of the watermark topic and of
+the streams' end offsets, at a wall-clock time) goes in, a JSON-able snapshot comes out.
+:class:`Tracker` keeps what a single observation cannot tell: rates (two observations), lag
+trends, how long a watermark has not moved, and the events between observations.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from millstream.engine.watermarks import (
+    SourceStatus,
+    WatermarkMessage,
+    WatermarkReport,
+    parse_injector_source,
+    watermark_overview,
+)
+from millstream.engine.watermarks.report import Offsets
+
+__all__ = [
+    "DEAD_LETTER_SUFFIX",
+    "Health",
+    "Observation",
+    "Tracker",
+    "node_id",
+    "stuck_path",
+]
+
+DEAD_LETTER_SUFFIX = ".dead-letters"
+"""How a computation's dead-letter stream is named unless it names one itself."""
+
+Health = Literal["ok", "stalled", "complete", "waiting"]
+"""A source at a glance: its watermark moves (or nothing is waiting for it); it has not moved
+for a while although input waits; its input ended; it has reported no time yet."""
+
+_MICROS = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """One reading of the services at wall-clock time ``now`` (µs since the epoch).
+
+    ``messages`` is the watermark topic's latest message per key; ``ends`` the end offset of
+    every partition of every stream topic. ``error`` says why the reading is partial (a
+    service did not answer): what it could not read is then what the previous one read.
+    """
+
+    now: int
+    messages: Mapping[str, WatermarkMessage]
+    ends: Offsets
+    error: str | None = None
+
+
+def node_id(kind: str, name: str) -> str:
+    """The graph's id of a stream (``stream/NAME``); sources keep their report names
+    (``computation/TOPOLOGY/NAME``, ``injector/NAME``)."""
+    return f"{kind}/{name}"
+
+
+@dataclass(slots=True)
+class _History:
+    """What the tracker remembers of one source between observations."""
+
+    watermark: int | None = None
+    moved_at: int = 0  # when the watermark last changed (µs)
+    lags: deque[float] = field(default_factory=lambda: deque(maxlen=60))
+    consumed: int | None = None  # records consumed, summed over its input partitions
+    state: str = ""
+
+
+class Tracker:
+    """Snapshots from successive observations (see the module docstring).
+
+    ``stall_after`` (µs): a source whose watermark has not moved for that long while input
+    waits for it is ``stalled``. ``trend`` lag samples are kept per source, and ``events``
+    timeline entries in all: memory stays bounded however long the view runs.
+    """
+
+    def __init__(
+        self, *, stall_after: int = 30 * _MICROS, trend: int = 60, events: int = 200
+    ) -> None:
+        self.stall_after = stall_after
+        self.trend = trend
+        self._sources: dict[str, _History] = {}
+        self._previous: Observation | None = None
+        self._events: deque[dict[str, Any]] = deque(maxlen=events)
+
+    def update(self, observation: Observation) -> dict[str, Any]:
+        """The snapshot of ``observation``, with rates against the one before it."""
+        now = observation.now
+        previous = self._previous
+        seconds = (now - previous.now) / _MICROS if previous is not None else 0.0
+        reports = {
+            key: m for key, m in observation.messages.items() if isinstance(m, WatermarkReport)
+        }
+        rows = watermark_overview(observation.messages.items(), now)
+        computations = [r for r in rows if r.source.startswith("computation/")]
+        injectors = _injectors(rows)
+        stream_names = sorted(
+            set(observation.ends)
+            | {s for r in rows for s in r.streams}
+            | {t for r in computations for t in _inputs(reports.get(r.source))}
+        )
+        writers: dict[str, list[str]] = {s: [] for s in stream_names}
+        for row in computations:
+            for stream in row.streams:
+                writers[stream].append(row.source)
+        for injector in injectors.values():
+            for stream in injector["streams"]:
+                writers[stream].append(injector["id"])
+        readers: dict[str, list[str]] = {s: [] for s in stream_names}
+        for row in computations:
+            for topic in _inputs(reports.get(row.source)):
+                readers[topic].append(row.source)
+
+        nodes: list[dict[str, Any]] = []
+        edges: list[dict[str, str]] = []
+        consumers: dict[str, list[dict[str, Any]]] = {s: [] for s in stream_names}
+        for row in computations:
+            report = reports.get(row.source)
+            node = self._computation(row, report, observation, seconds)
+            nodes.append(node)
+            for topic in _inputs(report):
+                edges.append({"from": node_id("stream", topic), "to": row.source})
+                consumers[topic].append(
+                    {
+                        "computation": row.source,
+                        "lag": _lag(observation.ends.get(topic, {}), _consumed(report, topic)),
+                        "lag_s": node["lag_s"],
+                        "trend": node["lag_trend"],
+                    }
+                )
+            edges.extend({"from": row.source, "to": node_id("stream", s)} for s in row.streams)
+        for injector in injectors.values():
+            self._injector(injector, now)
+            nodes.append(injector)
+            edges.extend(
+                {"from": injector["id"], "to": node_id("stream", s)} for s in injector["streams"]
+            )
+        streams: list[dict[str, Any]] = []
+        for name in stream_names:
+            ends = observation.ends.get(name, {})
+            before = previous.ends.get(name) if previous is not None else None
+            rate = (
+                (sum(ends.values()) - sum(before.values())) / seconds
+                if before is not None and seconds > 0
+                else None
+            )
+            entry: dict[str, Any] = {
+                "id": node_id("stream", name),
+                "kind": "stream",
+                "name": name,
+                "dead_letters": name.endswith(DEAD_LETTER_SUFFIX),
+                "partitions": {str(p): end for p, end in sorted(ends.items())},
+                "records": sum(ends.values()),
+                "rate": rate,
+                "writers": writers[name],
+                "consumers": consumers[name],
+            }
+            streams.append(entry)
+            nodes.append({**entry, "health": "ok"})
+        by_id = {n["id"]: n for n in nodes}
+        reads = _reads(nodes, edges)
+        # What holds each computation's watermark; the page marks the stalled ones' paths.
+        held = {
+            c["id"]: stuck_path(c["id"], by_id, writers, readers_of=reads)
+            for c in nodes
+            if c["kind"] == "computation" and c["state"] != "complete"
+        }
+        self._timeline(observation, nodes)
+        self._previous = observation
+        return {
+            "now": now,
+            "error": observation.error,
+            "headline": _headline(now, nodes, streams, readers),
+            "nodes": nodes,
+            "edges": edges,
+            "streams": streams,
+            "held": held,
+            "events": list(self._events),
+        }
+
+    # -- sources ---------------------------------------------------------------------------
+
+    def _computation(
+        self,
+        row: SourceStatus,
+        report: WatermarkReport | None,
+        observation: Observation,
+        seconds: float,
+    ) -> dict[str, Any]:
+        history = self._remember(row.source, row.watermark, row.lag, observation.now)
+        consumed = sum(sum(p.values()) for p in (report.consumed if report else {}).values())
+        in_rate = (
+            (consumed - history.consumed) / seconds
+            if history.consumed is not None and seconds > 0
+            else None
+        )
+        history.consumed = consumed
+        backlog = sum(
+            _lag(observation.ends.get(topic, {}), _consumed(report, topic))
+            for topic in _inputs(report)
+        )
+        _, topology, name = row.source.split("/", 2)
+        return {
+            "id": row.source,
+            "kind": "computation",
+            "name": name,
+            "topology": topology,
+            "state": row.state,
+            "watermark": row.watermark,
+            "input_watermark": row.input_watermark,
+            "lag_s": _seconds(row.lag),
+            "lag_trend": list(history.lags),
+            "held_by": row.held_by,
+            "streams": list(row.streams),
+            "hot": [list(h) for h in row.hot],
+            "in_rate": in_rate,
+            "backlog": backlog,
+            "records": report.records if report else None,
+            "health": self._health(row.state, history, backlog, observation.now),
+        }
+
+    def _injector(self, injector: dict[str, Any], now: int) -> None:
+        processes = injector["processes"]
+        processes.sort(key=lambda p: p["process"])
+        states = {p["state"] for p in processes}
+        watermarks = [p["watermark"] for p in processes]
+        if states == {"complete"}:
+            state, watermark = "complete", None
+        elif "no report yet" in states or None in watermarks:
+            state, watermark = "no report yet", None
+        else:
+            state, watermark = "reporting", min(w for w in watermarks if w is not None)
+        lag = None if watermark is None or state != "reporting" else max(0, now - watermark)
+        history = self._remember(injector["id"], watermark, lag, now)
+        silent = [p["process"] for p in processes if p["state"] == "no report yet"]
+        reporting = [p for p in processes if p["state"] == "reporting"]
+        lowest = min(reporting, key=lambda p: p["watermark"]) if reporting else None
+        if silent:
+            held_by = f"process {silent[0]}: no report yet"
+        elif lowest is not None:
+            held_by = f"process {lowest['process']}"
+        else:
+            held_by = ""
+        injector.update(
+            state=state,
+            watermark=watermark,
+            lag_s=_seconds(lag),
+            lag_trend=list(history.lags),
+            held_by=held_by,
+            health=self._health(state, history, 0, now),
+        )
+
+    def _remember(self, source: str, watermark: int | None, lag: int | None, now: int) -> _History:
+        history = self._sources.get(source)
+        if history is None:
+            history = self._sources[source] = _History(moved_at=now, lags=deque(maxlen=self.trend))
+        if watermark != history.watermark:
+            history.watermark, history.moved_at = watermark, now
+        if lag is not None:
+            history.lags.append(round(lag / _MICROS, 3))
+        return history
+
+    def _health(self, state: str, history: _History, backlog: int, now: int) -> Health:
+        if state == "complete":
+            return "complete"
+        if state == "no report yet":
+            return "waiting"
+        if backlog > 0 and now - history.moved_at >= self.stall_after:
+            return "stalled"
+        return "ok"
+
+    def _timeline(self, observation: Observation, nodes: Sequence[dict[str, Any]]) -> None:
+        now = observation.now
+        previous_error = self._previous.error if self._previous is not None else None
+        if observation.error != previous_error:
+            text = observation.error or "the services answer again"
+            self._events.append({"at": now, "kind": "service", "text": text})
+        for node in nodes:
+            if node["kind"] == "stream":
+                continue
+            history = self._sources[node["id"]]
+            said = f"{node['state']}/{node['health']}"
+            if said == history.state:
+                continue
+            if history.state or node["health"] != "ok":
+                self._events.append(
+                    {"at": now, "kind": node["health"], "source": node["id"], "text": _said(node)}
+                )
+            history.state = said
+        for key in set(self._sources) - {n["id"] for n in nodes}:
+            del self._sources[key]
+            self._events.append({"at": now, "kind": "retired", "source": key, "text": "retired"})
+
+
+def stuck_path(
+    start: str,
+    nodes: Mapping[str, Mapping[str, Any]],
+    writers: Mapping[str, Sequence[str]],
+    *,
+    readers_of: Mapping[str, Sequence[str]],
+) -> list[str]:
+    """The path from computation ``start`` to what holds its watermark, as node ids: through
+    its input stream to the lowest-watermark source writing it, and on upstream while that
+    source is held by its input, up to an injector, a key interval (``interval N``, the
+    computation itself is the end) or a source that never reported.
+
+    ``readers_of`` maps a computation to the streams it reads; ``writers`` a stream to the
+    sources that write it. A cycle ends the path where it closes.
+    """
+    path = [start]
+    current = start
+    while True:
+        node = nodes[current]
+        if node["kind"] != "computation" or not str(node.get("held_by", "")).startswith("input"):
+            return path
+        lowest: tuple[int, str, str] | None = None
+        for stream in readers_of.get(current, ()):
+            for source in writers.get(stream, ()):
+                if source not in nodes:
+                    continue
+                mark = nodes[source].get("watermark")
+                state = nodes[source].get("state")
+                rank = -1 if state == "no report yet" else (mark if mark is not None else -1)
+                if state == "complete":
+                    continue
+                if lowest is None or rank < lowest[0]:
+                    lowest = (rank, stream, source)
+        if lowest is None or lowest[2] in path:
+            return path
+        _, stream, source = lowest
+        path += [node_id("stream", stream), source]
+        current = source
+
+
+def _reads(
+    nodes: Sequence[Mapping[str, Any]], edges: Sequence[Mapping[str, str]]
+) -> dict[str, list[str]]:
+    streams = {n["id"]: n["name"] for n in nodes if n["kind"] == "stream"}
+    reads: dict[str, list[str]] = {}
+    for edge in edges:
+        if edge["from"] in streams:
+            reads.setdefault(edge["to"], []).append(streams[edge["from"]])
+    return reads
+
+
+def _injectors(rows: Sequence[SourceStatus]) -> dict[str, dict[str, Any]]:
+    """Each injector's node, its processes' rows gathered (health and watermark added later)."""
+    injectors: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        parsed = parse_injector_source(row.source)
+        if parsed is None:
+            continue
+        name, process = parsed
+        injector = injectors.setdefault(
+            name,
+            {
+                "id": f"injector/{name}",
+                "kind": "injector",
+                "name": name,
+                "streams": [],
+                "processes": [],
+            },
+        )
+        injector["streams"] = sorted(set(injector["streams"]) | set(row.streams))
+        injector["processes"].append(
+            {
+                "process": process,
+                "state": row.state,
+                "watermark": row.watermark,
+                "lag_s": _seconds(row.lag),
+            }
+        )
+    return injectors
+
+
+def _headline(
+    now: int,
+    nodes: Sequence[Mapping[str, Any]],
+    streams: Sequence[Mapping[str, Any]],
+    readers: Mapping[str, Sequence[str]],
+) -> dict[str, Any]:
+    """Data freshness (now minus the lowest watermark of the computations whose outputs
+    nothing reads), rates in and processed, Kafka lag and dead letters per minute."""
+    computations = [n for n in nodes if n["kind"] == "computation"]
+    read = {s for s, by in readers.items() if by}
+    ends = [c for c in computations if not any(s in read for s in c["streams"])]
+    live = [c["watermark"] for c in (ends or computations) if c["state"] == "reporting"]
+    injected = {s for n in nodes if n["kind"] == "injector" for s in n["streams"]}
+    rates = [s["rate"] for s in streams if s["name"] in injected]
+    processed = [c["in_rate"] for c in computations if c["in_rate"] is not None]
+    dead = [s["rate"] for s in streams if s["dead_letters"] and s["rate"] is not None]
+    return {
+        "freshness_s": _seconds(max(0, now - min(live))) if live else None,
+        "input_rate": sum(r for r in rates if r is not None) if rates else None,
+        "processed_rate": sum(processed) if processed else None,
+        "kafka_lag": sum(c["backlog"] for c in computations),
+        "dead_letters_per_min": sum(dead) * 60 if dead else None,
+        "computations": len(computations),
+        "stalled": sum(1 for n in nodes if n.get("health") == "stalled"),
+    }
+
+
+def _inputs(report: WatermarkReport | None) -> list[str]:
+    """The streams a computation reads: the topics its report says it consumed."""
+    return [] if report is None else sorted(report.consumed)
+
+
+def _consumed(report: WatermarkReport | None, topic: str) -> Mapping[int, int]:
+    return {} if report is None else report.consumed.get(topic, {})
+
+
+def _lag(ends: Mapping[int, int], consumed: Mapping[int, int]) -> int:
+    """Records written and not yet consumed, over the partitions of one topic."""
+    return sum(max(0, end - consumed.get(p, 0)) for p, end in ends.items())
+
+
+def _seconds(micros: int | None) -> float | None:
+    return None if micros is None else round(micros / _MICROS, 3)
+
+
+def _said(node: Mapping[str, Any]) -> str:
+    if node["health"] == "complete":
+        return "input complete"
+    if node["health"] == "waiting":
+        return "has reported no watermark yet"
+    if node["health"] == "stalled":
+        return f"watermark has not moved; held by {node.get('held_by') or 'its input'}"
+    return "watermark moving"
