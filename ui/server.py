@@ -45,7 +45,15 @@ def serve(
     hub = SnapshotHub(observer.observe, period=period)
     app = create_app(hub, token=token)
     server = uvicorn.Server(
-        uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
+        uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            lifespan="on",
+            # Open pages keep their event streams open: a stop waits for them this long only.
+            timeout_graceful_shutdown=2,
+        )
     )
     if started is not None:
         shown = f"[{host}]" if ":" in host else host

@@ -165,7 +165,9 @@ class Tracker:
                 "consumers": consumers[name],
             }
             streams.append(entry)
-            nodes.append({**entry, "health": "ok"})
+            if writers[name] or consumers[name]:
+                # The graph shows the streams of the topologies, not every topic of Kafka.
+                nodes.append({**entry, "health": "ok"})
         by_id = {n["id"]: n for n in nodes}
         reads = _reads(nodes, edges)
         # What holds each computation's watermark; the page marks the stalled ones' paths.

@@ -86,6 +86,7 @@ def document(**changes: Any) -> bytes:
             {"clicks": {0: 7, 3: 12}, "views": {1: 0}},
             input_watermark=1_234,
             held_by="interval 3",
+            consumed={"pages": {0: 4, 1: 2}},
         ),
         report(watermark=MIN_EVENT_TIME, sequence=0, streams=()),
     ],
@@ -449,6 +450,27 @@ def driver(key_intervals: int = 3) -> ComputationWatermarks:
 def idle(bookkeeping: ComputationWatermarks, **progress: IntervalProgress) -> None:
     for interval in range(bookkeeping.key_intervals):
         bookkeeping.record(interval, progress.get(f"i{interval}", IntervalProgress()))
+
+
+def test_a_report_says_how_far_the_inputs_were_read_and_goes_out_when_that_moved() -> None:
+    bookkeeping = driver()
+    bookkeeping.read(FakeReader([[(CLICKS, report(CLICKS, 100))]]))
+    # Only the input topics count: a wake-up topic read in the same batch is not a stream.
+    bookkeeping.advance({"clicks": {0: 5, 1: 2}, "millstream.watermarks.wake.clicks": {0: 9}})
+    idle(bookkeeping)
+    first = bookkeeping.report(1, {"counts": {0: 1}})
+    assert first is not None
+    assert first.consumed == {"clicks": {0: 5, 1: 2}}
+    assert json.loads(first.encode())["consumed"] == {"clicks": {"0": 5, "1": 2}}
+    # The watermark stays; the input was read further: a report says so (the view's lag).
+    bookkeeping.advance({"clicks": {0: 7}})
+    idle(bookkeeping)
+    second = bookkeeping.report(2, {"counts": {0: 1}})
+    assert second is not None
+    assert second.watermark == first.watermark
+    assert second.consumed == {"clicks": {0: 7, 1: 2}}
+    idle(bookkeeping)
+    assert bookkeeping.report(3, {"counts": {0: 1}}) is None
 
 
 def test_the_first_report_waits_until_every_interval_ran() -> None:
