@@ -14,7 +14,7 @@ from xml.sax.saxutils import escape, quoteattr
 
 __all__ = ["draw_graph", "layout"]
 
-_WIDTH, _HEIGHT, _GAP_X, _GAP_Y, _MARGIN = 190, 46, 70, 18, 10
+_WIDTH, _HEIGHT, _GAP_X, _GAP_Y, _MARGIN = 180, 46, 44, 18, 10
 _LABEL = 26  # characters of a name shown; the full name is the node's tooltip
 
 

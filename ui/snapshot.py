@@ -72,14 +72,15 @@ class _History:
     moved_at: int = 0  # when the watermark last changed (µs)
     lags: deque[float] = field(default_factory=lambda: deque(maxlen=60))
     consumed: int | None = None  # records consumed, summed over its input partitions
+    waiting_since: int | None = None  # since when its input has held unconsumed records
     state: str = ""
 
 
 class Tracker:
     """Snapshots from successive observations (see the module docstring).
 
-    ``stall_after`` (µs): a source whose watermark has not moved for that long while input
-    waits for it is ``stalled``. ``trend`` lag samples are kept per source, and ``events``
+    ``stall_after`` (µs): a source whose watermark has not moved for that long while its
+    input held records it had not consumed, all that time, is ``stalled``. ``trend`` lag samples are kept per source, and ``events``
     timeline entries in all: memory stays bounded however long the view runs.
     """
 
@@ -276,7 +277,14 @@ class Tracker:
             return "complete"
         if state == "no report yet":
             return "waiting"
-        if backlog > 0 and now - history.moved_at >= self.stall_after:
+        if backlog <= 0:
+            history.waiting_since = None
+            return "ok"
+        if history.waiting_since is None:
+            history.waiting_since = now
+        # Stalled: input has waited, and the watermark stood still, for stall_after (records
+        # that just arrived after a quiet spell are no stall).
+        if now - max(history.moved_at, history.waiting_since) >= self.stall_after:
             return "stalled"
         return "ok"
 

@@ -108,6 +108,18 @@ def test_a_watermark_that_does_not_move_while_input_waits_is_stalled_and_its_hol
     assert [e["kind"] for e in moved["events"] if e.get("source") == COUNT] == ["stalled", "ok"]
 
 
+def test_records_arriving_after_a_quiet_spell_are_no_stall() -> None:
+    tracker = Tracker(stall_after=30 * S)
+    tracker.update(pipeline(NOW, 10, NOW - 60 * S))  # all consumed: nothing waits
+    quiet = tracker.update(pipeline(NOW + 60 * S, 10, NOW - 60 * S))
+    assert {n["id"]: n for n in quiet["nodes"]}[COUNT]["health"] == "ok"
+    # Records arrive; the watermark has stood still for a minute, the input waited 1 s.
+    arrived = tracker.update(pipeline(NOW + 61 * S, 5, NOW - 60 * S))
+    assert {n["id"]: n for n in arrived["nodes"]}[COUNT]["health"] == "ok"
+    waited = tracker.update(pipeline(NOW + 91 * S, 5, NOW - 60 * S))
+    assert {n["id"]: n for n in waited["nodes"]}[COUNT]["health"] == "stalled"
+
+
 def test_a_silent_injector_process_holds_the_path_and_is_named() -> None:
     expected = ExpectedSet("feed", ("in",), ("0", "1"))
     snapshot = Tracker().update(
