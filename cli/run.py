@@ -14,9 +14,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
+from typing import TYPE_CHECKING
 
 from millstream.cli.arguments import add_command, path_here, positive
+
+if TYPE_CHECKING:
+    from millstream.engine.config import MillstreamConfig
+    from millstream.ui import RunningView
 
 __all__ = ["register", "run"]
 
@@ -89,6 +95,14 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "127.0.0.1; 0: off, the default unless [run] metrics_port says otherwise)",
     )
     parser.add_argument(
+        "--ui-port",
+        default=None,
+        metavar="[ADDRESS:]PORT",
+        help="also serve the live view of this topology (millstream ui) at "
+        "http://ADDRESS:PORT/ while it runs (ADDRESS defaults to 127.0.0.1; any other needs "
+        "MILLSTREAM_UI_TOKEN)",
+    )
+    parser.add_argument(
         "--verbose",
         action="store_true",
         help="show the logs here too (Spark's, Kafka's, millstream's); by default they go to "
@@ -125,7 +139,15 @@ def run(args: argparse.Namespace) -> int:
     trigger = AvailableNow() if args.available_now else ProcessingTime(args.processing_time)
     console = Console(live=False if args.verbose else None, log_file=routing.path)
     console.track_topology(topology)
-    running = run_topology(topology, config, settings, trigger=trigger, on_batch=console.on_batch)
+    view = _start_view(config, args.ui_port, topology.name)
+    try:
+        running = run_topology(
+            topology, config, settings, trigger=trigger, on_batch=console.on_batch
+        )
+    except BaseException:
+        if view is not None:
+            view.stop()
+        raise
     console.start()
     try:
         if args.available_now:
@@ -136,6 +158,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         running.stop()
         console.stop()
+        if view is not None:
+            view.stop()
     for name, metrics in sorted(running.metrics().items()):
         print(
             f"  {name}: {metrics.inputs} inputs, {metrics.processed} processed, "
@@ -143,3 +167,25 @@ def run(args: argparse.Namespace) -> int:
             f"cache hit rate {metrics.cache_hit_rate:.0%}"
         )
     return 0
+
+
+def _start_view(config: MillstreamConfig, listen: str | None, topology: str) -> RunningView | None:
+    """The live view of ``topology`` from a thread of the driver, if ``--ui-port`` asks."""
+    if listen is None:
+        return None
+    from millstream.cli.ui import TOKEN_VARIABLE
+    from millstream.connectors.prometheus import listen_address
+    from millstream.ui import start_view
+
+    host, port = listen_address(listen)
+    if port == 0:
+        return None
+    view = start_view(
+        config,
+        host=host,
+        port=port,
+        token=os.environ.get(TOKEN_VARIABLE) or None,
+        topologies=[topology],
+    )
+    print(f"millstream run: the live view is at {view.address}", file=sys.stderr, flush=True)
+    return view

@@ -46,6 +46,14 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         metavar="SECONDS",
         help="seconds between two readings of the services (default: 1)",
     )
+    ui.add_argument(
+        "--topology",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="show only the topologies whose names match (shell-style, e.g. 'zeitgeist_*'; "
+        "repeatable), with the streams and injectors they use (default: every topology)",
+    )
     ui.set_defaults(handler=run)
 
 
@@ -61,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
         port=args.port or DEFAULT_PORT,
         token=token,
         period=max(0.2, args.period),
+        topologies=args.topology,
         started=lambda address: print(
             f"millstream ui: serving {address}", file=sys.stderr, flush=True
         ),

@@ -9,6 +9,7 @@ are in :mod:`millstream.engine.testing`, the Spark runtime in :mod:`millstream.s
 from millstream.engine.codecs import AvroCodec, BytesCodec, Codec, IntCodec, JsonCodec
 from millstream.engine.computation import Computation
 from millstream.engine.context import Context, TypedState
+from millstream.engine.errors import MillstreamError
 from millstream.engine.rebalance import RebalancePolicy
 from millstream.engine.records import MAX_EVENT_TIME, MIN_EVENT_TIME, Deletion, Record
 from millstream.engine.timers import TimeDomain, Timer
@@ -27,6 +28,7 @@ __all__ = [
     "InputStream",
     "IntCodec",
     "JsonCodec",
+    "MillstreamError",
     "RebalancePolicy",
     "Record",
     "TimeDomain",

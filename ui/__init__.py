@@ -7,22 +7,26 @@ a stuck watermark, the streams and their consumers' lag, and a timeline of what 
 updated live over Server-Sent Events.
 
 The names a program needs to serve it itself are here: :func:`serve` (what the command
-runs), and its parts, :class:`KafkaObserver` (reads the services), :class:`Tracker` (turns
-observations into snapshots), :class:`SnapshotHub` and :func:`create_app` (the ASGI app).
+runs), :func:`start_view` (the same from a thread, beside a driver), and the parts:
+:class:`KafkaObserver` (reads the services), :class:`Tracker` (turns observations into
+snapshots), :class:`SnapshotHub` and :func:`create_app` (the ASGI app).
 """
 
 from millstream.ui.app import SnapshotHub, TokenGate, create_app, is_loopback
 from millstream.ui.observer import KafkaObserver
-from millstream.ui.server import serve
+from millstream.ui.server import DEFAULT_PORT, RunningView, serve, start_view
 from millstream.ui.snapshot import Observation, Tracker
 
 __all__ = [
+    "DEFAULT_PORT",
     "KafkaObserver",
     "Observation",
+    "RunningView",
     "SnapshotHub",
     "TokenGate",
     "Tracker",
     "create_app",
     "is_loopback",
     "serve",
+    "start_view",
 ]

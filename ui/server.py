@@ -1,8 +1,12 @@
-"""Serving the live view: what ``millstream ui`` runs."""
+"""Serving the live view: in the foreground (what ``millstream ui`` runs, :func:`serve`) or
+from a thread beside a driver (:func:`start_view`: ``millstream run --ui-port``, the main job)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Sequence
+from types import TracebackType
 
 import uvicorn
 
@@ -11,8 +15,9 @@ from millstream.engine.config import MillstreamConfig
 from millstream.engine.errors import ConfigError
 from millstream.ui.app import SnapshotHub, create_app, is_loopback
 from millstream.ui.observer import KafkaObserver
+from millstream.ui.snapshot import Tracker
 
-__all__ = ["DEFAULT_PORT", "serve"]
+__all__ = ["DEFAULT_PORT", "RunningView", "address", "serve", "start_view"]
 
 DEFAULT_PORT = 8470
 
@@ -24,6 +29,7 @@ def serve(
     port: int = DEFAULT_PORT,
     token: str | None = None,
     period: float = 1.0,
+    topologies: Sequence[str] = (),
     clock: Clock | None = None,
     started: Callable[[str], None] | None = None,
 ) -> None:
@@ -31,8 +37,104 @@ def serve(
     interrupted; ``started`` is told the address first.
 
     A host other than a loopback address needs a ``token`` (:class:`~millstream.ui.TokenGate`):
-    the view shows stream contents, which must not be open to a network.
+    the view shows stream contents, which must not be open to a network. ``topologies``
+    narrows the view (:class:`~millstream.ui.Tracker`).
     """
+    server, observer = _server(config, host, port, token, period, topologies, clock)
+    if started is not None:
+        started(address(host, port))
+    try:
+        server.run()
+    finally:
+        observer.close()
+
+
+class RunningView:
+    """The view served from a thread of this process; :meth:`stop` it (or use it as a
+    context manager). ``address`` is where a browser opens it."""
+
+    def __init__(self, server: uvicorn.Server, observer: KafkaObserver, address: str) -> None:
+        self.address = address
+        self._server = server
+        self._observer = observer
+        self._exit: int | str | None = None
+        self._thread = threading.Thread(target=self._run, name="millstream-ui", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self._server.run()
+        except SystemExit as exc:
+            # uvicorn exits when it cannot bind (having logged why): _start says so.
+            self._exit = exc.code
+
+    def _start(self, timeout: float) -> None:
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive():
+                # uvicorn logs why (a port in use) and ends its thread.
+                self._observer.close()
+                raise ConfigError(
+                    f"the live view could not listen at {self.address} (is the port in use?"
+                    f" uvicorn exited with {self._exit!r})"
+                )
+            if time.monotonic() > deadline:
+                self.stop()
+                raise ConfigError(f"the live view did not start at {self.address} in {timeout} s")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+        self._observer.close()
+
+    def __enter__(self) -> RunningView:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def start_view(
+    config: MillstreamConfig,
+    *,
+    host: str = "127.0.0.1",
+    port: int = DEFAULT_PORT,
+    token: str | None = None,
+    period: float = 1.0,
+    topologies: Sequence[str] = (),
+    clock: Clock | None = None,
+    timeout: float = 30.0,
+) -> RunningView:
+    """The view served from a thread of this process, listening once this returns (as
+    :func:`serve`, which says what the arguments mean). Raises :class:`ConfigError` if it
+    cannot listen there."""
+    server, observer = _server(config, host, port, token, period, topologies, clock)
+    view = RunningView(server, observer, address(host, port))
+    view._start(timeout)
+    return view
+
+
+def address(host: str, port: int) -> str:
+    """The view's address, as a browser opens it."""
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}/"
+
+
+def _server(
+    config: MillstreamConfig,
+    host: str,
+    port: int,
+    token: str | None,
+    period: float,
+    topologies: Sequence[str],
+    clock: Clock | None,
+) -> tuple[uvicorn.Server, KafkaObserver]:
     if not is_loopback(host) and not token:
         raise ConfigError(
             f"millstream ui on {host} would be open to the network: give it a token (--token "
@@ -42,11 +144,10 @@ def serve(
     if not 0 < port < 65536:
         raise ConfigError(f"the live view's port must be 1 to 65535, got {port}")
     observer = KafkaObserver(config, clock or SystemClock())
-    hub = SnapshotHub(observer.observe, period=period)
-    app = create_app(hub, token=token)
+    hub = SnapshotHub(observer.observe, period=period, tracker=Tracker(topologies=topologies))
     server = uvicorn.Server(
         uvicorn.Config(
-            app,
+            create_app(hub, token=token),
             host=host,
             port=port,
             log_level="warning",
@@ -55,10 +156,4 @@ def serve(
             timeout_graceful_shutdown=2,
         )
     )
-    if started is not None:
-        shown = f"[{host}]" if ":" in host else host
-        started(f"http://{shown}:{port}/")
-    try:
-        server.run()
-    finally:
-        observer.close()
+    return server, observer

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from typing import Any, Literal
 
 from millstream.engine.watermarks import (
@@ -80,13 +81,24 @@ class Tracker:
     """Snapshots from successive observations (see the module docstring).
 
     ``stall_after`` (µs): a source whose watermark has not moved for that long while its
-    input held records it had not consumed, all that time, is ``stalled``. ``trend`` lag samples are kept per source, and ``events``
-    timeline entries in all: memory stays bounded however long the view runs.
+    input held records it had not consumed, all that time, is ``stalled``. ``trend`` lag
+    samples are kept per source, and ``events`` timeline entries in all: memory stays bounded
+    however long the view runs.
+
+    ``topologies`` (shell-style patterns, such as ``zeitgeist_*``) narrows the view to the
+    computations of the topologies they match, the streams they read and write, and the
+    injectors writing those; empty, it shows everything the watermark topic holds.
     """
 
     def __init__(
-        self, *, stall_after: int = 30 * _MICROS, trend: int = 60, events: int = 200
+        self,
+        *,
+        stall_after: int = 30 * _MICROS,
+        trend: int = 60,
+        events: int = 200,
+        topologies: Sequence[str] = (),
     ) -> None:
+        self.topologies = tuple(topologies)
         self.stall_after = stall_after
         self.trend = trend
         self._sources: dict[str, _History] = {}
@@ -104,9 +116,21 @@ class Tracker:
         rows = watermark_overview(observation.messages.items(), now)
         computations = [r for r in rows if r.source.startswith("computation/")]
         injectors = _injectors(rows)
+        shown = set(observation.ends)
+        if self.topologies:
+            computations = [
+                r
+                for r in computations
+                if any(fnmatchcase(r.source.split("/", 2)[1], p) for p in self.topologies)
+            ]
+            shown = {s for r in computations for s in r.streams} | {
+                t for r in computations for t in _inputs(reports.get(r.source))
+            }
+            injectors = {name: i for name, i in injectors.items() if set(i["streams"]) & shown}
         stream_names = sorted(
-            set(observation.ends)
-            | {s for r in rows for s in r.streams}
+            shown
+            | {s for r in computations for s in r.streams}
+            | {s for i in injectors.values() for s in i["streams"]}
             | {t for r in computations for t in _inputs(reports.get(r.source))}
         )
         writers: dict[str, list[str]] = {s: [] for s in stream_names}

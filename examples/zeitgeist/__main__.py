@@ -8,8 +8,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from millstream.connectors import load_config, route_logs
+from millstream.connectors import MillstreamConfig, load_config, route_logs
+from millstream.engine import MillstreamError
 from millstream.spark import Console, spark_session
+from millstream.ui import DEFAULT_PORT, RunningView, start_view
 from zeitgeist.evaluation import (
     JobInput,
     Report,
@@ -84,6 +86,14 @@ def main(argv: list[str] | None = None) -> int:
         "process without the stack): for series too big to replay as events",
     )
     parser.add_argument(
+        "--ui-port",
+        type=int,
+        default=DEFAULT_PORT,
+        metavar="PORT",
+        help=f"serve the live view of the job (millstream ui) at http://127.0.0.1:PORT/ while "
+        f"it runs (default: {DEFAULT_PORT}; 0: no view)",
+    )
+    parser.add_argument(
         "--verbose",
         action="store_true",
         help="show the logs here too (Spark's, Kafka's, millstream's); by default they go to "
@@ -110,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     print(routing.where(), flush=True)
     spark: SparkSession | None = None
     reports: list[Report] = []
+    view = _live_view(config, args.ui_port, run)
     try:
         # One Spark session for every input (the runner would otherwise make one per
         # topology); its JVM logs to the file too.
@@ -139,11 +150,27 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if spark is not None:
             spark.stop()
+        if view is not None:
+            view.stop()
         routing.close()
     print_reports(reports)
     print(f"\nthe anomalies are on stream 'anomalies' (field run = '{run}_...'):")
     print("  .venv/bin/millstream tail anomalies --from-beginning --value json")
     return 0
+
+
+def _live_view(config: MillstreamConfig, port: int, run: str) -> RunningView | None:
+    """The live view of this run's topologies while the job runs; none if ``port`` is 0 or
+    taken (by a ``millstream ui`` already running, say: the job goes on without its own)."""
+    if port == 0:
+        return None
+    try:
+        view = start_view(config, port=port, topologies=[f"zeitgeist_{run}_*"])
+    except MillstreamError as exc:
+        print(f"zeitgeist: no live view ({exc}); the job goes on without it", flush=True)
+        return None
+    print(f"watch it live: {view.address} (up while the job runs)", flush=True)
+    return view
 
 
 if __name__ == "__main__":

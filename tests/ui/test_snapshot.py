@@ -201,3 +201,27 @@ def test_a_source_gone_from_the_topic_is_a_retired_event() -> None:
     snapshot = tracker.update(observe(NOW + S, injector(NOW), ends={"in": {0: 10}}))
     retired = [e for e in snapshot["events"] if e["kind"] == "retired"]
     assert sorted(e["source"] for e in retired) == [COUNT, SUM]
+
+
+def test_a_topology_pattern_narrows_the_view_to_its_part_of_the_graph() -> None:
+    other = WatermarkReport("injector/other/0", ("elsewhere",), NOW, 1)
+    old = computation("computation/old/count", ("old_out",), NOW, {"elsewhere": {0: 1}})
+    observation = pipeline(NOW, 5, NOW)
+    observation = Observation(
+        NOW,
+        {**observation.messages, other.source: other, old.source: old},
+        {**observation.ends, "elsewhere": {0: 1}, "unrelated": {0: 9}},
+    )
+    everything = Tracker().update(observation)
+    assert "computation/old/count" in {n["id"] for n in everything["nodes"]}
+    assert "unrelated" in {s["name"] for s in everything["streams"]}
+    narrowed = Tracker(topologies=["t*"]).update(observation)
+    assert {n["id"] for n in narrowed["nodes"]} == {
+        "injector/feed",
+        COUNT,
+        SUM,
+        "stream/in",
+        "stream/mid",
+        "stream/out",
+    }
+    assert {s["name"] for s in narrowed["streams"]} == {"in", "mid", "out"}

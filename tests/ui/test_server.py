@@ -1,0 +1,60 @@
+"""The live view served from a thread beside a driver (``millstream run --ui-port``, the main
+job), against the real Kafka: it listens once started, refuses a port in use, and frees its
+port when stopped."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import pytest
+
+from millstream.engine.config import MillstreamConfig
+from millstream.engine.errors import ConfigError
+from millstream.ui import start_view
+
+pytestmark = pytest.mark.integration
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def first_snapshot(address: str, timeout: float = 30.0) -> dict[str, Any]:
+    """The view's first snapshot (it answers 503 until it has one)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(address + "api/snapshot", timeout=10) as response:
+                document: dict[str, Any] = json.load(response)
+                return document
+        except urllib.error.HTTPError as exc:
+            if exc.code != 503 or time.monotonic() > deadline:
+                raise
+        time.sleep(0.1)
+
+
+def test_a_view_from_a_thread_serves_refuses_a_taken_port_and_frees_its_own(
+    services: MillstreamConfig,
+) -> None:
+    port = free_port()
+    with start_view(services, port=port, period=0.2) as view:
+        assert view.address == f"http://127.0.0.1:{port}/"
+        document = first_snapshot(view.address)
+        assert document["error"] is None  # Kafka answered
+        assert document["seq"] >= 1
+        with pytest.raises(ConfigError, match="could not listen"):
+            start_view(services, port=port)
+    # Stopped: nothing listens there any more (what a restarted view binds with, as uvicorn
+    # does: the stopped one's closed connections may linger in TIME_WAIT).
+    with socket.socket() as again:
+        again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        again.bind(("127.0.0.1", port))
+        again.listen()
