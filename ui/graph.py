@@ -90,11 +90,12 @@ def draw_graph(nodes: Sequence[Mapping[str, Any]], edges: Sequence[Mapping[str, 
             f'{quoteattr(edge["to"])} d="M {x1} {y1} C {middle} {y1}, {middle} {y2}, {x2} {y2}" '
             'marker-end="url(#arrow)"/>'
         )
+    shared = _shared_prefix([str(n["name"]) for n in nodes])
     for node in nodes:
         column, row = placed[node["id"]]
         x, y = _MARGIN + column * (_WIDTH + _GAP_X), _MARGIN + row * (_HEIGHT + _GAP_Y)
         name = str(node["name"])
-        label = name if len(name) <= _LABEL else name[: _LABEL - 1] + "\u2026"
+        label = _label(name, shared)
         kind = str(node["kind"])
         health = str(node.get("health", "ok"))
         parts.append(
@@ -129,6 +130,31 @@ def _topological(ids: Sequence[str], into: Mapping[str, Sequence[str]]) -> list[
             if waiting[user] == 0:
                 ready.append(user)
     return ordered
+
+
+def _shared_prefix(names: Sequence[str]) -> str:
+    """The start that all ``names`` share, up to a separator (``_ . - /``), when it is long
+    enough to crowd the labels (a run's names often share a long one)."""
+    if len(names) < 2:
+        return ""
+    first, last = min(names), max(names)  # the shared start of all is theirs
+    length = next(
+        (i for i, (a, b) in enumerate(zip(first, last, strict=False)) if a != b), len(first)
+    )
+    common = first[:length]
+    cut = max(common.rfind(c) for c in "_.-/") + 1
+    return common[:cut] if cut >= 8 else ""
+
+
+def _label(name: str, shared: str) -> str:
+    """A node's label: its name without the shared start (the title keeps it whole), and
+    at most ``_LABEL`` characters, its middle left out (both ends tell names apart)."""
+    if shared and name.startswith(shared) and len(name) > len(shared):
+        name = "\u2026" + name[len(shared) :]
+    if len(name) <= _LABEL:
+        return name
+    half = (_LABEL - 1) // 2
+    return name[:half] + "\u2026" + name[-(_LABEL - 1 - half) :]
 
 
 def _anchor(place: tuple[int, int], *, right: bool) -> tuple[int, int]:

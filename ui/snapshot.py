@@ -65,6 +65,31 @@ def node_id(kind: str, name: str) -> str:
     return f"{kind}/{name}"
 
 
+class _Rate:
+    """A count's rate over the last ``window`` µs of samples (the oldest sample at or before
+    the window's start is the base): a count that moves once a batch, as a computation's
+    consumed offsets do, still shows its rate between batches."""
+
+    __slots__ = ("_samples", "window")
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+        self._samples: deque[tuple[int, int]] = deque()
+
+    def add(self, now: int, count: int) -> float | None:
+        """Record ``count`` at ``now``; the rate per second, ``None`` until two samples."""
+        samples = self._samples
+        if samples and count < samples[-1][1]:
+            samples.clear()  # the count started again (a topic recreated)
+        samples.append((now, count))
+        while len(samples) > 2 and samples[1][0] <= now - self.window:
+            samples.popleft()
+        start, base = samples[0]
+        if now <= start:
+            return None
+        return (count - base) * _MICROS / (now - start)
+
+
 @dataclass(slots=True)
 class _History:
     """What the tracker remembers of one source between observations."""
@@ -72,7 +97,7 @@ class _History:
     watermark: int | None = None
     moved_at: int = 0  # when the watermark last changed (µs)
     lags: deque[float] = field(default_factory=lambda: deque(maxlen=60))
-    consumed: int | None = None  # records consumed, summed over its input partitions
+    consumed: _Rate | None = None  # records consumed, summed over its input partitions
     waiting_since: int | None = None  # since when its input has held unconsumed records
     state: str = ""
 
@@ -80,10 +105,10 @@ class _History:
 class Tracker:
     """Snapshots from successive observations (see the module docstring).
 
-    ``stall_after`` (µs): a source whose watermark has not moved for that long while its
-    input held records it had not consumed, all that time, is ``stalled``. ``trend`` lag
-    samples are kept per source, and ``events`` timeline entries in all: memory stays bounded
-    however long the view runs.
+    Rates are over the last ``rate_window`` µs. ``stall_after`` (µs): a source whose
+    watermark has not moved for that long while its input held records it had not consumed,
+    all that time, is ``stalled``. ``trend`` lag samples are kept per source, and ``events``
+    timeline entries in all: memory stays bounded however long the view runs.
 
     ``topologies`` (shell-style patterns, such as ``zeitgeist_*``) narrows the view to the
     computations of the topologies they match, the streams they read and write, and the
@@ -94,12 +119,15 @@ class Tracker:
         self,
         *,
         stall_after: int = 30 * _MICROS,
+        rate_window: int = 30 * _MICROS,
         trend: int = 60,
         events: int = 200,
         topologies: Sequence[str] = (),
     ) -> None:
         self.topologies = tuple(topologies)
         self.stall_after = stall_after
+        self.rate_window = rate_window
+        self._stream_rates: dict[str, _Rate] = {}
         self.trend = trend
         self._sources: dict[str, _History] = {}
         self._previous: Observation | None = None
@@ -108,8 +136,6 @@ class Tracker:
     def update(self, observation: Observation) -> dict[str, Any]:
         """The snapshot of ``observation``, with rates against the one before it."""
         now = observation.now
-        previous = self._previous
-        seconds = (now - previous.now) / _MICROS if previous is not None else 0.0
         reports = {
             key: m for key, m in observation.messages.items() if isinstance(m, WatermarkReport)
         }
@@ -150,7 +176,7 @@ class Tracker:
         consumers: dict[str, list[dict[str, Any]]] = {s: [] for s in stream_names}
         for row in computations:
             report = reports.get(row.source)
-            node = self._computation(row, report, observation, seconds)
+            node = self._computation(row, report, observation)
             nodes.append(node)
             for topic in _inputs(report):
                 edges.append({"from": node_id("stream", topic), "to": row.source})
@@ -172,11 +198,8 @@ class Tracker:
         streams: list[dict[str, Any]] = []
         for name in stream_names:
             ends = observation.ends.get(name, {})
-            before = previous.ends.get(name) if previous is not None else None
-            rate = (
-                (sum(ends.values()) - sum(before.values())) / seconds
-                if before is not None and seconds > 0
-                else None
+            rate = self._stream_rates.setdefault(name, _Rate(self.rate_window)).add(
+                now, sum(ends.values())
             )
             entry: dict[str, Any] = {
                 "id": node_id("stream", name),
@@ -202,6 +225,8 @@ class Tracker:
             if c["kind"] == "computation" and c["state"] != "complete"
         }
         self._timeline(observation, nodes)
+        for gone in self._stream_rates.keys() - set(stream_names):
+            del self._stream_rates[gone]
         self._previous = observation
         return {
             "now": now,
@@ -221,16 +246,12 @@ class Tracker:
         row: SourceStatus,
         report: WatermarkReport | None,
         observation: Observation,
-        seconds: float,
     ) -> dict[str, Any]:
         history = self._remember(row.source, row.watermark, row.lag, observation.now)
         consumed = sum(sum(p.values()) for p in (report.consumed if report else {}).values())
-        in_rate = (
-            (consumed - history.consumed) / seconds
-            if history.consumed is not None and seconds > 0
-            else None
-        )
-        history.consumed = consumed
+        if history.consumed is None:
+            history.consumed = _Rate(self.rate_window)
+        in_rate = history.consumed.add(observation.now, consumed)
         backlog = sum(
             _lag(observation.ends.get(topic, {}), _consumed(report, topic))
             for topic in _inputs(report)

@@ -53,7 +53,9 @@ def test_names_are_escaped_text() -> None:
     labels = [g.find(f"{SVG}text").text for g in groups]  # type: ignore[union-attr]
     assert labels[0] == SCRIPT
     assert labels[1] is not None
-    assert IMAGE.startswith(labels[1].rstrip("\u2026"))
+    head, _, tail = labels[1].partition("\u2026")
+    assert IMAGE.startswith(head)
+    assert IMAGE.endswith(tail)
     assert [g.find(f"{SVG}title").text for g in groups] == [  # type: ignore[union-attr]
         f"computation {SCRIPT}",
         f"stream {IMAGE}",
@@ -66,3 +68,15 @@ def test_names_are_escaped_text() -> None:
 
 def test_an_empty_topology_says_so() -> None:
     assert "No source has reported" in draw_graph([], [])
+
+
+def test_labels_leave_out_the_start_all_names_share_and_long_middles() -> None:
+    names = ["zeitgeist_20261127t194241_nab_model", "zeitgeist_20261127t194241_nab.counts"]
+    nodes = [{"id": n, "kind": "stream", "name": n, "records": 0} for n in names]
+    root = ElementTree.fromstring(draw_graph(nodes, []))
+    labels = [g.find(f"{SVG}text").text for g in root.findall(f"{SVG}g")]  # type: ignore[union-attr]
+    assert labels == ["\u2026nab_model", "\u2026nab.counts"]
+    long = [{"id": "x", "kind": "stream", "name": "a" * 20 + "b" * 20, "records": 0}]
+    label = ElementTree.fromstring(draw_graph(long, [])).find(f"{SVG}g/{SVG}text")
+    assert label is not None
+    assert label.text == "a" * 12 + "\u2026" + "b" * 13

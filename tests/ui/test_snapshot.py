@@ -91,6 +91,18 @@ def test_rates_come_from_two_observations() -> None:
     assert snapshot["headline"]["processed_rate"] == 1.5
 
 
+def test_a_rate_that_moves_once_a_batch_shows_between_batches() -> None:
+    tracker = Tracker(rate_window=10 * S)
+    rates = []
+    for second in range(21):
+        consumed = 5 + 100 * (second // 5)  # a batch of 100 records every 5 s
+        snapshot = tracker.update(pipeline(NOW + second * S, consumed, NOW))
+        rates.append(next(n for n in snapshot["nodes"] if n["id"] == COUNT)["in_rate"])
+    assert rates[0] is None
+    assert all(rate > 0 for rate in rates[5:])
+    assert rates[20] == pytest.approx(20.0)  # 200 records in the last 10 s
+
+
 def test_a_watermark_that_does_not_move_while_input_waits_is_stalled_and_its_holder_named() -> None:
     tracker = Tracker(stall_after=30 * S)
     tracker.update(pipeline(NOW, 5, NOW - 60 * S))
