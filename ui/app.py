@@ -19,7 +19,9 @@ import hmac
 import ipaddress
 import json
 import logging
+import threading
 from collections.abc import AsyncIterator, Callable, Mapping
+from datetime import UTC, datetime, timedelta
 from importlib import resources
 from typing import Any
 
@@ -35,11 +37,12 @@ from starlette.responses import (
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from millstream.engine.errors import ConfigError
+from millstream.engine.errors import ConfigError, MillstreamError
 from millstream.ui.graph import draw_graph
+from millstream.ui.records import Scan
 from millstream.ui.snapshot import Observation, Tracker
 
-__all__ = ["SnapshotHub", "TokenGate", "create_app", "is_loopback"]
+__all__ = ["Browse", "SnapshotHub", "TokenGate", "create_app", "is_loopback"]
 
 _log = logging.getLogger(__name__)
 
@@ -59,6 +62,7 @@ _SECURITY_HEADERS = {
     "cache-control": "no-store",
 }
 TOKEN_COOKIE = "millstream_ui_token"
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _KEEPALIVE = 15.0  # seconds between comments on an idle event stream (proxies close idle ones)
 
 
@@ -123,9 +127,24 @@ class SnapshotHub:
             return self.sequence, self.latest
 
 
-def create_app(hub: SnapshotHub, *, token: str | None = None, run_hub: bool = True) -> ASGIApp:
+Browse = Callable[[Scan, Callable[[], bool]], dict[str, Any]]
+"""Reads a :class:`~millstream.ui.records.Scan` (``scan_stream`` on a config), stopping
+early once the callable it is given says the page gave up."""
+
+_SCANS_AT_ONCE = 2  # record scans running together; more are refused (429), not queued
+
+
+def create_app(
+    hub: SnapshotHub,
+    *,
+    token: str | None = None,
+    run_hub: bool = True,
+    browse: Browse | None = None,
+) -> ASGIApp:
     """The ASGI app of the view around ``hub`` (started and stopped with the app unless
-    ``run_hub`` is false); with ``token``, every request needs it (:class:`TokenGate`)."""
+    ``run_hub`` is false); with ``token``, every request needs it (:class:`TokenGate`).
+    ``browse`` serves the record browser (``/api/records``); without it, it answers 404."""
+    scans = asyncio.Semaphore(_SCANS_AT_ONCE)
 
     async def page(request: Request) -> Response:
         return Response(_asset("index.html"), media_type="text/html; charset=utf-8")
@@ -140,6 +159,31 @@ def create_app(hub: SnapshotHub, *, token: str | None = None, run_hub: bool = Tr
         if hub.latest is None:
             return JSONResponse({"error": "no snapshot yet"}, status_code=503)
         return Response(hub.latest, media_type="application/json")
+
+    async def records(request: Request) -> Response:
+        if browse is None:
+            return JSONResponse({"error": "this view has no record browser"}, status_code=404)
+        try:
+            scan = _scan(request.query_params)
+        except (ConfigError, ValueError) as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        if scans.locked():
+            return JSONResponse(
+                {"error": f"{_SCANS_AT_ONCE} scans are running; try again when one ends"},
+                status_code=429,
+            )
+        async with scans:
+            gave_up = threading.Event()
+            reading = asyncio.ensure_future(asyncio.to_thread(browse, scan, gave_up.is_set))
+            while not reading.done():
+                await asyncio.wait({reading}, timeout=0.2)
+                if not reading.done() and await request.is_disconnected():
+                    gave_up.set()  # the page went away: the scan stops at its next check
+            try:
+                result = reading.result()
+            except MillstreamError as exc:
+                return JSONResponse({"error": str(exc)}, status_code=502)
+        return JSONResponse(result)
 
     async def events(request: Request) -> Response:
         return StreamingResponse(
@@ -164,6 +208,7 @@ def create_app(hub: SnapshotHub, *, token: str | None = None, run_hub: bool = Tr
             Route("/", page),
             Route("/assets/{name}", asset),
             Route("/api/snapshot", snapshot),
+            Route("/api/records", records),
             Route("/events", events),
         ],
         lifespan=lifespan,
@@ -186,6 +231,46 @@ async def _event_stream(hub: SnapshotHub, request: Request) -> AsyncIterator[str
             continue
         seen, document = newer
         yield f"id: {seen}\nevent: snapshot\ndata: {document}\n\n"
+
+
+def _scan(query: Mapping[str, str]) -> Scan:
+    """The record browser's query: ``stream``, and optionally ``key``, ``since`` and
+    ``until`` (µs or ISO 8601; UTC unless it says), ``after`` (``PARTITION:OFFSET,...``),
+    ``limit``, ``budget`` and ``format`` (json, text or hex)."""
+    stream = query.get("stream", "")
+    if not stream:
+        raise ConfigError("name a stream (?stream=NAME)")
+    after = None
+    if query.get("after"):
+        after = {}
+        for part in query["after"].split(","):
+            partition, _, offset = part.partition(":")
+            after[int(partition)] = int(offset)
+    value_format = query.get("format", "json")
+    if value_format not in ("json", "text", "hex"):
+        raise ConfigError(f"format is json, text or hex, not {value_format!r}")
+    return Scan(
+        stream,
+        key=query.get("key") or None,
+        since=_time(query.get("since")),
+        until=_time(query.get("until")),
+        after=after,
+        limit=int(query.get("limit", 100)),
+        budget=int(query.get("budget", 20_000)),
+        value_format=value_format,  # type: ignore[arg-type]  # checked above
+    )
+
+
+def _time(text: str | None) -> int | None:
+    """An event time given as µs since the epoch or as ISO 8601 (UTC unless it says)."""
+    if not text:
+        return None
+    if text.lstrip("-").isdigit():
+        return int(text)
+    moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return (moment - _EPOCH) // timedelta(microseconds=1)
 
 
 def _asset(name: str) -> bytes:

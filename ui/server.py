@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
+from typing import Any
 
 import uvicorn
 
@@ -15,6 +16,7 @@ from millstream.engine.config import MillstreamConfig
 from millstream.engine.errors import ConfigError
 from millstream.ui.app import SnapshotHub, create_app, is_loopback
 from millstream.ui.observer import KafkaObserver
+from millstream.ui.records import Scan, scan_stream
 from millstream.ui.snapshot import Tracker
 
 __all__ = ["DEFAULT_PORT", "RunningView", "address", "serve", "start_view"]
@@ -145,9 +147,13 @@ def _server(
         raise ConfigError(f"the live view's port must be 1 to 65535, got {port}")
     observer = KafkaObserver(config, clock or SystemClock())
     hub = SnapshotHub(observer.observe, period=period, tracker=Tracker(topologies=topologies))
+
+    def browse(scan: Scan, cancelled: Callable[[], bool]) -> dict[str, Any]:
+        return scan_stream(config, scan, cancelled)
+
     server = uvicorn.Server(
         uvicorn.Config(
-            create_app(hub, token=token),
+            create_app(hub, token=token, browse=browse),
             host=host,
             port=port,
             log_level="warning",

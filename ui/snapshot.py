@@ -346,7 +346,8 @@ class Tracker:
             said = f"{node['state']}/{node['health']}"
             if said == history.state:
                 continue
-            if history.state or node["health"] != "ok":
+            # A source first seen says something only if it needs a look.
+            if history.state or node["health"] in ("stalled", "waiting"):
                 self._events.append(
                     {"at": now, "kind": node["health"], "source": node["id"], "text": _said(node)}
                 )

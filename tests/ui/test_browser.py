@@ -17,6 +17,7 @@ from selenium import webdriver
 from selenium.webdriver.common.by import By
 
 from millstream.connectors import kafka as kafka_connector
+from millstream.connectors.streams import produce_lines
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.watermarks import WatermarkReport
 from tests.ui.conftest import ViewProcess
@@ -60,6 +61,19 @@ def wait_until(condition: Callable[[], Any], what: str, timeout: float = 30.0) -
         time.sleep(0.1)
 
 
+# Chooses a stream in the record browser once the page offers it; whether it did.
+SELECT_STREAM = """
+const select = document.getElementById('scan-stream');
+if (![...select.options].some((o) => o.value === arguments[0])) return false;
+select.value = arguments[0];
+return true;
+"""
+
+
+def note(key: str, n: int) -> str:
+    return json.dumps({"key": key, "value": {"n": n}})
+
+
 def shown_seq(browser: webdriver.Chrome) -> int:
     return int(browser.execute_script("return Number(document.body.dataset.seq || 0)"))
 
@@ -83,6 +97,7 @@ def test_the_view_shows_the_topology_live_and_names_as_text(
     view: Callable[[MillstreamConfig], ViewProcess],
     watermark_config: MillstreamConfig,
     kafka_topic: Callable[..., str],
+    unique: Callable[[str], str],
 ) -> None:
     config = watermark_config
     searches = kafka_topic(partitions=2)
@@ -157,6 +172,28 @@ def test_the_view_shows_the_topology_live_and_names_as_text(
             "return getComputedStyle(document.body).backgroundColor"
         )
     assert backgrounds == {"light": "rgb(255, 255, 255)", "dark": "rgb(20, 23, 28)"}
+
+    # The record browser: a stream's newest records, decoded, keys as text; then a live tail.
+    notes = unique("ui_notes")
+    try:
+        produce_lines(config, notes, [note(SCRIPT_NAME, 1), note("plain", 2)], source="ui")
+        wait_until(lambda: browser.execute_script(SELECT_STREAM, notes), "the stream offered")
+        browser.find_element(By.ID, "scan-read").click()
+        records = browser.find_element(By.CSS_SELECTOR, "#records tbody")
+        wait_until(lambda: len(records.find_elements(By.TAG_NAME, "tr")) == 2, "two records")
+        assert SCRIPT_NAME in records.text
+        assert '{"n":2}' in records.text
+        assert "read 2 messages" in browser.find_element(By.ID, "scan-status").text
+        browser.find_element(By.ID, "scan-tail").click()
+        produce_lines(config, notes, [note("later", 3)], source="ui-later")
+        wait_until(lambda: "later" in records.text, "the tailed record")
+        assert browser.find_element(By.ID, "scan-status").text.startswith("Tailing: ")
+        browser.find_element(By.ID, "scan-stop").click()
+        assert browser.find_element(By.ID, "scan-tail").text == "Tail live"
+        assert browser.execute_script("return window.pwned === undefined")
+        assert browser.find_elements(By.TAG_NAME, "img") == []
+    finally:
+        kafka_connector.delete_topics(config, [notes])
 
     # The server restarts: the page says so, then reconnects by itself.
     server.stop()

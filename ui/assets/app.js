@@ -162,7 +162,7 @@
     const names = Object.fromEntries(snapshot.nodes.map((n) => [n.id, n.name]));
     const rows = snapshot.streams.map((s) =>
       el("tr", { class: s.dead_letters ? "dead-letters" : "" },
-        el("td", { class: "name" }, s.name),
+        el("td", { class: "name" }, streamLink(s.name)),
         el("td", {}, Object.entries(s.partitions).map(([p, end]) => p + ": " + number(end)).join(", ")),
         el("td", {}, number(s.records)), el("td", {}, number(s.rate)),
         el("td", {}, s.writers.map((w) => names[w] || w).join(", ")),
@@ -181,6 +181,105 @@
       ...(items.length ? items : [el("li", {}, "Nothing happened yet.")]));
   }
 
+  // -- the record browser --------------------------------------------------------------
+  const scan = { controller: null, tailing: false, timer: null, positions: null, rows: [] };
+  const MAX_ROWS = 500; // rows the table keeps while tailing: memory stays bounded
+
+  function streamLink(name) {
+    const link = el("button", { type: "button", class: "link", title: "browse its records" }, name);
+    link.addEventListener("click", () => {
+      const select = document.getElementById("scan-stream");
+      select.value = name;
+      document.getElementById("browser").scrollIntoView();
+      readRecords(false);
+    });
+    return link;
+  }
+
+  function fillStreamChoice(snapshot) {
+    const select = document.getElementById("scan-stream");
+    const chosen = select.value;
+    const names = snapshot.streams.map((s) => s.name);
+    if (select.options.length === names.length &&
+        names.every((n, i) => select.options[i].value === n)) return;
+    select.replaceChildren(...names.map((n) => el("option", { value: n }, n)));
+    if (names.includes(chosen)) select.value = chosen;
+  }
+
+  function scanQuery(after) {
+    const query = new URLSearchParams({ stream: document.getElementById("scan-stream").value });
+    for (const [field, name] of [["scan-key", "key"], ["scan-since", "since"], ["scan-until", "until"]]) {
+      const value = document.getElementById(field).value.trim();
+      if (value) query.set(name, value);
+    }
+    query.set("limit", document.getElementById("scan-limit").value || "50");
+    if (after) {
+      query.set("after", Object.entries(after).map(([p, o]) => p + ":" + o).join(","));
+    }
+    return query;
+  }
+
+  function showValue(record) {
+    const shown = record.dead_letter !== undefined ? { dead_letter: record.dead_letter } :
+      record.value !== undefined ? record.value : { error: record.error, raw_hex: record.raw_hex };
+    const text = typeof shown === "string" ? shown : JSON.stringify(shown);
+    const cut = text.length > 300 ? text.slice(0, 299) + "\u2026" : text;
+    return el("td", { class: "value", title: text }, cut);
+  }
+
+  function renderRecords() {
+    fill(document.querySelector("#records tbody"), scan.rows.map((r) =>
+      el("tr", { class: r.error ? "bad" : "" },
+        el("td", {}, r.partition), el("td", {}, r.offset), el("td", { class: "name" }, r.key ?? ""),
+        el("td", {}, r.time || (r.timestamp ?? "")), el("td", { class: "name" }, r.record_id || ""),
+        showValue(r))));
+  }
+
+  function scanStatus(result, tail) {
+    const ranges = Object.entries(result.ranges).map(([p, [a, b]]) =>
+      "partition " + p + ": " + (a === b ? "nothing new" : number(a) + "\u2013" + number(b - 1)));
+    return (tail ? "Tailing: " : "") + "read " + number(result.scanned) + " messages (" +
+      (ranges.join(", ") || "no partition") + "), " + number(result.matched) + " matched, " +
+      "showing " + number(scan.rows.length) +
+      (result.truncated ? "; older messages were not read (the scan's budget)" : "") +
+      (result.cancelled ? "; stopped" : "") + ".";
+  }
+
+  async function readRecords(tail) {
+    if (scan.controller) scan.controller.abort();
+    const controller = new AbortController();
+    scan.controller = controller;
+    const status = document.getElementById("scan-status");
+    document.getElementById("scan-stop").disabled = false;
+    if (!tail) status.textContent = "Reading\u2026";
+    try {
+      const response = await fetch("/api/records?" + scanQuery(tail ? scan.positions : null),
+        { signal: controller.signal });
+      const result = await response.json();
+      if (!response.ok) throw new Error(result.error || response.statusText);
+      scan.rows = tail ? result.records.concat(scan.rows).slice(0, MAX_ROWS) : result.records;
+      scan.positions = result.positions;
+      renderRecords();
+      status.textContent = scanStatus(result, scan.tailing);
+    } catch (error) {
+      if (error.name !== "AbortError") status.textContent = "Could not read: " + error.message;
+      else status.textContent = "Stopped.";
+      stopTail();
+    } finally {
+      if (scan.controller === controller) scan.controller = null;
+      document.getElementById("scan-stop").disabled = !scan.tailing;
+    }
+    if (scan.tailing) scan.timer = setTimeout(() => readRecords(true), 2000);
+  }
+
+  function stopTail() {
+    scan.tailing = false;
+    clearTimeout(scan.timer);
+    const button = document.getElementById("scan-tail");
+    button.textContent = "Tail live";
+    button.setAttribute("aria-pressed", "false");
+  }
+
   function render(snapshot) {
     state.shown = snapshot;
     const error = document.getElementById("error");
@@ -192,6 +291,7 @@
     renderHeld(snapshot);
     renderComputations(snapshot);
     renderStreams(snapshot);
+    fillStreamChoice(snapshot);
     renderEvents(snapshot);
     document.body.dataset.seq = String(snapshot.seq);
     tick();
@@ -243,6 +343,29 @@
       document.getElementById("graph").hidden = state.table;
       document.getElementById("nodes").hidden = !state.table;
       event.target.textContent = state.table ? "Show as graph" : "Show as table";
+    });
+    document.getElementById("scan-stream").addEventListener("change", () => {
+      stopTail();
+      scan.positions = null; // a tail goes on from this stream's own positions
+    });
+    document.getElementById("scan-read").addEventListener("click", () => {
+      stopTail();
+      readRecords(false);
+    });
+    document.getElementById("scan-tail").addEventListener("click", (event) => {
+      if (scan.tailing) {
+        stopTail();
+        return;
+      }
+      scan.tailing = true;
+      event.target.textContent = "Stop tailing";
+      event.target.setAttribute("aria-pressed", "true");
+      readRecords(scan.positions !== null);
+    });
+    document.getElementById("scan-stop").addEventListener("click", () => {
+      stopTail();
+      if (scan.controller) scan.controller.abort();
+      document.getElementById("scan-stop").disabled = true;
     });
     const themes = ["auto", "light", "dark"];
     document.getElementById("theme").addEventListener("click", () => {

@@ -1,0 +1,145 @@
+"""The live view's record browser: a bounded, cancellable read of one stream's records,
+decoded (envelope and value, dead letters too), filtered by key and event time.
+
+A scan reads at most ``budget`` messages, spread over the stream's partitions: by default
+the newest of each partition, or, to tail a stream, what came after the positions a scan
+before it reached. It says how much it read, where, and whether the budget cut it short, so a
+reader knows what "no match" covered. It stops early when the caller's ``cancelled()`` says
+so (the page went away or gave up waiting).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from confluent_kafka import Consumer
+
+from millstream.connectors.kafka import end_offsets, start_offsets, stream_topic
+from millstream.connectors.stream_reader import range_reader, read_ranges
+from millstream.connectors.streams import ValueFormat, render_message
+from millstream.engine.config import MillstreamConfig
+from millstream.engine.errors import ConfigError
+
+__all__ = ["MAX_BUDGET", "MAX_LIMIT", "Scan", "scan_stream"]
+
+MAX_LIMIT = 500  # records a scan returns at most
+MAX_BUDGET = 100_000  # messages a scan reads at most
+
+
+class _Range(NamedTuple):
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+
+@dataclass(frozen=True, slots=True)
+class Scan:
+    """What to read: ``stream``'s records whose key is ``key`` (any, if ``None``) and whose
+    event time (µs) is in ``[since, until)``; the newest ``limit`` of those found. ``after``,
+    per partition, reads only what came after those offsets (the positions a scan before
+    reached: a live tail); without it, the newest messages of each partition. At most
+    ``budget`` messages are read in all."""
+
+    stream: str
+    key: str | None = None
+    since: int | None = None
+    until: int | None = None
+    after: Mapping[int, int] | None = None
+    limit: int = 100
+    budget: int = 20_000
+    value_format: ValueFormat = "json"
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.limit <= MAX_LIMIT:
+            raise ConfigError(f"a scan returns 1 to {MAX_LIMIT} records, not {self.limit}")
+        if not 1 <= self.budget <= MAX_BUDGET:
+            raise ConfigError(f"a scan reads 1 to {MAX_BUDGET:,} messages, not {self.budget}")
+        if self.value_format not in ("json", "text", "hex"):
+            raise ConfigError(f"values show as json, text or hex, not {self.value_format!r}")
+
+
+def scan_stream(
+    config: MillstreamConfig,
+    scan: Scan,
+    cancelled: Callable[[], bool] = lambda: False,
+    *,
+    reader: Consumer | None = None,
+    timeout: float = 10.0,
+) -> dict[str, Any]:
+    """Read ``scan``'s messages from Kafka: ``records`` (newest first, at most
+    ``scan.limit``), ``scanned`` (messages read), ``matched``, ``ranges`` (per partition, the
+    offsets read: ``[start, end)``), ``positions`` (per partition, where a tail goes on),
+    ``truncated`` (the budget left older messages unread) and ``cancelled``."""
+    topic = stream_topic(scan.stream)
+    own = reader is None
+    consumer = reader if reader is not None else range_reader(config)
+    try:
+        ends = end_offsets(consumer, [topic], timeout)[topic]
+        starts = start_offsets(consumer, [topic], timeout)[topic]
+        ranges, truncated = _ranges(topic, scan, starts, ends)
+        found: list[dict[str, Any]] = []
+        scanned = matched = 0
+        stopped = False
+        for message in read_ranges(consumer, ranges, timeout):
+            scanned += 1
+            if scanned % 256 == 0 and cancelled():
+                stopped = True
+                break
+            entry = render_message(
+                scan.stream,
+                message.partition,
+                message.offset,
+                message.value,
+                scan.value_format,
+            )
+            if not _wanted(entry, scan):
+                continue
+            matched += 1
+            found.append(entry)
+    finally:
+        if own:
+            consumer.close()
+    found.sort(key=lambda e: (e.get("timestamp", -1), e["partition"], e["offset"]), reverse=True)
+    return {
+        "stream": scan.stream,
+        "records": found[: scan.limit],
+        "scanned": scanned,
+        "matched": matched,
+        "ranges": {str(r.partition): [r.start, r.end] for r in ranges},
+        "positions": {str(p): end for p, end in sorted(ends.items())},
+        "truncated": truncated,
+        "cancelled": stopped,
+    }
+
+
+def _ranges(
+    topic: str, scan: Scan, starts: Mapping[int, int], ends: Mapping[int, int]
+) -> tuple[list[_Range], bool]:
+    """Each partition's offsets to read, the newest first: the budget shared out evenly, a
+    share a partition leaves unused going to the others; whether any older message of the
+    asked span went unread."""
+    firsts = {}
+    for partition, end in ends.items():
+        first = starts.get(partition, 0)
+        if scan.after is not None:
+            first = max(first, min(scan.after.get(partition, first), end))
+        firsts[partition] = first
+    left, shares = scan.budget, {}
+    by_size = sorted(ends, key=lambda p: (ends[p] - firsts[p], p))
+    for index, partition in enumerate(by_size):
+        shares[partition] = min(ends[partition] - firsts[partition], left // (len(by_size) - index))
+        left -= shares[partition]
+    ranges = [_Range(topic, p, ends[p] - shares[p], ends[p]) for p in sorted(ends)]
+    return ranges, any(r.start > firsts[r.partition] for r in ranges)
+
+
+def _wanted(entry: Mapping[str, Any], scan: Scan) -> bool:
+    if scan.key is not None and entry.get("key") != scan.key:
+        return False
+    timestamp = entry.get("timestamp")
+    if scan.since is not None and (timestamp is None or timestamp < scan.since):
+        return False
+    return not (scan.until is not None and (timestamp is None or timestamp >= scan.until))
