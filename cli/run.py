@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -100,7 +99,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         metavar="[ADDRESS:]PORT",
         help="also serve the live view of this topology (millstream ui) at "
         "http://ADDRESS:PORT/ while it runs (ADDRESS defaults to 127.0.0.1; any other needs "
-        "MILLSTREAM_UI_TOKEN)",
+        "a token: [ui] token or MILLSTREAM_UI_TOKEN)",
     )
     parser.add_argument(
         "--verbose",
@@ -173,7 +172,6 @@ def _start_view(config: MillstreamConfig, listen: str | None, topology: str) -> 
     """The live view of ``topology`` from a thread of the driver, if ``--ui-port`` asks."""
     if listen is None:
         return None
-    from millstream.cli.ui import TOKEN_VARIABLE
     from millstream.connectors.prometheus import listen_address
     from millstream.ui import start_view
 
@@ -184,7 +182,7 @@ def _start_view(config: MillstreamConfig, listen: str | None, topology: str) -> 
         config,
         host=host,
         port=port,
-        token=os.environ.get(TOKEN_VARIABLE) or None,
+        token=None if config.ui_token is None else config.ui_token.reveal(),
         topologies=[topology],
     )
     print(f"millstream run: the live view is at {view.address}", file=sys.stderr, flush=True)

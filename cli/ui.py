@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from millstream.cli.arguments import add_command
 
-__all__ = ["TOKEN_VARIABLE", "register", "run"]
-
-TOKEN_VARIABLE = "MILLSTREAM_UI_TOKEN"
+__all__ = ["register", "run"]
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -36,8 +33,8 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--token",
         default=None,
         metavar="TOKEN",
-        help=f"the token every request needs (default: ${TOKEN_VARIABLE}; required off "
-        "loopback); open the page once as /?token=TOKEN",
+        help="the token every request needs (default: [ui] token, MILLSTREAM_UI_TOKEN; "
+        "required off loopback); open the page once as /?token=TOKEN",
     )
     ui.add_argument(
         "--period",
@@ -62,9 +59,12 @@ def run(args: argparse.Namespace) -> int:
     from millstream.ui import serve
     from millstream.ui.server import DEFAULT_PORT
 
-    token = args.token if args.token is not None else os.environ.get(TOKEN_VARIABLE) or None
+    config = load_config()
+    token = args.token
+    if token is None and config.ui_token is not None:
+        token = config.ui_token.reveal()
     serve(
-        load_config(),
+        config,
         host=args.host,
         port=args.port or DEFAULT_PORT,
         token=token,

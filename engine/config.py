@@ -42,6 +42,9 @@ The TOML file and the variables name the same settings::
     [executor]
     cache_bytes = 134217728                 # MILLSTREAM_EXECUTOR_CACHE_BYTES: per Python worker
     interval_threads = 4                    # MILLSTREAM_EXECUTOR_INTERVAL_THREADS: per task
+    [ui]                                    # the live view (millstream ui)
+    token = "..."                           # MILLSTREAM_UI_TOKEN: what every request needs
+                                            #   (required off loopback; prefer the variable)
     [run]                                   # a run's deployment: see RunSettings
     keyspace = "millstream"                 # MILLSTREAM_RUN_KEYSPACE
     table = "intervals"                     # MILLSTREAM_RUN_TABLE
@@ -275,6 +278,8 @@ class MillstreamConfig:
     cassandra_password: Secret | None = None
     cassandra_tls: bool = False
     cassandra_ca_file: Path | None = None
+    # The live view's token (millstream ui): required on any address but loopback.
+    ui_token: Secret | None = None
     run: RunSettings = field(default_factory=RunSettings)
 
     def __post_init__(self) -> None:
@@ -407,14 +412,14 @@ def _from_toml(file: Path) -> dict[str, Any]:
         doc = tomllib.loads(file.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"cannot read config file {file}: {exc}; fix the TOML") from exc
-    known = {"home", "kafka", "cassandra", "spark", "executor", "run"}
+    known = {"home", "kafka", "cassandra", "spark", "executor", "ui", "run"}
     unknown = set(doc) - known
     if unknown:
         raise ConfigError(
             f"unknown setting(s) {sorted(unknown)} in {file}; allowed: {sorted(known)}"
         )
-    kafka, cassandra, spark, executor = (
-        _table(doc, name, file) for name in ("kafka", "cassandra", "spark", "executor")
+    kafka, cassandra, spark, executor, ui = (
+        _table(doc, name, file) for name in ("kafka", "cassandra", "spark", "executor", "ui")
     )
     values: dict[str, Any] = {}
     if "home" in doc:
@@ -448,6 +453,7 @@ def _from_toml(file: Path) -> dict[str, Any]:
         values["spark_conf"] = {str(k): str(v) for k, v in dict(spark["conf"]).items()}
     _take(values, "executor_cache_bytes", executor, "cache_bytes", int)
     _take(values, "executor_interval_threads", executor, "interval_threads", int)
+    _take(values, "ui_token", ui, "token", str)
     values["run"] = _run_from_toml(_table(doc, "run", file))
     return _typed_security(values)
 
@@ -486,7 +492,7 @@ def _run_from_toml(table: Mapping[str, Any]) -> dict[str, Any]:
 
 def _typed_security(values: dict[str, Any]) -> dict[str, Any]:
     """Passwords as :class:`Secret`, CA files as expanded paths."""
-    for key in ("kafka_password", "cassandra_password"):
+    for key in ("kafka_password", "cassandra_password", "ui_token"):
         if key in values:
             values[key] = Secret(values[key])
     for key in ("kafka_ca_file", "cassandra_ca_file"):
@@ -514,7 +520,7 @@ def _take(
         # TOML's true is no number of partitions.
         if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
             # Never echo a password, even a mistyped one.
-            shown = "a value" if name == "password" else repr(value)
+            shown = "a value" if name in ("password", "token") else repr(value)
             kinds = kind if isinstance(kind, tuple) else (kind,)
             expected = " or ".join(k.__name__ for k in kinds)
             raise ConfigError(f"setting {name!r} must be a {expected}, got {shown}")
@@ -548,6 +554,7 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
         "MILLSTREAM_CASSANDRA_PASSWORD": ("cassandra_password", str),
         "MILLSTREAM_CASSANDRA_TLS": ("cassandra_tls", _boolean),
         "MILLSTREAM_CASSANDRA_CA_FILE": ("cassandra_ca_file", str),
+        "MILLSTREAM_UI_TOKEN": ("ui_token", str),
     }
     run_converters: dict[str, Any] = {
         "keyspace": str,

@@ -139,9 +139,9 @@ def _server(
 ) -> tuple[uvicorn.Server, KafkaObserver]:
     if not is_loopback(host) and not token:
         raise ConfigError(
-            f"millstream ui on {host} would be open to the network: give it a token (--token "
-            "or MILLSTREAM_UI_TOKEN), or bind it to 127.0.0.1 and reach it through a TLS proxy "
-            "(docs/guides/live-view.md)"
+            f"millstream ui on {host} would be open to the network: give it a token (--token, "
+            "[ui] token or MILLSTREAM_UI_TOKEN), or bind it to 127.0.0.1 and reach it through "
+            "a TLS proxy (docs/guides/live-view.md)"
         )
     if not 0 < port < 65536:
         raise ConfigError(f"the live view's port must be 1 to 65535, got {port}")

@@ -211,3 +211,21 @@ def test_the_keywords_run_settings_replaced_still_work_with_a_warning() -> None:
     with pytest.raises(TypeError, match="unexpected keyword argument 'keyspaces'"):
         settings.with_deprecated_keywords("run_topology", {"keyspaces": "old"})
     assert settings.with_deprecated_keywords("run_topology", {}) is settings
+
+
+def test_the_live_views_token_comes_from_the_ui_table_then_the_environment_and_never_shows(
+    tmp_path: Path,
+) -> None:
+    file = tmp_path / "millstream.toml"
+    file.write_text('[ui]\ntoken = "from-file"\n')
+    config = load_config(environ={}, path=file)
+    assert config.ui_token is not None
+    assert config.ui_token.reveal() == "from-file"
+    assert "from-file" not in repr(config)
+    overridden = load_config(environ={"MILLSTREAM_UI_TOKEN": "from-env"}, path=file)
+    assert overridden.ui_token is not None
+    assert overridden.ui_token.reveal() == "from-env"
+    assert load_config(environ={}).ui_token is None
+    file.write_text("[ui]\ntoken = 42\n")
+    with pytest.raises(ConfigError, match="must be a str, got a value"):
+        load_config(environ={}, path=file)
