@@ -51,6 +51,18 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="show only the topologies whose names match (shell-style, e.g. 'zeitgeist_*'; "
         "repeatable), with the streams and injectors they use (default: every topology)",
     )
+    ui.add_argument(
+        "--keyspace",
+        default=None,
+        metavar="NAME",
+        help="Cassandra keyspace of the computations' key intervals (default: [run] keyspace)",
+    )
+    ui.add_argument(
+        "--table",
+        default=None,
+        metavar="NAME",
+        help="their table in it (default: [run] table)",
+    )
     ui.set_defaults(handler=run)
 
 
@@ -70,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
         token=token,
         period=max(0.2, args.period),
         topologies=args.topology,
+        keyspace=args.keyspace,
+        table=args.table,
         started=lambda address: print(
             f"millstream ui: serving {address}", file=sys.stderr, flush=True
         ),

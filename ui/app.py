@@ -42,7 +42,7 @@ from millstream.ui.graph import draw_graph
 from millstream.ui.records import Scan
 from millstream.ui.snapshot import Observation, Tracker
 
-__all__ = ["Browse", "SnapshotHub", "TokenGate", "create_app", "is_loopback"]
+__all__ = ["Browse", "Chart", "Intervals", "SnapshotHub", "TokenGate", "create_app", "is_loopback"]
 
 _log = logging.getLogger(__name__)
 
@@ -131,6 +131,14 @@ Browse = Callable[[Scan, Callable[[], bool]], dict[str, Any]]
 """Reads a :class:`~millstream.ui.records.Scan` (``scan_stream`` on a config), stopping
 early once the callable it is given says the page gave up."""
 
+Intervals = Callable[[str, Callable[[], bool]], dict[str, Any]]
+"""Reads what the store holds about a computation's key intervals, by its name
+(``interval_overview`` on a session)."""
+
+Chart = Callable[[str, str | None, str | None, int, Callable[[], bool]], dict[str, Any]]
+"""Reads a series chart: predictions stream, key (``None``: only the keys), anomalies
+stream, points, and the callable saying the page gave up (``read_series`` on a config)."""
+
 _SCANS_AT_ONCE = 2  # record scans running together; more are refused (429), not queued
 
 
@@ -140,10 +148,15 @@ def create_app(
     token: str | None = None,
     run_hub: bool = True,
     browse: Browse | None = None,
+    chart: Chart | None = None,
+    intervals: Intervals | None = None,
 ) -> ASGIApp:
     """The ASGI app of the view around ``hub`` (started and stopped with the app unless
     ``run_hub`` is false); with ``token``, every request needs it (:class:`TokenGate`).
-    ``browse`` serves the record browser (``/api/records``); without it, it answers 404."""
+    ``browse`` serves the record browser (``/api/records``), ``chart`` the series charts
+    (``/api/series``) and ``intervals`` a computation's key intervals (``/api/intervals``);
+    without them, they answer 404. Both read in a thread, two at most at
+    once, and stop when the page goes away."""
     scans = asyncio.Semaphore(_SCANS_AT_ONCE)
 
     async def page(request: Request) -> Response:
@@ -167,6 +180,41 @@ def create_app(
             scan = _scan(request.query_params)
         except (ConfigError, ValueError) as exc:
             return JSONResponse({"error": str(exc)}, status_code=400)
+        return await bounded(request, lambda cancelled: browse(scan, cancelled))
+
+    async def series(request: Request) -> Response:
+        if chart is None:
+            return JSONResponse({"error": "this view has no charts"}, status_code=404)
+        query = request.query_params
+        if not query.get("stream"):
+            return JSONResponse({"error": "name a stream (?stream=NAME)"}, status_code=400)
+        try:
+            points = int(query.get("points", 500))
+        except ValueError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        return await bounded(
+            request,
+            lambda cancelled: chart(
+                query["stream"],
+                query.get("key") or None,
+                query.get("anomalies") or None,
+                points,
+                cancelled,
+            ),
+        )
+
+    async def computation_intervals(request: Request) -> Response:
+        if intervals is None:
+            return JSONResponse({"error": "this view does not read the store"}, status_code=404)
+        name = request.query_params.get("computation")
+        if not name:
+            return JSONResponse({"error": "name a computation (?computation=NAME)"}, 400)
+        return await bounded(request, lambda cancelled: intervals(name, cancelled))
+
+    async def bounded(
+        request: Request, read: Callable[[Callable[[], bool]], dict[str, Any]]
+    ) -> Response:
+        """``read`` in a thread, refused if two run already; it is told when the page left."""
         if scans.locked():
             return JSONResponse(
                 {"error": f"{_SCANS_AT_ONCE} scans are running; try again when one ends"},
@@ -174,14 +222,14 @@ def create_app(
             )
         async with scans:
             gave_up = threading.Event()
-            reading = asyncio.ensure_future(asyncio.to_thread(browse, scan, gave_up.is_set))
+            reading = asyncio.ensure_future(asyncio.to_thread(read, gave_up.is_set))
             while not reading.done():
                 await asyncio.wait({reading}, timeout=0.2)
                 if not reading.done() and await request.is_disconnected():
                     gave_up.set()  # the page went away: the scan stops at its next check
             try:
                 result = reading.result()
-            except MillstreamError as exc:
+            except (MillstreamError, ValueError) as exc:
                 return JSONResponse({"error": str(exc)}, status_code=502)
         return JSONResponse(result)
 
@@ -206,9 +254,13 @@ def create_app(
     app: ASGIApp = Starlette(
         routes=[
             Route("/", page),
+            # The page has no icon: an empty answer, not a 404 in every browser's console.
+            Route("/favicon.ico", lambda request: Response(status_code=204)),
             Route("/assets/{name}", asset),
             Route("/api/snapshot", snapshot),
             Route("/api/records", records),
+            Route("/api/series", series),
+            Route("/api/intervals", computation_intervals),
             Route("/events", events),
         ],
         lifespan=lifespan,

@@ -10,11 +10,9 @@ so (the page went away or gave up waiting).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
-
-from confluent_kafka import Consumer
 
 from millstream.connectors.kafka import end_offsets, start_offsets, stream_topic
 from millstream.connectors.stream_reader import range_reader, read_ranges
@@ -22,7 +20,7 @@ from millstream.connectors.streams import ValueFormat, render_message
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.errors import ConfigError
 
-__all__ = ["MAX_BUDGET", "MAX_LIMIT", "Scan", "scan_stream"]
+__all__ = ["MAX_BUDGET", "MAX_LIMIT", "Scan", "StreamScan", "scan_stream"]
 
 MAX_LIMIT = 500  # records a scan returns at most
 MAX_BUDGET = 100_000  # messages a scan reads at most
@@ -66,53 +64,78 @@ def scan_stream(
     scan: Scan,
     cancelled: Callable[[], bool] = lambda: False,
     *,
-    reader: Consumer | None = None,
     timeout: float = 10.0,
 ) -> dict[str, Any]:
     """Read ``scan``'s messages from Kafka: ``records`` (newest first, at most
     ``scan.limit``), ``scanned`` (messages read), ``matched``, ``ranges`` (per partition, the
     offsets read: ``[start, end)``), ``positions`` (per partition, where a tail goes on),
     ``truncated`` (the budget left older messages unread) and ``cancelled``."""
-    topic = stream_topic(scan.stream)
-    own = reader is None
-    consumer = reader if reader is not None else range_reader(config)
-    try:
-        ends = end_offsets(consumer, [topic], timeout)[topic]
-        starts = start_offsets(consumer, [topic], timeout)[topic]
-        ranges, truncated = _ranges(topic, scan, starts, ends)
-        found: list[dict[str, Any]] = []
-        scanned = matched = 0
-        stopped = False
-        for message in read_ranges(consumer, ranges, timeout):
-            scanned += 1
-            if scanned % 256 == 0 and cancelled():
-                stopped = True
-                break
-            entry = render_message(
-                scan.stream,
-                message.partition,
-                message.offset,
-                message.value,
-                scan.value_format,
-            )
-            if not _wanted(entry, scan):
-                continue
-            matched += 1
-            found.append(entry)
-    finally:
-        if own:
-            consumer.close()
+    found: list[dict[str, Any]] = []
+    with StreamScan(config, scan, cancelled, timeout=timeout) as read:
+        for entry in read:
+            if _wanted(entry, scan):
+                found.append(entry)
     found.sort(key=lambda e: (e.get("timestamp", -1), e["partition"], e["offset"]), reverse=True)
     return {
         "stream": scan.stream,
         "records": found[: scan.limit],
-        "scanned": scanned,
-        "matched": matched,
-        "ranges": {str(r.partition): [r.start, r.end] for r in ranges},
-        "positions": {str(p): end for p, end in sorted(ends.items())},
-        "truncated": truncated,
-        "cancelled": stopped,
+        "scanned": read.scanned,
+        "matched": len(found),
+        "ranges": {str(r.partition): [r.start, r.end] for r in read.ranges},
+        "positions": {str(p): end for p, end in sorted(read.ends.items())},
+        "truncated": read.truncated,
+        "cancelled": read.cancelled,
     }
+
+
+class StreamScan:
+    """The messages of ``scan``'s ranges (:func:`scan_stream` says which), each decoded as the
+    record browser shows it, unfiltered, in offset order per partition: iterate it inside a
+    ``with`` (which closes its Kafka consumer). ``scanned``, ``ranges``, ``ends``,
+    ``truncated`` and ``cancelled`` say what it read."""
+
+    def __init__(
+        self,
+        config: MillstreamConfig,
+        scan: Scan,
+        cancelled: Callable[[], bool] = lambda: False,
+        *,
+        timeout: float = 10.0,
+    ) -> None:
+        self.scan = scan
+        self.timeout = timeout
+        self._cancelled = cancelled
+        self._consumer = range_reader(config)
+        topic = stream_topic(scan.stream)
+        try:
+            self.ends = end_offsets(self._consumer, [topic], timeout)[topic]
+            starts = start_offsets(self._consumer, [topic], timeout)[topic]
+        except BaseException:
+            self._consumer.close()
+            raise
+        self.ranges, self.truncated = _ranges(topic, scan, starts, self.ends)
+        self.scanned = 0
+        self.cancelled = False
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for message in read_ranges(self._consumer, self.ranges, self.timeout):
+            self.scanned += 1
+            if self.scanned % 256 == 0 and self._cancelled():
+                self.cancelled = True
+                return
+            yield render_message(
+                self.scan.stream,
+                message.partition,
+                message.offset,
+                message.value,
+                self.scan.value_format,
+            )
+
+    def __enter__(self) -> StreamScan:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._consumer.close()
 
 
 def _ranges(

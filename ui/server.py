@@ -11,15 +11,18 @@ from typing import Any
 
 import uvicorn
 
+from millstream.connectors.cassandra import connect
 from millstream.engine.clock import Clock, SystemClock
 from millstream.engine.config import MillstreamConfig
-from millstream.engine.errors import ConfigError
+from millstream.engine.errors import ConfigError, StoreError
 from millstream.ui.app import SnapshotHub, create_app, is_loopback
 from millstream.ui.observer import KafkaObserver
 from millstream.ui.records import Scan, scan_stream
+from millstream.ui.series import read_series
 from millstream.ui.snapshot import Tracker
+from millstream.ui.store_view import interval_overview
 
-__all__ = ["DEFAULT_PORT", "RunningView", "address", "serve", "start_view"]
+__all__ = ["DEFAULT_PORT", "RunningView", "StoreReader", "address", "serve", "start_view"]
 
 DEFAULT_PORT = 8470
 
@@ -32,6 +35,8 @@ def serve(
     token: str | None = None,
     period: float = 1.0,
     topologies: Sequence[str] = (),
+    keyspace: str | None = None,
+    table: str | None = None,
     clock: Clock | None = None,
     started: Callable[[str], None] | None = None,
 ) -> None:
@@ -40,9 +45,12 @@ def serve(
 
     A host other than a loopback address needs a ``token`` (:class:`~millstream.ui.TokenGate`):
     the view shows stream contents, which must not be open to a network. ``topologies``
-    narrows the view (:class:`~millstream.ui.Tracker`).
+    narrows the view (:class:`~millstream.ui.Tracker`). ``keyspace`` and ``table`` say
+    where the computations' key intervals are (default: the ``[run]`` settings').
     """
-    server, observer = _server(config, host, port, token, period, topologies, clock)
+    server, observer = _server(
+        config, host, port, token, period, topologies, keyspace, table, clock
+    )
     if started is not None:
         started(address(host, port))
     try:
@@ -51,11 +59,51 @@ def serve(
         observer.close()
 
 
+class StoreReader:
+    """What the store holds about a computation's key intervals (:func:`interval_overview`),
+    through a Cassandra session made at the first question: the view works without
+    Cassandra until a page asks. A session that failed is closed and made again next time."""
+
+    def __init__(self, config: MillstreamConfig, keyspace: str, table: str) -> None:
+        self.config = config
+        self.keyspace = keyspace
+        self.table = table
+        self._lock = threading.Lock()
+        self._cluster: Any = None
+        self._session: Any = None
+
+    def intervals(self, computation: str, cancelled: Callable[[], bool]) -> dict[str, Any]:
+        from cassandra import DriverException
+        from cassandra.cluster import NoHostAvailable
+
+        del cancelled  # one bounded read per interval, all in flight at once: nothing to stop
+        with self._lock:
+            try:
+                if self._session is None:
+                    self._cluster, self._session = connect(self.config)
+                return interval_overview(self._session, self.keyspace, self.table, computation)
+            except (DriverException, NoHostAvailable) as exc:
+                self._close()
+                raise StoreError(
+                    f"Cassandra at {','.join(self.config.cassandra_hosts)} did not answer "
+                    f"({exc}); the key intervals show once it does"
+                ) from exc
+
+    def close(self) -> None:
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
+        if self._cluster is not None:
+            self._cluster.shutdown()
+        self._cluster = self._session = None
+
+
 class RunningView:
     """The view served from a thread of this process; :meth:`stop` it (or use it as a
     context manager). ``address`` is where a browser opens it."""
 
-    def __init__(self, server: uvicorn.Server, observer: KafkaObserver, address: str) -> None:
+    def __init__(self, server: uvicorn.Server, observer: _Readers, address: str) -> None:
         self.address = address
         self._server = server
         self._observer = observer
@@ -110,13 +158,17 @@ def start_view(
     token: str | None = None,
     period: float = 1.0,
     topologies: Sequence[str] = (),
+    keyspace: str | None = None,
+    table: str | None = None,
     clock: Clock | None = None,
     timeout: float = 30.0,
 ) -> RunningView:
     """The view served from a thread of this process, listening once this returns (as
     :func:`serve`, which says what the arguments mean). Raises :class:`ConfigError` if it
     cannot listen there."""
-    server, observer = _server(config, host, port, token, period, topologies, clock)
+    server, observer = _server(
+        config, host, port, token, period, topologies, keyspace, table, clock
+    )
     view = RunningView(server, observer, address(host, port))
     view._start(timeout)
     return view
@@ -135,8 +187,10 @@ def _server(
     token: str | None,
     period: float,
     topologies: Sequence[str],
+    keyspace: str | None,
+    table: str | None,
     clock: Clock | None,
-) -> tuple[uvicorn.Server, KafkaObserver]:
+) -> tuple[uvicorn.Server, _Readers]:
     if not is_loopback(host) and not token:
         raise ConfigError(
             f"millstream ui on {host} would be open to the network: give it a token (--token, "
@@ -146,6 +200,7 @@ def _server(
     if not 0 < port < 65536:
         raise ConfigError(f"the live view's port must be 1 to 65535, got {port}")
     observer = KafkaObserver(config, clock or SystemClock())
+    store = StoreReader(config, keyspace or config.run.keyspace, table or config.run.table)
     hub = SnapshotHub(observer.observe, period=period, tracker=Tracker(topologies=topologies))
 
     def browse(scan: Scan, cancelled: Callable[[], bool]) -> dict[str, Any]:
@@ -153,7 +208,15 @@ def _server(
 
     server = uvicorn.Server(
         uvicorn.Config(
-            create_app(hub, token=token, browse=browse),
+            create_app(
+                hub,
+                token=token,
+                browse=browse,
+                chart=lambda stream, key, anomalies, points, cancelled: read_series(
+                    config, stream, key, anomalies, points, cancelled
+                ),
+                intervals=store.intervals,
+            ),
             host=host,
             port=port,
             log_level="warning",
@@ -162,4 +225,16 @@ def _server(
             timeout_graceful_shutdown=2,
         )
     )
-    return server, observer
+    return server, _Readers(observer, store)
+
+
+class _Readers:
+    """What a view reads the services with, closed together when it stops."""
+
+    def __init__(self, observer: KafkaObserver, store: StoreReader) -> None:
+        self.observer = observer
+        self.store = store
+
+    def close(self) -> None:
+        self.observer.close()
+        self.store.close()

@@ -123,3 +123,19 @@ def _wait_for_snapshot(client: TestClient) -> dict[str, Any]:
         assert response.status_code == 503
         asyncio.run(asyncio.sleep(0.01))
     raise AssertionError("no snapshot within 2 s")
+
+
+def test_the_intervals_route_asks_for_a_computation_by_name() -> None:
+    asked: list[str] = []
+
+    def intervals(name: str, cancelled: object) -> dict[str, object]:
+        asked.append(name)
+        return {"computation": name, "intervals": []}
+
+    with TestClient(create_app(hub(), intervals=intervals)) as client:
+        assert client.get("/api/intervals").status_code == 400
+        answer = client.get("/api/intervals", params={"computation": "<b>c</b>"})
+        assert answer.json() == {"computation": "<b>c</b>", "intervals": []}
+    assert asked == ["<b>c</b>"]
+    with TestClient(create_app(hub())) as client:
+        assert client.get("/api/intervals?computation=c").status_code == 404

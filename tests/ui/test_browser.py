@@ -70,6 +70,21 @@ return true;
 """
 
 
+# Chooses a predictions stream to chart once the page offers it, and charts it.
+SELECT_CHART = """
+const select = document.getElementById('chart-stream');
+if (![...select.options].some((o) => o.value === arguments[0])) return false;
+select.value = arguments[0];
+select.dispatchEvent(new Event('change'));
+return true;
+"""
+
+
+def prediction(key: str, i: int) -> str:
+    value = {"bucket": i * 300 * S, "observed": 10 + i % 3, "expected": 10.0, "scale": 0.3}
+    return json.dumps({"key": key, "value": value, "timestamp": i * 300 * S})
+
+
 def note(key: str, n: int) -> str:
     return json.dumps({"key": key, "value": {"n": n}})
 
@@ -148,6 +163,15 @@ def test_the_view_shows_the_topology_live_and_names_as_text(
     ]
     assert browser.find_element(By.ID, "connection").text == "live"
 
+    # A computation's key intervals, from the store: its name as text, and what the store said
+    # (the session's keyspace may hold no table for it: then the page says why).
+    browser.find_element(By.CSS_SELECTOR, "#computations button.link").click()
+    assert browser.find_element(By.ID, "detail-title").text == f"Computation {SCRIPT_NAME}"
+    detail = browser.find_element(By.ID, "detail-status")
+    wait_until(lambda: detail.text, "the store's answer")
+    assert detail.text.startswith(("Keyspace ", "Could not read the store: ")), detail.text
+    browser.find_element(By.ID, "detail-close").click()
+
     # Live: a new report shows without a reload.
     publish(config, counter(now - 10 * S, 2, 4))
     wait_until(lambda: backlog(browser) == "0", "the backlog drained")
@@ -194,6 +218,31 @@ def test_the_view_shows_the_topology_live_and_names_as_text(
         assert browser.find_elements(By.TAG_NAME, "img") == []
     finally:
         kafka_connector.delete_topics(config, [notes])
+
+    # A detector's predictions stream charts a key: its points, the key as text.
+    predictions = unique("ui_detector") + ".predictions"
+    try:
+        produce_lines(
+            config,
+            predictions,
+            [prediction(SCRIPT_NAME, i) for i in range(30)] + [prediction("other", 0)],
+            source="ui",
+        )
+        chosen = wait_until(
+            lambda: browser.execute_script(SELECT_CHART, predictions), "the chart offered"
+        )
+        assert chosen
+        status = browser.find_element(By.ID, "chart-status")
+        wait_until(lambda: "30 buckets" in status.text, "the chart drawn")
+        assert status.text.startswith(f"Key {SCRIPT_NAME}: 30 buckets")
+        keys = browser.execute_script(
+            "return [...document.getElementById('chart-key').options].map((o) => o.text)"
+        )
+        assert keys == [SCRIPT_NAME, "other"]
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#chart polyline.observed")) == 1
+        assert browser.execute_script("return window.pwned === undefined")
+    finally:
+        kafka_connector.delete_topics(config, [predictions])
 
     # The server restarts: the page says so, then reconnects by itself.
     server.stop()

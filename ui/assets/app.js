@@ -115,6 +115,63 @@
   function select(id) {
     state.selected = state.selected === id ? null : id;
     if (state.shown) highlight(state.shown);
+    if (state.selected && state.selected.startsWith("computation/")) showDetail(state.selected);
+  }
+
+  // -- a computation's key intervals, from the store ----------------------------------------
+  const detail = { id: null, timer: null };
+  const MAX_COUNT = 10000; // what the server counts up to per kind (interval_overview's max_rows)
+
+  function showDetail(id) {
+    detail.id = id;
+    document.getElementById("detail").hidden = false;
+    const name = id.split("/").slice(2).join("/");
+    document.getElementById("detail-title").textContent = "Computation " + name;
+    clearTimeout(detail.timer);
+    loadDetail();
+  }
+
+  function capped(interval, count) {
+    // A count that reached the read's bound is a lower bound: "10,000+".
+    return number(count) + (interval.more && count >= MAX_COUNT ? "+" : "");
+  }
+
+  function hash(value) {
+    return "0x" + Number(value).toString(16).padStart(8, "0");
+  }
+
+  async function loadDetail() {
+    const id = detail.id;
+    if (!id) return;
+    const name = id.split("/").slice(2).join("/");
+    const status = document.getElementById("detail-status");
+    try {
+      const response = await fetch("/api/intervals?" + new URLSearchParams({ computation: name }));
+      const result = await response.json();
+      if (!response.ok) throw new Error(result.error || response.statusText);
+      if (detail.id !== id) return;
+      const node = state.shown ? state.shown.nodes.find((n) => n.id === id) : null;
+      const load = Object.fromEntries(((node && node.hot) || []).map(([i, r]) => [i, r]));
+      const ranges = Object.fromEntries(((result.layout && result.layout.intervals) || [])
+        .map((r) => [r.interval, hash(r.low) + "\u2013" + hash(r.high)]));
+      fill(document.querySelector("#intervals tbody"), result.intervals.map((i) =>
+        el("tr", { class: i.retired ? "retired" : "" },
+          el("td", {}, i.interval), el("td", {}, ranges[i.interval] || (i.retired ? "retired" : "\u2013")),
+          el("td", {}, i.retired ? "retired" : (i.sequencer ?? "never acquired")),
+          el("td", {}, load[i.interval] !== undefined ? number(load[i.interval]) : ""),
+          el("td", {}, capped(i, i.state_keys)), el("td", {}, capped(i, i.timers)),
+          el("td", {}, eventTime(i.next_event_timer)), el("td", {}, eventTime(i.next_wall_timer)),
+          el("td", {}, capped(i, i.pending_productions)), el("td", {}, capped(i, i.dedup_ids)))));
+      const layout = result.layout;
+      status.textContent = "Keyspace " + result.keyspace + ", table " + result.table + "; " +
+        (layout ? "layout version " + layout.version + " of " + layout.intervals.length +
+          " intervals" + (layout.pending_change ? "; pending: " + layout.pending_change : "") :
+          "no layout written yet") + ". Counts stop at 10,000 (shown with +). " +
+        "Read " + new Date().toISOString().replace(/\.\d+Z$/, "Z") + ".";
+    } catch (error) {
+      status.textContent = "Could not read the store: " + error.message;
+    }
+    if (detail.id === id) detail.timer = setTimeout(loadDetail, 5000);
   }
 
   function renderNodes(snapshot) {
@@ -148,7 +205,7 @@
   function renderComputations(snapshot) {
     const rows = snapshot.nodes.filter((n) => n.kind === "computation").map((n) =>
       el("tr", { class: "health-" + n.health },
-        el("td", {}, n.topology), el("td", { class: "name" }, n.name),
+        el("td", {}, n.topology), el("td", { class: "name" }, computationLink(n)),
         el("td", { class: "health" }, n.health),
         el("td", {}, n.state === "complete" ? "complete" : eventTime(n.watermark)),
         el("td", {}, duration(n.lag_s)), el("td", {}, sparkline(n.lag_trend)),
@@ -156,6 +213,17 @@
         el("td", {}, n.held_by),
         el("td", {}, (n.hot || []).map(([i, r]) => "interval " + i + " (" + number(r) + ")").join(", "))));
     fill(document.querySelector("#computations tbody"), rows);
+  }
+
+  function computationLink(node) {
+    const link = el("button", { type: "button", class: "link", title: "its key intervals" },
+      node.name);
+    link.addEventListener("click", () => {
+      state.selected = null;
+      select(node.id);
+      document.getElementById("detail").scrollIntoView();
+    });
+    return link;
   }
 
   function renderStreams(snapshot) {
@@ -280,6 +348,110 @@
     button.setAttribute("aria-pressed", "false");
   }
 
+  // -- series charts ---------------------------------------------------------------------
+  const charts = { stream: null, key: null, timer: null, busy: false, anomalies: null };
+  const SVG = "http://www.w3.org/2000/svg";
+
+  function svg(tag, attributes, text) {
+    const node = document.createElementNS(SVG, tag);
+    for (const [name, value] of Object.entries(attributes)) node.setAttribute(name, String(value));
+    if (text !== undefined) node.textContent = text;
+    return node;
+  }
+
+  function fillChartChoice(snapshot) {
+    const select = document.getElementById("chart-stream");
+    const names = snapshot.streams.map((s) => s.name).filter((n) => n.endsWith(".predictions"));
+    charts.anomalies = snapshot.streams.some((s) => s.name === "anomalies") ? "anomalies" : null;
+    if (select.options.length !== names.length ||
+        !names.every((n, i) => select.options[i].value === n)) {
+      const chosen = select.value;
+      select.replaceChildren(...names.map((n) => el("option", { value: n }, n)));
+      if (names.includes(chosen)) select.value = chosen;
+    }
+    // The first chart of a stream loads by itself; live ones reload on their own timer.
+    if (select.value && select.value !== charts.stream && !charts.busy) loadChart();
+  }
+
+  async function loadChart() {
+    const stream = document.getElementById("chart-stream").value;
+    const keySelect = document.getElementById("chart-key");
+    if (!stream) return;
+    if (stream !== charts.stream) {
+      charts.stream = stream;
+      keySelect.replaceChildren();
+    }
+    const query = new URLSearchParams({ stream: stream,
+      points: document.getElementById("chart-points").value || "500" });
+    if (keySelect.value) query.set("key", keySelect.value);
+    if (charts.anomalies) query.set("anomalies", charts.anomalies);
+    charts.busy = true;
+    const status = document.getElementById("chart-status");
+    try {
+      const response = await fetch("/api/series?" + query);
+      const result = await response.json();
+      if (!response.ok) throw new Error(result.error || response.statusText);
+      if (keySelect.options.length !== result.keys.length) {
+        const chosen = keySelect.value;
+        keySelect.replaceChildren(...result.keys.map((k) => el("option", { value: k }, k)));
+        if (result.keys.includes(chosen)) keySelect.value = chosen;
+      }
+      if (!result.key && keySelect.value) {
+        charts.busy = false;
+        return loadChart(); // the keys are known now: chart the first
+      }
+      drawChart(result);
+      status.textContent = result.key ? "Key " + result.key + ": " + number(result.points.length) +
+        " buckets, " + number(result.anomalies.length) + " anomalies (from the newest " +
+        number(result.scanned) + " predictions); the band is expected \u00b1 " +
+        result.band_spreads + " spreads." : "No prediction read yet.";
+    } catch (error) {
+      status.textContent = "Could not chart: " + error.message;
+    } finally {
+      charts.busy = false;
+    }
+    clearTimeout(charts.timer);
+    charts.timer = document.getElementById("chart-live").checked && !state.paused
+      ? setTimeout(() => { charts.timer = null; loadChart(); }, 5000) : null;
+  }
+
+  function drawChart(result) {
+    const width = 960, height = 260, left = 50, right = 10, top = 10, bottom = 30;
+    const points = result.points;
+    const box = document.getElementById("chart");
+    const chart = svg("svg", { class: "chart", viewBox: "0 0 " + width + " " + height,
+      width: width, height: height, role: "img", "aria-label": "series of " + result.key });
+    if (points.length < 2) {
+      chart.append(svg("text", { x: 10, y: 30 }, "Not enough buckets to draw yet."));
+      box.replaceChildren(chart);
+      return;
+    }
+    const t0 = points[0][0], t1 = points[points.length - 1][0];
+    const high = Math.max(1, ...points.map((p) => Math.max(p[1], p[4])));
+    const x = (t) => left + (t - t0) * (width - left - right) / (t1 - t0 || 1);
+    const y = (v) => top + (1 - v / high) * (height - top - bottom);
+    const line = (index) => points.map((p) => x(p[0]).toFixed(1) + "," + y(p[index]).toFixed(1)).join(" ");
+    const band = points.map((p) => x(p[0]).toFixed(1) + "," + y(p[4]).toFixed(1))
+      .concat(points.slice().reverse().map((p) => x(p[0]).toFixed(1) + "," + y(p[3]).toFixed(1)));
+    chart.append(svg("polygon", { class: "band", points: band.join(" ") }));
+    chart.append(svg("polyline", { class: "expected", points: line(2) }));
+    chart.append(svg("polyline", { class: "observed", points: line(1) }));
+    for (const mark of result.anomalies) {
+      if (mark.bucket < t0 || mark.bucket > t1) continue;
+      const near = points.reduce((a, b) => Math.abs(b[0] - mark.bucket) < Math.abs(a[0] - mark.bucket) ? b : a);
+      const dot = svg("circle", { class: "anomaly " + mark.kind, cx: x(mark.bucket).toFixed(1),
+        cy: y(mark.observed ?? near[1]).toFixed(1), r: 5 });
+      dot.append(svg("title", {}, mark.kind + " at " + eventTime(mark.bucket) + ": " +
+        (mark.explanation || "observed " + mark.observed + ", expected " + mark.expected)));
+      chart.append(dot);
+    }
+    chart.append(svg("text", { x: left, y: height - 8, class: "axis" }, eventTime(t0)));
+    chart.append(svg("text", { x: width - right, y: height - 8, class: "axis end" }, eventTime(t1)));
+    chart.append(svg("text", { x: 4, y: top + 10, class: "axis" }, number(high)));
+    chart.append(svg("text", { x: 4, y: height - bottom, class: "axis" }, "0"));
+    box.replaceChildren(chart);
+  }
+
   function render(snapshot) {
     state.shown = snapshot;
     const error = document.getElementById("error");
@@ -292,6 +464,7 @@
     renderComputations(snapshot);
     renderStreams(snapshot);
     fillStreamChoice(snapshot);
+    fillChartChoice(snapshot);
     renderEvents(snapshot);
     document.body.dataset.seq = String(snapshot.seq);
     tick();
@@ -336,6 +509,7 @@
       event.target.textContent = state.paused ? "Resume" : "Pause";
       event.target.setAttribute("aria-pressed", String(state.paused));
       if (!state.paused && state.latest) render(state.latest);
+      if (!state.paused && !charts.timer && !charts.busy && charts.stream) loadChart();
       tick();
     });
     document.getElementById("view-toggle").addEventListener("click", (event) => {
@@ -366,6 +540,19 @@
       stopTail();
       if (scan.controller) scan.controller.abort();
       document.getElementById("scan-stop").disabled = true;
+    });
+    for (const id of ["chart-stream", "chart-key", "chart-points", "chart-live"]) {
+      document.getElementById(id).addEventListener("change", () => {
+        if (id === "chart-stream") document.getElementById("chart-key").replaceChildren();
+        clearTimeout(charts.timer);
+        charts.timer = null;
+        loadChart();
+      });
+    }
+    document.getElementById("detail-close").addEventListener("click", () => {
+      detail.id = null;
+      clearTimeout(detail.timer);
+      document.getElementById("detail").hidden = true;
     });
     const themes = ["auto", "light", "dark"];
     document.getElementById("theme").addEventListener("click", () => {

@@ -168,6 +168,7 @@ __all__ = [
     "DEFAULT_ACQUIRE_ATTEMPTS",
     "DEFAULT_MAX_BATCH_BYTES",
     "MAX_BATCH_STATEMENTS",
+    "RETIRED_SEQUENCER",
     "CassandraIntervalStore",
     "StoreStats",
 ]
@@ -192,7 +193,7 @@ _DELETE_BYTES = 64
 # A commit that finds another head than expected under its own lease learns it and retries.
 _STALE_HEAD_ATTEMPTS = 3
 # The sequencer of a retired interval (split or merged away): no acquire moves past it.
-_RETIRED = 2**63 - 1
+RETIRED_SEQUENCER = 2**63 - 1
 # The partition holding a computation's interval layout, one LWT-written row.
 _LAYOUT_INTERVAL = -1
 _DATA_KINDS = ("state", "timer", "timer_event", "timer_wall", "dedup", "production")
@@ -316,7 +317,7 @@ class CassandraIntervalStore(IntervalStore):
         last_error: BaseException | None = None
         self.stats.acquires += 1
         for attempt in range(self.acquire_attempts):
-            if expected == _RETIRED:
+            if expected == RETIRED_SEQUENCER:
                 raise RetiredIntervalError(
                     f"interval {interval} of {computation!r} in {self._name} was split or "
                     "merged away; route by the computation's current layout"
@@ -705,7 +706,7 @@ class CassandraIntervalStore(IntervalStore):
         # rows of a partition no one can write any more then go by plain range deletes.
         result = self._execute(
             self._statements.acquire_next,  # moving the sequencer to the retired value
-            (_RETIRED, _new_marker(), lease.computation, lease.interval, lease.token),
+            (RETIRED_SEQUENCER, _new_marker(), lease.computation, lease.interval, lease.token),
         )
         if not one_row(result)["[applied]"]:
             raise FencedError(

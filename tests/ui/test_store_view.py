@@ -1,0 +1,244 @@
+"""The live view's look at the interval table, on the real Cassandra: data written by the
+engine's own store (commits, timers, productions, dedup IDs, a finished and a journaled
+split), read back exactly, within bounds, and without writing."""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from cassandra import ConsistencyLevel
+
+from millstream.engine.clock import ManualClock
+from millstream.engine.errors import StoreError
+from millstream.engine.layout import IntervalLayout
+from millstream.engine.productions import Production
+from millstream.engine.rebalance import finish_change
+from millstream.engine.records import Record
+from millstream.engine.sequencer import Lease
+from millstream.engine.state import KeyChanges
+from millstream.engine.stores.cassandra import CassandraIntervalStore, create_schema
+from millstream.engine.timers import TimeDomain, Timer
+from millstream.ui.store_view import interval_overview
+
+pytestmark = pytest.mark.integration
+
+TABLE = "view_intervals"
+TTL = 60 * 1_000_000
+EMPTY = {
+    "sequencer": None,
+    "retired": False,
+    "state_keys": 0,
+    "timers": 0,
+    "pending_productions": 0,
+    "dedup_ids": 0,
+    "next_event_timer": None,
+    "next_wall_timer": None,
+    "more": False,
+}
+
+
+class RecordingSession:
+    """A real session that notes the CQL and consistency level of every statement it runs."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self.executed: list[tuple[str, int]] = []
+
+    def prepare(self, cql: str) -> Any:
+        return self.session.prepare(cql)
+
+    def execute(self, statement: Any, parameters: Any = None, **options: Any) -> Any:
+        self._note(statement)
+        return self.session.execute(statement, parameters, **options)
+
+    def execute_async(self, statement: Any, parameters: Any = None, **options: Any) -> Any:
+        self._note(statement)
+        return self.session.execute_async(statement, parameters, **options)
+
+    def _note(self, statement: Any) -> None:
+        self.executed.append((statement.query_string, statement.consistency_level))
+
+
+@pytest.fixture
+def keyspace(cassandra: Any, cassandra_keyspace: Callable[[], str]) -> str:
+    name = cassandra_keyspace()
+    create_schema(cassandra, name, TABLE)
+    return name
+
+
+@pytest.fixture
+def store(cassandra: Any, keyspace: str) -> CassandraIntervalStore:
+    return CassandraIntervalStore(cassandra, keyspace, ManualClock(1_000_000), table=TABLE)
+
+
+def keys_in(layout: IntervalLayout, interval: int, count: int) -> list[str]:
+    """``count`` keys whose hash ``interval`` owns in ``layout``."""
+    candidates = (f"key-{n}" for n in itertools.count())
+    return list(itertools.islice((k for k in candidates if layout.owns(interval, k)), count))
+
+
+def production(key: str, timestamp: int) -> Production:
+    return Production("out", Record(key, b"v", timestamp, uuid.uuid4().bytes))
+
+
+def commit(store: CassandraIntervalStore, lease: Lease, *changes: KeyChanges) -> None:
+    store.commit(lease, list(changes), dedup_ttl=TTL)
+
+
+def test_counts_timers_sequencers_and_a_journaled_split_are_read_exactly(
+    cassandra: Any, keyspace: str, store: CassandraIntervalStore
+) -> None:
+    computation = "counts"
+    # Two intervals; interval 0 split into 2 and 3 (finished: 0 is retired), then a split of
+    # interval 1 into 4 and 5 journaled and left pending.
+    initial = store.layout(computation, 2)
+    split = initial.begin_split(0)
+    assert store.write_layout(computation, split, initial)
+    finished = finish_change(store, computation, split, dedup_ttl=TTL)
+    a, b, c = keys_in(finished, 2, 3)
+    lease = store.acquire(computation, 2)  # the split's copy acquired it once already
+    window_b = Timer(b, "window", 2_000_000, set_by=b"r2")
+    commit(
+        store,
+        lease,
+        KeyChanges(
+            a,
+            state=b"1",
+            timers={
+                "window": Timer(a, "window", 5_000_000, set_by=b"r1"),
+                "flush": Timer(a, "flush", 9_000_000, TimeDomain.WALL_TIME, b"r1"),
+            },
+            dedup_ids=[b"r1", b"r3"],
+            productions=[production(a, 5), production(a, 6)],
+        ),
+        KeyChanges(b, state=b"2", timers={"window": window_b}, dedup_ids=[b"r2"]),
+    )
+    # A second commit: another production row, and b's earlier timer deleted (and unindexed).
+    commit(
+        store,
+        lease,
+        KeyChanges(b, timers={"window": None}, previous_timers=[window_b]),
+        KeyChanges(c, state=b"3", productions=[production(c, 7)]),
+    )
+    (d,) = keys_in(finished, 1, 1)
+    store.acquire(computation, 1)
+    other = store.acquire(computation, 1)
+    commit(
+        store,
+        other,
+        KeyChanges(d, state=b"4", timers={"t": Timer(d, "t", 3_000_000, TimeDomain.WALL_TIME)}),
+    )
+    assert store.write_layout(computation, finished.begin_split(1), finished)
+
+    recording = RecordingSession(cassandra)
+    overview = interval_overview(recording, keyspace, TABLE, computation)
+
+    assert overview == {
+        "computation": computation,
+        "keyspace": keyspace,
+        "table": TABLE,
+        "layout": {
+            "version": 4,
+            "intervals": [
+                {"interval": 2, "low": 0, "high": 2**30},
+                {"interval": 3, "low": 2**30, "high": 2**31},
+                {"interval": 1, "low": 2**31, "high": 2**32},
+            ],
+            "pending_change": "split of interval 1 into 4 and 5",
+        },
+        "intervals": [
+            {**EMPTY, "interval": 0, "retired": True},  # its sequencer is past all others
+            {
+                **EMPTY,
+                "interval": 1,
+                "sequencer": 2,
+                "state_keys": 1,
+                "timers": 1,
+                "next_wall_timer": 3_000_000,
+            },
+            {
+                **EMPTY,
+                "interval": 2,
+                "sequencer": 2,
+                "state_keys": 3,
+                "timers": 2,
+                "pending_productions": 2,  # rows, one per commit: three records in all
+                "dedup_ids": 3,
+                "next_event_timer": 5_000_000,
+                "next_wall_timer": 9_000_000,
+            },
+            {**EMPTY, "interval": 3, "sequencer": 1},
+        ],
+        "history": [],
+    }
+    # Read-only and bounded: only SELECTs at QUORUM (no Paxos round), each with a LIMIT or
+    # naming one row by its whole primary key (the layout).
+    assert recording.executed
+    for cql, consistency in recording.executed:
+        assert cql.startswith("SELECT "), cql
+        assert consistency == ConsistencyLevel.QUORUM, cql
+        assert " LIMIT " in cql or "AND item = 0x" in cql, cql
+    assert store.holds(other)  # nothing was acquired
+
+
+def test_counts_stop_at_max_rows_and_say_there_is_more(
+    keyspace: str, store: CassandraIntervalStore, cassandra: Any
+) -> None:
+    layout = store.layout("big", 1)
+    keys = keys_in(layout, 0, 5)
+    lease = store.acquire("big", 0)
+    commit(store, lease, *(KeyChanges(key, state=b"x", dedup_ids=[key.encode()]) for key in keys))
+
+    capped = interval_overview(cassandra, keyspace, TABLE, "big", max_rows=3)["intervals"]
+    exact = interval_overview(cassandra, keyspace, TABLE, "big", max_rows=5)["intervals"]
+
+    expected = {**EMPTY, "interval": 0, "sequencer": 1}
+    assert capped == [{**expected, "state_keys": 3, "dedup_ids": 3, "more": True}]
+    assert exact == [{**expected, "state_keys": 5, "dedup_ids": 5, "more": False}]
+
+
+def test_a_computation_with_nothing_stored_has_no_layout_and_no_intervals(
+    keyspace: str, store: CassandraIntervalStore, cassandra: Any
+) -> None:
+    store.layout("other", 2)
+    store.acquire("other", 0)
+
+    overview = interval_overview(cassandra, keyspace, TABLE, "nobody")
+
+    assert overview == {
+        "computation": "nobody",
+        "keyspace": keyspace,
+        "table": TABLE,
+        "layout": None,
+        "intervals": [],
+        "history": [],
+    }
+
+
+def test_without_a_layout_the_intervals_are_the_partitions_found(
+    keyspace: str, store: CassandraIntervalStore, cassandra: Any
+) -> None:
+    store.acquire("no-layout", 0)
+    store.acquire("no-layout", 2)
+    store.acquire("no-layout", 2)
+
+    overview = interval_overview(cassandra, keyspace, TABLE, "no-layout")
+
+    assert overview["layout"] is None
+    assert overview["intervals"] == [
+        {**EMPTY, "interval": 0, "sequencer": 1},
+        {**EMPTY, "interval": 2, "sequencer": 2},
+    ]
+
+
+def test_names_are_checked_and_a_missing_table_is_reported(keyspace: str, cassandra: Any) -> None:
+    with pytest.raises(ValueError, match="not a valid table name"):
+        interval_overview(cassandra, keyspace, "intervals; DROP TABLE x", "c")
+    with pytest.raises(ValueError, match="max_rows"):
+        interval_overview(cassandra, keyspace, TABLE, "c", max_rows=0)
+    with pytest.raises(StoreError, match=f"{keyspace}.absent"):
+        interval_overview(cassandra, keyspace, "absent", "c")

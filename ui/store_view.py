@@ -1,0 +1,217 @@
+"""For the live view: what Cassandra holds about one computation's key intervals, read-only."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Final
+
+from cassandra import ConsistencyLevel, InvalidRequest
+
+from millstream.engine.errors import StoreError
+from millstream.engine.layout import IntervalLayout, LayoutChange
+from millstream.engine.stores.cassandra.rows import TIMER_INDEX, TIMESTAMP_OFFSET, result_rows
+from millstream.engine.stores.cassandra.schema import check_identifier
+from millstream.engine.stores.cassandra.store import RETIRED_SEQUENCER
+from millstream.engine.timers import TimeDomain
+
+__all__ = ["interval_overview"]
+
+# Where CassandraIntervalStore keeps a computation's layout: a partition of this interval ID
+# (never a key interval's), one row of kind 'layout', its value the layout's JSON.
+_LAYOUT_INTERVAL: Final = -1
+# The counts of an interval's entry and the row kind each counts.
+_COUNTED_KINDS: Final = {
+    "state_keys": "state",
+    "timers": "timer",
+    "pending_productions": "production",
+    "dedup_ids": "dedup",
+}
+# Intervals whose reads are in flight at once: one round trip for many, yet a bounded load
+# on the coordinator however many intervals the computation has.
+_INTERVALS_AT_ONCE: Final = 32
+
+
+def interval_overview(
+    session: Any, keyspace: str, table: str, computation: str, *, max_rows: int = 10_000
+) -> dict[str, Any]:
+    """What the interval table ``keyspace.table`` holds about ``computation``, as a JSON-able
+    dict, read without writing anything.
+
+    ``computation`` is the computation's plain name, as its topology names it (the store's
+    ``computation`` column holds exactly that, not a topology-qualified name: topologies
+    are kept apart by their keyspace and table). Injector checkpoints live in the same table
+    under ``injector/<injector>/<process>`` and can be looked at the same way.
+
+    ``layout`` is the computation's interval layout as the Cassandra store keeps it (one row
+    in the partition of interval -1): its ``version``, its ``intervals`` in hash order, each
+    with the ``low`` and exclusive ``high`` key hash it owns, and its ``pending_change`` in
+    words (a split or merge journaled and not finished yet), or ``None``. The whole
+    ``layout`` is ``None`` if none was ever written: a driver writes the initial one before
+    the computation's first batch, so no driver ran it on this table (or the partitions were
+    written without one, as injector checkpoints are).
+
+    ``intervals`` has an entry per interval of the layout and per interval partition found in
+    the table (retired sources of finished changes, targets of a pending one), in ID order:
+    its ``sequencer`` (the static column: the current owner's lease token; ``None`` if never
+    acquired or once ``retired``, split or merged away), how many state keys, timers,
+    pending production rows (one per commit batch, not per record) and dedup IDs it holds,
+    and the timestamps (µs) of its next event-time and wall-time timers, the first rows of
+    the time-ordered timer indexes, whose ``key`` is the timestamp plus ``2**63`` as a
+    20-digit decimal. Dedup IDs are counted while Cassandra keeps them, which may be up to a
+    second past their ``expires``.
+
+    ``history`` is always empty: the store keeps only the current layout, overwritten by
+    compare-and-set, and no record of past splits and merges.
+
+    Every read is bounded: each count reads at most ``max_rows + 1`` rows and an interval's
+    ``more`` says one of its counts stopped at ``max_rows`` (a lower bound); the partitions
+    are found by one scan of the table's partition keys, filtered by computation and limited
+    to ``max_rows`` intervals. Every read is at ``QUORUM``, as the store's own reads and
+    ``millstream state``'s are, and never at ``SERIAL``: a SERIAL read is a Paxos round that
+    would complete a worker's in-flight proposal and compete with its LWTs for the ballot, so
+    an observer stays out of it (and may miss an acquire or a commit still in flight).
+    """
+    check_identifier("keyspace", keyspace)
+    check_identifier("table", table)
+    if max_rows < 1:
+        raise ValueError(f"max_rows must be at least 1, got {max_rows}")
+    reads = _Reads(session, f"{keyspace}.{table}")
+    layout = reads.layout(computation)
+    sequencers = reads.partitions(computation, max_rows)
+    interval_ids = sorted(set(sequencers) | set(() if layout is None else layout.ids))
+    intervals: list[dict[str, Any]] = []
+    for start in range(0, len(interval_ids), _INTERVALS_AT_ONCE):
+        wave = interval_ids[start : start + _INTERVALS_AT_ONCE]
+        intervals += reads.intervals(computation, wave, sequencers, max_rows)
+    return {
+        "computation": computation,
+        "keyspace": keyspace,
+        "table": table,
+        "layout": None if layout is None else _layout_document(layout),
+        "intervals": intervals,
+        "history": [],
+    }
+
+
+class _Reads:
+    """The view's statements on one table, prepared at ``QUORUM``.
+
+    Prepared on every overview: a view refreshes at human pace, so a round trip per statement
+    costs less than a cache that outlives its session or table would.
+    """
+
+    def __init__(self, session: Any, name: str) -> None:
+        self._session = session
+        self._name = name
+        where = "WHERE computation = ? AND interval = ?"
+        self._read_layout = self._prepare(
+            f"SELECT value FROM {name} {where} AND kind = 'layout' AND key = '' AND item = 0x"
+        )
+        # Partition keys and the static column only: no row of any partition is read.
+        self._list_partitions = self._prepare(
+            f"SELECT DISTINCT computation, interval, sequencer FROM {name} "
+            "WHERE computation = ? LIMIT ? ALLOW FILTERING"
+        )
+        # Counting rows client-side: a COUNT(*)'s LIMIT bounds its one result row, not the
+        # rows it reads.
+        self._list_kind = self._prepare(f"SELECT kind FROM {name} {where} AND kind = ? LIMIT ?")
+        self._first_key = self._prepare(f"SELECT key FROM {name} {where} AND kind = ? LIMIT 1")
+
+    def layout(self, computation: str) -> IntervalLayout | None:
+        result = self._session.execute(self._read_layout, (computation, _LAYOUT_INTERVAL))
+        row = next(result_rows(result), None)
+        return None if row is None else IntervalLayout.decode(row["value"].decode("utf-8"))
+
+    def partitions(self, computation: str, max_rows: int) -> dict[int, int | None]:
+        """The computation's interval partitions in the table, with their sequencers."""
+        result = self._session.execute(self._list_partitions, (computation, max_rows + 1))
+        return {
+            row["interval"]: row["sequencer"]
+            for row in result_rows(result)
+            if row["interval"] != _LAYOUT_INTERVAL
+        }
+
+    def intervals(
+        self,
+        computation: str,
+        interval_ids: Sequence[int],
+        sequencers: dict[int, int | None],
+        max_rows: int,
+    ) -> list[dict[str, Any]]:
+        """The entries of ``interval_ids``, every read of all of them sent before any is
+        awaited."""
+        send = self._session.execute_async
+        counts = {
+            (interval, field): send(self._list_kind, (computation, interval, kind, max_rows + 1))
+            for interval in interval_ids
+            for field, kind in _COUNTED_KINDS.items()
+        }
+        firsts = {
+            (interval, domain): send(self._first_key, (computation, interval, index))
+            for interval in interval_ids
+            for domain, index in TIMER_INDEX.items()
+        }
+        entries: list[dict[str, Any]] = []
+        for interval in interval_ids:
+            sequencer = sequencers.get(interval)
+            retired = sequencer == RETIRED_SEQUENCER
+            entry: dict[str, Any] = {
+                "interval": interval,
+                # 2**63 - 1 is past what a browser's numbers hold exactly: said as retired.
+                "sequencer": None if retired else sequencer,
+                "retired": retired,
+            }
+            more = False
+            for field in _COUNTED_KINDS:
+                found = _count(result_rows(counts[interval, field].result()), max_rows + 1)
+                entry[field] = min(found, max_rows)
+                more = more or found > max_rows
+            for field, domain in (
+                ("next_event_timer", TimeDomain.EVENT_TIME),
+                ("next_wall_timer", TimeDomain.WALL_TIME),
+            ):
+                row = next(result_rows(firsts[interval, domain].result()), None)
+                entry[field] = None if row is None else int(row["key"]) - TIMESTAMP_OFFSET
+            entry["more"] = more
+            entries.append(entry)
+        return entries
+
+    def _prepare(self, cql: str) -> Any:
+        try:
+            statement = self._session.prepare(cql)
+        except InvalidRequest as exc:
+            raise StoreError(
+                f"cannot read the interval table {self._name} ({exc}): does the keyspace exist, "
+                "and has a topology run with this table?"
+            ) from exc
+        statement.consistency_level = ConsistencyLevel.QUORUM
+        return statement
+
+
+def _count(rows: Iterable[Any], limit: int) -> int:
+    """How many of ``rows`` there are, reading at most ``limit`` of them."""
+    return sum(1 for _ in zip(range(limit), rows, strict=False))
+
+
+def _layout_document(layout: IntervalLayout) -> dict[str, Any]:
+    return {
+        "version": layout.version,
+        "intervals": [
+            {"interval": interval, "low": low, "high": high}
+            for interval in layout.ids
+            for low, high in [layout.range_of(interval)]
+        ],
+        "pending_change": None if layout.change is None else _change_words(layout.change),
+    }
+
+
+def _change_words(change: LayoutChange) -> str:
+    """``change`` as a person says it: "split of interval 3 into 5 and 6"."""
+    sources = _listed([str(source) for source in change.sources])
+    targets = _listed([str(target[0]) for target in change.targets])
+    noun = "interval" if len(change.sources) == 1 else "intervals"
+    return f"{change.kind} of {noun} {sources} into {targets}"
+
+
+def _listed(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
