@@ -223,10 +223,18 @@ class ComputationDriver:
         self._spread(load_shares(layout.ids, intervals.records(), policy, intervals.cpu_seconds()))
         return change
 
-    def report(self, sequence: int, offsets: Offsets) -> WatermarkReport | None:
+    def report(
+        self,
+        sequence: int,
+        offsets: Offsets,
+        *,
+        stats: Mapping[str, int] | None = None,
+        driver: str = "",
+    ) -> WatermarkReport | None:
         """The computation's report after the batch, covering ``offsets`` (its output
-        topics' end offsets), or ``None`` if it says nothing new (or nothing is known yet)."""
-        return self.watermarks.report(sequence, offsets)
+        topics' end offsets), or ``None`` if it says nothing new (or nothing is known yet);
+        ``stats``, its counters since ``driver`` (this driver's start) began, go in it."""
+        return self.watermarks.report(sequence, offsets, stats=stats, driver=driver)
 
     def _current(self, step: str) -> _Batch:
         if self._batch is None:

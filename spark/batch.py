@@ -39,6 +39,7 @@ from millstream.engine.pause_points import pause_point
 from millstream.engine.productions import CommitTag
 from millstream.engine.store import IntervalStore
 from millstream.engine.topology import ComputationSpec
+from millstream.engine.watermarks import Offsets, WatermarkReport
 from millstream.spark.checkpoint import batch_offsets, fence_checkpoint, lost_checkpoint_race
 from millstream.spark.driver_watermarks import DriverWatermarks, offsets_consumer
 from millstream.spark.executor import BatchInput, IntervalSlots, TaskSettings, batch_task
@@ -127,6 +128,9 @@ class BatchHandler:
         self.watermarks = watermarks
         self.checkpoint = checkpoint
         self.driver_id = driver
+        # The computation's counters since this driver started, in its watermark reports
+        # (the live view reads them there, not from this process).
+        self._stats: dict[str, int] = {}
         # Set once the query is being stopped: Spark cancels the batch's job, whose failure
         # is then no reason to retry the batch or look in it for poison pills.
         self.stopping = stopping or threading.Event()
@@ -206,6 +210,8 @@ class BatchHandler:
             for row in rows
         )
         reporting = time.monotonic()
+        if rows or failures:
+            self._count(rows, failures, batch_run)
         # Nor publish a report for a batch the other driver has run past: stale, and on the
         # compacted topic it could outlive the newer report it follows.
         fence_checkpoint(self.checkpoint, batch_id, self.spec.name, self.driver_id)
@@ -432,12 +438,29 @@ class BatchHandler:
             record.error,
         )
 
+    def _count(self, rows: list[ResultRow], failures: list[str], run: _BatchRun) -> None:
+        """Add a batch to the counters its reports carry."""
+        stats = self._stats
+        for row in rows:
+            for name, value in row.counts.counts().items():
+                stats[name] = stats.get(name, 0) + value
+        stats["batches"] = stats.get("batches", 0) + 1
+        stats["failed_attempts"] = stats.get("failed_attempts", 0) + len(failures)
+        stats["isolated"] = stats.get("isolated", 0) + run.isolated
+
     def _finish(self, batch_id: int, outage: Outage) -> None:
         """Between batches: rebalance, then publish the computation's report."""
         if self.driver.finish(outage.retry) is not None:
             # The new intervals have run no batch yet: one without input finds their work.
             self.watermarks.wake_now()
-        outage.retry(lambda: self.watermarks.after_batch(batch_id, self.driver.report))
+        self._stats["rebalances"] = self.driver.rebalances
+
+        def report(sequence: int, offsets: Offsets) -> WatermarkReport | None:
+            return self.driver.report(
+                sequence, offsets, stats=dict(self._stats), driver=self.driver_id or ""
+            )
+
+        outage.retry(lambda: self.watermarks.after_batch(batch_id, report))
 
     def _record_metrics(
         self,

@@ -11,7 +11,7 @@ trends, how long a watermark has not moved, and the events between observations.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any, Literal
@@ -26,7 +26,9 @@ from millstream.engine.watermarks import (
 from millstream.engine.watermarks.report import Offsets
 
 __all__ = [
+    "COUNTED_EVENTS",
     "DEAD_LETTER_SUFFIX",
+    "RATES",
     "Health",
     "Observation",
     "Tracker",
@@ -100,6 +102,9 @@ class _History:
     consumed: _Rate | None = None  # records consumed, summed over its input partitions
     waiting_since: int | None = None  # since when its input has held unconsumed records
     state: str = ""
+    driver: str = ""  # the driver start that reported last
+    stats: Mapping[str, int] = field(default_factory=dict)  # its counters then
+    rates: dict[str, _Rate] = field(default_factory=dict)  # of the counters in RATES
 
 
 class Tracker:
@@ -274,6 +279,26 @@ class Tracker:
             "backlog": backlog,
             "records": report.records if report else None,
             "health": self._health(row.state, history, backlog, observation.now),
+            **self._counters(report, history, observation.now),
+        }
+
+    def _counters(
+        self, report: WatermarkReport | None, history: _History, now: int
+    ) -> dict[str, Any]:
+        """A computation's counters since its driver started, the rates of some, and the
+        share of its interval runs that found a valid cached worker."""
+        stats = dict(report.stats) if report is not None else {}
+        rates = {}
+        for name in RATES:
+            if name in stats:
+                rate = history.rates.setdefault(name, _Rate(self.rate_window))
+                rates[name] = rate.add(now, stats[name])
+        runs = stats.get("intervals", 0)
+        return {
+            "driver": report.driver if report is not None else "",
+            "stats": stats,
+            "rates": rates,
+            "cache_hit_rate": stats.get("cache_hits", 0) / runs if runs else None,
         }
 
     def _injector(self, injector: dict[str, Any], now: int) -> None:
@@ -352,9 +377,55 @@ class Tracker:
                     {"at": now, "kind": node["health"], "source": node["id"], "text": _said(node)}
                 )
             history.state = said
+        for node in nodes:
+            if node["kind"] == "computation":
+                self._counted(node, now)
         for key in set(self._sources) - {n["id"] for n in nodes}:
             del self._sources[key]
             self._events.append({"at": now, "kind": "retired", "source": key, "text": "retired"})
+
+    def _counted(self, node: Mapping[str, Any], now: int) -> None:
+        """The timeline's entries a computation's counters tell: its driver restarted, and
+        what went wrong since the last observation (fenced producers, failed attempts, ...)."""
+        history = self._sources[node["id"]]
+        stats, driver = node["stats"], node["driver"]
+        if driver and history.driver and driver != history.driver:
+            self._events.append(
+                {"at": now, "kind": "restart", "source": node["id"], "text": "driver restarted"}
+            )
+        elif driver and driver == history.driver:
+            for name, (kind, text) in COUNTED_EVENTS.items():
+                more = stats.get(name, 0) - history.stats.get(name, 0)
+                if more > 0:
+                    self._events.append(
+                        {"at": now, "kind": kind, "source": node["id"], "text": text(more)}
+                    )
+        if driver:
+            history.driver, history.stats = driver, stats
+
+
+RATES = ("processed", "committed_keys", "duplicates", "dead_letters", "transactions")
+"""The counters of a computation whose rates (per second) its node shows."""
+
+COUNTED_EVENTS: Mapping[str, tuple[str, Callable[[int], str]]] = {
+    "fenced_producers": (
+        "fenced",
+        lambda n: f"{n} Kafka producer(s) fenced: a zombie's transactions were refused",
+    ),
+    "failed_attempts": ("failed", lambda n: f"{n} batch attempt(s) failed (retried)"),
+    "isolated": (
+        "exception",
+        lambda n: f"{n} poison pill(s) isolated: code failed on them alone (dead-lettered)",
+    ),
+    "dead_letters": ("dead-letters", lambda n: f"{n} record(s) dead-lettered"),
+    "rebalances": ("rebalance", lambda n: f"key intervals split or merged ({n})"),
+    "unknown_outcomes": (
+        "unknown",
+        lambda n: f"{n} commit(s) with an unknown outcome, read back and settled",
+    ),
+    "aborted_commits": ("aborted", lambda n: f"{n} commit(s) aborted with their transaction"),
+}
+"""The counters whose growth is an entry of the timeline: its kind and what it says."""
 
 
 def stuck_path(
@@ -454,11 +525,15 @@ def _headline(
     rates = [s["rate"] for s in streams if s["name"] in injected]
     processed = [c["in_rate"] for c in computations if c["in_rate"] is not None]
     dead = [s["rate"] for s in streams if s["dead_letters"] and s["rate"] is not None]
+    commits = [c["rates"].get("committed_keys") for c in computations]
     return {
         "freshness_s": _seconds(max(0, now - min(live))) if live else None,
         "input_rate": sum(r for r in rates if r is not None) if rates else None,
         "processed_rate": sum(processed) if processed else None,
         "kafka_lag": sum(c["backlog"] for c in computations),
+        "committed_keys_per_second": sum(c for c in commits if c is not None)
+        if any(c is not None for c in commits)
+        else None,
         "dead_letters_per_min": sum(dead) * 60 if dead else None,
         "computations": len(computations),
         "stalled": sum(1 for n in nodes if n.get("health") == "stalled"),

@@ -187,8 +187,16 @@ class ComputationWatermarks:
         self.intervals.record(interval, progress, records, seconds, cpu_seconds)
         self.records += records or 0
 
-    def report(self, sequence: int, offsets: Offsets) -> WatermarkReport | None:
-        """The report to publish after a batch, or ``None`` if nothing changed (or unknown)."""
+    def report(
+        self,
+        sequence: int,
+        offsets: Offsets,
+        *,
+        stats: Mapping[str, int] | None = None,
+        driver: str = "",
+    ) -> WatermarkReport | None:
+        """The report to publish after a batch, or ``None`` if nothing changed (or unknown);
+        ``stats`` and ``driver`` go in it as they are (for the live view)."""
         if not self.all_known:
             return None
         watermark, held_by = _held(self.input.current, self.intervals.oldest_work())
@@ -207,6 +215,8 @@ class ComputationWatermarks:
             tuple(self.percentile_watermarks.items()),
             timers,
             tuple((t, tuple(sorted(p.items()))) for t, p in sorted(self.consumed.items())),
+            tuple(sorted((stats or {}).items())),
+            driver,
         )
         if said == self._published:
             return None
@@ -224,4 +234,6 @@ class ComputationWatermarks:
             timer_watermark=timers,
             hot=tuple((h.interval, h.records) for h in self.intervals.hottest(3) if h.records),
             consumed={t: dict(p) for t, p in self.consumed.items()},
+            stats=dict(stats or {}),
+            driver=driver,
         )

@@ -73,7 +73,10 @@ class WatermarkReport:
     ``hot`` names a computation's busiest key intervals, as ``(interval, records)`` in its
     latest batches (for ``millstream watermarks``). ``consumed`` is how far a computation
     had read its input topics (exclusive offsets) when it reported: its Kafka lag, for the
-    live view (``millstream ui``); no consumer's watermark depends on it.
+    live view (``millstream ui``); no consumer's watermark depends on it. So are ``stats``,
+    a computation's counters since its driver started (records processed, duplicates, dead
+    letters, commits, fenced producers, failed attempts, ...), and ``driver``, which names
+    that driver's start (a new name: the driver restarted).
     """
 
     source: str
@@ -88,6 +91,8 @@ class WatermarkReport:
     timer_watermark: int | None = None
     hot: tuple[tuple[int, int], ...] = ()
     consumed: Offsets = field(default_factory=dict)
+    stats: Mapping[str, int] = field(default_factory=dict)
+    driver: str = ""
 
     def __post_init__(self) -> None:
         if not self.source:
@@ -127,6 +132,10 @@ class WatermarkReport:
             document["hot"] = [list(pair) for pair in self.hot]
         if self.consumed:
             document["consumed"] = _offsets_document(self.consumed)
+        if self.stats:
+            document["stats"] = dict(sorted(self.stats.items()))
+        if self.driver:
+            document["driver"] = self.driver
         return json.dumps(document, separators=(",", ":")).encode()
 
     @classmethod
@@ -158,6 +167,8 @@ class WatermarkReport:
                 timer_watermark=None if timer_watermark is None else _int(timer_watermark),
                 hot=tuple((_int(i), _int(n)) for i, n in document.get("hot", [])),
                 consumed=_offsets_of(document.get("consumed", {})),
+                stats={str(k): _int(v) for k, v in document.get("stats", {}).items()},
+                driver=str(document.get("driver", "")),
             )
         except WatermarkReportError:
             raise

@@ -87,6 +87,8 @@ def document(**changes: Any) -> bytes:
             input_watermark=1_234,
             held_by="interval 3",
             consumed={"pages": {0: 4, 1: 2}},
+            stats={"processed": 9, "fenced_producers": 1},
+            driver="d-1",
         ),
         report(watermark=MIN_EVENT_TIME, sequence=0, streams=()),
     ],
@@ -471,6 +473,12 @@ def test_a_report_says_how_far_the_inputs_were_read_and_goes_out_when_that_moved
     assert second.consumed == {"clicks": {0: 7, 1: 2}}
     idle(bookkeeping)
     assert bookkeeping.report(3, {"counts": {0: 1}}) is None
+    # New counters of the driver (for the live view) are news too, and go in as they are.
+    counted = bookkeeping.report(4, {"counts": {0: 1}}, stats={"processed": 3}, driver="d")
+    assert counted is not None
+    assert (counted.stats, counted.driver) == ({"processed": 3}, "d")
+    assert json.loads(counted.encode())["stats"] == {"processed": 3}
+    assert bookkeeping.report(5, {"counts": {0: 1}}, stats={"processed": 3}, driver="d") is None
 
 
 def test_the_first_report_waits_until_every_interval_ran() -> None:

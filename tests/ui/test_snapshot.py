@@ -237,3 +237,41 @@ def test_a_topology_pattern_narrows_the_view_to_its_part_of_the_graph() -> None:
         "stream/out",
     }
     assert {s["name"] for s in narrowed["streams"]} == {"in", "mid", "out"}
+
+
+def counted(stats: dict[str, int], driver: str, watermark: int = NOW) -> WatermarkReport:
+    return WatermarkReport(
+        COUNT,
+        ("mid",),
+        watermark,
+        1,
+        consumed={"in": {0: 1}},
+        stats=stats,
+        driver=driver,
+        held_by="input",
+    )
+
+
+def test_a_computations_counters_give_rates_cache_hits_and_timeline_entries() -> None:
+    tracker = Tracker(rate_window=10 * S)
+    ends = {"in": {0: 1}, "mid": {0: 0}}
+    base = {"processed": 100, "committed_keys": 40, "intervals": 4, "cache_hits": 3}
+    first = tracker.update(observe(NOW, counted(base, "d1"), ends=ends))
+    node = next(n for n in first["nodes"] if n["id"] == COUNT)
+    assert node["stats"] == base
+    assert node["cache_hit_rate"] == 0.75
+    assert node["rates"] == {"processed": None, "committed_keys": None}
+    grown = {**base, "processed": 150, "committed_keys": 60, "fenced_producers": 1, "isolated": 2}
+    second = tracker.update(observe(NOW + 5 * S, counted(grown, "d1"), ends=ends))
+    node = next(n for n in second["nodes"] if n["id"] == COUNT)
+    assert node["rates"] == {"processed": 10.0, "committed_keys": 4.0}
+    assert second["headline"]["committed_keys_per_second"] == 4.0
+    told = [(e["kind"], e["text"]) for e in second["events"] if e.get("source") == COUNT]
+    assert told == [
+        ("fenced", "1 Kafka producer(s) fenced: a zombie's transactions were refused"),
+        ("exception", "2 poison pill(s) isolated: code failed on them alone (dead-lettered)"),
+    ]
+    # A new driver: its counters start again, and the timeline says it restarted (no more).
+    third = tracker.update(observe(NOW + 6 * S, counted({"processed": 5}, "d2"), ends=ends))
+    told = [(e["kind"], e["text"]) for e in third["events"] if e.get("source") == COUNT]
+    assert told[2:] == [("restart", "driver restarted")]

@@ -70,6 +70,8 @@
       ["Input", h.input_rate === null ? "–" : number(h.input_rate) + "/s", "records/s the injectors write"],
       ["Processed", h.processed_rate === null ? "–" : number(h.processed_rate) + "/s", "records/s the computations consume"],
       ["Kafka lag", number(h.kafka_lag) + " records", "written, not yet consumed"],
+      ["Keys committed", h.committed_keys_per_second === null || h.committed_keys_per_second === undefined
+        ? "\u2013" : number(h.committed_keys_per_second) + "/s", "per second, all computations"],
       ["Dead letters", h.dead_letters_per_min === null ? "–" : number(h.dead_letters_per_min, 1) + "/min", "records set aside"],
       ["Stalled", number(h.stalled), "sources whose watermark does not move while input waits"],
     ];
@@ -224,6 +226,23 @@
       document.getElementById("detail").scrollIntoView();
     });
     return link;
+  }
+
+  function renderCommits(snapshot) {
+    const rows = snapshot.nodes.filter((n) => n.kind === "computation").map((n) => {
+      const stats = n.stats || {}, rates = n.rates || {};
+      const count = (name) => el("td", { class: stats[name] ? "counted " + name : "" },
+        stats[name] === undefined ? "\u2013" : number(stats[name]));
+      return el("tr", {},
+        el("td", { class: "name" }, n.name), count("batches"),
+        el("td", {}, number(rates.processed)), el("td", {}, number(rates.committed_keys)),
+        count("duplicates"), count("dead_letters"), count("pending"), count("resent"),
+        count("transactions"), count("transaction_failures"), count("aborted_commits"),
+        count("fenced_producers"), count("unknown_outcomes"), count("failed_attempts"),
+        el("td", {}, n.cache_hit_rate === null || n.cache_hit_rate === undefined ? "\u2013"
+          : Math.round(n.cache_hit_rate * 100) + "%"));
+    });
+    fill(document.querySelector("#commits tbody"), rows);
   }
 
   function renderStreams(snapshot) {
@@ -462,6 +481,7 @@
     renderNodes(snapshot);
     renderHeld(snapshot);
     renderComputations(snapshot);
+    renderCommits(snapshot);
     renderStreams(snapshot);
     fillStreamChoice(snapshot);
     fillChartChoice(snapshot);
