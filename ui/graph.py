@@ -175,8 +175,10 @@ def _detail(node: Mapping[str, Any]) -> str:
         return "no report yet"
     lag = node.get("lag_s")
     said = "lag ?" if lag is None else f"lag {_duration(lag)}"
-    rate = node.get("in_rate")
-    return said if rate is None else f"{said} · {rate:,.0f}/s in"
+    rate, out = node.get("in_rate"), node.get("out_rate")
+    if rate is None:
+        return said
+    return f"{said} · {rate:,.0f}/s in" + ("" if out is None else f", {out:,.0f} out")
 
 
 def _duration(seconds: float) -> str:

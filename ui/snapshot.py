@@ -189,6 +189,10 @@ class Tracker:
                     {
                         "computation": row.source,
                         "lag": _lag(observation.ends.get(topic, {}), _consumed(report, topic)),
+                        "partitions": {
+                            str(p): max(0, end - _consumed(report, topic).get(p, 0))
+                            for p, end in sorted(observation.ends.get(topic, {}).items())
+                        },
                         "lag_s": node["lag_s"],
                         "trend": node["lag_trend"],
                     }
@@ -230,6 +234,14 @@ class Tracker:
             if c["kind"] == "computation" and c["state"] != "complete"
         }
         self._timeline(observation, nodes)
+        rates = {s["name"]: s["rate"] for s in streams}
+        for node in nodes:
+            if node["kind"] == "computation":
+                # Records per second out: what its output streams grow by (shared streams
+                # count for each writer).
+                out = [rates.get(name) for name in node["streams"]]
+                known = [r for r in out if r is not None]
+                node["out_rate"] = sum(known) if known else None
         for gone in self._stream_rates.keys() - set(stream_names):
             del self._stream_rates[gone]
         self._previous = observation
@@ -404,7 +416,7 @@ class Tracker:
             history.driver, history.stats = driver, stats
 
 
-RATES = ("processed", "committed_keys", "duplicates", "dead_letters", "transactions")
+RATES = ("processed", "committed_keys", "duplicates", "dead_letters", "late", "transactions")
 """The counters of a computation whose rates (per second) its node shows."""
 
 COUNTED_EVENTS: Mapping[str, tuple[str, Callable[[int], str]]] = {
@@ -526,6 +538,8 @@ def _headline(
     processed = [c["in_rate"] for c in computations if c["in_rate"] is not None]
     dead = [s["rate"] for s in streams if s["dead_letters"] and s["rate"] is not None]
     commits = [c["rates"].get("committed_keys") for c in computations]
+    # Records behind their computation's input watermark, as its driver counts them.
+    late = [r for c in computations if (r := c["rates"].get("late")) is not None]
     return {
         "freshness_s": _seconds(max(0, now - min(live))) if live else None,
         "input_rate": sum(r for r in rates if r is not None) if rates else None,
@@ -535,6 +549,7 @@ def _headline(
         if any(c is not None for c in commits)
         else None,
         "dead_letters_per_min": sum(dead) * 60 if dead else None,
+        "late_per_min": sum(late) * 60 if late else None,
         "computations": len(computations),
         "stalled": sum(1 for n in nodes if n.get("health") == "stalled"),
     }

@@ -72,7 +72,15 @@ def test_the_graph_follows_the_streams_from_the_injector_to_the_last_computation
     assert nodes[SUM]["backlog"] == 0
     stream = next(s for s in snapshot["streams"] if s["name"] == "in")
     assert stream["writers"] == ["injector/feed"]
-    assert stream["consumers"] == [{"computation": COUNT, "lag": 5, "lag_s": 60.0, "trend": [60.0]}]
+    assert stream["consumers"] == [
+        {
+            "computation": COUNT,
+            "lag": 5,
+            "partitions": {"0": 5, "1": 0},
+            "lag_s": 60.0,
+            "trend": [60.0],
+        }
+    ]
     assert snapshot["headline"]["kafka_lag"] == 5
     # Freshness is the output's: sum writes the stream nothing reads.
     assert snapshot["headline"]["freshness_s"] == 60.0
@@ -89,6 +97,8 @@ def test_rates_come_from_two_observations() -> None:
     assert next(s for s in snapshot["streams"] if s["name"] == "in")["rate"] == 3.0
     assert snapshot["headline"]["input_rate"] == 3.0
     assert snapshot["headline"]["processed_rate"] == 1.5
+    # Out: what its output stream grew by (mid stayed at 2).
+    assert next(n for n in snapshot["nodes"] if n["id"] == COUNT)["out_rate"] == 0.0
 
 
 def test_a_rate_that_moves_once_a_batch_shows_between_batches() -> None:
@@ -266,6 +276,7 @@ def test_a_computations_counters_give_rates_cache_hits_and_timeline_entries() ->
     node = next(n for n in second["nodes"] if n["id"] == COUNT)
     assert node["rates"] == {"processed": 10.0, "committed_keys": 4.0}
     assert second["headline"]["committed_keys_per_second"] == 4.0
+    assert second["headline"]["late_per_min"] is None  # the driver counted no late record
     told = [(e["kind"], e["text"]) for e in second["events"] if e.get("source") == COUNT]
     assert told == [
         ("fenced", "1 Kafka producer(s) fenced: a zombie's transactions were refused"),

@@ -73,6 +73,8 @@
       ["Keys committed", h.committed_keys_per_second === null || h.committed_keys_per_second === undefined
         ? "\u2013" : number(h.committed_keys_per_second) + "/s", "per second, all computations"],
       ["Dead letters", h.dead_letters_per_min === null ? "–" : number(h.dead_letters_per_min, 1) + "/min", "records set aside"],
+      ["Late records", h.late_per_min === null || h.late_per_min === undefined ? "\u2013"
+        : number(h.late_per_min, 1) + "/min", "records behind their computation's input watermark"],
       ["Stalled", number(h.stalled), "sources whose watermark does not move while input waits"],
     ];
     document.getElementById("headline").replaceChildren(...cards.map(([label, value, help]) =>
@@ -211,7 +213,7 @@
         el("td", { class: "health" }, n.health),
         el("td", {}, n.state === "complete" ? "complete" : eventTime(n.watermark)),
         el("td", {}, duration(n.lag_s)), el("td", {}, sparkline(n.lag_trend)),
-        el("td", {}, number(n.in_rate)), el("td", {}, number(n.backlog)),
+        el("td", {}, number(n.in_rate) + " / " + number(n.out_rate)), el("td", {}, number(n.backlog)),
         el("td", {}, n.held_by),
         el("td", {}, (n.hot || []).map(([i, r]) => "interval " + i + " (" + number(r) + ")").join(", "))));
     fill(document.querySelector("#computations tbody"), rows);
@@ -253,7 +255,9 @@
         el("td", {}, Object.entries(s.partitions).map(([p, end]) => p + ": " + number(end)).join(", ")),
         el("td", {}, number(s.records)), el("td", {}, number(s.rate)),
         el("td", {}, s.writers.map((w) => names[w] || w).join(", ")),
-        el("td", {}, ...s.consumers.map((c) => el("div", {},
+        el("td", {}, ...s.consumers.map((c) => el("div", {
+          title: "records not yet consumed, per partition: " + Object.entries(c.partitions || {})
+            .map(([p, n]) => p + ": " + number(n)).join(", ") },
           (names[c.computation] || c.computation) + ": " + number(c.lag) + " records, " +
           duration(c.lag_s) + " ", sparkline(c.trend))))));
     fill(document.querySelector("#streams tbody"), rows);
