@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import logging
 
-from confluent_kafka import Consumer, KafkaException
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from millstream.connectors.kafka import KafkaWatermarkTopic, consumer, end_offsets
+from millstream.connectors.kafka import KafkaWatermarkTopic, admin_client, consumer
 from millstream.engine.clock import Clock
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.watermarks import WatermarkMessage, WatermarkReport
@@ -23,6 +24,9 @@ from millstream.ui.snapshot import Observation
 __all__ = ["KafkaObserver", "stream_topics"]
 
 _log = logging.getLogger(__name__)
+# A partition's end offset, as list_offsets asks for it (confluent-kafka leaves it unannotated).
+_LATEST = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+_GONE = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC})
 
 
 def stream_topics(config: MillstreamConfig, topics: list[str]) -> list[str]:
@@ -48,6 +52,8 @@ class KafkaObserver:
         self._messages: dict[str, WatermarkMessage] = {}
         self._ends: Offsets = {}
         self._reader: Consumer | None = None
+        self._admin: AdminClient | None = None
+        self._partitions: dict[str, list[int]] = {}
 
     def observe(self) -> Observation:
         errors: list[str] = []
@@ -65,10 +71,7 @@ class KafkaObserver:
                     errors.append(f"could not read the watermark topic ({exc})")
                     self._watermarks.reconnect()
             try:
-                assert self._reader is not None
-                self._ends = end_offsets(
-                    self._reader, stream_topics(self.config, topics), self.timeout
-                )
+                self._ends = self._end_offsets(stream_topics(self.config, topics))
             except (KafkaException, TimeoutError) as exc:
                 errors.append(f"could not read the streams' end offsets ({exc})")
                 self._renew()
@@ -89,7 +92,36 @@ class KafkaObserver:
         if self._reader is None:
             self._reader = consumer(self.config, "millstream-ui")
         # A metadata request for every topic creates none.
-        return list(self._reader.list_topics(timeout=self.timeout).topics)
+        self._partitions = {
+            name: sorted(topic.partitions)
+            for name, topic in self._reader.list_topics(timeout=self.timeout).topics.items()
+            if topic.error is None
+        }
+        return list(self._partitions)
+
+    def _end_offsets(self, topics: list[str]) -> Offsets:
+        """Every partition's end offset in one request per broker (a consumer would make one
+        per partition: a second for a thousand of them)."""
+        if self._admin is None:
+            self._admin = admin_client(self.config)
+        asked = {
+            TopicPartition(topic, partition): _LATEST
+            for topic in topics
+            for partition in self._partitions.get(topic, [])
+        }
+        if not asked:
+            return {}
+        futures = self._admin.list_offsets(asked, request_timeout=self.timeout)
+        ends: dict[str, dict[int, int]] = {}
+        for place, future in futures.items():
+            try:
+                answer = future.result(timeout=self.timeout)
+            except KafkaException as exc:
+                if exc.args[0].code() in _GONE:
+                    continue  # deleted since the metadata listed it
+                raise
+            ends.setdefault(place.topic, {})[place.partition] = answer.offset
+        return ends
 
     def _read_watermarks(self) -> None:
         for key, message in self._watermarks.read(self.timeout):
@@ -105,6 +137,7 @@ class KafkaObserver:
 
     def _renew(self) -> None:
         """A client that failed may be wedged: the next observation makes a new one."""
+        self._admin = None
         if self._reader is not None:
             try:
                 self._reader.close()
