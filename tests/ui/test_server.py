@@ -58,3 +58,24 @@ def test_a_view_from_a_thread_serves_refuses_a_taken_port_and_frees_its_own(
         again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         again.bind(("127.0.0.1", port))
         again.listen()
+
+
+def test_a_frozen_page_holds_back_neither_the_readings_nor_the_other_pages(
+    services: MillstreamConfig,
+) -> None:
+    port = free_port()
+    with start_view(services, port=port, period=0.05) as view:
+        first_snapshot(view.address)
+        # A page that opens its event stream and then reads nothing (a frozen tab): its
+        # socket's buffers fill with the snapshots it does not read.
+        frozen = socket.create_connection(("127.0.0.1", port))
+        frozen.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        frozen.sendall(b"GET /events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        try:
+            start = first_snapshot(view.address)["seq"]
+            time.sleep(3)
+            # The readings went on at their pace (60 in 3 s; 20 leaves room for a slow
+            # machine), and another page is served the newest at once.
+            assert first_snapshot(view.address)["seq"] >= start + 20
+        finally:
+            frozen.close()
