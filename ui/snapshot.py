@@ -92,6 +92,31 @@ class _Rate:
         return (count - base) * _MICROS / (now - start)
 
 
+class _Arrivals:
+    """When this view first saw a partition's end offset pass each value (its last ``size``
+    changes): how long the oldest record a consumer has not read has waited."""
+
+    __slots__ = ("_seen",)
+
+    def __init__(self, size: int) -> None:
+        self._seen: deque[tuple[int, int]] = deque(maxlen=size)  # (first seen at, end)
+
+    def add(self, now: int, end: int) -> None:
+        if self._seen and end < self._seen[-1][1]:
+            self._seen.clear()  # the topic was made again
+        if not self._seen or end > self._seen[-1][1]:
+            self._seen.append((now, end))
+
+    def waited(self, consumed: int, now: int) -> tuple[int, bool] | None:
+        """How long (µs) the record at offset ``consumed`` has been there, and whether that
+        is a lower bound (it was there at the first change this view kept); ``None`` if it
+        is not there yet (nothing waits)."""
+        for index, (seen, end) in enumerate(self._seen):
+            if end > consumed:
+                return now - seen, index == 0
+        return None
+
+
 @dataclass(slots=True)
 class _History:
     """What the tracker remembers of one source between observations."""
@@ -133,6 +158,7 @@ class Tracker:
         self.stall_after = stall_after
         self.rate_window = rate_window
         self._stream_rates: dict[str, _Rate] = {}
+        self._arrivals: dict[tuple[str, int], _Arrivals] = {}
         self.trend = trend
         self._sources: dict[str, _History] = {}
         self._previous: Observation | None = None
@@ -144,6 +170,9 @@ class Tracker:
         reports = {
             key: m for key, m in observation.messages.items() if isinstance(m, WatermarkReport)
         }
+        for topic, ends in observation.ends.items():
+            for partition, end in ends.items():
+                self._arrivals.setdefault((topic, partition), _Arrivals(600)).add(now, end)
         rows = watermark_overview(observation.messages.items(), now)
         computations = [r for r in rows if r.source.startswith("computation/")]
         injectors = _injectors(rows)
@@ -244,6 +273,8 @@ class Tracker:
                 node["out_rate"] = sum(known) if known else None
         for gone in self._stream_rates.keys() - set(stream_names):
             del self._stream_rates[gone]
+        for place in [p for p in self._arrivals if p[0] not in observation.ends]:
+            del self._arrivals[place]
         self._previous = observation
         return {
             "now": now,
@@ -273,8 +304,25 @@ class Tracker:
             _lag(observation.ends.get(topic, {}), _consumed(report, topic))
             for topic in _inputs(report)
         )
+        waits = [
+            waited
+            for topic in _inputs(report)
+            for partition in observation.ends.get(topic, {})
+            if (arrivals := self._arrivals.get((topic, partition))) is not None
+            and (
+                waited := arrivals.waited(
+                    _consumed(report, topic).get(partition, 0), observation.now
+                )
+            )
+            is not None
+        ]
+        longest = max(waits, default=None)
         _, topology, name = row.source.split("/", 2)
         return {
+            # How long the oldest record it has not read has waited (the view's own clock:
+            # since it first saw it, so "at least" when it was there before).
+            "waiting_s": None if longest is None else _seconds(longest[0]),
+            "waiting_at_least": bool(longest and longest[1]),
             "id": row.source,
             "kind": "computation",
             "name": name,
@@ -545,6 +593,9 @@ def _headline(
         "input_rate": sum(r for r in rates if r is not None) if rates else None,
         "processed_rate": sum(processed) if processed else None,
         "kafka_lag": sum(c["backlog"] for c in computations),
+        "system_latency_s": max(
+            (c["waiting_s"] for c in computations if c["waiting_s"] is not None), default=None
+        ),
         "committed_keys_per_second": sum(c for c in commits if c is not None)
         if any(c is not None for c in commits)
         else None,

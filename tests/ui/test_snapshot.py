@@ -286,3 +286,22 @@ def test_a_computations_counters_give_rates_cache_hits_and_timeline_entries() ->
     third = tracker.update(observe(NOW + 6 * S, counted({"processed": 5}, "d2"), ends=ends))
     told = [(e["kind"], e["text"]) for e in third["events"] if e.get("source") == COUNT]
     assert told[2:] == [("restart", "driver restarted")]
+
+
+def test_system_latency_is_how_long_the_oldest_unread_record_has_waited() -> None:
+    tracker = Tracker()
+    first = tracker.update(pipeline(NOW, 10, NOW))  # all of in read: nothing waits
+    assert first["headline"]["system_latency_s"] is None
+    # Three records arrive at +5 s; at +12 s they are still unread.
+    arrived = pipeline(NOW + 5 * S, 10, NOW)
+    arrived = Observation(arrived.now, arrived.messages, {**arrived.ends, "in": {0: 13, 1: 4}})
+    tracker.update(arrived)
+    waited = tracker.update(Observation(NOW + 12 * S, arrived.messages, arrived.ends))
+    node = next(n for n in waited["nodes"] if n["id"] == COUNT)
+    assert node["waiting_s"] == 7.0
+    assert node["waiting_at_least"] is False
+    assert waited["headline"]["system_latency_s"] == 7.0
+    # Records there before the view's first reading have waited at least since then.
+    late_view = Tracker().update(pipeline(NOW, 5, NOW))
+    node = next(n for n in late_view["nodes"] if n["id"] == COUNT)
+    assert (node["waiting_s"], node["waiting_at_least"]) == (0.0, True)

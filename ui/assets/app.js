@@ -67,6 +67,8 @@
     const h = snapshot.headline;
     const cards = [
       ["Data freshness", duration(h.freshness_s), "now minus the output's low watermark"],
+      ["System latency", duration(h.system_latency_s),
+        "how long the oldest record a computation has not read yet has waited (since this view first saw it)"],
       ["Input", h.input_rate === null ? "–" : number(h.input_rate) + "/s", "records/s the injectors write"],
       ["Processed", h.processed_rate === null ? "–" : number(h.processed_rate) + "/s", "records/s the computations consume"],
       ["Kafka lag", number(h.kafka_lag) + " records", "written, not yet consumed"],
@@ -213,7 +215,9 @@
         el("td", { class: "health" }, n.health),
         el("td", {}, n.state === "complete" ? "complete" : eventTime(n.watermark)),
         el("td", {}, duration(n.lag_s)), el("td", {}, sparkline(n.lag_trend)),
-        el("td", {}, number(n.in_rate) + " / " + number(n.out_rate)), el("td", {}, number(n.backlog)),
+        el("td", {}, number(n.in_rate) + " / " + number(n.out_rate)),
+        el("td", {}, number(n.backlog) + (n.waiting_s === null || n.waiting_s === undefined ? ""
+          : ", oldest waited " + (n.waiting_at_least ? "\u2265 " : "") + duration(n.waiting_s))),
         el("td", {}, n.held_by),
         el("td", {}, (n.hot || []).map(([i, r]) => "interval " + i + " (" + number(r) + ")").join(", "))));
     fill(document.querySelector("#computations tbody"), rows);
