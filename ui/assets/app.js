@@ -216,8 +216,9 @@
         el("td", {}, n.state === "complete" ? "complete" : eventTime(n.watermark)),
         el("td", {}, duration(n.lag_s)), el("td", {}, sparkline(n.lag_trend)),
         el("td", {}, number(n.in_rate) + " / " + number(n.out_rate)),
-        el("td", {}, number(n.backlog) + (n.waiting_s === null || n.waiting_s === undefined ? ""
-          : ", oldest waited " + (n.waiting_at_least ? "\u2265 " : "") + duration(n.waiting_s))),
+        el("td", {}, number(n.backlog)),
+        el("td", {}, n.waiting_s === null || n.waiting_s === undefined ? "\u2013"
+          : (n.waiting_at_least ? "\u2265 " : "") + duration(n.waiting_s)),
         el("td", {}, n.held_by),
         el("td", {}, (n.hot || []).map(([i, r]) => "interval " + i + " (" + number(r) + ")").join(", "))));
     fill(document.querySelector("#computations tbody"), rows);
