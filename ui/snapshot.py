@@ -317,12 +317,24 @@ class Tracker:
             is not None
         ]
         longest = max(waits, default=None)
+        # The input partition furthest behind: where a watermark held by its input waits.
+        behind = max(
+            (
+                (end - _consumed(report, topic).get(partition, 0), topic, partition)
+                for topic in _inputs(report)
+                for partition, end in observation.ends.get(topic, {}).items()
+            ),
+            default=None,
+        )
         _, topology, name = row.source.split("/", 2)
         return {
             # How long the oldest record it has not read has waited (the view's own clock:
             # since it first saw it, so "at least" when it was there before).
             "waiting_s": None if longest is None else _seconds(longest[0]),
             "waiting_at_least": bool(longest and longest[1]),
+            "behind": None
+            if behind is None or behind[0] <= 0
+            else {"stream": behind[1], "partition": behind[2], "records": behind[0]},
             "id": row.source,
             "kind": "computation",
             "name": name,

@@ -154,7 +154,10 @@ def test_the_view_shows_the_topology_live_and_names_as_text(
     # Backlog: 4 records on partition 0 past the consumed 1, none on partition 1 (3 of 3).
     assert backlog(browser) == "3"
     held = browser.find_element(By.ID, "held").text
-    assert f"computation {SCRIPT_NAME} \u2190 stream {searches} \u2190 injector feed" in held
+    assert (
+        f"computation {SCRIPT_NAME} \u2190 stream {searches} (partition 0: 3 records unread) "
+        "\u2190 injector feed"
+    ) in held
     # Nothing of the names ran or became an element.
     assert browser.execute_script("return window.pwned === undefined")
     assert browser.find_elements(By.TAG_NAME, "img") == []

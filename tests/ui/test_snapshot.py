@@ -69,6 +69,8 @@ def test_the_graph_follows_the_streams_from_the_injector_to_the_last_computation
     nodes = {n["id"]: n for n in snapshot["nodes"]}
     assert nodes[COUNT]["lag_s"] == 60.0
     assert nodes[COUNT]["backlog"] == 5  # 10 - 5 on partition 0, nothing on 1
+    assert nodes[COUNT]["behind"] == {"stream": "in", "partition": 0, "records": 5}
+    assert nodes[SUM]["behind"] is None
     assert nodes[SUM]["backlog"] == 0
     stream = next(s for s in snapshot["streams"] if s["name"] == "in")
     assert stream["writers"] == ["injector/feed"]

@@ -196,7 +196,12 @@
       const words = path.map((id, i) => {
         const node = byId[id] || { kind: "", name: id };
         const held = i === path.length - 1 && node.held_by ? " (" + node.held_by + ")" : "";
-        return node.kind + " " + node.name + held;
+        // A stream step names the partition its reader is furthest behind on, if any.
+        const reader = i > 0 ? byId[path[i - 1]] : null;
+        const behind = node.kind === "stream" && reader && reader.behind &&
+          reader.behind.stream === node.name ? " (partition " + reader.behind.partition + ": " +
+          number(reader.behind.records) + " records unread)" : "";
+        return node.kind + " " + node.name + held + behind;
       });
       const node = byId[computation];
       const item = el("li", { class: "health-" + (node ? node.health : "ok"), tabindex: "0" },
