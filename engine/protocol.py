@@ -189,6 +189,8 @@ class BatchResult:
     fenced_producers: int = 0
     marker_resolved: int = 0
     aborted_commits: int = 0
+    # Attempts this batch's acquire lost to another writer (or could not tell).
+    sequencer_conflicts: int = 0
     progress: IntervalProgress = field(default_factory=IntervalProgress)
 
 
@@ -335,7 +337,12 @@ class IntervalWorker:
         else:
             soft.lease = lease
         self._soft = soft
-        return soft, BatchResult(lease=lease, rescanned=rescan, resent=len(soft.pending))
+        return soft, BatchResult(
+            lease=lease,
+            rescanned=rescan,
+            resent=len(soft.pending),
+            sequencer_conflicts=lease.conflicts,
+        )
 
     def _resend(self, soft: _SoftState, result: BatchResult) -> None:
         """Step 2: send the committed productions not yet acknowledged."""

@@ -34,10 +34,13 @@ class Lease:
     """A worker's claim on ``interval`` of ``computation``, valid until someone acquires again.
 
     ``token`` is the sequencer value written at acquisition; ``cache_valid`` says whether the
-    acquiring worker's soft state from its previous lease can be reused.
+    acquiring worker's soft state from its previous lease can be reused. ``conflicts``
+    counts the acquire's attempts that lost to another writer or had an unknown outcome
+    (sequencer conflicts: each cost one more conditional write).
     """
 
     computation: str
     interval: int
     token: int
     cache_valid: bool
+    conflicts: int = 0

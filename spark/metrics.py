@@ -69,6 +69,7 @@ class MetricCounts:
     fenced_producers: int = 0
     marker_resolved: int = 0
     aborted_commits: int = 0
+    sequencer_conflicts: int = 0
 
     def __add__(self, other: MetricCounts) -> MetricCounts:
         return MetricCounts(
@@ -176,6 +177,7 @@ def interval_counts(inputs: int, rejected: int, result: BatchResult, cached: boo
         fenced_producers=result.fenced_producers,
         marker_resolved=result.marker_resolved,
         aborted_commits=result.aborted_commits,
+        sequencer_conflicts=result.sequencer_conflicts,
     )
 
 

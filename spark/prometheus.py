@@ -112,6 +112,11 @@ COUNTER_METRICS: Final[Mapping[str, tuple[str, str]]] = {
         "Earlier owners' commits found undelivered by an open: their Kafka transaction was "
         "aborted, timed out or never begun (while open it held read_committed readers).",
     ),
+    "sequencer_conflicts": (
+        "millstream_sequencer_conflicts_total",
+        "Acquire attempts that lost the interval's sequencer to another writer, or whose "
+        "outcome was unknown (each costs one more conditional write).",
+    ),
 }
 """The Prometheus counter of each :class:`~millstream.spark.metrics.MetricCounts`
 field that counts; ``pending``, a level, is the gauge ``millstream_productions_pending``."""

@@ -496,6 +496,10 @@ COUNTED_EVENTS: Mapping[str, tuple[str, Callable[[int], str]]] = {
         lambda n: f"{n} commit(s) with an unknown outcome, read back and settled",
     ),
     "aborted_commits": ("aborted", lambda n: f"{n} commit(s) aborted with their transaction"),
+    "sequencer_conflicts": (
+        "conflict",
+        lambda n: f"{n} sequencer conflict(s): another writer acquired an interval first",
+    ),
 }
 """The counters whose growth is an entry of the timeline: its kind and what it says."""
 

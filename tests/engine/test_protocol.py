@@ -379,10 +379,12 @@ def test_soft_state_is_reused_until_another_worker_takes_the_interval(
     mine, other = workers.worker(spec), workers.worker(spec)
     assert mine.process(deliver(make_record("k", b"a")), WM).rescanned
     assert not mine.process(deliver(make_record("k", b"b")), WM).rescanned
-    other.process(deliver(make_record("k", b"c")), WM)
+    assert other.process(deliver(make_record("k", b"c")), WM).sequencer_conflicts == 0
     result = mine.process(deliver(make_record("k", b"d")), WM)
 
     assert result.rescanned
+    # Its acquire, conditional on its old lease, lost once to the other's (a conflict).
+    assert result.sequencer_conflicts == 1
     assert workers.state(spec) == {"k": ["a", "b", "c", "d"]}
 
 

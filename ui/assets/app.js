@@ -250,7 +250,8 @@
         el("td", {}, number(rates.processed)), el("td", {}, number(rates.committed_keys)),
         count("duplicates"), count("dead_letters"), count("pending"), count("resent"),
         count("transactions"), count("transaction_failures"), count("aborted_commits"),
-        count("fenced_producers"), count("unknown_outcomes"), count("failed_attempts"),
+        count("fenced_producers"), count("unknown_outcomes"), count("sequencer_conflicts"),
+        count("failed_attempts"),
         el("td", {}, n.cache_hit_rate === null || n.cache_hit_rate === undefined ? "\u2013"
           : Math.round(n.cache_hit_rate * 100) + "%"));
     });

@@ -347,7 +347,7 @@ class CassandraIntervalStore(IntervalStore):
                 # Anything this instance left uncertain on the interval is fenced for good.
                 self._uncertain.pop((computation, interval), None)
                 self._heads[(computation, interval)] = (token, head)
-                return Lease(computation, interval, token, cache_valid=valid)
+                return Lease(computation, interval, token, cache_valid=valid, conflicts=attempt)
             # Someone else moved the sequencer (or created the partition) first: their value
             # came back with the failed condition, so the next attempt needs no extra read.
             valid = False

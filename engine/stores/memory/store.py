@@ -182,14 +182,17 @@ class MemoryIntervalStore(IntervalStore):
                 f"interval {interval} of {computation!r} was split or merged away; route by "
                 "the computation's current layout"
             )
-        cache_valid = (
-            previous is not None
-            and (previous.computation, previous.interval) == (computation, interval)
-            and previous.token == partition.sequencer
+        same = previous is not None and (previous.computation, previous.interval) == (
+            computation,
+            interval,
         )
+        cache_valid = same and previous is not None and previous.token == partition.sequencer
         partition.sequencer += 1
         partition.last_commit = self._marker()
-        lease = Lease(computation, interval, partition.sequencer, cache_valid)
+        # As the Cassandra store counts: an attempt conditional on the previous lease that
+        # another writer's acquire had overtaken.
+        conflicts = int(same and not cache_valid)
+        lease = Lease(computation, interval, partition.sequencer, cache_valid, conflicts)
         self._fault(FaultPoint.AFTER_ACQUIRE)
         return lease
 

@@ -55,6 +55,8 @@ def test_acquire_moves_the_sequencer_and_reports_cache_validity(backend: Backend
     assert (other.token, other.cache_valid) == (3, False)
     after_other = store.acquire("c", 0, previous=mine)
     assert (after_other.token, after_other.cache_valid) == (4, False)
+    # Its first attempt, conditional on its lease, lost to the other's acquire.
+    assert [lease.conflicts for lease in (first, mine, other, after_other)] == [0, 0, 0, 1]
     # A lease of another interval or computation says nothing about this one.
     assert store.acquire("c", 1, previous=after_other) == Lease("c", 1, 1, False)
     assert not store.acquire("d", 0, previous=after_other).cache_valid
