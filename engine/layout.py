@@ -25,7 +25,10 @@ from typing import Any
 from millstream.engine.errors import TopologyError
 from millstream.engine.keys import HASH_SPACE, interval_hash_range, key_hash
 
-__all__ = ["IntervalLayout", "LayoutChange", "LayoutStore"]
+__all__ = ["HISTORY", "IntervalLayout", "LayoutChange", "LayoutStore"]
+
+HISTORY = 20
+"""Finished changes a layout remembers (its ``history``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,13 +51,16 @@ class LayoutChange:
 @dataclass(frozen=True, slots=True)
 class IntervalLayout:
     """Intervals ``ids[i]`` owning the hashes ``[bounds[i], bounds[i + 1])`` (the last up to
-    ``2**32``); ``next_id`` is the first ID never used; ``change`` a change in progress."""
+    ``2**32``); ``next_id`` is the first ID never used; ``change`` a change in progress;
+    ``history`` the latest finished changes, oldest first (:data:`HISTORY` at most: for
+    people looking at the layout, ``millstream ui``)."""
 
     version: int
     bounds: tuple[int, ...]
     ids: tuple[int, ...]
     next_id: int
     change: LayoutChange | None = None
+    history: tuple[LayoutChange, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.ids or len(self.bounds) != len(self.ids) or self.bounds[0] != 0:
@@ -123,7 +129,14 @@ class IntervalLayout:
         count = len(change.sources)
         ids = (*self.ids[:at], *(t[0] for t in change.targets), *self.ids[at + count :])
         bounds = (*self.bounds[:at], *(t[1] for t in change.targets), *self.bounds[at + count :])
-        return replace(self, version=self.version + 1, ids=ids, bounds=bounds, change=None)
+        return replace(
+            self,
+            version=self.version + 1,
+            ids=ids,
+            bounds=bounds,
+            change=None,
+            history=(*self.history, change)[-HISTORY:],
+        )
 
     def encode(self) -> str:
         document: dict[str, Any] = {
@@ -133,11 +146,9 @@ class IntervalLayout:
             "next_id": self.next_id,
         }
         if self.change is not None:
-            document["change"] = {
-                "kind": self.change.kind,
-                "sources": list(self.change.sources),
-                "targets": [list(t) for t in self.change.targets],
-            }
+            document["change"] = _change_document(self.change)
+        if self.history:
+            document["history"] = [_change_document(c) for c in self.history]
         return json.dumps(document, separators=(",", ":"))
 
     @classmethod
@@ -149,14 +160,25 @@ class IntervalLayout:
             bounds=tuple(int(b) for b in document["bounds"]),
             ids=tuple(int(i) for i in document["ids"]),
             next_id=int(document["next_id"]),
-            change=None
-            if change is None
-            else LayoutChange(
-                str(change["kind"]),
-                tuple(int(s) for s in change["sources"]),
-                tuple((int(i), int(lo), int(hi)) for i, lo, hi in change["targets"]),
-            ),
+            change=None if change is None else _change_of(change),
+            history=tuple(_change_of(c) for c in document.get("history", [])),
         )
+
+
+def _change_document(change: LayoutChange) -> dict[str, Any]:
+    return {
+        "kind": change.kind,
+        "sources": list(change.sources),
+        "targets": [list(t) for t in change.targets],
+    }
+
+
+def _change_of(document: dict[str, Any]) -> LayoutChange:
+    return LayoutChange(
+        str(document["kind"]),
+        tuple(int(s) for s in document["sources"]),
+        tuple((int(i), int(lo), int(hi)) for i, lo, hi in document["targets"]),
+    )
 
 
 class LayoutStore(ABC):

@@ -60,8 +60,8 @@ def interval_overview(
     20-digit decimal. Dedup IDs are counted while Cassandra keeps them, which may be up to a
     second past their ``expires``.
 
-    ``history`` is always empty: the store keeps only the current layout, overwritten by
-    compare-and-set, and no record of past splits and merges.
+    ``history`` is the layout's latest finished splits and merges in words, newest first
+    (the layout keeps :data:`~millstream.engine.layout.HISTORY` of them).
 
     Every read is bounded: each count reads at most ``max_rows + 1`` rows and an interval's
     ``more`` says one of its counts stopped at ``max_rows`` (a lower bound); the partitions
@@ -89,7 +89,7 @@ def interval_overview(
         "table": table,
         "layout": None if layout is None else _layout_document(layout),
         "intervals": intervals,
-        "history": [],
+        "history": _history(layout),
     }
 
 
@@ -203,6 +203,11 @@ def _layout_document(layout: IntervalLayout) -> dict[str, Any]:
         ],
         "pending_change": None if layout.change is None else _change_words(layout.change),
     }
+
+
+def _history(layout: IntervalLayout | None) -> list[str]:
+    """The layout's finished changes in words, newest first."""
+    return [] if layout is None else [_change_words(c) for c in reversed(layout.history)]
 
 
 def _change_words(change: LayoutChange) -> str:

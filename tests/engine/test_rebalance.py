@@ -15,7 +15,7 @@ from millstream.engine.computation import Computation
 from millstream.engine.context import Context
 from millstream.engine.errors import FencedError, RetiredIntervalError, TopologyError
 from millstream.engine.keys import key_hash, key_interval
-from millstream.engine.layout import IntervalLayout
+from millstream.engine.layout import HISTORY, IntervalLayout
 from millstream.engine.productions import CommitTag, Production
 from millstream.engine.protocol import Delivery, IntervalWorker
 from millstream.engine.rebalance import RebalancePolicy, begin, finish_change, plan
@@ -63,6 +63,22 @@ def test_a_split_and_a_merge_make_new_intervals_over_the_same_hashes() -> None:
     merged = split.begin_merge(2, 3).finish()
     assert merged.ids == (0, 4)
     assert merged.range_of(4) == layout.range_of(1)
+
+
+@pytest.mark.unit
+def test_a_layout_remembers_its_latest_finished_changes_through_its_encoding() -> None:
+    layout = IntervalLayout.initial(2)
+    for _ in range(HISTORY + 3):
+        split = layout.begin_split(layout.ids[0])
+        assert IntervalLayout.decode(split.encode()) == split  # the pending change is no history
+        layout = split.finish()
+        merge = layout.begin_merge(layout.ids[0], layout.ids[1])
+        layout = merge.finish()
+    assert len(layout.history) == HISTORY
+    assert [c.kind for c in layout.history[-2:]] == ["split", "merge"]
+    assert layout.history[-1] == merge.change
+    assert IntervalLayout.decode(layout.encode()) == layout
+    assert "history" not in IntervalLayout.initial(2).encode()
 
 
 @pytest.mark.unit

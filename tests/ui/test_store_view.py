@@ -173,7 +173,7 @@ def test_counts_timers_sequencers_and_a_journaled_split_are_read_exactly(
             },
             {**EMPTY, "interval": 3, "sequencer": 1},
         ],
-        "history": [],
+        "history": ["split of interval 0 into 2 and 3"],
     }
     # Read-only and bounded: only SELECTs at QUORUM (no Paxos round), each with a LIMIT or
     # naming one row by its whole primary key (the layout).

@@ -172,7 +172,9 @@
       status.textContent = "Keyspace " + result.keyspace + ", table " + result.table + "; " +
         (layout ? "layout version " + layout.version + " of " + layout.intervals.length +
           " intervals" + (layout.pending_change ? "; pending: " + layout.pending_change : "") :
-          "no layout written yet") + ". Counts stop at 10,000 (shown with +). " +
+          "no layout written yet") +
+        (result.history.length ? "; latest changes: " + result.history.join("; ") : "") +
+        ". Counts stop at 10,000 (shown with +). " +
         "Read " + new Date().toISOString().replace(/\.\d+Z$/, "Z") + ".";
     } catch (error) {
       status.textContent = "Could not read the store: " + error.message;
