@@ -32,8 +32,8 @@ __all__ = [
     "Health",
     "Observation",
     "Tracker",
+    "holding_path",
     "node_id",
-    "stuck_path",
 ]
 
 DEAD_LETTER_SUFFIX = ".dead-letters"
@@ -258,7 +258,7 @@ class Tracker:
         reads = _reads(nodes, edges)
         # What holds each computation's watermark; the page marks the stalled ones' paths.
         held = {
-            c["id"]: stuck_path(c["id"], by_id, writers, readers_of=reads)
+            c["id"]: holding_path(c["id"], by_id, writers, readers_of=reads)
             for c in nodes
             if c["kind"] == "computation" and c["state"] != "complete"
         }
@@ -504,7 +504,7 @@ COUNTED_EVENTS: Mapping[str, tuple[str, Callable[[int], str]]] = {
 """The counters whose growth is an entry of the timeline: its kind and what it says."""
 
 
-def stuck_path(
+def holding_path(
     start: str,
     nodes: Mapping[str, Mapping[str, Any]],
     writers: Mapping[str, Sequence[str]],
