@@ -20,11 +20,12 @@ import ipaddress
 import json
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from typing import Any
 
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_asgi_app
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import (
@@ -34,7 +35,7 @@ from starlette.responses import (
     Response,
     StreamingResponse,
 )
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from millstream.engine.errors import ConfigError, MillstreamError
@@ -42,7 +43,16 @@ from millstream.ui.graph import draw_graph
 from millstream.ui.records import Scan
 from millstream.ui.snapshot import Observation, Tracker
 
-__all__ = ["Browse", "Chart", "Intervals", "SnapshotHub", "TokenGate", "create_app", "is_loopback"]
+__all__ = [
+    "Browse",
+    "Chart",
+    "Intervals",
+    "SnapshotHub",
+    "TokenGate",
+    "ViewMetrics",
+    "create_app",
+    "is_loopback",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -66,6 +76,37 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _KEEPALIVE = 15.0  # seconds between comments on an idle event stream (proxies close idle ones)
 
 
+class ViewMetrics:
+    """The view's own Prometheus metrics, served at its ``/metrics``: how its readings of the
+    services go, how many pages are open, and the scans they ask for."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.snapshots = Counter(
+            "millstream_ui_snapshots", "Snapshots built", registry=self.registry
+        )
+        self.partial = Counter(
+            "millstream_ui_partial_snapshots",
+            "Snapshots of a reading that a service did not fully answer",
+            registry=self.registry,
+        )
+        self.reading_seconds = Histogram(
+            "millstream_ui_reading_seconds",
+            "Seconds one reading of the services took",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+            registry=self.registry,
+        )
+        self.pages = Gauge(
+            "millstream_ui_pages", "Pages with their event stream open", registry=self.registry
+        )
+        self.scans = Counter(
+            "millstream_ui_scans",
+            "Record, chart and interval reads, by how they ended",
+            ["outcome"],
+            registry=self.registry,
+        )
+
+
 class SnapshotHub:
     """Builds a snapshot every ``period`` seconds from ``observe()`` (run in a thread: it
     blocks on Kafka) and hands the newest to whoever waits (:meth:`newer_than`)."""
@@ -76,12 +117,14 @@ class SnapshotHub:
         *,
         period: float = 1.0,
         tracker: Tracker | None = None,
+        metrics: ViewMetrics | None = None,
     ) -> None:
         self.observe = observe
         self.period = period
         self.tracker = tracker or Tracker()
         self.sequence = 0
         self.latest: str | None = None  # the newest snapshot, as JSON
+        self.metrics = metrics or ViewMetrics()
         self._changed = asyncio.Condition()
 
     async def run(self) -> None:
@@ -95,7 +138,11 @@ class SnapshotHub:
 
     async def step(self) -> None:
         """One observation, its snapshot published."""
-        observation = await asyncio.to_thread(self.observe)
+        with self.metrics.reading_seconds.time():
+            observation = await asyncio.to_thread(self.observe)
+        self.metrics.snapshots.inc()
+        if observation.error is not None:
+            self.metrics.partial.inc()
         await self.publish(self.tracker.update(observation))
 
     async def publish(self, snapshot: Mapping[str, Any]) -> None:
@@ -216,6 +263,7 @@ def create_app(
     ) -> Response:
         """``read`` in a thread, refused if two run already; it is told when the page left."""
         if scans.locked():
+            hub.metrics.scans.labels("refused").inc()
             return JSONResponse(
                 {"error": f"{_SCANS_AT_ONCE} scans are running; try again when one ends"},
                 status_code=429,
@@ -230,7 +278,9 @@ def create_app(
             try:
                 result = reading.result()
             except (MillstreamError, ValueError) as exc:
+                hub.metrics.scans.labels("failed").inc()
                 return JSONResponse({"error": str(exc)}, status_code=502)
+        hub.metrics.scans.labels("cancelled" if gave_up.is_set() else "read").inc()
         return JSONResponse(result)
 
     async def events(request: Request) -> Response:
@@ -261,6 +311,8 @@ def create_app(
             Route("/api/records", records),
             Route("/api/series", series),
             Route("/api/intervals", computation_intervals),
+            # The view's own metrics, behind the same token as the rest.
+            Mount("/metrics", make_asgi_app(hub.metrics.registry)),
             Route("/events", events),
         ],
         lifespan=lifespan,
@@ -270,19 +322,23 @@ def create_app(
     return _SecurityHeaders(app)
 
 
-async def _event_stream(hub: SnapshotHub, request: Request) -> AsyncIterator[str]:
+async def _event_stream(hub: SnapshotHub, request: Request) -> AsyncGenerator[str, None]:
     """The page's stream: each newer snapshot as an event whose id is its number; a comment
     when nothing new came for a while. A reconnecting browser sends Last-Event-ID and gets
     the newest snapshot at once."""
-    yield "retry: 2000\n\n"
-    seen = 0
-    while not await request.is_disconnected():
-        newer = await hub.newer_than(seen, _KEEPALIVE)
-        if newer is None:
-            yield ": keep-alive\n\n"
-            continue
-        seen, document = newer
-        yield f"id: {seen}\nevent: snapshot\ndata: {document}\n\n"
+    hub.metrics.pages.inc()
+    try:
+        yield "retry: 2000\n\n"
+        seen = 0
+        while not await request.is_disconnected():
+            newer = await hub.newer_than(seen, _KEEPALIVE)
+            if newer is None:
+                yield ": keep-alive\n\n"
+                continue
+            seen, document = newer
+            yield f"id: {seen}\nevent: snapshot\ndata: {document}\n\n"
+    finally:
+        hub.metrics.pages.dec()
 
 
 def _scan(query: Mapping[str, str]) -> Scan:

@@ -139,3 +139,48 @@ def test_the_intervals_route_asks_for_a_computation_by_name() -> None:
     assert asked == ["<b>c</b>"]
     with TestClient(create_app(hub())) as client:
         assert client.get("/api/intervals?computation=c").status_code == 404
+
+
+def test_the_views_own_metrics_are_served_behind_the_same_token() -> None:
+    live = hub()
+    with TestClient(create_app(live, token="s3cret")) as client:
+        assert client.get("/metrics").status_code == 401
+        bearer = {"authorization": "Bearer s3cret"}
+        _wait_for_snapshot_with(client, bearer)
+        text = client.get("/metrics", headers=bearer).text
+    assert "millstream_ui_snapshots_total" in text
+    assert "millstream_ui_reading_seconds_count" in text
+    snapshots = next(
+        line for line in text.splitlines() if line.startswith("millstream_ui_snapshots_total ")
+    )
+    assert float(snapshots.split()[1]) >= 1.0
+
+
+def test_an_open_page_counts_until_it_goes() -> None:
+    async def scenario() -> list[float]:
+        live = hub()
+        await live.step()
+        browser = _Browser()
+        stream = _event_stream(live, browser)  # type: ignore[arg-type]
+
+        def pages() -> float:
+            value = live.metrics.registry.get_sample_value("millstream_ui_pages")
+            assert value is not None
+            return value
+
+        counted = [pages()]
+        await anext(stream)
+        counted.append(pages())
+        await stream.aclose()
+        counted.append(pages())
+        return counted
+
+    assert asyncio.run(scenario()) == [0.0, 1.0, 0.0]
+
+
+def _wait_for_snapshot_with(client: TestClient, headers: dict[str, str]) -> None:
+    for _ in range(200):
+        if client.get("/api/snapshot", headers=headers).status_code == 200:
+            return
+        asyncio.run(asyncio.sleep(0.01))
+    raise AssertionError("no snapshot within 2 s")

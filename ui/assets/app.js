@@ -160,8 +160,11 @@
       const load = Object.fromEntries(((node && node.hot) || []).map(([i, r]) => [i, r]));
       const ranges = Object.fromEntries(((result.layout && result.layout.intervals) || [])
         .map((r) => [r.interval, hash(r.low) + "\u2013" + hash(r.high)]));
+      // The interval whose pending work holds the computation's watermark, if one does.
+      const holding = node && /^interval \d+$/.test(node.held_by || "") ? Number(node.held_by.slice(9)) : null;
       fill(document.querySelector("#intervals tbody"), result.intervals.map((i) =>
-        el("tr", { class: i.retired ? "retired" : "" },
+        el("tr", { class: i.retired ? "retired" : i.interval === holding ? "holds" : "",
+          title: i.interval === holding ? "its pending work holds the computation's watermark" : null },
           el("td", {}, i.interval), el("td", {}, ranges[i.interval] || (i.retired ? "retired" : "\u2013")),
           el("td", {}, i.retired ? "retired" : (i.sequencer ?? "never acquired")),
           el("td", {}, load[i.interval] !== undefined ? number(load[i.interval]) : ""),
