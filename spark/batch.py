@@ -51,7 +51,13 @@ from millstream.spark.isolation import (
     count,
     isolate,
 )
-from millstream.spark.metrics import RESULT_SCHEMA, BatchMetrics, ResultRow, summarize
+from millstream.spark.metrics import (
+    RESULT_SCHEMA,
+    BatchMetrics,
+    ComputationMetrics,
+    ResultRow,
+    summarize,
+)
 from millstream.spark.quarantine import Quarantine, QuarantinedRecord, python_traceback
 
 if TYPE_CHECKING:
@@ -120,6 +126,7 @@ class BatchHandler:
         outage_timeout: float = DEFAULT_OUTAGE_TIMEOUT,
         driver: str | None = None,
         stopping: threading.Event | None = None,
+        totals: ComputationMetrics | None = None,
     ):
         self.spec = spec
         self.layout_store = layout_store
@@ -128,9 +135,9 @@ class BatchHandler:
         self.watermarks = watermarks
         self.checkpoint = checkpoint
         self.driver_id = driver
-        # The computation's counters since this driver started, in its watermark reports
-        # (the live view reads them there, not from this process).
-        self._stats: dict[str, int] = {}
+        # The computation's totals since this driver started (``totals``: those of its
+        # earlier queries), in its watermark reports: the live view reads them there.
+        self._totals = totals or ComputationMetrics(computation=spec.name)
         # Set once the query is being stopped: Spark cancels the batch's job, whose failure
         # is then no reason to retry the batch or look in it for poison pills.
         self.stopping = stopping or threading.Event()
@@ -210,16 +217,29 @@ class BatchHandler:
             for row in rows
         )
         reporting = time.monotonic()
+        metrics: BatchMetrics | None = None
         if rows or failures:
-            self._count(rows, failures, batch_run)
+            # Summed once: the report's totals take it now, the batch's metrics after it.
+            metrics = replace(
+                summarize(
+                    self.spec.name,
+                    batch_id,
+                    (row.counts.counts() for row in rows),
+                    started,
+                    failures,
+                ),
+                isolated=batch_run.isolated,
+                isolation_runs=batch_run.sub_runs,
+            )
+            self._totals = self._totals.plus(metrics)
         # Nor publish a report for a batch the other driver has run past: stale, and on the
         # compacted topic it could outlive the newer report it follows.
         fence_checkpoint(self.checkpoint, batch_id, self.spec.name, self.driver_id)
         self._finish(batch_id, outage)
         bookkeeping += time.monotonic() - reporting
-        if not rows and not failures:
+        if metrics is None:
             return  # nothing ran (only watermark reports came): no metrics
-        self._record_metrics(batch_run, rows, failures, started, bookkeeping)
+        self._record_metrics(batch_run, metrics, started, bookkeeping)
 
     def _consumed(
         self, batch_id: int
@@ -438,40 +458,28 @@ class BatchHandler:
             record.error,
         )
 
-    def _count(self, rows: list[ResultRow], failures: list[str], run: _BatchRun) -> None:
-        """Add a batch to the counters its reports carry."""
-        stats = self._stats
-        for row in rows:
-            for name, value in row.counts.counts().items():
-                stats[name] = stats.get(name, 0) + value
-        stats["batches"] = stats.get("batches", 0) + 1
-        stats["failed_attempts"] = stats.get("failed_attempts", 0) + len(failures)
-        stats["isolated"] = stats.get("isolated", 0) + run.isolated
-
     def _finish(self, batch_id: int, outage: Outage) -> None:
         """Between batches: rebalance, then publish the computation's report."""
         if self.driver.finish(outage.retry) is not None:
             # The new intervals have run no batch yet: one without input finds their work.
             self.watermarks.wake_now()
-        self._stats["rebalances"] = self.driver.rebalances
+        totals = self._totals
+        stats = {
+            **totals.counts(),
+            "batches": totals.batches,
+            "failed_attempts": totals.failed_attempts,
+            "isolated": totals.isolated,
+            "rebalances": self.driver.rebalances,
+        }
 
         def report(sequence: int, offsets: Offsets) -> WatermarkReport | None:
-            return self.driver.report(
-                sequence, offsets, stats=dict(self._stats), driver=self.driver_id or ""
-            )
+            return self.driver.report(sequence, offsets, stats=stats, driver=self.driver_id or "")
 
         outage.retry(lambda: self.watermarks.after_batch(batch_id, report))
 
     def _record_metrics(
-        self,
-        run: _BatchRun,
-        rows: list[ResultRow],
-        failures: list[str],
-        started: float,
-        bookkeeping: float,
+        self, run: _BatchRun, metrics: BatchMetrics, started: float, bookkeeping: float
     ) -> None:
-        counts = (row.counts.counts() for row in rows)
-        metrics = summarize(self.spec.name, run.batch_id, counts, started, failures)
         stalls = TransactionStalls()
         if self._stalls is not None:
             probed = self._stalls.probe()
@@ -480,12 +488,12 @@ class BatchHandler:
         self.record(
             replace(
                 metrics,
+                # The batch's time includes publishing its report.
+                seconds=time.monotonic() - started,
                 stalls=stalls.new,
                 stalled_partitions=stalls.stalled,
                 stall_seconds=stalls.longest,
                 unstable_messages=stalls.unstable,
-                isolated=run.isolated,
-                isolation_runs=run.sub_runs,
                 input_watermark=run.plan.timer_watermark,
                 watermark=self.driver.watermarks.watermark,
                 watermark_seconds=bookkeeping,

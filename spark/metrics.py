@@ -233,6 +233,20 @@ class ComputationMetrics(MetricCounts):
         """The share of interval batches that reused a valid cached worker."""
         return self.cache_hits / self.intervals if self.intervals else 0.0
 
+    def plus(self, batch: BatchMetrics) -> ComputationMetrics:
+        """These totals with ``batch`` added (``pending`` becomes the batch's)."""
+        summed = (MetricCounts(**self.counts()) + batch).counts()
+        summed["pending"] = batch.pending
+        return ComputationMetrics(
+            computation=self.computation,
+            batches=self.batches + 1,
+            failed_attempts=self.failed_attempts + len(batch.failed_attempts),
+            isolated=self.isolated + batch.isolated,
+            isolation_runs=self.isolation_runs + batch.isolation_runs,
+            stalls=self.stalls + batch.stalls,
+            **summed,
+        )
+
 
 def summarize(
     computation: str,
@@ -261,17 +275,7 @@ def totals(batches: Iterable[BatchMetrics]) -> dict[str, ComputationMetrics]:
     found: dict[str, ComputationMetrics] = {}
     for batch in batches:
         previous = found.get(batch.computation, ComputationMetrics(computation=batch.computation))
-        summed = (MetricCounts(**previous.counts()) + batch).counts()
-        summed["pending"] = batch.pending
-        found[batch.computation] = ComputationMetrics(
-            computation=batch.computation,
-            batches=previous.batches + 1,
-            failed_attempts=previous.failed_attempts + len(batch.failed_attempts),
-            isolated=previous.isolated + batch.isolated,
-            isolation_runs=previous.isolation_runs + batch.isolation_runs,
-            stalls=previous.stalls + batch.stalls,
-            **summed,
-        )
+        found[batch.computation] = previous.plus(batch)
     return found
 
 

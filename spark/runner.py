@@ -952,6 +952,9 @@ class RunningTopology:
                     layout_store=self._driver_store,
                     driver=self.driver_id,
                     stopping=stopping,
+                    # A query started again (another round of AvailableNow, a restart) goes
+                    # on counting from this driver's totals.
+                    totals=self.metrics().get(spec.name),
                 )
             )
             .option("checkpointLocation", str(self.checkpoint(spec.name)))

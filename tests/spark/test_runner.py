@@ -49,7 +49,7 @@ from millstream.engine.records import (
 from millstream.engine.stores.cassandra import CassandraIntervalStore
 from millstream.engine.timers import TimeDomain, Timer
 from millstream.engine.topology import ComputationOptions, Topology
-from millstream.engine.watermarks import computation_source, injector_source
+from millstream.engine.watermarks import WatermarkReport, computation_source, injector_source
 from millstream.spark.runner import (
     AvailableNow,
     ProcessingTime,
@@ -242,8 +242,39 @@ def test_two_stages_keyed_differently_count_each_distinct_event_once(
         # Downstream, deduplicating by record ID, sees one production per distinct event.
         hits = [decode_record(value) for _, _, value in read_topic(services, pipeline.hits)]
         assert len({r.record_id for r in hits}) == len(distinct)
+        # The latest report says the same on the watermark topic (the live view reads it
+        # there): how far the input was read, and this driver's totals.
+        report = latest_report(
+            services, computation_source(pipeline.topology().name, pipeline.per_user)
+        )
+        reader = kafka_connector.consumer(services, "test-ends")
+        try:
+            ends = kafka_connector.end_offsets(reader, [pipeline.searches])
+        finally:
+            reader.close()
+        assert report.consumed == ends
+        assert report.driver
+        assert {k: report.stats[k] for k in ("inputs", "processed", "duplicates", "pending")} == {
+            "inputs": first.inputs,
+            "processed": first.processed,
+            "duplicates": first.duplicates,
+            "pending": first.pending,  # a level, as of the latest batch: not a sum
+        }
+        assert report.stats["batches"] == first.batches
     finally:
         running.stop()
+
+
+def latest_report(config: MillstreamConfig, source: str) -> WatermarkReport:
+    """``source``'s latest report on the session's watermark topic."""
+    reader = kafka_connector.KafkaWatermarkTopic(config, create=False)
+    try:
+        found = [m for key, m in reader.read() if key == source]
+    finally:
+        reader.close()
+    reports = [m for m in found if isinstance(m, WatermarkReport)]
+    assert reports, f"no report of {source}"
+    return max(reports, key=lambda r: r.sequence)
 
 
 def test_the_driver_aborts_a_transaction_hanging_on_a_stream_its_computations_write(
