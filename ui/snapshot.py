@@ -124,12 +124,18 @@ class _History:
     watermark: int | None = None
     moved_at: int = 0  # when the watermark last changed (µs)
     lags: deque[float] = field(default_factory=lambda: deque(maxlen=60))
-    consumed: _Rate | None = None  # records consumed, summed over its input partitions
     waiting_since: int | None = None  # since when its input has held unconsumed records
     state: str = ""
     driver: str = ""  # the driver start that reported last
     stats: Mapping[str, int] = field(default_factory=dict)  # its counters then
-    rates: dict[str, _Rate] = field(default_factory=dict)  # of the counters in RATES
+    # Of the records it consumed, and of its counters in RATES.
+    rates: dict[str, _Rate] = field(default_factory=dict)
+
+    def rate(self, name: str, window: int) -> _Rate:
+        rate = self.rates.get(name)
+        if rate is None:
+            rate = self.rates[name] = _Rate(window)
+        return rate
 
 
 class Tracker:
@@ -161,11 +167,11 @@ class Tracker:
         self._arrivals: dict[tuple[str, int], _Arrivals] = {}
         self.trend = trend
         self._sources: dict[str, _History] = {}
-        self._previous: Observation | None = None
+        self._previous_error: str | None = None  # the last observation's
         self._events: deque[dict[str, Any]] = deque(maxlen=events)
 
     def update(self, observation: Observation) -> dict[str, Any]:
-        """The snapshot of ``observation``, with rates against the one before it."""
+        """The snapshot of ``observation``, with rates over the ones before it."""
         now = observation.now
         reports = {
             key: m for key, m in observation.messages.items() if isinstance(m, WatermarkReport)
@@ -210,18 +216,16 @@ class Tracker:
         consumers: dict[str, list[dict[str, Any]]] = {s: [] for s in stream_names}
         for row in computations:
             report = reports.get(row.source)
-            node = self._computation(row, report, observation)
+            node, unreads = self._computation(row, report, observation)
             nodes.append(node)
             for topic in _inputs(report):
                 edges.append({"from": node_id("stream", topic), "to": row.source})
+                unread = unreads[topic]
                 consumers[topic].append(
                     {
                         "computation": row.source,
-                        "lag": _lag(observation.ends.get(topic, {}), _consumed(report, topic)),
-                        "partitions": {
-                            str(p): max(0, end - _consumed(report, topic).get(p, 0))
-                            for p, end in sorted(observation.ends.get(topic, {}).items())
-                        },
+                        "lag": sum(unread.values()),
+                        "partitions": {str(p): n for p, n in sorted(unread.items())},
                         "lag_s": node["lag_s"],
                         "trend": node["lag_trend"],
                     }
@@ -275,7 +279,7 @@ class Tracker:
             del self._stream_rates[gone]
         for place in [p for p in self._arrivals if p[0] not in observation.ends]:
             del self._arrivals[place]
-        self._previous = observation
+        self._previous_error = observation.error
         return {
             "now": now,
             "error": observation.error,
@@ -294,40 +298,39 @@ class Tracker:
         row: SourceStatus,
         report: WatermarkReport | None,
         observation: Observation,
-    ) -> dict[str, Any]:
+    ) -> tuple[dict[str, Any], dict[str, dict[int, int]]]:
+        """A computation's node, and per input topic and partition the records it has not
+        consumed yet (its consumers' entries in the streams)."""
         history = self._remember(row.source, row.watermark, row.lag, observation.now)
-        consumed = sum(sum(p.values()) for p in (report.consumed if report else {}).values())
-        if history.consumed is None:
-            history.consumed = _Rate(self.rate_window)
-        in_rate = history.consumed.add(observation.now, consumed)
-        backlog = sum(
-            _lag(observation.ends.get(topic, {}), _consumed(report, topic))
-            for topic in _inputs(report)
+        consumed = report.consumed if report is not None else {}
+        in_rate = history.rate("consumed", self.rate_window).add(
+            observation.now, sum(sum(p.values()) for p in consumed.values())
         )
+        # Per input topic and partition, the records written and not yet consumed.
+        unread = {
+            topic: {
+                p: max(0, end - consumed[topic].get(p, 0))
+                for p, end in observation.ends.get(topic, {}).items()
+            }
+            for topic in consumed
+        }
+        backlog = sum(n for partitions in unread.values() for n in partitions.values())
         waits = [
             waited
-            for topic in _inputs(report)
-            for partition in observation.ends.get(topic, {})
+            for topic in consumed
+            for partition in unread[topic]
             if (arrivals := self._arrivals.get((topic, partition))) is not None
-            and (
-                waited := arrivals.waited(
-                    _consumed(report, topic).get(partition, 0), observation.now
-                )
-            )
+            and (waited := arrivals.waited(consumed[topic].get(partition, 0), observation.now))
             is not None
         ]
         longest = max(waits, default=None)
         # The input partition furthest behind: where a watermark held by its input waits.
         behind = max(
-            (
-                (end - _consumed(report, topic).get(partition, 0), topic, partition)
-                for topic in _inputs(report)
-                for partition, end in observation.ends.get(topic, {}).items()
-            ),
+            ((n, topic, p) for topic, partitions in unread.items() for p, n in partitions.items()),
             default=None,
         )
         _, topology, name = row.source.split("/", 2)
-        return {
+        node = {
             # How long the oldest record it has not read has waited (the view's own clock:
             # since it first saw it, so "at least" when it was there before).
             "waiting_s": None if longest is None else _seconds(longest[0]),
@@ -353,6 +356,7 @@ class Tracker:
             "health": self._health(row.state, history, backlog, observation.now),
             **self._counters(report, history, observation.now),
         }
+        return node, unread
 
     def _counters(
         self, report: WatermarkReport | None, history: _History, now: int
@@ -363,8 +367,7 @@ class Tracker:
         rates = {}
         for name in RATES:
             if name in stats:
-                rate = history.rates.setdefault(name, _Rate(self.rate_window))
-                rates[name] = rate.add(now, stats[name])
+                rates[name] = history.rate(name, self.rate_window).add(now, stats[name])
         runs = stats.get("intervals", 0)
         return {
             "driver": report.driver if report is not None else "",
@@ -432,8 +435,7 @@ class Tracker:
 
     def _timeline(self, observation: Observation, nodes: Sequence[dict[str, Any]]) -> None:
         now = observation.now
-        previous_error = self._previous.error if self._previous is not None else None
-        if observation.error != previous_error:
+        if observation.error != self._previous_error:
             text = observation.error or "the services answer again"
             self._events.append({"at": now, "kind": "service", "text": text})
         for node in nodes:
@@ -625,15 +627,6 @@ def _headline(
 def _inputs(report: WatermarkReport | None) -> list[str]:
     """The streams a computation reads: the topics its report says it consumed."""
     return [] if report is None else sorted(report.consumed)
-
-
-def _consumed(report: WatermarkReport | None, topic: str) -> Mapping[int, int]:
-    return {} if report is None else report.consumed.get(topic, {})
-
-
-def _lag(ends: Mapping[int, int], consumed: Mapping[int, int]) -> int:
-    """Records written and not yet consumed, over the partitions of one topic."""
-    return sum(max(0, end - consumed.get(p, 0)) for p, end in ends.items())
 
 
 def _seconds(micros: int | None) -> float | None:
