@@ -114,9 +114,9 @@ def test_a_slow_page_gets_the_newest_snapshot_not_a_queue() -> None:
     assert second.startswith("id: 6\n")
 
 
-def _wait_for_snapshot(client: TestClient) -> dict[str, Any]:
+def _wait_for_snapshot(client: TestClient, headers: dict[str, str] | None = None) -> dict[str, Any]:
     for _ in range(200):
-        response = client.get("/api/snapshot")
+        response = client.get("/api/snapshot", headers=headers)
         if response.status_code == 200:
             document: dict[str, Any] = response.json()
             return document
@@ -146,7 +146,7 @@ def test_the_views_own_metrics_are_served_behind_the_same_token() -> None:
     with TestClient(create_app(live, token="s3cret")) as client:
         assert client.get("/metrics").status_code == 401
         bearer = {"authorization": "Bearer s3cret"}
-        _wait_for_snapshot_with(client, bearer)
+        _wait_for_snapshot(client, bearer)
         text = client.get("/metrics", headers=bearer).text
     assert "millstream_ui_snapshots_total" in text
     assert "millstream_ui_reading_seconds_count" in text
@@ -176,11 +176,3 @@ def test_an_open_page_counts_until_it_goes() -> None:
         return counted
 
     assert asyncio.run(scenario()) == [0.0, 1.0, 0.0]
-
-
-def _wait_for_snapshot_with(client: TestClient, headers: dict[str, str]) -> None:
-    for _ in range(200):
-        if client.get("/api/snapshot", headers=headers).status_code == 200:
-            return
-        asyncio.run(asyncio.sleep(0.01))
-    raise AssertionError("no snapshot within 2 s")

@@ -303,14 +303,17 @@
     return link;
   }
 
-  function fillStreamChoice(snapshot) {
-    const select = document.getElementById("scan-stream");
+  function offer(select, values) {
+    // The choices of a select, replaced only when they changed; the chosen one stays.
+    if (select.options.length === values.length &&
+        values.every((v, i) => select.options[i].value === v)) return;
     const chosen = select.value;
-    const names = snapshot.streams.map((s) => s.name);
-    if (select.options.length === names.length &&
-        names.every((n, i) => select.options[i].value === n)) return;
-    select.replaceChildren(...names.map((n) => el("option", { value: n }, n)));
-    if (names.includes(chosen)) select.value = chosen;
+    select.replaceChildren(...values.map((v) => el("option", { value: v }, v)));
+    if (values.includes(chosen)) select.value = chosen;
+  }
+
+  function fillStreamChoice(snapshot) {
+    offer(document.getElementById("scan-stream"), snapshot.streams.map((s) => s.name));
   }
 
   function scanQuery(after) {
@@ -402,12 +405,7 @@
     const select = document.getElementById("chart-stream");
     const names = snapshot.streams.map((s) => s.name).filter((n) => n.endsWith(".predictions"));
     charts.anomalies = snapshot.streams.some((s) => s.name === "anomalies") ? "anomalies" : null;
-    if (select.options.length !== names.length ||
-        !names.every((n, i) => select.options[i].value === n)) {
-      const chosen = select.value;
-      select.replaceChildren(...names.map((n) => el("option", { value: n }, n)));
-      if (names.includes(chosen)) select.value = chosen;
-    }
+    offer(select, names);
     // The first chart of a stream loads by itself; live ones reload on their own timer.
     if (select.value && select.value !== charts.stream && !charts.busy) loadChart();
   }
@@ -430,11 +428,7 @@
       const response = await fetch("/api/series?" + query);
       const result = await response.json();
       if (!response.ok) throw new Error(result.error || response.statusText);
-      if (keySelect.options.length !== result.keys.length) {
-        const chosen = keySelect.value;
-        keySelect.replaceChildren(...result.keys.map((k) => el("option", { value: k }, k)));
-        if (result.keys.includes(chosen)) keySelect.value = chosen;
-      }
+      offer(keySelect, result.keys);
       if (!result.key && keySelect.value) {
         charts.busy = false;
         return loadChart(); // the keys are known now: chart the first
