@@ -204,7 +204,9 @@ class ComputationDriver:
         records = intervals.records()
         # One change per measurement: the next waits for a batch with input under this one.
         begun = (
-            plan(layout, records, policy, intervals.cpu_seconds()) if intervals.measured else None
+            plan(layout, records, policy, intervals.cpu_seconds(), self.clock.now())
+            if intervals.measured
+            else None
         )
         change = None if begun is None else begun.change
         if begun is not None and change is not None:
@@ -249,8 +251,11 @@ class ComputationDriver:
         name, ttl = self.spec.name, self.spec.options.dedup_ttl
         retry(lambda: _journal(store, name, layout, begun))
         self.layout = begun
+        now = self.clock.now()
         self.layout = retry(
-            lambda: finish_change(store, name, begun, dedup_ttl=ttl, delivered=self.delivered)
+            lambda: finish_change(
+                store, name, begun, dedup_ttl=ttl, delivered=self.delivered, now=now
+            )
         )
         return self.layout
 
@@ -266,6 +271,7 @@ class ComputationDriver:
                 layout,
                 dedup_ttl=self.spec.options.dedup_ttl,
                 delivered=self.delivered,
+                now=self.clock.now(),
             )
         self.watermarks.intervals.track(layout.ids)
         return layout

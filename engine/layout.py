@@ -34,11 +34,15 @@ HISTORY = 20
 @dataclass(frozen=True, slots=True)
 class LayoutChange:
     """A split or merge in progress: ``sources`` (adjacent, in hash order) become
-    ``targets``, each owning ``[low, high)`` of the key hash."""
+    ``targets``, each owning ``[low, high)`` of the key hash. ``begun_at`` and
+    ``finished_at``: when a driver journaled it and finished it (wall clock, µs; 0: not
+    known, or not finished yet), for people looking at the layout's history."""
 
     kind: str  # "split" | "merge"
     sources: tuple[int, ...]
     targets: tuple[tuple[int, int, int], ...]  # (interval, low, high)
+    begun_at: int = 0
+    finished_at: int = 0
 
     def target_of(self, key: str) -> int:
         h = key_hash(key)
@@ -97,22 +101,24 @@ class IntervalLayout:
         at = self.ids.index(interval)
         return self.ids[at + 1] if at + 1 < len(self.ids) else None
 
-    def begin_split(self, interval: int) -> IntervalLayout:
-        """This layout with a split of ``interval`` into its two halves journaled."""
+    def begin_split(self, interval: int, at: int = 0) -> IntervalLayout:
+        """This layout with a split of ``interval`` into its two halves journaled (``at``:
+        now, wall clock µs)."""
         low, high = self.range_of(interval)
         if high - low < 2:
             raise TopologyError(f"interval {interval} holds one hash; it cannot be split")
         middle = (low + high) // 2
         first, second = self.next_id, self.next_id + 1
-        change = LayoutChange("split", (interval,), ((first, low, middle), (second, middle, high)))
+        halves = ((first, low, middle), (second, middle, high))
+        change = LayoutChange("split", (interval,), halves, begun_at=at)
         return self._begin(change, self.next_id + 2)
 
-    def begin_merge(self, first: int, second: int) -> IntervalLayout:
-        """This layout with a merge of two adjacent intervals journaled."""
+    def begin_merge(self, first: int, second: int, at: int = 0) -> IntervalLayout:
+        """This layout with a merge of two adjacent intervals journaled (``at``: now)."""
         if self.neighbour(first) != second:
             raise TopologyError(f"intervals {first} and {second} are not adjacent")
         low, high = self.range_of(first)[0], self.range_of(second)[1]
-        change = LayoutChange("merge", (first, second), ((self.next_id, low, high),))
+        change = LayoutChange("merge", (first, second), ((self.next_id, low, high),), at)
         return self._begin(change, self.next_id + 1)
 
     def _begin(self, change: LayoutChange, next_id: int) -> IntervalLayout:
@@ -120,22 +126,23 @@ class IntervalLayout:
             raise TopologyError(f"a {self.change.kind} is already in progress: {self.change}")
         return replace(self, version=self.version + 1, next_id=next_id, change=change)
 
-    def finish(self) -> IntervalLayout:
-        """The layout once its pending change is done: the targets replace the sources."""
+    def finish(self, at: int = 0) -> IntervalLayout:
+        """The layout once its pending change is done: the targets replace the sources; the
+        change goes into the history as finished ``at`` (now, wall clock µs)."""
         change = self.change
         if change is None:
             raise TopologyError("no change in progress to finish")
-        at = self.ids.index(change.sources[0])
-        count = len(change.sources)
-        ids = (*self.ids[:at], *(t[0] for t in change.targets), *self.ids[at + count :])
-        bounds = (*self.bounds[:at], *(t[1] for t in change.targets), *self.bounds[at + count :])
+        first = self.ids.index(change.sources[0])
+        end = first + len(change.sources)
+        ids = (*self.ids[:first], *(t[0] for t in change.targets), *self.ids[end:])
+        bounds = (*self.bounds[:first], *(t[1] for t in change.targets), *self.bounds[end:])
         return replace(
             self,
             version=self.version + 1,
             ids=ids,
             bounds=bounds,
             change=None,
-            history=(*self.history, change)[-HISTORY:],
+            history=(*self.history, replace(change, finished_at=at))[-HISTORY:],
         )
 
     def encode(self) -> str:
@@ -166,11 +173,16 @@ class IntervalLayout:
 
 
 def _change_document(change: LayoutChange) -> dict[str, Any]:
-    return {
+    document: dict[str, Any] = {
         "kind": change.kind,
         "sources": list(change.sources),
         "targets": [list(t) for t in change.targets],
     }
+    if change.begun_at:
+        document["begun_at"] = change.begun_at
+    if change.finished_at:
+        document["finished_at"] = change.finished_at
+    return document
 
 
 def _change_of(document: dict[str, Any]) -> LayoutChange:
@@ -178,6 +190,8 @@ def _change_of(document: dict[str, Any]) -> LayoutChange:
         str(document["kind"]),
         tuple(int(s) for s in document["sources"]),
         tuple((int(i), int(lo), int(hi)) for i, lo, hi in document["targets"]),
+        int(document.get("begun_at", 0)),
+        int(document.get("finished_at", 0)),
     )
 
 

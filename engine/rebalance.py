@@ -101,10 +101,11 @@ def plan(
     records: Mapping[int, int],
     policy: RebalancePolicy,
     cpu_seconds: Mapping[int, float] | None = None,
+    now: int = 0,
 ) -> IntervalLayout | None:
     """The layout with the change to make journaled, or ``None`` (nothing to do).
     ``records`` and ``cpu_seconds``: each interval's load in the latest batch with input (an
-    interval not named: none)."""
+    interval not named: none); ``now``: the wall clock (µs), the change's ``begun_at``."""
     if layout.change is not None:
         return None
     cpu = cpu_seconds or {}
@@ -121,7 +122,7 @@ def plan(
     if count < policy.max_intervals and load(hottest) > 1:
         low, high = layout.range_of(hottest)
         if high - low >= 2:
-            return layout.begin_split(hottest)
+            return layout.begin_split(hottest, now)
     if policy.merge_records and count > policy.min_intervals:
         pairs = [
             (records.get(a, 0) + records.get(b, 0), a, b)
@@ -130,7 +131,7 @@ def plan(
         ]
         if pairs:
             _, first, second = min(pairs)
-            return layout.begin_merge(first, second)
+            return layout.begin_merge(first, second, now)
     return None
 
 
@@ -153,6 +154,7 @@ def finish_change(
     *,
     dedup_ttl: int,
     delivered: Callable[[str, int], CommitTag | None] | None = None,
+    now: int = 0,
 ) -> IntervalLayout:
     """Roll ``layout``'s journaled change forward (steps 3-6); returns the layout after it.
 
@@ -160,7 +162,8 @@ def finish_change(
     the last owner's, and returns its transaction marker: the pending productions it covers
     were delivered and are not copied; the rest are copied, tagged as a commit of their target
     under the lease that copies them (a source's tag means nothing to the target's marker),
-    and delivered by their target."""
+    and delivered by their target. ``now`` (wall clock, µs) goes into the layout's history
+    as when the change finished."""
     change = layout.change
     if change is None:
         return layout
@@ -206,7 +209,7 @@ def finish_change(
     for lease in leases:
         store.retire(lease)
     pause_point("rebalance.retire", computation)
-    finished = layout.finish()
+    finished = layout.finish(now)
     if not store.write_layout(computation, finished, layout):
         raise FencedError(
             f"the interval layout of {computation!r} changed while this driver finished its "

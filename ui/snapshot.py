@@ -346,10 +346,19 @@ class Tracker:
             "watermark": row.watermark,
             "input_watermark": row.input_watermark,
             "lag_s": _seconds(row.lag),
+            "input_lag_s": None
+            if row.input_watermark is None or row.lag is None
+            else _seconds(max(0, observation.now - row.input_watermark)),
             "lag_trend": list(history.lags),
             "held_by": row.held_by,
             "streams": list(row.streams),
             "hot": [list(h) for h in row.hot],
+            # Intervals whose own pending work holds them below the input's watermark, with
+            # their watermark lag (s); every other interval's is the input's.
+            "intervals_behind": [
+                [interval, _seconds(max(0, observation.now - watermark))]
+                for interval, watermark in (report.behind if report else ())
+            ],
             "in_rate": in_rate,
             "backlog": backlog,
             "records": report.records if report else None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
@@ -211,11 +212,24 @@ def _history(layout: IntervalLayout | None) -> list[str]:
 
 
 def _change_words(change: LayoutChange) -> str:
-    """``change`` as a person says it: "split of interval 3 into 5 and 6"."""
+    """``change`` as a person says it: "split of interval 3 into 5 and 6, begun
+    2026-11-27T22:10:03Z, finished 1.2 s later" (times where the layout has them)."""
     sources = _listed([str(source) for source in change.sources])
     targets = _listed([str(target[0]) for target in change.targets])
     noun = "interval" if len(change.sources) == 1 else "intervals"
-    return f"{change.kind} of {noun} {sources} into {targets}"
+    words = f"{change.kind} of {noun} {sources} into {targets}"
+    if change.begun_at:
+        words += f", begun {_utc(change.begun_at)}"
+        if change.finished_at:
+            words += f", finished {(change.finished_at - change.begun_at) / 1e6:.1f} s later"
+    elif change.finished_at:
+        words += f", finished {_utc(change.finished_at)}"
+    return words
+
+
+def _utc(micros: int) -> str:
+    when = datetime.datetime.fromtimestamp(micros / 1e6, tz=datetime.UTC)
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _listed(items: list[str]) -> str:

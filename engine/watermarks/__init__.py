@@ -56,6 +56,7 @@ from millstream.engine.watermarks.intervals import IntervalMap, IntervalProgress
 from millstream.engine.watermarks.load import IntervalLoad
 from millstream.engine.watermarks.overview import SourceState, SourceStatus, watermark_overview
 from millstream.engine.watermarks.report import (
+    BEHIND,
     REPORT_VERSION,
     ExpectedSet,
     Offsets,
@@ -70,6 +71,7 @@ from millstream.engine.watermarks.report import (
 )
 
 __all__ = [
+    "BEHIND",
     "REPORT_VERSION",
     "ComputationWatermarks",
     "ExpectedSet",

@@ -11,6 +11,7 @@ from millstream.engine.records import MIN_EVENT_TIME
 from millstream.engine.watermarks.input import InputWatermark
 from millstream.engine.watermarks.intervals import IntervalMap, IntervalProgress
 from millstream.engine.watermarks.report import (
+    BEHIND,
     ExpectedSet,
     Offsets,
     WatermarkMessage,
@@ -209,9 +210,16 @@ class ComputationWatermarks:
             )
             self.percentile_watermarks[p] = max(before, self.watermark, heuristic)
         timers = None if self.timer_percentile is None else self.timer_watermark
+        # Never below the reported watermark either (a late production's interval is at it).
+        behind = tuple(
+            (interval, max(work, self.watermark))
+            for interval, work in self.intervals.behind(self.input.current, BEHIND)
+            if self.watermark < self.input.current
+        )
         said = (
             self.watermark,
             self.input.current,
+            behind,
             tuple(self.percentile_watermarks.items()),
             timers,
             tuple((t, tuple(sorted(p.items()))) for t, p in sorted(self.consumed.items())),
@@ -233,6 +241,7 @@ class ComputationWatermarks:
             records=self.records or None,
             timer_watermark=timers,
             hot=tuple((h.interval, h.records) for h in self.intervals.hottest(3) if h.records),
+            behind=behind,
             consumed={t: dict(p) for t, p in self.consumed.items()},
             stats=dict(stats or {}),
             driver=driver,

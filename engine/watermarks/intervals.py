@@ -5,6 +5,7 @@ than what they return."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -156,6 +157,13 @@ class IntervalMap:
     def oldest_work(self) -> tuple[int, int] | None:
         """The earliest pending work of any interval, and that interval."""
         return self._work[0] if self._work else None
+
+    def behind(self, watermark: int, limit: int) -> list[tuple[int, int]]:
+        """The ``limit`` intervals whose pending work is earliest among those below
+        ``watermark``, as ``(interval, oldest work)``: each one's own watermark, where the
+        others' is ``watermark`` itself."""
+        below = self._work.irange(maximum=(watermark - 1, _ANY_INTERVAL))
+        return [(interval, work) for work, interval in itertools.islice(below, limit)]
 
     @property
     def undelivered(self) -> bool:

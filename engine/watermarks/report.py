@@ -13,6 +13,7 @@ from millstream.engine.errors import WatermarkReportError
 from millstream.engine.records import MAX_EVENT_TIME, MIN_EVENT_TIME
 
 __all__ = [
+    "BEHIND",
     "REPORT_VERSION",
     "ExpectedSet",
     "Offsets",
@@ -27,6 +28,8 @@ __all__ = [
 ]
 
 REPORT_VERSION = 1
+BEHIND = 16
+"""Intervals a report names in ``behind`` at most."""
 
 Offsets = Mapping[str, Mapping[int, int]]
 """Kafka offsets by topic and partition; an offset is exclusive (the next one to write/read)."""
@@ -71,12 +74,15 @@ class WatermarkReport:
     sources of a stream); ``timer_watermark`` is the percentile input watermark a computation
     fires its event-time timers under, when it opted in to one (restored after a restart).
     ``hot`` names a computation's busiest key intervals, as ``(interval, records)`` in its
-    latest batches (for ``millstream watermarks``). ``consumed`` is how far a computation
-    had read its input topics (exclusive offsets) when it reported: its Kafka lag, for the
-    live view (``millstream ui``); no consumer's watermark depends on it. So are ``stats``,
-    a computation's counters since its driver started (records processed, duplicates, dead
-    letters, commits, fenced producers, failed attempts, ...), and ``driver``, which names
-    that driver's start (a new name: the driver restarted).
+    latest batches (for ``millstream watermarks``); ``behind`` the intervals whose pending work
+    (a timer, a production not acknowledged) holds their own watermark below
+    ``input_watermark``, as ``(interval, watermark)``, lowest first, the others' being
+    ``input_watermark`` (for the live view; at most :data:`BEHIND` of them). ``consumed``
+    is how far a computation had read its input topics (exclusive offsets) when it reported:
+    its Kafka lag, for the live view (``millstream ui``); no consumer's watermark depends on
+    it. So are ``stats``, a computation's counters since its driver started (records
+    processed, duplicates, dead letters, commits, fenced producers, failed attempts, ...),
+    and ``driver``, which names that driver's start (a new name: the driver restarted).
     """
 
     source: str
@@ -90,6 +96,7 @@ class WatermarkReport:
     records: int | None = None
     timer_watermark: int | None = None
     hot: tuple[tuple[int, int], ...] = ()
+    behind: tuple[tuple[int, int], ...] = ()
     consumed: Offsets = field(default_factory=dict)
     stats: Mapping[str, int] = field(default_factory=dict)
     driver: str = ""
@@ -130,6 +137,8 @@ class WatermarkReport:
             document["timer_watermark"] = self.timer_watermark
         if self.hot:
             document["hot"] = [list(pair) for pair in self.hot]
+        if self.behind:
+            document["behind"] = [list(pair) for pair in self.behind]
         if self.consumed:
             document["consumed"] = _offsets_document(self.consumed)
         if self.stats:
@@ -166,6 +175,7 @@ class WatermarkReport:
                 records=None if records is None else _int(records),
                 timer_watermark=None if timer_watermark is None else _int(timer_watermark),
                 hot=tuple((_int(i), _int(n)) for i, n in document.get("hot", [])),
+                behind=tuple((_int(i), _int(w)) for i, w in document.get("behind", [])),
                 consumed=_offsets_of(document.get("consumed", {})),
                 stats={str(k): _int(v) for k, v in document.get("stats", {}).items()},
                 driver=str(document.get("driver", "")),

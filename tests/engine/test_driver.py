@@ -135,6 +135,8 @@ def test_a_hot_interval_splits_between_batches_and_its_halves_carry_its_load() -
     assert layout is not None
     assert layout.change is None
     assert store.read_layout("count") == layout  # journaled and finished
+    # By the driver's clock: when it journaled the split and when it finished it.
+    assert (layout.history[-1].begun_at, layout.history[-1].finished_at) == (1_000, 1_000)
     halves = [target[0] for target in change.targets]
     assert set(layout.ids) == {1, *halves}
     assert driver.watermarks.intervals.records() == {1: 1, halves[0]: 15, halves[1]: 15}
@@ -157,8 +159,8 @@ def test_a_journaled_change_a_killed_driver_left_is_finished_at_the_first_batch(
     assert store.write_layout("count", begun, initial)  # journaled, then the driver died
     driver, _, _ = driver_of(ComputationOptions(key_intervals=2, rebalance=policy), store=store)
     plan = driver.begin({}, had_input=False)
-    assert plan.layout == begun.finish()
-    assert store.read_layout("count") == begun.finish()
+    assert plan.layout == begun.finish(at=1_000)  # by the new driver's clock
+    assert store.read_layout("count") == begun.finish(at=1_000)
     assert driver.watermarks.intervals.ids == frozenset(plan.layout.ids)
 
 

@@ -4,6 +4,7 @@ backend, killed at every step and rolled forward by the next driver."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import pytest
@@ -68,15 +69,18 @@ def test_a_split_and_a_merge_make_new_intervals_over_the_same_hashes() -> None:
 @pytest.mark.unit
 def test_a_layout_remembers_its_latest_finished_changes_through_its_encoding() -> None:
     layout = IntervalLayout.initial(2)
-    for _ in range(HISTORY + 3):
-        split = layout.begin_split(layout.ids[0])
+    for n in range(HISTORY + 3):
+        split = layout.begin_split(layout.ids[0], at=100 * n + 1)
         assert IntervalLayout.decode(split.encode()) == split  # the pending change is no history
-        layout = split.finish()
-        merge = layout.begin_merge(layout.ids[0], layout.ids[1])
-        layout = merge.finish()
+        layout = split.finish(at=100 * n + 2)
+        merge = layout.begin_merge(layout.ids[0], layout.ids[1], at=100 * n + 3)
+        layout = merge.finish(at=100 * n + 4)
     assert len(layout.history) == HISTORY
     assert [c.kind for c in layout.history[-2:]] == ["split", "merge"]
-    assert layout.history[-1] == merge.change
+    assert merge.change is not None
+    assert layout.history[-1] == replace(merge.change, finished_at=100 * (HISTORY + 2) + 4)
+    # When each was journaled and finished, for people looking at the history.
+    assert (layout.history[-2].begun_at, layout.history[-2].finished_at) == (2_201, 2_202)
     assert IntervalLayout.decode(layout.encode()) == layout
     assert "history" not in IntervalLayout.initial(2).encode()
 

@@ -22,6 +22,7 @@ from millstream.engine.errors import MillstreamError, WatermarkReportError
 from millstream.engine.records import MAX_EVENT_TIME, MIN_EVENT_TIME, Record
 from millstream.engine.topology import ComputationOptions, Topology
 from millstream.engine.watermarks import (
+    BEHIND,
     REPORT_VERSION,
     ComputationWatermarks,
     ExpectedSet,
@@ -86,6 +87,7 @@ def document(**changes: Any) -> bytes:
             {"clicks": {0: 7, 3: 12}, "views": {1: 0}},
             input_watermark=1_234,
             held_by="interval 3",
+            behind=((3, 900), (5, 1_100)),
             consumed={"pages": {0: 4, 1: 2}},
             stats={"processed": 9, "fenced_producers": 1},
             driver="d-1",
@@ -498,8 +500,40 @@ def test_the_first_report_waits_until_every_interval_ran() -> None:
         {"counts": {0: 2}},
         input_watermark=100,
         held_by="interval 1",
+        behind=((1, 60),),
     )
     assert (bookkeeping.watermark, bookkeeping.held_by) == (60, "interval 1")
+
+
+def test_a_report_names_the_intervals_behind_the_input_with_their_own_watermarks() -> None:
+    bookkeeping = driver(key_intervals=4)
+    bookkeeping.read(FakeReader([[(CLICKS, report(CLICKS, 100))]]))
+    bookkeeping.advance({})
+    idle(
+        bookkeeping,
+        i0=IntervalProgress(oldest_work=90),
+        i1=IntervalProgress(oldest_work=150),  # ahead of the input: at the input's watermark
+        i3=IntervalProgress(oldest_work=20),
+    )
+    first = bookkeeping.report(1, {})
+    assert first is not None
+    assert first.behind == ((3, 20), (0, 90))
+    assert json.loads(first.encode())["behind"] == [[3, 20], [0, 90]]
+    # Interval 3 caught up: the report says so although the watermark (held by 0) moved too.
+    idle(bookkeeping, i0=IntervalProgress(oldest_work=90))
+    second = bookkeeping.report(2, {})
+    assert second is not None
+    assert (second.watermark, second.behind) == (90, ((0, 90),))
+
+
+def test_a_report_names_the_lowest_intervals_behind_up_to_a_bound() -> None:
+    bookkeeping = driver(key_intervals=BEHIND + 4)
+    bookkeeping.read(FakeReader([[(CLICKS, report(CLICKS, 1_000))]]))
+    bookkeeping.advance({})
+    idle(bookkeeping, **{f"i{i}": IntervalProgress(oldest_work=500 - i) for i in range(BEHIND + 4)})
+    first = bookkeeping.report(1, {})
+    assert first is not None
+    assert first.behind == tuple((i, 500 - i) for i in range(BEHIND + 3, 3, -1))
 
 
 def test_a_report_is_made_only_when_something_changed() -> None:

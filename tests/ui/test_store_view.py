@@ -28,6 +28,7 @@ pytestmark = pytest.mark.integration
 
 TABLE = "view_intervals"
 TTL = 60 * 1_000_000
+BEGUN = 1_795_000_000_000_000  # 2026-11-18T11:06:40Z, in µs
 EMPTY = {
     "sequencer": None,
     "retired": False,
@@ -96,9 +97,9 @@ def test_counts_timers_sequencers_and_a_journaled_split_are_read_exactly(
     # Two intervals; interval 0 split into 2 and 3 (finished: 0 is retired), then a split of
     # interval 1 into 4 and 5 journaled and left pending.
     initial = store.layout(computation, 2)
-    split = initial.begin_split(0)
+    split = initial.begin_split(0, at=BEGUN)
     assert store.write_layout(computation, split, initial)
-    finished = finish_change(store, computation, split, dedup_ttl=TTL)
+    finished = finish_change(store, computation, split, dedup_ttl=TTL, now=BEGUN + 1_500_000)
     a, b, c = keys_in(finished, 2, 3)
     lease = store.acquire(computation, 2)  # the split's copy acquired it once already
     window_b = Timer(b, "window", 2_000_000, set_by=b"r2")
@@ -132,7 +133,7 @@ def test_counts_timers_sequencers_and_a_journaled_split_are_read_exactly(
         other,
         KeyChanges(d, state=b"4", timers={"t": Timer(d, "t", 3_000_000, TimeDomain.WALL_TIME)}),
     )
-    assert store.write_layout(computation, finished.begin_split(1), finished)
+    assert store.write_layout(computation, finished.begin_split(1, at=BEGUN + 60_000_000), finished)
 
     recording = RecordingSession(cassandra)
     overview = interval_overview(recording, keyspace, TABLE, computation)
@@ -148,7 +149,7 @@ def test_counts_timers_sequencers_and_a_journaled_split_are_read_exactly(
                 {"interval": 3, "low": 2**30, "high": 2**31},
                 {"interval": 1, "low": 2**31, "high": 2**32},
             ],
-            "pending_change": "split of interval 1 into 4 and 5",
+            "pending_change": "split of interval 1 into 4 and 5, begun 2026-11-18T11:07:40Z",
         },
         "intervals": [
             {**EMPTY, "interval": 0, "retired": True},  # its sequencer is past all others
@@ -173,7 +174,9 @@ def test_counts_timers_sequencers_and_a_journaled_split_are_read_exactly(
             },
             {**EMPTY, "interval": 3, "sequencer": 1},
         ],
-        "history": ["split of interval 0 into 2 and 3"],
+        "history": [
+            "split of interval 0 into 2 and 3, begun 2026-11-18T11:06:40Z, finished 1.5 s later"
+        ],
     }
     # Read-only and bounded: only SELECTs at QUORUM (no Paxos round), each with a LIMIT or
     # naming one row by its whole primary key (the layout).

@@ -158,6 +158,10 @@
       if (detail.id !== id) return;
       const node = state.shown ? state.shown.nodes.find((n) => n.id === id) : null;
       const load = Object.fromEntries(((node && node.hot) || []).map(([i, r]) => [i, r]));
+      // An interval's watermark lag: its own where its pending work holds it below the
+      // input's watermark, the input's otherwise.
+      const behind = Object.fromEntries(((node && node.intervals_behind) || []).map(([i, s]) => [i, s]));
+      const lagOf = (i) => i.retired ? "" : duration(behind[i.interval] ?? (node ? node.input_lag_s : null));
       const ranges = Object.fromEntries(((result.layout && result.layout.intervals) || [])
         .map((r) => [r.interval, hash(r.low) + "\u2013" + hash(r.high)]));
       // The interval whose pending work holds the computation's watermark, if one does.
@@ -168,6 +172,7 @@
           el("td", {}, i.interval), el("td", {}, ranges[i.interval] || (i.retired ? "retired" : "\u2013")),
           el("td", {}, i.retired ? "retired" : (i.sequencer ?? "never acquired")),
           el("td", {}, load[i.interval] !== undefined ? number(load[i.interval]) : ""),
+          el("td", {}, lagOf(i)),
           el("td", {}, capped(i, i.state_keys)), el("td", {}, capped(i, i.timers)),
           el("td", {}, eventTime(i.next_event_timer)), el("td", {}, eventTime(i.next_wall_timer)),
           el("td", {}, capped(i, i.pending_productions)), el("td", {}, capped(i, i.dedup_ids)))));
