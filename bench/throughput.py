@@ -21,6 +21,7 @@ is (41 bytes).
 | ``spark-tws`` | ``transformWithStateInPandas``, RocksDB state store, Kafka sink | at-least-once |
 | ``millstream-strong`` | strong productions, exactly-once, 16 intervals, txns | exactly-once |
 | ``millstream-notx`` | the same, ``transactional_productions=False`` | eo-millstream |
+| ``millstream-viewed`` | ``millstream-strong``, three pages of its live view open | exactly-once |
 | ``millstream-weak`` | weak productions, ``exactly_once=False`` | none |
 
 (``eo-millstream``: exactly-once for millstream's deduplicating readers, at-least-once for
@@ -42,12 +43,22 @@ notes give each Spark Python worker's CPU seconds while draining, and its share 
 loop, Quix, Bytewax, Pathway), their CPU over their whole life, start-up included.
 
 **Latency** (``--rates``, ``--latency-seconds`` at each): after its backlog, the
-``spark-floor``, ``millstream-strong`` and ``millstream-notx`` instances get paced input at
-each rate from the same injector (which reports its watermark after each poll); latency = the
+``spark-floor``, ``millstream-strong``, ``millstream-notx`` and ``millstream-viewed``
+instances get paced input at each rate from the same injector (which reports its watermark
+after each poll); latency = the
 moment a ``read_committed`` reader of the output topic received the output minus the event's
 injection time (its event time, which both copy to their output): a transactional producer's
 records are visible only once its transaction commits, so their append time would flatter it.
 Same trigger (0.2 s) for all.
+
+**The live view's cost** (``millstream-viewed``): ``millstream-strong`` again, with the view
+of its topology served from a thread of the benchmark's process (as ``millstream run
+--ui-port`` serves it beside a driver) and three pages open on it from a process of their own
+(``bench/view_pages.py``, as browsers elsewhere would be) before the topology starts: each page
+reads every snapshot of the event stream and the computation's key intervals every 5 s (its
+panel open), and the third tails the output stream every 2 s. Its throughput and latency are
+printed against ``millstream-strong``'s, medians and run by run (the issue's bound: within
+2 %). ``--runs N`` goes round the rows N times, so the two alternate.
 
 **Large state**: one millstream computation with ``key_intervals=1`` whose interval already
 holds the state of ``--large-keys`` keys (preloaded through ``CassandraIntervalStore.commit``),
@@ -95,6 +106,7 @@ import os
 import random
 import resource
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -158,6 +170,7 @@ from millstream.spark.runner import (
     run_topology,
 )
 from millstream.spark.session import kafka_options, kafka_stream, spark_session
+from millstream.ui import start_view
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -173,6 +186,8 @@ LARGE_BATCH = 1_000
 WARM_UP = 100
 PRELOAD_CHUNK = 50_000
 PRELOAD_BATCH_BYTES = 1024 * 1024
+VIEW_PAGES = 3
+VIEW_PAGES_SCRIPT = Path(__file__).resolve().parent / "view_pages.py"
 
 
 @dataclass(frozen=True)
@@ -221,6 +236,13 @@ SYSTEMS = (
         "ms-notx",
         "millstream-strong without transactional productions",
         "eo-millstream",
+        latency=True,
+    ),
+    System(
+        "millstream-viewed",
+        "ms-viewed",
+        f"millstream-strong with the live view serving {VIEW_PAGES} open pages",
+        "exactly-once",
         latency=True,
     ),
     System(
@@ -441,6 +463,84 @@ class MillstreamHandle:
 
     def stop(self) -> None:
         self.running.stop()
+
+
+class Viewers:
+    """The live view of one run's topology, served from a thread of this process as
+    ``millstream run --ui-port`` serves it beside a driver, and ``VIEW_PAGES`` pages open on it
+    in a process of their own (bench/view_pages.py), as browsers would be."""
+
+    def __init__(self, run: BacklogRun, computation: str) -> None:
+        with socket.socket() as probe:  # a free port of this machine's
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        self.view = start_view(
+            run.config,
+            port=port,
+            topologies=[f"tp_{run.topics.suffix}"],
+            keyspace=run.keyspace,
+        )
+        self.pages: subprocess.Popen[str] | None = None
+        try:
+            self.pages = subprocess.Popen(
+                [
+                    sys.executable,
+                    str(VIEW_PAGES_SCRIPT),
+                    self.view.address,
+                    "--pages",
+                    str(VIEW_PAGES),
+                    "--computation",
+                    computation,
+                    "--tail",
+                    run.topics.sink,
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            assert self.pages.stdout is not None
+            opened = json.loads(self.pages.stdout.readline() or "{}")
+            if "connected" not in opened:
+                raise RuntimeError(f"the view's pages did not open: {opened}")
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> str:
+        """Close the pages and stop the view; what the pages did, as a note. Raises if a
+        page's request failed: the row then measured a broken view."""
+        summary: dict[str, Any] = {}
+        cpu = ""
+        if self.pages is not None:
+            cpu = _process_cpu(self.pages.pid)
+            try:
+                out, _ = self.pages.communicate(timeout=30)  # closes their stdin: they stop
+            except subprocess.TimeoutExpired:
+                self.pages.kill()  # by its own PID
+                out, _ = self.pages.communicate(timeout=15)
+            lines = [line for line in out.splitlines() if line.startswith("{")]
+            summary = json.loads(lines[-1]) if lines else {}
+            self.pages = None
+        self.view.stop()
+        pages = summary.get("pages", [])
+        if len(pages) != VIEW_PAGES or any(p["failed"] or not p["snapshots"] for p in pages):
+            raise RuntimeError(f"the view's pages did not all work: {summary}")
+        total = {k: sum(p[k] for p in pages) for k in ("snapshots", "answered", "refused")}
+        return (
+            f"{VIEW_PAGES} pages received {total['snapshots']} snapshots, "
+            f"{total['answered']} reads answered, {total['refused']} refused (429); "
+            f"their process used {cpu}"
+        )
+
+
+def _process_cpu(pid: int) -> str:
+    """A live process's CPU seconds so far (Linux /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return "an unknown CPU time"
+    ticks = os.sysconf("SC_CLK_TCK")
+    return f"{(int(fields[11]) + int(fields[12])) / ticks:.1f} s of CPU"
 
 
 def await_first_batch(
@@ -674,7 +774,7 @@ def warm_up_millstream(bench: Bench) -> None:
 
 
 def millstream_options(system: str) -> ComputationOptions:
-    if system == "millstream-strong":
+    if system in ("millstream-strong", "millstream-viewed"):
         # Strong productions, exactly-once, 16 key intervals, Kafka transactions.
         return ComputationOptions()
     if system == "millstream-notx":
@@ -731,6 +831,7 @@ class BacklogRun:
     injection: Injection
     watcher: OutputWatcher
     handle: Handle | None = None
+    viewers: Viewers | None = None
 
     def drain(self, records: int) -> tuple[float, float, float]:
         """Wait until ``records`` outputs are in; the records/s from the system's first batch
@@ -767,6 +868,8 @@ def backlog_run(bench: Bench, records: int, key_of: Callable[[int], str]) -> Ite
         yield run
     finally:
         cleanup: list[Callable[[], None]] = []
+        if run is not None and (viewers := run.viewers) is not None:
+            cleanup.append(lambda: print(f"  after a failure: {viewers.stop()}"))
         if run is not None and run.handle is not None:
             cleanup.append(run.handle.stop)
         if watcher is not None:
@@ -826,6 +929,9 @@ def measure_backlog(
         result.latency = latency_phases(
             bench, run.config, run.topics, run.watcher, handle, notes=result.notes
         )
+    if run.viewers is not None:
+        viewers, run.viewers = run.viewers, None
+        result.notes.append(viewers.stop())
 
 
 def _start_and_drain(
@@ -833,6 +939,8 @@ def _start_and_drain(
 ) -> None:
     """Start ``system`` on the run's backlog and drain it, into ``result``: records/s, the
     startup time, and the Python workers' CPU meanwhile (in the notes)."""
+    if system.name == "millstream-viewed":  # the pages are open before the topology starts
+        run.viewers = Viewers(run, f"count_{run.topics.suffix}")
     cpu_before = python_worker_cpu()
     cores_before = core_use(bench.services)
     started = time.time()
@@ -1152,10 +1260,12 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[RunResult]] = {}
     large: LargeStateResult | None = None
     try:
-        for system in SYSTEMS:
-            if system.name not in args.only:
-                continue
-            for number in range(1, args.runs + 1):
+        # Runs go round the rows (run 1 of every row, then run 2, ...): a drift in the shared
+        # machine's speed then spreads over every row alike, not over one row's runs.
+        for number in range(1, args.runs + 1):
+            for system in SYSTEMS:
+                if system.name not in args.only:
+                    continue
                 print(f"{system.name} (run {number}/{args.runs})", flush=True)
                 result = measure(bench, system)
                 runs.setdefault(system.name, []).append(result)
@@ -1247,6 +1357,7 @@ def report(
                 f"{row['error'] or row['check']}"
             )
     rows.extend(latency_report(args, runs))
+    rows.extend(view_cost_report(args, runs))
     if large is not None:
         rows.extend(large_report(args, large))
     return rows
@@ -1298,6 +1409,49 @@ def latency_report(
                 + (f"x{ratio:.2f}" if ratio is not None else "")
             )
     return rows
+
+
+def view_cost_report(
+    args: argparse.Namespace, runs: dict[str, list[RunResult]]
+) -> list[dict[str, Any]]:
+    """What the open pages cost: ``millstream-viewed`` against ``millstream-strong`` of the
+    same run, throughput (median of runs, and each run's pair) and latency percentiles."""
+    plain, viewed = runs.get("millstream-strong"), runs.get("millstream-viewed")
+    if not plain or not viewed:
+        return []
+    print(
+        f"\nthe live view's cost: millstream-viewed ({VIEW_PAGES} pages open) / "
+        "millstream-strong (none); the issue's bound: throughput ≥ 0.98, latency ≤ 1.02"
+    )
+    row: dict[str, Any] = {"system": "view-cost"}
+    plain_rates = [r.records_per_s for r in plain if r.records_per_s is not None]
+    viewed_rates = [r.records_per_s for r in viewed if r.records_per_s is not None]
+    if plain_rates and viewed_rates:
+        ratio = statistics.median(viewed_rates) / statistics.median(plain_rates)
+        pairs = [
+            v.records_per_s / p.records_per_s
+            for p, v in zip(plain, viewed, strict=False)
+            if p.records_per_s and v.records_per_s
+        ]
+        row["throughput_ratio"] = ratio
+        row["throughput_ratio_per_run"] = pairs
+        print(
+            f"  throughput: x{ratio:.3f} (medians); run by run: "
+            + ", ".join(f"x{pair:.3f}" for pair in pairs)
+        )
+    for rate in args.rates:
+        plain_samples = [x for r in plain for x in r.latency.get(rate, [])]
+        viewed_samples = [x for r in viewed for x in r.latency.get(rate, [])]
+        if not plain_samples or not viewed_samples:
+            continue
+        for q in (50, 95):
+            ratio = percentile(viewed_samples, q) / percentile(plain_samples, q)
+            row[f"p{q}_ratio@{rate:g}"] = ratio
+            print(
+                f"  latency p{q} at {rate:g} events/s: {percentile(viewed_samples, q):.0f} ms "
+                f"against {percentile(plain_samples, q):.0f} ms, x{ratio:.3f}"
+            )
+    return [row]
 
 
 def large_report(args: argparse.Namespace, large: LargeStateResult) -> list[dict[str, Any]]:
