@@ -11,7 +11,7 @@ from cassandra import ConsistencyLevel, InvalidRequest
 from millstream.engine.errors import StoreError
 from millstream.engine.layout import IntervalLayout, LayoutChange
 from millstream.engine.stores.cassandra.rows import TIMER_INDEX, TIMESTAMP_OFFSET, result_rows
-from millstream.engine.stores.cassandra.schema import check_identifier
+from millstream.engine.stores.cassandra.schema import FENCES_TABLE, check_identifier
 from millstream.engine.stores.cassandra.store import RETIRED_SEQUENCER
 from millstream.engine.timers import TimeDomain
 
@@ -56,6 +56,10 @@ def interval_overview(
     its ``sequencer`` (the static column: the current owner's lease token; ``None`` if never
     acquired or once ``retired``, split or merged away), how many state keys, timers,
     pending production rows (one per commit batch, not per record) and dedup IDs it holds,
+    how many operations the store refused to workers holding an old lease of it
+    (``fenced``: zombies fenced, from the keyspace's
+    :data:`~millstream.engine.stores.cassandra.schema.FENCES_TABLE`; ``None`` where the
+    keyspace has no such table, made by an older millstream),
     and the timestamps (µs) of its next event-time and wall-time timers, the first rows of
     the time-ordered timer indexes, whose ``key`` is the timestamp plus ``2**63`` as a
     20-digit decimal. Dedup IDs are counted while Cassandra keeps them, which may be up to a
@@ -79,11 +83,14 @@ def interval_overview(
     reads = _Reads(session, f"{keyspace}.{table}")
     layout = reads.layout(computation)
     sequencers = reads.partitions(computation, max_rows)
+    fenced = reads.fenced(computation, max_rows)
     interval_ids = sorted(set(sequencers) | set(() if layout is None else layout.ids))
     intervals: list[dict[str, Any]] = []
     for start in range(0, len(interval_ids), _INTERVALS_AT_ONCE):
         wave = interval_ids[start : start + _INTERVALS_AT_ONCE]
         intervals += reads.intervals(computation, wave, sequencers, max_rows)
+    for entry in intervals:
+        entry["fenced"] = None if fenced is None else fenced.get(entry["interval"], 0)
     return {
         "computation": computation,
         "keyspace": keyspace,
@@ -117,6 +124,21 @@ class _Reads:
         # rows it reads.
         self._list_kind = self._prepare(f"SELECT kind FROM {name} {where} AND kind = ? LIMIT ?")
         self._first_key = self._prepare(f"SELECT key FROM {name} {where} AND kind = ? LIMIT 1")
+        try:
+            self._read_fences: Any = self._prepare(
+                f"SELECT interval, refused FROM {name.split('.')[0]}.{FENCES_TABLE} "
+                "WHERE store = ? AND computation = ? LIMIT ?"
+            )
+        except StoreError:  # a keyspace of an older millstream: no fences counted there
+            self._read_fences = None
+
+    def fenced(self, computation: str, max_rows: int) -> dict[int, int] | None:
+        """Per interval, the operations refused to an old lease's holder (None: not counted
+        in this keyspace)."""
+        if self._read_fences is None:
+            return None
+        result = self._session.execute(self._read_fences, (self._name, computation, max_rows))
+        return {row["interval"]: row["refused"] for row in result_rows(result)}
 
     def layout(self, computation: str) -> IntervalLayout | None:
         result = self._session.execute(self._read_layout, (computation, _LAYOUT_INTERVAL))

@@ -124,6 +124,7 @@ def test_a_speculative_attempt_fences_the_original_and_only_one_commits(
     # Exactly one attempt's effects landed: the speculative copy's state and production.
     store = CassandraIntervalStore(cassandra, keyspace, SystemClock())
     assert store.sequencer(names["race"], 0) == 2  # acquired by both attempts, nobody else
+    assert store.fenced(names["race"]) == {0: 1}  # the original's refused commit, counted
     rows = cassandra.execute(
         f"SELECT key, value FROM {keyspace}.intervals "
         "WHERE computation = %s AND interval = 0 AND kind = 'state'",

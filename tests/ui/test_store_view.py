@@ -13,7 +13,7 @@ import pytest
 from cassandra import ConsistencyLevel
 
 from millstream.engine.clock import ManualClock
-from millstream.engine.errors import StoreError
+from millstream.engine.errors import FencedError, StoreError
 from millstream.engine.layout import IntervalLayout
 from millstream.engine.productions import Production
 from millstream.engine.rebalance import finish_change
@@ -21,6 +21,7 @@ from millstream.engine.records import Record
 from millstream.engine.sequencer import Lease
 from millstream.engine.state import KeyChanges
 from millstream.engine.stores.cassandra import CassandraIntervalStore, create_schema
+from millstream.engine.stores.cassandra.schema import FENCES_TABLE
 from millstream.engine.timers import TimeDomain, Timer
 from millstream.ui.store_view import interval_overview
 
@@ -39,6 +40,7 @@ EMPTY = {
     "next_event_timer": None,
     "next_wall_timer": None,
     "more": False,
+    "fenced": 0,
 }
 
 
@@ -126,13 +128,15 @@ def test_counts_timers_sequencers_and_a_journaled_split_are_read_exactly(
         KeyChanges(c, state=b"3", productions=[production(c, 7)]),
     )
     (d,) = keys_in(finished, 1, 1)
-    store.acquire(computation, 1)
+    zombie = store.acquire(computation, 1)
     other = store.acquire(computation, 1)
     commit(
         store,
         other,
         KeyChanges(d, state=b"4", timers={"t": Timer(d, "t", 3_000_000, TimeDomain.WALL_TIME)}),
     )
+    with pytest.raises(FencedError):  # counted for the view
+        commit(store, zombie, KeyChanges(d, state=b"zombie"))
     assert store.write_layout(computation, finished.begin_split(1, at=BEGUN + 60_000_000), finished)
 
     recording = RecordingSession(cassandra)
@@ -160,6 +164,7 @@ def test_counts_timers_sequencers_and_a_journaled_split_are_read_exactly(
                 "state_keys": 1,
                 "timers": 1,
                 "next_wall_timer": 3_000_000,
+                "fenced": 1,
             },
             {
                 **EMPTY,
@@ -245,3 +250,12 @@ def test_names_are_checked_and_a_missing_table_is_reported(keyspace: str, cassan
         interval_overview(cassandra, keyspace, TABLE, "c", max_rows=0)
     with pytest.raises(StoreError, match=f"{keyspace}.absent"):
         interval_overview(cassandra, keyspace, "absent", "c")
+
+
+def test_a_keyspace_of_an_older_millstream_has_no_fence_counts(
+    keyspace: str, store: CassandraIntervalStore, cassandra: Any
+) -> None:
+    store.layout("old", 1)
+    cassandra.execute(f"DROP TABLE {keyspace}.{FENCES_TABLE}")
+    (entry,) = interval_overview(cassandra, keyspace, TABLE, "old")["intervals"]
+    assert (entry["interval"], entry["fenced"]) == (0, None)

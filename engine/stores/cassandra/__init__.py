@@ -7,7 +7,9 @@
 from millstream.engine.stores.cassandra.schema import (
     DEFAULT_KEYSPACE,
     DEFAULT_TABLE,
+    FENCES_TABLE,
     create_schema,
+    fences_cql,
     schema_cql,
 )
 from millstream.engine.stores.cassandra.store import (
@@ -23,9 +25,11 @@ __all__ = [
     "DEFAULT_KEYSPACE",
     "DEFAULT_MAX_BATCH_BYTES",
     "DEFAULT_TABLE",
+    "FENCES_TABLE",
     "MAX_BATCH_STATEMENTS",
     "CassandraIntervalStore",
     "StoreStats",
     "create_schema",
+    "fences_cql",
     "schema_cql",
 ]

@@ -18,14 +18,20 @@ from millstream.engine.errors import StoreError
 __all__ = [
     "DEFAULT_KEYSPACE",
     "DEFAULT_TABLE",
+    "FENCES_TABLE",
     "Statements",
     "check_identifier",
     "create_schema",
+    "fences_cql",
     "schema_cql",
     "table_id",
 ]
 
 _IDENTIFIER = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
+FENCES_TABLE = "millstream_fences"
+"""The keyspace's table of fenced operations: per interval table, computation and key
+interval, how many operations of a worker holding an old lease the store refused (a zombie
+fenced), for the people looking at it (``millstream ui``); nothing depends on it."""
 
 
 def schema_cql(keyspace: str, table: str = DEFAULT_TABLE) -> str:
@@ -51,8 +57,22 @@ def schema_cql(keyspace: str, table: str = DEFAULT_TABLE) -> str:
 ) WITH comment = 'millstream interval store: one partition per key interval, LWT writes only'"""
 
 
+def fences_cql(keyspace: str) -> str:
+    """The ``CREATE TABLE IF NOT EXISTS`` statement of :data:`FENCES_TABLE` (counters live
+    in a table of their own in Cassandra)."""
+    check_identifier("keyspace", keyspace)
+    return f"""CREATE TABLE IF NOT EXISTS {keyspace}.{FENCES_TABLE} (
+    store text,
+    computation text,
+    interval int,
+    refused counter,
+    PRIMARY KEY ((store, computation), interval)
+) WITH comment = 'millstream: operations refused to workers holding an old lease, per interval'"""
+
+
 def create_schema(session: Any, keyspace: str, table: str = DEFAULT_TABLE) -> None:
-    """Create the interval table in an existing keyspace; does nothing if it exists.
+    """Create the interval table (and the keyspace's :data:`FENCES_TABLE`) in an existing
+    keyspace; does nothing if they exist.
 
     ``session`` is a cassandra-driver ``Session``. The keyspace is not created here: its
     replication is a deployment decision (``millstream.connectors.cassandra.create_keyspace``
@@ -65,6 +85,7 @@ def create_schema(session: Any, keyspace: str, table: str = DEFAULT_TABLE) -> No
             f"millstream.connectors.cassandra.create_keyspace(session, {keyspace!r}))"
         )
     session.execute(statement)
+    session.execute(fences_cql(keyspace))
 
 
 def table_id(session: Any, keyspace: str, table: str = DEFAULT_TABLE) -> uuid.UUID:
@@ -172,6 +193,17 @@ class Statements:
             f"SELECT item, record FROM {name} {where} AND kind = 'production'"
         )
         self.list_intervals = self._prepare(f"SELECT DISTINCT computation, interval FROM {name}")
+        keyspace = name.split(".", 1)[0]
+        self.count_fence = self._prepare(
+            f"UPDATE {keyspace}.{FENCES_TABLE} SET refused = refused + 1 "
+            "WHERE store = ? AND computation = ? AND interval = ?"
+        )
+        # A counter update is not idempotent: never sent twice (a count, not a fact).
+        self.count_fence.retry_policy = FallthroughRetryPolicy()
+        self.read_fences = self._prepare(
+            f"SELECT interval, refused FROM {keyspace}.{FENCES_TABLE} "
+            "WHERE store = ? AND computation = ?"
+        )
         # A commit binds these two itself (rows.Bound): their values must be what it encodes.
         _expect_types(self.put_state, ("VarcharType", "Int32Type", "VarcharType", "BytesType"))
         _expect_types(

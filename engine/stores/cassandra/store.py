@@ -23,6 +23,10 @@ The mapping is the one :mod:`millstream.engine.store` describes, on one table::
         record          blob,    -- production: the batch's productions, packed
         PRIMARY KEY ((computation, interval), kind, key, item))
 
+Beside it, one counter table per keyspace (``FENCES_TABLE``, ``millstream_fences``) counts the
+operations refused to a worker holding an old lease, per table, computation and interval
+(``refused``), for people looking at it: a fenced zombie cannot say so anywhere else.
+
 Rows a batch touches, and how it reads them (paper 6.1.1: the checkpoint is coalesced):
 
 * **State and timers of the batch's keys**: one ``kind IN ('state', 'timer') AND key IN ?``
@@ -104,6 +108,7 @@ than it, or deleted timers could come back on a replica that missed the delete.
 from __future__ import annotations
 
 import itertools
+import logging
 import random
 import time
 import uuid
@@ -181,6 +186,7 @@ MAX_BATCH_STATEMENTS: Final = 0xFFFF
 
 # Protocol v5 error code of CasWriteUnknownResultException; the Python driver surfaces it
 # as a bare ErrorMessage.
+_log = logging.getLogger(__name__)
 _CAS_WRITE_UNKNOWN = 0x1700
 # Keys (or record IDs) per SELECT ... IN: large enough that a batch needs few round trips,
 # small enough that one read stays cheap for the coordinator (about 68k keys/s at 200 here).
@@ -716,6 +722,12 @@ class CassandraIntervalStore(IntervalStore):
         for kind in _DATA_KINDS:
             self._execute(self._statements.delete_kind, (lease.computation, lease.interval, kind))
 
+    def fenced(self, computation: str) -> dict[int, int]:
+        """Per key interval of ``computation``, how many operations this table refused to
+        workers holding an old lease (zombies fenced), as counted in ``FENCES_TABLE``."""
+        rows = self._execute(self._statements.read_fences, (self._name, computation))
+        return {row["interval"]: row["refused"] for row in result_rows(rows)}
+
     def read_layout(self, computation: str) -> IntervalLayout | None:
         row = one_row_or_none(
             self._execute(self._statements.read_layout, (computation, _LAYOUT_INTERVAL))
@@ -838,11 +850,27 @@ class CassandraIntervalStore(IntervalStore):
                 f"{self._name}, yet this lease claims token {lease.token}: it comes from "
                 "another keyspace or table. Acquire the interval from this store"
             )
+        self._count_fence(lease)
         raise FencedError(
             f"interval {lease.interval} of {lease.computation!r} was acquired by another "
             f"worker (sequencer {sequencer}, this lease {lease.token}); stop work on it and "
             "drop its cached state"
         )
+
+    def _count_fence(self, lease: Lease) -> None:
+        """Count the refusal in FENCES_TABLE, for people looking at the interval; the fence
+        itself stands whether or not the count lands."""
+        try:
+            self._execute(
+                self._statements.count_fence, (self._name, lease.computation, lease.interval)
+            )
+        except Exception as exc:  # the FencedError the caller raises next is what matters
+            _log.warning(
+                "could not count a fenced operation on interval %d of %r: %s",
+                lease.interval,
+                lease.computation,
+                exc,
+            )
 
     def _serial_read(self, computation: str, interval: int) -> tuple[int | None, bytes | None]:
         result = self._execute(self._statements.read_sequencer, (computation, interval))

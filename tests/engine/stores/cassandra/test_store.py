@@ -342,6 +342,9 @@ def test_a_zombie_worker_is_fenced(make_store: StoreFactory) -> None:
         worker_a.delete_productions(lease_a, [rid(1)])
     with pytest.raises(FencedError):
         worker_a.was_applied(lease_a, b"m")
+    # Each refusal is counted for the people looking at the interval (millstream ui).
+    assert worker_b.fenced("c") == {0: 3}
+    assert worker_b.fenced("other") == {}
     assert worker_b.read_state(lease_b, "k") == b"a"
     assert worker_b.has_seen(lease_b, "k", [rid(2)]) == set()
     # The new owner reads back, resends and deletes what the zombie left pending.
