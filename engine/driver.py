@@ -89,14 +89,16 @@ class BatchPlan:
 
 @dataclass(frozen=True, slots=True)
 class IntervalOutcome:
-    """What one interval's run in a batch tells the driver: what it has left to do, and the
-    load it carried (its input ``records``, the wall and CPU ``seconds`` of its work)."""
+    """What one interval's run in a batch tells the driver: what it has left to do, the
+    load it carried (its input ``records``, the wall and CPU ``seconds`` of its work), and
+    the ``worker`` that ran it (its owner in this batch, such as ``host:pid``; "": unknown)."""
 
     interval: int
     progress: IntervalProgress
     records: int = 0
     seconds: float = 0.0
     cpu_seconds: float = 0.0
+    worker: str = ""
 
 
 @dataclass(slots=True)
@@ -183,6 +185,7 @@ class ComputationDriver:
                 records=outcome.records if batch.had_input else None,
                 seconds=outcome.seconds,
                 cpu_seconds=outcome.cpu_seconds,
+                worker=outcome.worker,
             )
             batch.ran.append(outcome.interval)
         if complete and batch.had_input and batch.ran:
@@ -235,7 +238,8 @@ class ComputationDriver:
     ) -> WatermarkReport | None:
         """The computation's report after the batch, covering ``offsets`` (its output
         topics' end offsets), or ``None`` if it says nothing new (or nothing is known yet);
-        ``stats``, its counters since ``driver`` (this driver's start) began, go in it."""
+        ``stats``, its counters since ``driver`` (this driver's start) began, and the worker
+        that last ran each interval (kept by ``watermarks``: it outlives a driver) go in it."""
         return self.watermarks.report(sequence, offsets, stats=stats, driver=driver)
 
     def _current(self, step: str) -> _Batch:

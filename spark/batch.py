@@ -213,6 +213,7 @@ class BatchHandler:
                 records=row.counts.inputs,
                 seconds=row.seconds,
                 cpu_seconds=row.cpu_seconds,
+                worker=row.worker,
             )
             for row in rows
         )

@@ -57,6 +57,7 @@ per interval unset.
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -155,6 +156,7 @@ def _arrow_schema(ddl: str) -> pa.Schema:
 
 
 _RESULT_ARROW: Final = _arrow_schema(RESULT_SCHEMA)
+_HOST: Final = socket.gethostname()
 
 
 @dataclass(frozen=True, slots=True)
@@ -500,6 +502,7 @@ def _run_interval(
         computation=spec.name,
         interval=interval,
         counts=interval_counts(len(inputs), rejected, result, cached),
+        host=_HOST,
         pid=os.getpid(),
         seconds=time.monotonic() - started,
         cpu_seconds=time.thread_time() - cpu_started,

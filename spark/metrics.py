@@ -87,6 +87,7 @@ RESULT_COLUMNS: Final = (
     ("computation", "string"),
     ("interval", "int"),
     *((name, "long") for name in COUNTERS),
+    ("host", "string"),
     ("pid", "int"),
     ("seconds", "double"),
     ("cpu_seconds", "double"),
@@ -99,7 +100,8 @@ RESULT_COLUMNS: Final = (
 RESULT_SCHEMA: Final = ", ".join(f"{name} {kind}" for name, kind in RESULT_COLUMNS)
 """One row per interval and batch attempt, from the interval task: the interval's
 :class:`MetricCounts` (``intervals`` 1; ``cache_hits`` 1 when this process had a worker for the
-interval and its soft state was still valid), the Python worker's pid, the wall seconds of the
+interval and its soft state was still valid), the Python worker's host and pid (the interval's
+owner in this batch), the wall seconds of the
 interval's work and the CPU seconds of the thread that did it (the load rebalancing weighs),
 then the interval's :class:`~millstream.engine.watermarks.IntervalProgress` (null: none)."""
 
@@ -112,10 +114,16 @@ class ResultRow:
     computation: str
     interval: int
     counts: MetricCounts
+    host: str
     pid: int
     seconds: float
     cpu_seconds: float
     progress: IntervalProgress
+
+    @property
+    def worker(self) -> str:
+        """The Python worker that ran the interval, as ``host:pid``."""
+        return f"{self.host}:{self.pid}"
 
     def columns(self) -> dict[str, Any]:
         """The row's value of each column of :data:`RESULT_SCHEMA`, by name."""
@@ -124,6 +132,7 @@ class ResultRow:
             "computation": self.computation,
             "interval": self.interval,
             **self.counts.counts(),
+            "host": self.host,
             "pid": self.pid,
             "seconds": self.seconds,
             "cpu_seconds": self.cpu_seconds,
@@ -141,6 +150,7 @@ class ResultRow:
             computation=str(row["computation"]),
             interval=int(row["interval"]),
             counts=counts,
+            host=str(row["host"]),
             pid=int(row["pid"]),
             seconds=float(row["seconds"]),
             cpu_seconds=float(row["cpu_seconds"]),

@@ -359,6 +359,12 @@ class Tracker:
                 [interval, _seconds(max(0, observation.now - watermark))]
                 for interval, watermark in (report.behind if report else ())
             ],
+            # The worker (host:pid) that ran each interval last: its owner.
+            "owners": {
+                str(interval): worker
+                for worker, intervals in (report.workers if report else {}).items()
+                for interval in intervals
+            },
             "in_rate": in_rate,
             "backlog": backlog,
             "records": report.records if report else None,

@@ -94,6 +94,7 @@ class ComputationWatermarks:
         self.percentile_watermarks = dict.fromkeys(self.percentiles, MIN_EVENT_TIME)
         self.held_by = "not reported yet"
         self.records = 0
+        self.workers: dict[int, str] = {}  # interval -> the worker that last ran it
         # How far the input topics were read (reported for the live view's Kafka lag).
         self.consumed: dict[str, dict[int, int]] = {}
         self._published: tuple[object, ...] | None = None
@@ -182,11 +183,15 @@ class ComputationWatermarks:
         records: int | None = 0,
         seconds: float = 0.0,
         cpu_seconds: float = 0.0,
+        worker: str = "",
     ) -> None:
-        """An interval's report after a batch: what it has left, and the load it carried
-        (``None``: a batch without input; see :meth:`IntervalMap.record`)."""
+        """An interval's report after a batch: what it has left, the load it carried
+        (``None``: a batch without input; see :meth:`IntervalMap.record`), and the worker
+        that ran it (its owner; "": not known)."""
         self.intervals.record(interval, progress, records, seconds, cpu_seconds)
         self.records += records or 0
+        if worker:
+            self.workers[interval] = worker
 
     def report(
         self,
@@ -197,7 +202,11 @@ class ComputationWatermarks:
         driver: str = "",
     ) -> WatermarkReport | None:
         """The report to publish after a batch, or ``None`` if nothing changed (or unknown);
-        ``stats`` and ``driver`` go in it as they are (for the live view)."""
+        ``stats`` and ``driver`` go in it as they are, with the worker that last ran each
+        interval (for the live view)."""
+        for gone in set(self.workers) - self.intervals.ids:  # split or merged away
+            del self.workers[gone]
+        workers = self.workers
         if not self.all_known:
             return None
         watermark, held_by = _held(self.input.current, self.intervals.oldest_work())
@@ -225,6 +234,7 @@ class ComputationWatermarks:
             tuple((t, tuple(sorted(p.items()))) for t, p in sorted(self.consumed.items())),
             tuple(sorted((stats or {}).items())),
             driver,
+            tuple(sorted(workers.items())),
         )
         if said == self._published:
             return None
@@ -245,4 +255,13 @@ class ComputationWatermarks:
             consumed={t: dict(p) for t, p in self.consumed.items()},
             stats=dict(stats or {}),
             driver=driver,
+            workers=_by_worker(workers),
         )
+
+
+def _by_worker(workers: Mapping[int, str]) -> dict[str, tuple[int, ...]]:
+    """Each worker's intervals, ascending: one name per worker, however many intervals."""
+    grouped: dict[str, list[int]] = {}
+    for interval, worker in sorted(workers.items()):
+        grouped.setdefault(worker, []).append(interval)
+    return {worker: tuple(intervals) for worker, intervals in sorted(grouped.items())}

@@ -82,7 +82,8 @@ class WatermarkReport:
     its Kafka lag, for the live view (``millstream ui``); no consumer's watermark depends on
     it. So are ``stats``, a computation's counters since its driver started (records
     processed, duplicates, dead letters, commits, fenced producers, failed attempts, ...),
-    and ``driver``, which names that driver's start (a new name: the driver restarted).
+    and ``driver``, which names that driver's start (a new name: the driver restarted), and
+    ``workers``, the intervals each worker (``host:pid``) ran last: their owners.
     """
 
     source: str
@@ -100,6 +101,7 @@ class WatermarkReport:
     consumed: Offsets = field(default_factory=dict)
     stats: Mapping[str, int] = field(default_factory=dict)
     driver: str = ""
+    workers: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.source:
@@ -145,6 +147,8 @@ class WatermarkReport:
             document["stats"] = dict(sorted(self.stats.items()))
         if self.driver:
             document["driver"] = self.driver
+        if self.workers:
+            document["workers"] = {w: list(i) for w, i in sorted(self.workers.items())}
         return json.dumps(document, separators=(",", ":")).encode()
 
     @classmethod
@@ -179,6 +183,10 @@ class WatermarkReport:
                 consumed=_offsets_of(document.get("consumed", {})),
                 stats={str(k): _int(v) for k, v in document.get("stats", {}).items()},
                 driver=str(document.get("driver", "")),
+                workers={
+                    str(w): tuple(_int(i) for i in intervals)
+                    for w, intervals in document.get("workers", {}).items()
+                },
             )
         except WatermarkReportError:
             raise

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TypeVar
 
 import pytest
@@ -148,6 +149,25 @@ def test_a_hot_interval_splits_between_batches_and_its_halves_carry_its_load() -
     assert plan.layout == layout
     driver.absorb([idle(i) for i in plan.ticks])
     assert driver.finish() is None
+
+
+def test_a_report_names_the_worker_that_last_ran_each_live_interval() -> None:
+    policy = RebalancePolicy(split_records=10, max_intervals=4)
+    driver, _, _ = driver_of(ComputationOptions(key_intervals=2, rebalance=policy), tasks=2)
+    driver.begin({}, had_input=True)
+    driver.absorb(
+        [replace(idle(0, 30), worker="h:7"), replace(idle(1, 1), worker="h:8")]
+    )  # interval 0 is hot: it splits at the batch's end
+    change = driver.finish()
+    assert change is not None
+    assert driver.report(1, {}) is None  # the halves have not run yet: nothing known
+    driver.begin({}, had_input=False)
+    driver.absorb([replace(idle(t[0]), worker="h:7") for t in change.targets])
+    driver.finish()
+    report = driver.report(2, {})
+    assert report is not None
+    # Interval 0, split away, is no one's any more.
+    assert report.workers == {"h:7": tuple(t[0] for t in change.targets), "h:8": (1,)}
 
 
 def test_a_journaled_change_a_killed_driver_left_is_finished_at_the_first_batch() -> None:

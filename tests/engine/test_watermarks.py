@@ -91,6 +91,7 @@ def document(**changes: Any) -> bytes:
             consumed={"pages": {0: 4, 1: 2}},
             stats={"processed": 9, "fenced_producers": 1},
             driver="d-1",
+            workers={"h:12": (0, 3), "h:13": (1,)},
         ),
         report(watermark=MIN_EVENT_TIME, sequence=0, streams=()),
     ],
@@ -481,6 +482,13 @@ def test_a_report_says_how_far_the_inputs_were_read_and_goes_out_when_that_moved
     assert (counted.stats, counted.driver) == ({"processed": 3}, "d")
     assert json.loads(counted.encode())["stats"] == {"processed": 3}
     assert bookkeeping.report(5, {"counts": {0: 1}}, stats={"processed": 3}, driver="d") is None
+    # Who ran each interval last, grouped by worker; a new owner is news.
+    for interval, worker in ((0, "h:1"), (2, "h:1"), (1, "h:2")):
+        bookkeeping.record(interval, IntervalProgress(), worker=worker)
+    owned = bookkeeping.report(6, {"counts": {0: 1}}, stats={"processed": 3}, driver="d")
+    assert owned is not None
+    assert owned.workers == {"h:1": (0, 2), "h:2": (1,)}
+    assert json.loads(owned.encode())["workers"] == {"h:1": [0, 2], "h:2": [1]}
 
 
 def test_the_first_report_waits_until_every_interval_ran() -> None:

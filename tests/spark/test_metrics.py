@@ -88,6 +88,7 @@ def test_a_result_row_is_written_and_read_by_column_name() -> None:
         computation="count",
         interval=3,
         counts=MetricCounts(inputs=4, pending=2, intervals=1),
+        host="node-1",
         pid=99,
         seconds=0.5,
         cpu_seconds=0.25,
@@ -96,3 +97,4 @@ def test_a_result_row_is_written_and_read_by_column_name() -> None:
     columns = row.columns()
     assert list(columns) == [name for name, _ in RESULT_COLUMNS]
     assert ResultRow.of(dict(reversed(columns.items()))) == row
+    assert row.worker == "node-1:99"

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -261,6 +262,12 @@ def test_two_stages_keyed_differently_count_each_distinct_event_once(
             "pending": first.pending,  # a level, as of the latest batch: not a sum
         }
         assert report.stats["batches"] == first.batches
+        # Every interval's owner: the Python worker of this machine that ran it last.
+        owned = sorted(i for intervals in report.workers.values() for i in intervals)
+        assert owned == list(range(INTERVALS))
+        for worker in report.workers:
+            host, pid = worker.rsplit(":", 1)
+            assert (host, pid.isdigit()) == (socket.gethostname(), True), worker
     finally:
         running.stop()
 

@@ -177,7 +177,7 @@ def test_a_computation_held_by_its_own_interval_ends_the_path_there() -> None:
     assert {n["id"]: n for n in snapshot["nodes"]}[COUNT]["held_by"] == "interval 2"
 
 
-def test_each_interval_behind_the_input_has_its_own_watermark_lag() -> None:
+def test_each_interval_has_its_own_watermark_lag_and_owner() -> None:
     held = WatermarkReport(
         COUNT,
         ("mid",),
@@ -186,11 +186,13 @@ def test_each_interval_behind_the_input_has_its_own_watermark_lag() -> None:
         held_by="interval 2",
         input_watermark=NOW - 3 * S,
         behind=((2, NOW - 10 * S), (5, NOW - 4 * S)),
+        workers={"h:1": (2, 5), "h:2": (0,)},
     )
     snapshot = Tracker().update(observe(NOW, injector(NOW), held, ends={"in": {}, "mid": {}}))
     node = {n["id"]: n for n in snapshot["nodes"]}[COUNT]
     assert node["intervals_behind"] == [[2, 10.0], [5, 4.0]]
     assert (node["lag_s"], node["input_lag_s"]) == (10.0, 3.0)  # every other interval's
+    assert node["owners"] == {"2": "h:1", "5": "h:1", "0": "h:2"}
 
 
 def test_complete_sources_are_complete_and_hold_nothing() -> None:

@@ -171,6 +171,7 @@
           title: i.interval === holding ? "its pending work holds the computation's watermark" : null },
           el("td", {}, i.interval), el("td", {}, ranges[i.interval] || (i.retired ? "retired" : "\u2013")),
           el("td", {}, i.retired ? "retired" : (i.sequencer ?? "never acquired")),
+          el("td", { class: "name" }, (node && node.owners && node.owners[i.interval]) || ""),
           el("td", {}, load[i.interval] !== undefined ? number(load[i.interval]) : ""),
           el("td", {}, lagOf(i)),
           el("td", {}, capped(i, i.state_keys)), el("td", {}, capped(i, i.timers)),
