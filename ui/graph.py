@@ -75,8 +75,10 @@ def draw_graph(nodes: Sequence[Mapping[str, Any]], edges: Sequence[Mapping[str, 
         f'<svg xmlns="http://www.w3.org/2000/svg" class="graph" width="{width}" '
         f'height="{height}" viewBox="0 0 {width} {height}" role="img" '
         'aria-label="topology graph">',
-        '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" '
-        'markerHeight="7" orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" '
+        # In user space: a thicker (highlighted) line keeps the arrowhead's size.
+        '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="9" '
+        'markerHeight="9" markerUnits="userSpaceOnUse" orient="auto-start-reverse">'
+        '<path d="M 0 0 L 10 5 L 0 10 z" '
         'class="arrowhead"/></marker></defs>',
     ]
     for edge in edges:

@@ -499,26 +499,34 @@ RATES = ("processed", "committed_keys", "duplicates", "dead_letters", "late", "t
 COUNTED_EVENTS: Mapping[str, tuple[str, Callable[[int], str]]] = {
     "fenced_producers": (
         "fenced",
-        lambda n: f"{n} Kafka producer(s) fenced: a zombie's transactions were refused",
+        lambda n: f"{_many(n, 'Kafka producer')} fenced: a zombie's transactions were refused",
     ),
-    "failed_attempts": ("failed", lambda n: f"{n} batch attempt(s) failed (retried)"),
+    "failed_attempts": ("failed", lambda n: f"{_many(n, 'batch attempt')} failed (retried)"),
     "isolated": (
         "exception",
-        lambda n: f"{n} poison pill(s) isolated: code failed on them alone (dead-lettered)",
+        lambda n: f"{_many(n, 'poison pill')} isolated: code failed on them alone (dead-lettered)",
     ),
-    "dead_letters": ("dead-letters", lambda n: f"{n} record(s) dead-lettered"),
+    "dead_letters": ("dead-letters", lambda n: f"{_many(n, 'record')} dead-lettered"),
     "rebalances": ("rebalance", lambda n: f"key intervals split or merged ({n})"),
     "unknown_outcomes": (
         "unknown",
-        lambda n: f"{n} commit(s) with an unknown outcome, read back and settled",
+        lambda n: f"{_many(n, 'commit')} with an unknown outcome, read back and settled",
     ),
-    "aborted_commits": ("aborted", lambda n: f"{n} commit(s) aborted with their transaction"),
+    "aborted_commits": (
+        "aborted",
+        lambda n: f"{_many(n, 'commit')} aborted with their transaction",
+    ),
     "sequencer_conflicts": (
         "conflict",
-        lambda n: f"{n} sequencer conflict(s): another writer acquired an interval first",
+        lambda n: f"{_many(n, 'sequencer conflict')}: another writer acquired an interval first",
     ),
 }
 """The counters whose growth is an entry of the timeline: its kind and what it says."""
+
+
+def _many(count: int, thing: str) -> str:
+    """``count`` things, in words: "1 record", "2 records"."""
+    return f"{count} {thing}{'' if count == 1 else 's'}"
 
 
 def holding_path(

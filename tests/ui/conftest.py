@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -55,12 +55,16 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[webdriver.Chro
 
 
 class ViewProcess:
-    """A ``millstream ui`` process on ``port``, with the environment ``env``."""
+    """A ``millstream ui`` process on ``port``, with the environment ``env`` and the
+    command's ``arguments`` (such as ``--topology``)."""
 
-    def __init__(self, port: int, env: dict[str, str], log: Path) -> None:
+    def __init__(
+        self, port: int, env: dict[str, str], log: Path, arguments: Sequence[str] = ()
+    ) -> None:
         self.port = port
         self.env = env
         self.log = log
+        self.arguments = tuple(arguments)
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -70,7 +74,10 @@ class ViewProcess:
     def start(self) -> None:
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "millstream.cli", "ui", "--port", str(self.port)],
+                [
+                    *(sys.executable, "-m", "millstream.cli", "ui"),
+                    *("--port", str(self.port), *self.arguments),
+                ],
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -97,19 +104,23 @@ class ViewProcess:
 
 
 @pytest.fixture
-def view(
-    services: MillstreamConfig, tmp_path: Path
-) -> Iterator[Callable[[MillstreamConfig], ViewProcess]]:
-    """Factory: ``view(config)`` starts ``millstream ui`` reading ``config``'s watermark topic;
-    stopped after the test."""
+def view(services: MillstreamConfig, tmp_path: Path) -> Iterator[Callable[..., ViewProcess]]:
+    """Factory: ``view(config, *arguments)`` starts ``millstream ui`` with ``arguments``,
+    reading ``config``'s watermark topic and its ``[run]`` interval table; stopped after the
+    test."""
     started: list[ViewProcess] = []
 
-    def start(config: MillstreamConfig) -> ViewProcess:
+    def start(config: MillstreamConfig, *arguments: str) -> ViewProcess:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
-        env = {**os.environ, "MILLSTREAM_KAFKA_WATERMARK_TOPIC": config.kafka_watermark_topic}
-        process = ViewProcess(port, env, tmp_path / f"ui-{port}.log")
+        env = {
+            **os.environ,
+            "MILLSTREAM_KAFKA_WATERMARK_TOPIC": config.kafka_watermark_topic,
+            "MILLSTREAM_RUN_KEYSPACE": config.run.keyspace,
+            "MILLSTREAM_RUN_TABLE": config.run.table,
+        }
+        process = ViewProcess(port, env, tmp_path / f"ui-{port}.log", arguments)
         started.append(process)
         process.start()
         return process
@@ -117,3 +128,14 @@ def view(
     yield start
     for process in started:
         process.stop()
+
+
+@pytest.fixture
+def screenshots(pytestconfig: pytest.Config, tmp_path: Path) -> Path:
+    """Where the browser tests save their screenshots: ``$MILLSTREAM_SCREENSHOTS`` (relative
+    to the repository's root; ``docs/images/live-view`` makes the documentation's), else the
+    test's temporary directory."""
+    chosen = os.environ.get("MILLSTREAM_SCREENSHOTS")
+    directory = pytestconfig.rootpath / chosen if chosen else tmp_path / "screenshots"
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory

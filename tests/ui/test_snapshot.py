@@ -299,8 +299,8 @@ def test_a_computations_counters_give_rates_cache_hits_and_timeline_entries() ->
     assert second["headline"]["late_per_min"] is None  # the driver counted no late record
     told = [(e["kind"], e["text"]) for e in second["events"] if e.get("source") == COUNT]
     assert told == [
-        ("fenced", "1 Kafka producer(s) fenced: a zombie's transactions were refused"),
-        ("exception", "2 poison pill(s) isolated: code failed on them alone (dead-lettered)"),
+        ("fenced", "1 Kafka producer fenced: a zombie's transactions were refused"),
+        ("exception", "2 poison pills isolated: code failed on them alone (dead-lettered)"),
     ]
     # A new driver: its counters start again, and the timeline says it restarted (no more).
     third = tracker.update(observe(NOW + 6 * S, counted({"processed": 5}, "d2"), ends=ends))

@@ -398,7 +398,7 @@
   }
 
   // -- series charts ---------------------------------------------------------------------
-  const charts = { stream: null, key: null, timer: null, busy: false, anomalies: null };
+  const charts = { stream: null, key: null, timer: null, busy: false, snapshot: null };
   const SVG = "http://www.w3.org/2000/svg";
 
   function svg(tag, attributes, text) {
@@ -411,10 +411,25 @@
   function fillChartChoice(snapshot) {
     const select = document.getElementById("chart-stream");
     const names = snapshot.streams.map((s) => s.name).filter((n) => n.endsWith(".predictions"));
-    charts.anomalies = snapshot.streams.some((s) => s.name === "anomalies") ? "anomalies" : null;
+    charts.snapshot = snapshot;
     offer(select, names);
     // The first chart of a stream loads by itself; live ones reload on their own timer.
     if (select.value && select.value !== charts.stream && !charts.busy) loadChart();
+  }
+
+  // The anomalies of a predictions stream: a stream named "anomalies" or "<...>.anomalies"
+  // that a computation reading it (add_anomaly_detection's detectors) or writing it writes,
+  // else the stream "anomalies" if there is one.
+  function anomaliesFor(snapshot, predictions) {
+    if (!snapshot) return null;
+    const id = "stream/" + predictions;
+    const near = new Set(snapshot.edges.filter((e) => e.from === id || e.to === id)
+      .map((e) => (e.from === id ? e.to : e.from)));
+    const written = snapshot.edges.filter((e) => near.has(e.from) && e.to.startsWith("stream/"))
+      .map((e) => e.to.slice("stream/".length));
+    const isAnomalies = (name) => name === "anomalies" || name.endsWith(".anomalies");
+    return written.find(isAnomalies) ||
+      (snapshot.streams.some((s) => s.name === "anomalies") ? "anomalies" : null);
   }
 
   async function loadChart() {
@@ -428,7 +443,8 @@
     const query = new URLSearchParams({ stream: stream,
       points: document.getElementById("chart-points").value || "500" });
     if (keySelect.value) query.set("key", keySelect.value);
-    if (charts.anomalies) query.set("anomalies", charts.anomalies);
+    const anomalies = anomaliesFor(charts.snapshot, stream);
+    if (anomalies) query.set("anomalies", anomalies);
     charts.busy = true;
     const status = document.getElementById("chart-status");
     try {
@@ -442,7 +458,8 @@
       }
       drawChart(result);
       status.textContent = result.key ? "Key " + result.key + ": " + number(result.points.length) +
-        " buckets, " + number(result.anomalies.length) + " anomalies (from the newest " +
+        " buckets, " + number(result.anomalies.length) +
+        (result.anomalies.length === 1 ? " anomaly" : " anomalies") + " (from the newest " +
         number(result.scanned) + " predictions); the band is expected \u00b1 " +
         result.band_spreads + " spreads." : "No prediction read yet.";
     } catch (error) {
@@ -591,6 +608,11 @@
       });
     }
     document.getElementById("detail-close").addEventListener("click", () => {
+      // Closing the panel ends the selection too: the stalled paths show again.
+      if (state.selected === detail.id) {
+        state.selected = null;
+        if (state.shown) highlight(state.shown);
+      }
       detail.id = null;
       clearTimeout(detail.timer);
       document.getElementById("detail").hidden = true;
