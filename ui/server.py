@@ -25,6 +25,8 @@ from millstream.ui.store_view import interval_overview
 __all__ = ["DEFAULT_PORT", "RunningView", "StoreReader", "address", "serve", "start_view"]
 
 DEFAULT_PORT = 8470
+STORE_FRESH_SECONDS = 5.0
+"""How long one read of a computation's key intervals serves every page (their refresh)."""
 
 
 def serve(
@@ -62,15 +64,29 @@ def serve(
 class StoreReader:
     """What the store holds about a computation's key intervals (:func:`interval_overview`),
     through a Cassandra session made at the first question: the view works without
-    Cassandra until a page asks. A session that failed is closed and made again next time."""
+    Cassandra until a page asks. A session that failed is closed and made again next time.
 
-    def __init__(self, config: MillstreamConfig, keyspace: str, table: str) -> None:
+    An answer serves every page that asks within ``fresh`` seconds (by ``clock``; a page with
+    the panel open asks every 5 s): pages share one read of the store however many are open,
+    and the answer says when it was read (``read_at``, µs)."""
+
+    def __init__(
+        self,
+        config: MillstreamConfig,
+        keyspace: str,
+        table: str,
+        clock: Clock,
+        fresh: float = STORE_FRESH_SECONDS,
+    ) -> None:
         self.config = config
         self.keyspace = keyspace
         self.table = table
+        self.clock = clock
+        self.fresh = fresh
         self._lock = threading.Lock()
         self._cluster: Any = None
         self._session: Any = None
+        self._answers: dict[str, dict[str, Any]] = {}  # by computation, the latest answer
 
     def intervals(self, computation: str, cancelled: Callable[[], bool]) -> dict[str, Any]:
         from cassandra import DriverException
@@ -78,16 +94,29 @@ class StoreReader:
 
         del cancelled  # one bounded read per interval, all in flight at once: nothing to stop
         with self._lock:
+            now = self.clock.now()
+            kept = self._answers.get(computation)
+            if kept is not None and now - kept["read_at"] < self.fresh * 1_000_000:
+                return kept
             try:
                 if self._session is None:
                     self._cluster, self._session = connect(self.config)
-                return interval_overview(self._session, self.keyspace, self.table, computation)
+                answer = interval_overview(self._session, self.keyspace, self.table, computation)
             except (DriverException, NoHostAvailable) as exc:
                 self._close()
                 raise StoreError(
                     f"Cassandra at {','.join(self.config.cassandra_hosts)} did not answer "
                     f"({exc}); the key intervals show once it does"
                 ) from exc
+            answer["read_at"] = now
+            # Bounded: the answers of the computations asked about within ``fresh``.
+            self._answers = {
+                name: kept
+                for name, kept in self._answers.items()
+                if now - kept["read_at"] < self.fresh * 1_000_000
+            }
+            self._answers[computation] = answer
+            return answer
 
     def close(self) -> None:
         with self._lock:
@@ -199,8 +228,9 @@ def _server(
         )
     if not 0 < port < 65536:
         raise ConfigError(f"the live view's port must be 1 to 65535, got {port}")
-    observer = KafkaObserver(config, clock or SystemClock())
-    store = StoreReader(config, keyspace or config.run.keyspace, table or config.run.table)
+    clock = clock or SystemClock()
+    observer = KafkaObserver(config, clock)
+    store = StoreReader(config, keyspace or config.run.keyspace, table or config.run.table, clock)
     hub = SnapshotHub(observer.observe, period=period, tracker=Tracker(topologies=topologies))
 
     def browse(scan: Scan, cancelled: Callable[[], bool]) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from millstream.engine.stores.cassandra.schema import FENCES_TABLE, check_identi
 from millstream.engine.stores.cassandra.store import RETIRED_SEQUENCER
 from millstream.engine.timers import TimeDomain
 
-__all__ = ["interval_overview"]
+__all__ = ["MAX_ROWS", "interval_overview"]
 
 # Where CassandraIntervalStore keeps a computation's layout: a partition of this interval ID
 # (never a key interval's), one row of kind 'layout', its value the layout's JSON.
@@ -27,13 +27,16 @@ _COUNTED_KINDS: Final = {
     "pending_productions": "production",
     "dedup_ids": "dedup",
 }
+MAX_ROWS: Final = 1_000
+"""Where an interval's counts stop by default: each counted row crosses the network and the
+driver's decoder, and a view must cost its topology next to nothing."""
 # Intervals whose reads are in flight at once: one round trip for many, yet a bounded load
 # on the coordinator however many intervals the computation has.
 _INTERVALS_AT_ONCE: Final = 32
 
 
 def interval_overview(
-    session: Any, keyspace: str, table: str, computation: str, *, max_rows: int = 10_000
+    session: Any, keyspace: str, table: str, computation: str, *, max_rows: int = MAX_ROWS
 ) -> dict[str, Any]:
     """What the interval table ``keyspace.table`` holds about ``computation``, as a JSON-able
     dict, read without writing anything.
@@ -68,8 +71,9 @@ def interval_overview(
     ``history`` is the layout's latest finished splits and merges in words, newest first
     (the layout keeps :data:`~millstream.engine.layout.HISTORY` of them).
 
-    Every read is bounded: each count reads at most ``max_rows + 1`` rows and an interval's
-    ``more`` says one of its counts stopped at ``max_rows`` (a lower bound); the partitions
+    Every read is bounded: each count reads at most ``max_rows + 1`` rows (the result says
+    ``max_rows``) and an interval's ``more`` says one of its counts stopped at ``max_rows``
+    (a lower bound); the partitions
     are found by one scan of the table's partition keys, filtered by computation and limited
     to ``max_rows`` intervals. Every read is at ``QUORUM``, as the store's own reads and
     ``millstream state``'s are, and never at ``SERIAL``: a SERIAL read is a Paxos round that
@@ -95,6 +99,7 @@ def interval_overview(
         "computation": computation,
         "keyspace": keyspace,
         "table": table,
+        "max_rows": max_rows,
         "layout": None if layout is None else _layout_document(layout),
         "intervals": intervals,
         "history": _history(layout),

@@ -13,6 +13,7 @@ import pytest
 from cassandra import ConsistencyLevel
 
 from millstream.engine.clock import ManualClock
+from millstream.engine.config import MillstreamConfig
 from millstream.engine.errors import FencedError, StoreError
 from millstream.engine.layout import IntervalLayout
 from millstream.engine.productions import Production
@@ -23,6 +24,7 @@ from millstream.engine.state import KeyChanges
 from millstream.engine.stores.cassandra import CassandraIntervalStore, create_schema
 from millstream.engine.stores.cassandra.schema import FENCES_TABLE
 from millstream.engine.timers import TimeDomain, Timer
+from millstream.ui.server import StoreReader
 from millstream.ui.store_view import interval_overview
 
 pytestmark = pytest.mark.integration
@@ -146,6 +148,7 @@ def test_counts_timers_sequencers_and_a_journaled_split_are_read_exactly(
         "computation": computation,
         "keyspace": keyspace,
         "table": TABLE,
+        "max_rows": 1_000,
         "layout": {
             "version": 4,
             "intervals": [
@@ -221,6 +224,7 @@ def test_a_computation_with_nothing_stored_has_no_layout_and_no_intervals(
         "computation": "nobody",
         "keyspace": keyspace,
         "table": TABLE,
+        "max_rows": 1_000,
         "layout": None,
         "intervals": [],
         "history": [],
@@ -259,3 +263,22 @@ def test_a_keyspace_of_an_older_millstream_has_no_fence_counts(
     cassandra.execute(f"DROP TABLE {keyspace}.{FENCES_TABLE}")
     (entry,) = interval_overview(cassandra, keyspace, TABLE, "old")["intervals"]
     assert (entry["interval"], entry["fenced"]) == (0, None)
+
+
+def test_pages_asking_within_the_fresh_time_share_one_read(
+    services: MillstreamConfig, keyspace: str, store: CassandraIntervalStore
+) -> None:
+    store.layout("shared", 1)
+    clock = ManualClock(5_000_000)
+    reader = StoreReader(services, keyspace, TABLE, clock, fresh=5.0)
+    try:
+        first = reader.intervals("shared", lambda: False)
+        assert (first["read_at"], first["intervals"][0]["sequencer"]) == (5_000_000, None)
+        store.acquire("shared", 0)
+        clock.advance(4_999_999)
+        assert reader.intervals("shared", lambda: False) is first  # another page: no read
+        clock.advance(1)
+        again = reader.intervals("shared", lambda: False)
+        assert (again["read_at"], again["intervals"][0]["sequencer"]) == (10_000_000, 1)
+    finally:
+        reader.close()

@@ -125,8 +125,7 @@
   }
 
   // -- a computation's key intervals, from the store ----------------------------------------
-  const detail = { id: null, timer: null };
-  const MAX_COUNT = 10000; // what the server counts up to per kind (interval_overview's max_rows)
+  const detail = { id: null, timer: null, maxRows: Infinity }; // maxRows: where counts stop
 
   function showDetail(id) {
     detail.id = id;
@@ -138,8 +137,8 @@
   }
 
   function capped(interval, count) {
-    // A count that reached the read's bound is a lower bound: "10,000+".
-    return number(count) + (interval.more && count >= MAX_COUNT ? "+" : "");
+    // A count that reached the read's bound is a lower bound: "1,000+".
+    return number(count) + (interval.more && count >= detail.maxRows ? "+" : "");
   }
 
   function hash(value) {
@@ -156,6 +155,7 @@
       const result = await response.json();
       if (!response.ok) throw new Error(result.error || response.statusText);
       if (detail.id !== id) return;
+      detail.maxRows = result.max_rows;
       const node = state.shown ? state.shown.nodes.find((n) => n.id === id) : null;
       const load = Object.fromEntries(((node && node.hot) || []).map(([i, r]) => [i, r]));
       // An interval's watermark lag: its own where its pending work holds it below the
@@ -184,8 +184,8 @@
           " intervals" + (layout.pending_change ? "; pending: " + layout.pending_change : "") :
           "no layout written yet") +
         (result.history.length ? "; latest changes: " + result.history.join("; ") : "") +
-        ". Counts stop at 10,000 (shown with +). " +
-        "Read " + new Date().toISOString().replace(/\.\d+Z$/, "Z") + ".";
+        ". Counts stop at " + number(result.max_rows) + " (shown with +). " +
+        "Read " + eventTime(result.read_at ?? Date.now() * 1000).replace(/\.\d+Z$/, "Z") + ".";
     } catch (error) {
       status.textContent = "Could not read the store: " + error.message;
     }
