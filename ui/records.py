@@ -39,7 +39,7 @@ class Scan:
     event time (µs) is in ``[since, until)``; the newest ``limit`` of those found. ``after``,
     per partition, reads only what came after those offsets (the positions a scan before
     reached: a live tail); without it, the newest messages of each partition. At most
-    ``budget`` messages are read in all."""
+    ``budget`` messages are read in all; without a filter, at most ``limit`` a partition."""
 
     stream: str
     key: str | None = None
@@ -151,6 +151,10 @@ def _ranges(
             first = max(first, min(scan.after.get(partition, first), end))
         firsts[partition] = first
     left, shares = scan.budget, {}
+    if scan.key is None and scan.since is None and scan.until is None:
+        # Every message is wanted: the newest ``limit`` are among each partition's newest
+        # ``limit``, and reading more (a tail of a busy stream) would be wasted work.
+        left = min(left, scan.limit * len(ends))
     by_size = sorted(ends, key=lambda p: (ends[p] - firsts[p], p))
     for index, partition in enumerate(by_size):
         shares[partition] = min(ends[partition] - firsts[partition], left // (len(by_size) - index))

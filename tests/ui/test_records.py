@@ -53,10 +53,14 @@ def test_a_scan_reads_decodes_filters_and_tails_a_stream(
 
         # The budget: the newest 10 (a partition with fewer leaves its share to the others),
         # and it says older ones went unread.
-        newest = scan_stream(services, Scan(stream, budget=10, limit=3))
+        newest = scan_stream(services, Scan(stream, key="k1", budget=10, limit=3))
         assert newest["scanned"] == 10
         assert newest["truncated"] is True
         assert len(newest["records"]) == 3
+        # Unfiltered, every message is wanted: the newest 3 are among each partition's 3.
+        unfiltered = scan_stream(services, Scan(stream, budget=10, limit=3))
+        assert unfiltered["scanned"] == 6
+        assert [r["value"]["n"] for r in unfiltered["records"]] == [29, 28, 27]
 
         # A tail goes on from the positions the last scan reached: only what came after.
         produce_lines(services, stream, lines(4, start=30), source="ui-test")
@@ -69,7 +73,7 @@ def test_a_scan_reads_decodes_filters_and_tails_a_stream(
         produce_lines(services, stream, lines(600, start=34), source="ui-test")
         gave_up = threading.Event()
         gave_up.set()
-        stopped = scan_stream(services, Scan(stream, budget=1_000), gave_up.is_set)
+        stopped = scan_stream(services, Scan(stream, key="k1", budget=1_000), gave_up.is_set)
         assert stopped["cancelled"] is True
         assert stopped["scanned"] == 256
     finally:
