@@ -52,9 +52,10 @@ records are visible only once its transaction commits, so their append time woul
 Same trigger (0.2 s) for all.
 
 **The live view's cost** (``millstream-viewed``): ``millstream-strong`` again, with the view
-of its topology served from a thread of the benchmark's process (as ``millstream run
---ui-port`` serves it beside a driver) and three pages open on it from a process of their own
-(``bench/view_pages.py``, as browsers elsewhere would be) before the topology starts: each page
+of its topology served as ``millstream run --ui-port`` serves it beside a driver (a child
+process of the benchmark's, which runs the driver) and three pages open on it from a process
+of their own (``bench/view_pages.py``, as browsers elsewhere would be) before the topology
+starts: each page
 reads every snapshot of the event stream and the computation's key intervals every 5 s (its
 panel open), and the third tails the output stream every 2 s. Its throughput and latency are
 printed against ``millstream-strong``'s, medians and run by run (the issue's bound: within
@@ -466,9 +467,9 @@ class MillstreamHandle:
 
 
 class Viewers:
-    """The live view of one run's topology, served from a thread of this process as
-    ``millstream run --ui-port`` serves it beside a driver, and ``VIEW_PAGES`` pages open on it
-    in a process of their own (bench/view_pages.py), as browsers would be."""
+    """The live view of one run's topology, served as ``millstream run --ui-port`` serves it
+    beside a driver (``start_view``: a child process), and ``VIEW_PAGES`` pages open on it in
+    a process of their own (bench/view_pages.py), as browsers would be."""
 
     def __init__(self, run: BacklogRun, computation: str) -> None:
         with socket.socket() as probe:  # a free port of this machine's

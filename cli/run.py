@@ -169,7 +169,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _start_view(config: MillstreamConfig, listen: str | None, topology: str) -> RunningView | None:
-    """The live view of ``topology`` from a thread of the driver, if ``--ui-port`` asks."""
+    """The live view of ``topology`` from a child process of the driver, if ``--ui-port``
+    asks."""
     if listen is None:
         return None
     from millstream.connectors.prometheus import listen_address

@@ -7,7 +7,7 @@ a stuck watermark, the streams and their consumers' lag, and a timeline of what 
 updated live over Server-Sent Events.
 
 The names a program needs to serve it itself are here: :func:`serve` (what the command
-runs), :func:`start_view` (the same from a thread, beside a driver), and the parts:
+runs), :func:`start_view` (the same from a child process, beside a driver), and the parts:
 :class:`KafkaObserver` (reads the services), :class:`Tracker` (turns observations into
 snapshots), :class:`SnapshotHub` and :func:`create_app` (the ASGI app).
 """

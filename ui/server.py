@@ -1,13 +1,18 @@
 """Serving the live view: in the foreground (what ``millstream ui`` runs, :func:`serve`) or
-from a thread beside a driver (:func:`start_view`: ``millstream run --ui-port``, the main job)."""
+from a child process beside a driver (:func:`start_view`: ``millstream run --ui-port``, the main
+job)."""
 
 from __future__ import annotations
 
+import contextlib
+import pickle
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, NoReturn
 
 import uvicorn
 
@@ -129,43 +134,46 @@ class StoreReader:
 
 
 class RunningView:
-    """The view served from a thread of this process; :meth:`stop` it (or use it as a
-    context manager). ``address`` is where a browser opens it."""
+    """The view served from a process of its own, a child of this one: it shares no
+    interpreter lock with this process (a driver's), and ends when this process does (its
+    standard input closes). :meth:`stop` it (or use it as a context manager); ``address`` is
+    where a browser opens it."""
 
-    def __init__(self, server: uvicorn.Server, observer: _Readers, address: str) -> None:
+    def __init__(self, process: subprocess.Popen[bytes], address: str) -> None:
         self.address = address
-        self._server = server
-        self._observer = observer
-        self._exit: int | str | None = None
-        self._thread = threading.Thread(target=self._run, name="millstream-ui", daemon=True)
+        self._process = process
 
-    def _run(self) -> None:
-        try:
-            self._server.run()
-        except SystemExit as exc:
-            # uvicorn exits when it cannot bind (having logged why): _start says so.
-            self._exit = exc.code
-
-    def _start(self, timeout: float) -> None:
-        self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not self._server.started:
-            if not self._thread.is_alive():
-                # uvicorn logs why (a port in use) and ends its thread.
-                self._observer.close()
-                raise ConfigError(
-                    f"the live view could not listen at {self.address} (is the port in use?"
-                    f" uvicorn exited with {self._exit!r})"
-                )
-            if time.monotonic() > deadline:
-                self.stop()
-                raise ConfigError(f"the live view did not start at {self.address} in {timeout} s")
-            time.sleep(0.05)
+    def _await_listening(self, timeout: float) -> None:
+        """Return once the child listens; raise :class:`ConfigError` if it cannot."""
+        said: list[bytes] = []
+        stdout = self._process.stdout
+        assert stdout is not None
+        reader = threading.Thread(target=lambda: said.append(stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(timeout)
+        if said and said[0].strip() == _LISTENING:
+            return
+        self.stop()
+        if said:
+            # uvicorn logs why (a port in use) on the child's standard error, then exits.
+            raise ConfigError(
+                f"the live view could not listen at {self.address} (is the port in use? "
+                f"its process exited with {self._process.returncode!r})"
+            )
+        raise ConfigError(f"the live view did not start at {self.address} in {timeout} s")
 
     def stop(self) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
-        self._observer.close()
+        process = self._process
+        if process.stdin is not None and not process.stdin.closed:
+            with contextlib.suppress(BrokenPipeError):  # it may have exited already
+                process.stdin.close()  # the child's signal to stop
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()  # by its own PID
+            process.wait(timeout=10)
+        if process.stdout is not None:
+            process.stdout.close()
 
     def __enter__(self) -> RunningView:
         return self
@@ -189,18 +197,70 @@ def start_view(
     topologies: Sequence[str] = (),
     keyspace: str | None = None,
     table: str | None = None,
-    clock: Clock | None = None,
     timeout: float = 30.0,
 ) -> RunningView:
-    """The view served from a thread of this process, listening once this returns (as
-    :func:`serve`, which says what the arguments mean). Raises :class:`ConfigError` if it
-    cannot listen there."""
-    server, observer = _server(
-        config, host, port, token, period, topologies, keyspace, table, clock
+    """The view served from a child process, listening once this returns (as :func:`serve`,
+    which says what the arguments mean). Raises :class:`ConfigError` if it cannot listen
+    there. A process of its own: the view's work never holds this process's interpreter
+    lock (a driver's batches), and a page that freezes cannot reach it."""
+    if not is_loopback(host) and not token:
+        _server_refusal(host)  # said here, at once, as serve says it
+    arguments = {
+        "config": config,
+        "host": host,
+        "port": port,
+        "token": token,
+        "period": period,
+        "topologies": tuple(topologies),
+        "keyspace": keyspace,
+        "table": table,
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "millstream.ui.server"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
     )
-    view = RunningView(server, observer, address(host, port))
-    view._start(timeout)
+    assert process.stdin is not None
+    process.stdin.write(pickle.dumps(arguments))
+    process.stdin.flush()
+    view = RunningView(process, address(host, port))
+    view._await_listening(timeout)
     return view
+
+
+def _child() -> None:
+    """A child process of :func:`start_view`: the arguments come pickled on standard
+    input, which stays open until the parent stops the view (or dies)."""
+    arguments = pickle.load(sys.stdin.buffer)
+    server, readers = _server(
+        arguments["config"],
+        arguments["host"],
+        arguments["port"],
+        arguments["token"],
+        arguments["period"],
+        arguments["topologies"],
+        arguments["keyspace"],
+        arguments["table"],
+        None,
+    )
+
+    def announce() -> None:
+        while not server.started and not server.should_exit:
+            time.sleep(0.05)
+        if server.started:
+            sys.stdout.buffer.write(_LISTENING + b"\n")
+            sys.stdout.flush()
+
+    def parent_gone() -> None:
+        sys.stdin.buffer.read()  # until the parent closes it, or ends
+        server.should_exit = True
+
+    threading.Thread(target=announce, daemon=True).start()
+    threading.Thread(target=parent_gone, daemon=True).start()
+    try:
+        server.run()
+    finally:
+        readers.close()
 
 
 def address(host: str, port: int) -> str:
@@ -221,11 +281,7 @@ def _server(
     clock: Clock | None,
 ) -> tuple[uvicorn.Server, _Readers]:
     if not is_loopback(host) and not token:
-        raise ConfigError(
-            f"millstream ui on {host} would be open to the network: give it a token (--token, "
-            "[ui] token or MILLSTREAM_UI_TOKEN), or bind it to 127.0.0.1 and reach it through "
-            "a TLS proxy (docs/guides/live-view.md)"
-        )
+        _server_refusal(host)
     if not 0 < port < 65536:
         raise ConfigError(f"the live view's port must be 1 to 65535, got {port}")
     clock = clock or SystemClock()
@@ -268,3 +324,17 @@ class _Readers:
     def close(self) -> None:
         self.observer.close()
         self.store.close()
+
+
+def _server_refusal(host: str) -> NoReturn:
+    raise ConfigError(
+        f"millstream ui on {host} would be open to the network: give it a token (--token, "
+        "[ui] token or MILLSTREAM_UI_TOKEN), or bind it to 127.0.0.1 and reach it through "
+        "a TLS proxy (docs/guides/live-view.md)"
+    )
+
+
+_LISTENING = b"millstream-ui listening"
+
+if __name__ == "__main__":
+    _child()

@@ -1,11 +1,14 @@
-"""The live view served from a thread beside a driver (``millstream run --ui-port``, the main
-job), against the real Kafka: it listens once started, refuses a port in use, and frees its
-port when stopped."""
+"""The live view served from a child process beside a driver (``millstream run --ui-port``,
+the main job), against the real Kafka: it listens once started, refuses a port in use, frees
+its port when stopped, and ends with its parent."""
 
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -41,7 +44,7 @@ def first_snapshot(address: str, timeout: float = 30.0) -> dict[str, Any]:
         time.sleep(0.1)
 
 
-def test_a_view_from_a_thread_serves_refuses_a_taken_port_and_frees_its_own(
+def test_a_view_beside_a_driver_serves_refuses_a_taken_port_and_frees_its_own(
     services: MillstreamConfig,
 ) -> None:
     port = free_port()
@@ -79,3 +82,35 @@ def test_a_frozen_page_holds_back_neither_the_readings_nor_the_other_pages(
             assert first_snapshot(view.address)["seq"] >= start + 20
         finally:
             frozen.close()
+
+
+def test_a_view_ends_with_the_process_that_started_it(services: MillstreamConfig) -> None:
+    port = free_port()
+    # A parent that starts a view and dies without stopping it (a killed driver).
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import os, sys; from millstream.engine.config import load_config; "
+            "from millstream.ui import start_view; "
+            f"start_view(load_config(), port={port}); print('up', flush=True); "
+            "os._exit(0)",
+        ],
+        env={**os.environ, "MILLSTREAM_KAFKA_WATERMARK_TOPIC": services.kafka_watermark_topic},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert parent.stdout is not None
+    assert parent.stdout.readline().strip() == "up"
+    parent.wait(30)
+    # The view noticed (its standard input closed) and let go of its port.
+    deadline = time.monotonic() + 15
+    while True:
+        with socket.socket() as again:
+            again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                again.bind(("127.0.0.1", port))
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the orphaned view still listens"
+        time.sleep(0.2)
