@@ -71,7 +71,11 @@ def scan_stream(
     offsets read: ``[start, end)``), ``positions`` (per partition, where a tail goes on),
     ``truncated`` (the budget left older messages unread) and ``cancelled``."""
     found: list[dict[str, Any]] = []
-    with StreamScan(config, scan, cancelled, timeout=timeout) as read:
+    # Without a filter every message is wanted: the newest ``limit`` are among each
+    # partition's newest ``limit``, and reading more (a tail of a busy stream) is wasted work.
+    unfiltered = scan.key is None and scan.since is None and scan.until is None
+    newest = scan.limit if unfiltered else None
+    with StreamScan(config, scan, cancelled, timeout=timeout, newest=newest) as read:
         for entry in read:
             if _wanted(entry, scan):
                 found.append(entry)
@@ -91,8 +95,9 @@ def scan_stream(
 class StreamScan:
     """The messages of ``scan``'s ranges (:func:`scan_stream` says which), each decoded as the
     record browser shows it, unfiltered, in offset order per partition: iterate it inside a
-    ``with`` (which closes its Kafka consumer). ``scanned``, ``ranges``, ``ends``,
-    ``truncated`` and ``cancelled`` say what it read."""
+    ``with`` (which closes its Kafka consumer); ``newest``: at most that many of each
+    partition's newest. ``scanned``, ``ranges``, ``ends``, ``truncated`` and ``cancelled``
+    say what it read."""
 
     def __init__(
         self,
@@ -101,6 +106,7 @@ class StreamScan:
         cancelled: Callable[[], bool] = lambda: False,
         *,
         timeout: float = 10.0,
+        newest: int | None = None,
     ) -> None:
         self.scan = scan
         self.timeout = timeout
@@ -113,7 +119,7 @@ class StreamScan:
         except BaseException:
             self._consumer.close()
             raise
-        self.ranges, self.truncated = _ranges(topic, scan, starts, self.ends)
+        self.ranges, self.truncated = _ranges(topic, scan, starts, self.ends, newest)
         self.scanned = 0
         self.cancelled = False
 
@@ -139,11 +145,15 @@ class StreamScan:
 
 
 def _ranges(
-    topic: str, scan: Scan, starts: Mapping[int, int], ends: Mapping[int, int]
+    topic: str,
+    scan: Scan,
+    starts: Mapping[int, int],
+    ends: Mapping[int, int],
+    newest: int | None = None,
 ) -> tuple[list[_Range], bool]:
     """Each partition's offsets to read, the newest first: the budget shared out evenly, a
-    share a partition leaves unused going to the others; whether any older message of the
-    asked span went unread."""
+    share a partition leaves unused going to the others (``newest``: at most that many a
+    partition in all); whether any older message of the asked span went unread."""
     firsts = {}
     for partition, end in ends.items():
         first = starts.get(partition, 0)
@@ -151,10 +161,8 @@ def _ranges(
             first = max(first, min(scan.after.get(partition, first), end))
         firsts[partition] = first
     left, shares = scan.budget, {}
-    if scan.key is None and scan.since is None and scan.until is None:
-        # Every message is wanted: the newest ``limit`` are among each partition's newest
-        # ``limit``, and reading more (a tail of a busy stream) would be wasted work.
-        left = min(left, scan.limit * len(ends))
+    if newest is not None:
+        left = min(left, newest * len(ends))
     by_size = sorted(ends, key=lambda p: (ends[p] - firsts[p], p))
     for index, partition in enumerate(by_size):
         shares[partition] = min(ends[partition] - firsts[partition], left // (len(by_size) - index))
