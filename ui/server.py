@@ -27,7 +27,15 @@ from millstream.ui.series import read_series
 from millstream.ui.snapshot import Tracker
 from millstream.ui.store_view import interval_overview
 
-__all__ = ["DEFAULT_PORT", "RunningView", "StoreReader", "address", "serve", "start_view"]
+__all__ = [
+    "DEFAULT_PORT",
+    "RunningView",
+    "StoreReader",
+    "address",
+    "serve",
+    "serve_child",
+    "start_view",
+]
 
 DEFAULT_PORT = 8470
 STORE_FRESH_SECONDS = 5.0
@@ -216,7 +224,7 @@ def start_view(
         "table": table,
     }
     process = subprocess.Popen(
-        [sys.executable, "-m", "millstream.ui.server"],
+        [sys.executable, "-m", "millstream.ui.child"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
     )
@@ -228,9 +236,10 @@ def start_view(
     return view
 
 
-def _child() -> None:
-    """A child process of :func:`start_view`: the arguments come pickled on standard
-    input, which stays open until the parent stops the view (or dies)."""
+def serve_child() -> None:
+    """The view in a child process of :func:`start_view` (``millstream.ui.child``): the
+    arguments come pickled on standard input, which stays open until the parent stops the
+    view (or dies)."""
     arguments = pickle.load(sys.stdin.buffer)
     server, readers = _server(
         arguments["config"],
@@ -335,6 +344,3 @@ def _server_refusal(host: str) -> NoReturn:
 
 
 _LISTENING = b"millstream-ui listening"
-
-if __name__ == "__main__":
-    _child()
