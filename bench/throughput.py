@@ -137,6 +137,7 @@ from bench.harness import (
     floor_query,
     inject_events,
     percentile,
+    process_cpu,
     python_worker_cpu,
     unique_suffix,
 )
@@ -513,7 +514,8 @@ class Viewers:
         summary: dict[str, Any] = {}
         cpu = ""
         if self.pages is not None:
-            cpu = _process_cpu(self.pages.pid)
+            seconds = process_cpu(self.pages.pid)
+            cpu = "an unknown CPU time" if seconds is None else f"{seconds:.1f} s of CPU"
             try:
                 out, _ = self.pages.communicate(timeout=30)  # closes their stdin: they stop
             except subprocess.TimeoutExpired:
@@ -532,16 +534,6 @@ class Viewers:
             f"{total['answered']} reads answered, {total['refused']} refused (429); "
             f"their process used {cpu}"
         )
-
-
-def _process_cpu(pid: int) -> str:
-    """A live process's CPU seconds so far (Linux /proc)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return "an unknown CPU time"
-    ticks = os.sysconf("SC_CLK_TCK")
-    return f"{(int(fields[11]) + int(fields[12])) / ticks:.1f} s of CPU"
 
 
 def await_first_batch(

@@ -108,9 +108,14 @@ class StoreReader:
         del cancelled  # one bounded read per interval, all in flight at once: nothing to stop
         with self._lock:
             now = self.clock.now()
-            kept = self._answers.get(computation)
-            if kept is not None and now - kept["read_at"] < self.fresh * 1_000_000:
-                return kept
+            # Bounded: the answers of the computations asked about within ``fresh``.
+            self._answers = {
+                name: kept
+                for name, kept in self._answers.items()
+                if now - kept["read_at"] < self.fresh * 1_000_000
+            }
+            if computation in self._answers:
+                return self._answers[computation]
             try:
                 if self._session is None:
                     self._cluster, self._session = connect(self.config)
@@ -122,12 +127,6 @@ class StoreReader:
                     f"({exc}); the key intervals show once it does"
                 ) from exc
             answer["read_at"] = now
-            # Bounded: the answers of the computations asked about within ``fresh``.
-            self._answers = {
-                name: kept
-                for name, kept in self._answers.items()
-                if now - kept["read_at"] < self.fresh * 1_000_000
-            }
             self._answers[computation] = answer
             return answer
 
@@ -241,17 +240,7 @@ def serve_child() -> None:
     arguments come pickled on standard input, which stays open until the parent stops the
     view (or dies)."""
     arguments = pickle.load(sys.stdin.buffer)
-    server, readers = _server(
-        arguments["config"],
-        arguments["host"],
-        arguments["port"],
-        arguments["token"],
-        arguments["period"],
-        arguments["topologies"],
-        arguments["keyspace"],
-        arguments["table"],
-        None,
-    )
+    server, readers = _server(**arguments, clock=None)
 
     def announce() -> None:
         while not server.started and not server.should_exit:

@@ -206,7 +206,6 @@ class ComputationWatermarks:
         interval (for the live view)."""
         for gone in set(self.workers) - self.intervals.ids:  # split or merged away
             del self.workers[gone]
-        workers = self.workers
         if not self.all_known:
             return None
         watermark, held_by = _held(self.input.current, self.intervals.oldest_work())
@@ -220,10 +219,13 @@ class ComputationWatermarks:
             self.percentile_watermarks[p] = max(before, self.watermark, heuristic)
         timers = None if self.timer_percentile is None else self.timer_watermark
         # Never below the reported watermark either (a late production's interval is at it).
-        behind = tuple(
-            (interval, max(work, self.watermark))
-            for interval, work in self.intervals.behind(self.input.current, BEHIND)
+        behind = (
+            tuple(
+                (interval, max(work, self.watermark))
+                for interval, work in self.intervals.behind(self.input.current, BEHIND)
+            )
             if self.watermark < self.input.current
+            else ()
         )
         said = (
             self.watermark,
@@ -234,7 +236,7 @@ class ComputationWatermarks:
             tuple((t, tuple(sorted(p.items()))) for t, p in sorted(self.consumed.items())),
             tuple(sorted((stats or {}).items())),
             driver,
-            tuple(sorted(workers.items())),
+            tuple(sorted(self.workers.items())),
         )
         if said == self._published:
             return None
@@ -255,7 +257,7 @@ class ComputationWatermarks:
             consumed={t: dict(p) for t, p in self.consumed.items()},
             stats=dict(stats or {}),
             driver=driver,
-            workers=_by_worker(workers),
+            workers=_by_worker(self.workers),
         )
 
 
