@@ -476,6 +476,7 @@ class Viewers:
         with socket.socket() as probe:  # a free port of this machine's
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
+        self.started = time.monotonic()
         self.view = start_view(
             run.config,
             port=port,
@@ -513,6 +514,8 @@ class Viewers:
         page's request failed: the row then measured a broken view."""
         summary: dict[str, Any] = {}
         cpu = ""
+        view_seconds = process_cpu(self.view.pid)
+        view_cpu = "an unknown CPU time" if view_seconds is None else f"{view_seconds:.1f} s of CPU"
         if self.pages is not None:
             seconds = process_cpu(self.pages.pid)
             cpu = "an unknown CPU time" if seconds is None else f"{seconds:.1f} s of CPU"
@@ -532,7 +535,8 @@ class Viewers:
         return (
             f"{VIEW_PAGES} pages received {total['snapshots']} snapshots, "
             f"{total['answered']} reads answered, {total['refused']} refused (429); "
-            f"their process used {cpu}"
+            f"their process used {cpu}, the view's {view_cpu} over "
+            f"{time.monotonic() - self.started:.0f} s"
         )
 
 

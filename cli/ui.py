@@ -39,9 +39,9 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     ui.add_argument(
         "--period",
         type=float,
-        default=1.0,
+        default=None,
         metavar="SECONDS",
-        help="seconds between two readings of the services (default: 1)",
+        help="seconds between two readings of the services (default: 2)",
     )
     ui.add_argument(
         "--topology",
@@ -68,8 +68,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 def run(args: argparse.Namespace) -> int:
     from millstream.engine.config import load_config
-    from millstream.ui import serve
-    from millstream.ui.server import DEFAULT_PORT
+    from millstream.ui import DEFAULT_PERIOD, DEFAULT_PORT, serve
 
     config = load_config()
     token = args.token
@@ -80,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port or DEFAULT_PORT,
         token=token,
-        period=max(0.2, args.period),
+        period=max(0.2, DEFAULT_PERIOD if args.period is None else args.period),
         topologies=args.topology,
         keyspace=args.keyspace,
         table=args.table,

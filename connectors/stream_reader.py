@@ -90,7 +90,7 @@ def range_reader(config: MillstreamConfig, **settings: str | int | bool) -> Cons
 
 def read_ranges(
     reader: Consumer, ranges: Sequence[_Range], timeout: float = 30.0
-) -> Iterator[InputMessage]:
+) -> Generator[InputMessage, None, None]:
     """The messages of ``ranges``, in offset order within each partition (partitions
     interleave), read with ``reader`` (:func:`range_reader`), which this assigns to them.
 

@@ -12,12 +12,13 @@ runs), :func:`start_view` (the same from a child process, beside a driver), and 
 snapshots), :class:`SnapshotHub` and :func:`create_app` (the ASGI app).
 """
 
-from millstream.ui.app import SnapshotHub, TokenGate, create_app, is_loopback
+from millstream.ui.app import DEFAULT_PERIOD, SnapshotHub, TokenGate, create_app, is_loopback
 from millstream.ui.observer import KafkaObserver
 from millstream.ui.server import DEFAULT_PORT, RunningView, serve, start_view
 from millstream.ui.snapshot import Observation, Tracker
 
 __all__ = [
+    "DEFAULT_PERIOD",
     "DEFAULT_PORT",
     "KafkaObserver",
     "Observation",

@@ -10,9 +10,14 @@ so (the page went away or gave up waiting).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any, NamedTuple
+
+from confluent_kafka import Consumer
 
 from millstream.connectors.kafka import end_offsets, start_offsets, stream_topic
 from millstream.connectors.stream_reader import range_reader, read_ranges
@@ -20,7 +25,7 @@ from millstream.connectors.streams import ValueFormat, render_message
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.errors import ConfigError
 
-__all__ = ["MAX_BUDGET", "MAX_LIMIT", "Scan", "StreamScan", "scan_stream"]
+__all__ = ["MAX_BUDGET", "MAX_LIMIT", "ReaderPool", "Scan", "StreamScan", "scan_stream"]
 
 MAX_LIMIT = 500  # records a scan returns at most
 MAX_BUDGET = 100_000  # messages a scan reads at most
@@ -59,23 +64,69 @@ class Scan:
             raise ConfigError(f"values show as json, text or hex, not {self.value_format!r}")
 
 
+class ReaderPool:
+    """Kafka consumers for scans, kept between them: a page tailing a stream scans every
+    2 s, and a consumer made for each scan costs a connection, a metadata request and
+    threads on both ends. At most ``keep`` wait, unassigned (they fetch nothing meanwhile);
+    one whose scan failed is closed, not kept. Thread-safe."""
+
+    def __init__(self, config: MillstreamConfig, *, keep: int = 2) -> None:
+        self.config = config
+        self.keep = keep
+        self._lock = threading.Lock()
+        self._idle: list[Consumer] = []
+        self._closed = False
+
+    @contextmanager
+    def reader(self) -> Iterator[Consumer]:
+        """A consumer (:func:`~millstream.connectors.stream_reader.range_reader`) of this
+        pool's, the caller's alone until the ``with`` ends."""
+        with self._lock:
+            reader = self._idle.pop() if self._idle else None
+        if reader is None:
+            reader = range_reader(self.config)
+        try:
+            yield reader
+            reader.unassign()
+        except BaseException:
+            reader.close()
+            raise
+        with self._lock:
+            if not self._closed and len(self._idle) < self.keep:
+                self._idle.append(reader)
+                return
+        reader.close()
+
+    def close(self) -> None:
+        """Close the waiting consumers; those lent out close when they come back."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for reader in idle:
+            reader.close()
+
+
 def scan_stream(
     config: MillstreamConfig,
     scan: Scan,
     cancelled: Callable[[], bool] = lambda: False,
     *,
     timeout: float = 10.0,
+    readers: ReaderPool | None = None,
 ) -> dict[str, Any]:
     """Read ``scan``'s messages from Kafka: ``records`` (newest first, at most
     ``scan.limit``), ``scanned`` (messages read), ``matched``, ``ranges`` (per partition, the
     offsets read: ``[start, end)``), ``positions`` (per partition, where a tail goes on),
-    ``truncated`` (the budget left older messages unread) and ``cancelled``."""
+    ``truncated`` (the budget left older messages unread) and ``cancelled``. ``readers``:
+    where its consumer comes from (default: one made for it)."""
     found: list[dict[str, Any]] = []
     # Without a filter every message is wanted: the newest ``limit`` are among each
     # partition's newest ``limit``, and reading more (a tail of a busy stream) is wasted work.
     unfiltered = scan.key is None and scan.since is None and scan.until is None
     newest = scan.limit if unfiltered else None
-    with StreamScan(config, scan, cancelled, timeout=timeout, newest=newest) as read:
+    with StreamScan(
+        config, scan, cancelled, timeout=timeout, newest=newest, readers=readers
+    ) as read:
         for entry in read:
             if _wanted(entry, scan):
                 found.append(entry)
@@ -96,8 +147,9 @@ class StreamScan:
     """The messages of ``scan``'s ranges (:func:`scan_stream` says which), each decoded as the
     record browser shows it, unfiltered, in offset order per partition: iterate it inside a
     ``with`` (which closes its Kafka consumer); ``newest``: at most that many of each
-    partition's newest. ``scanned``, ``ranges``, ``ends``, ``truncated`` and ``cancelled``
-    say what it read."""
+    partition's newest; ``readers``: where its consumer comes from (default: one made for
+    it). ``scanned``, ``ranges``, ``ends``, ``truncated`` and ``cancelled`` say what it
+    read."""
 
     def __init__(
         self,
@@ -107,41 +159,55 @@ class StreamScan:
         *,
         timeout: float = 10.0,
         newest: int | None = None,
+        readers: ReaderPool | None = None,
     ) -> None:
         self.scan = scan
         self.timeout = timeout
         self._cancelled = cancelled
-        self._consumer = range_reader(config)
+        self._lease: AbstractContextManager[Consumer] = (
+            readers or ReaderPool(config, keep=0)
+        ).reader()
+        self._consumer = self._lease.__enter__()
         topic = stream_topic(scan.stream)
         try:
             self.ends = end_offsets(self._consumer, [topic], timeout)[topic]
             starts = start_offsets(self._consumer, [topic], timeout)[topic]
-        except BaseException:
-            self._consumer.close()
+        except BaseException as exc:
+            self._lease.__exit__(type(exc), exc, exc.__traceback__)
             raise
         self.ranges, self.truncated = _ranges(topic, scan, starts, self.ends, newest)
         self.scanned = 0
         self.cancelled = False
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        for message in read_ranges(self._consumer, self.ranges, self.timeout):
-            self.scanned += 1
-            if self.scanned % 256 == 0 and self._cancelled():
-                self.cancelled = True
-                return
-            yield render_message(
-                self.scan.stream,
-                message.partition,
-                message.offset,
-                message.value,
-                self.scan.value_format,
-            )
+        messages = read_ranges(self._consumer, self.ranges, self.timeout)
+        try:
+            for message in messages:
+                self.scanned += 1
+                if self.scanned % 256 == 0 and self._cancelled():
+                    self.cancelled = True
+                    return
+                yield render_message(
+                    self.scan.stream,
+                    message.partition,
+                    message.offset,
+                    message.value,
+                    self.scan.value_format,
+                )
+        finally:
+            # Now, not when collected: the consumer may be lent to another scan by then.
+            messages.close()
 
     def __enter__(self) -> StreamScan:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self._consumer.close()
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._lease.__exit__(kind, error, traceback)
 
 
 def _ranges(

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from millstream.engine.config import MillstreamConfig
-from millstream.ui.records import MAX_BUDGET, MAX_LIMIT, Scan, StreamScan, scan_stream
+from millstream.ui.records import MAX_BUDGET, MAX_LIMIT, ReaderPool, Scan, StreamScan, scan_stream
 
 __all__ = ["BAND_SPREADS", "MAX_POINTS", "read_series", "series_of"]
 
@@ -95,27 +95,38 @@ def read_series(
     anomalies: str | None,
     points: int = 500,
     cancelled: Callable[[], bool] = lambda: False,
+    *,
+    readers: ReaderPool | None = None,
 ) -> dict[str, Any]:
     """:func:`series_of` from Kafka: the newest predictions of ``stream`` (a bounded scan of
     ten messages per point, enough for ten keys interleaved) and the anomalies of stream
-    ``anomalies`` on ``key`` (none if ``None``, or if ``key`` is)."""
+    ``anomalies`` on ``key`` (none if ``None``, or if ``key`` is); ``readers``: where the
+    scans' consumers come from (default: made for them)."""
     if not 1 <= points <= MAX_POINTS:
         raise ValueError(f"a chart has 1 to {MAX_POINTS:,} points, not {points}")
     budget = min(MAX_BUDGET, 10 * points)
-    with StreamScan(config, Scan(stream, budget=budget), cancelled) as read:
-        chart = series_of(stream, key, read, _anomalies(config, anomalies, key, cancelled), points)
+    with StreamScan(config, Scan(stream, budget=budget), cancelled, readers=readers) as read:
+        marks = _anomalies(config, anomalies, key, cancelled, readers)
+        chart = series_of(stream, key, read, marks, points)
         chart["scanned"] = read.scanned
         chart["truncated"] = read.truncated
     return chart
 
 
 def _anomalies(
-    config: MillstreamConfig, stream: str | None, key: str | None, cancelled: Callable[[], bool]
+    config: MillstreamConfig,
+    stream: str | None,
+    key: str | None,
+    cancelled: Callable[[], bool],
+    readers: ReaderPool | None,
 ) -> list[dict[str, Any]]:
     if not stream or key is None:
         return []
     found = scan_stream(
-        config, Scan(stream, key=key, limit=MAX_LIMIT, budget=MAX_BUDGET), cancelled
+        config,
+        Scan(stream, key=key, limit=MAX_LIMIT, budget=MAX_BUDGET),
+        cancelled,
+        readers=readers,
     )
     records: list[dict[str, Any]] = found["records"]
     return records

@@ -20,12 +20,12 @@ from millstream.connectors.cassandra import connect
 from millstream.engine.clock import Clock, SystemClock
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.errors import ConfigError, StoreError
-from millstream.ui.app import SnapshotHub, create_app, is_loopback
+from millstream.ui.app import DEFAULT_PERIOD, SnapshotHub, create_app, is_loopback
 from millstream.ui.observer import KafkaObserver
-from millstream.ui.records import Scan, scan_stream
+from millstream.ui.records import ReaderPool, Scan, scan_stream
 from millstream.ui.series import read_series
 from millstream.ui.snapshot import Tracker
-from millstream.ui.store_view import interval_overview
+from millstream.ui.store_view import IntervalReads
 
 __all__ = [
     "DEFAULT_PORT",
@@ -48,7 +48,7 @@ def serve(
     host: str = "127.0.0.1",
     port: int = DEFAULT_PORT,
     token: str | None = None,
-    period: float = 1.0,
+    period: float = DEFAULT_PERIOD,
     topologies: Sequence[str] = (),
     keyspace: str | None = None,
     table: str | None = None,
@@ -63,19 +63,18 @@ def serve(
     narrows the view (:class:`~millstream.ui.Tracker`). ``keyspace`` and ``table`` say
     where the computations' key intervals are (default: the ``[run]`` settings').
     """
-    server, observer = _server(
-        config, host, port, token, period, topologies, keyspace, table, clock
-    )
+    server, readers = _server(config, host, port, token, period, topologies, keyspace, table, clock)
     if started is not None:
         started(address(host, port))
     try:
         server.run()
     finally:
-        observer.close()
+        readers.close()
 
 
 class StoreReader:
-    """What the store holds about a computation's key intervals (:func:`interval_overview`),
+    """What the store holds about a computation's key intervals
+    (:func:`~millstream.ui.store_view.interval_overview`),
     through a Cassandra session made at the first question: the view works without
     Cassandra until a page asks. A session that failed is closed and made again next time.
 
@@ -99,6 +98,7 @@ class StoreReader:
         self._lock = threading.Lock()
         self._cluster: Any = None
         self._session: Any = None
+        self._reads: IntervalReads | None = None  # prepared once per session
         self._answers: dict[str, dict[str, Any]] = {}  # by computation, the latest answer
 
     def intervals(self, computation: str, cancelled: Callable[[], bool]) -> dict[str, Any]:
@@ -119,7 +119,9 @@ class StoreReader:
             try:
                 if self._session is None:
                     self._cluster, self._session = connect(self.config)
-                answer = interval_overview(self._session, self.keyspace, self.table, computation)
+                if self._reads is None:
+                    self._reads = IntervalReads(self._session, self.keyspace, self.table)
+                answer = self._reads.overview(computation)
             except (DriverException, NoHostAvailable) as exc:
                 self._close()
                 raise StoreError(
@@ -137,7 +139,7 @@ class StoreReader:
     def _close(self) -> None:
         if self._cluster is not None:
             self._cluster.shutdown()
-        self._cluster = self._session = None
+        self._cluster = self._session = self._reads = None
 
 
 class RunningView:
@@ -149,6 +151,11 @@ class RunningView:
     def __init__(self, process: subprocess.Popen[bytes], address: str) -> None:
         self.address = address
         self._process = process
+
+    @property
+    def pid(self) -> int:
+        """The view's process."""
+        return self._process.pid
 
     def _await_listening(self, timeout: float) -> None:
         """Return once the child listens; raise :class:`ConfigError` if it cannot."""
@@ -200,7 +207,7 @@ def start_view(
     host: str = "127.0.0.1",
     port: int = DEFAULT_PORT,
     token: str | None = None,
-    period: float = 1.0,
+    period: float = DEFAULT_PERIOD,
     topologies: Sequence[str] = (),
     keyspace: str | None = None,
     table: str | None = None,
@@ -286,9 +293,10 @@ def _server(
     observer = KafkaObserver(config, clock)
     store = StoreReader(config, keyspace or config.run.keyspace, table or config.run.table, clock)
     hub = SnapshotHub(observer.observe, period=period, tracker=Tracker(topologies=topologies))
+    scans = ReaderPool(config)
 
     def browse(scan: Scan, cancelled: Callable[[], bool]) -> dict[str, Any]:
-        return scan_stream(config, scan, cancelled)
+        return scan_stream(config, scan, cancelled, readers=scans)
 
     server = uvicorn.Server(
         uvicorn.Config(
@@ -297,7 +305,7 @@ def _server(
                 token=token,
                 browse=browse,
                 chart=lambda stream, key, anomalies, points, cancelled: read_series(
-                    config, stream, key, anomalies, points, cancelled
+                    config, stream, key, anomalies, points, cancelled, readers=scans
                 ),
                 intervals=store.intervals,
             ),
@@ -309,19 +317,21 @@ def _server(
             timeout_graceful_shutdown=2,
         )
     )
-    return server, _Readers(observer, store)
+    return server, _Readers(observer, store, scans)
 
 
 class _Readers:
     """What a view reads the services with, closed together when it stops."""
 
-    def __init__(self, observer: KafkaObserver, store: StoreReader) -> None:
+    def __init__(self, observer: KafkaObserver, store: StoreReader, scans: ReaderPool) -> None:
         self.observer = observer
         self.store = store
+        self.scans = scans
 
     def close(self) -> None:
         self.observer.close()
         self.store.close()
+        self.scans.close()
 
 
 def _server_refusal(host: str) -> NoReturn:

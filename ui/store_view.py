@@ -15,7 +15,7 @@ from millstream.engine.stores.cassandra.schema import FENCES_TABLE, check_identi
 from millstream.engine.stores.cassandra.store import RETIRED_SEQUENCER
 from millstream.engine.timers import TimeDomain
 
-__all__ = ["MAX_ROWS", "interval_overview"]
+__all__ = ["MAX_ROWS", "IntervalReads", "interval_overview"]
 
 # Where CassandraIntervalStore keeps a computation's layout: a partition of this interval ID
 # (never a key interval's), one row of kind 'layout', its value the layout's JSON.
@@ -80,38 +80,50 @@ def interval_overview(
     would complete a worker's in-flight proposal and compete with its LWTs for the ballot, so
     an observer stays out of it (and may miss an acquire or a commit still in flight).
     """
-    check_identifier("keyspace", keyspace)
-    check_identifier("table", table)
-    if max_rows < 1:
-        raise ValueError(f"max_rows must be at least 1, got {max_rows}")
-    reads = _Reads(session, f"{keyspace}.{table}")
-    layout = reads.layout(computation)
-    sequencers = reads.partitions(computation, max_rows)
-    fenced = reads.fenced(computation, max_rows)
-    interval_ids = sorted(set(sequencers) | set(() if layout is None else layout.ids))
-    intervals: list[dict[str, Any]] = []
-    for start in range(0, len(interval_ids), _INTERVALS_AT_ONCE):
-        wave = interval_ids[start : start + _INTERVALS_AT_ONCE]
-        intervals += reads.intervals(computation, wave, sequencers, max_rows)
-    for entry in intervals:
-        entry["fenced"] = None if fenced is None else fenced.get(entry["interval"], 0)
-    return {
-        "computation": computation,
-        "keyspace": keyspace,
-        "table": table,
-        "max_rows": max_rows,
-        "layout": None if layout is None else _layout_document(layout),
-        "intervals": intervals,
-        "history": _history(layout),
-    }
+    return IntervalReads(session, keyspace, table).overview(computation, max_rows=max_rows)
+
+
+class IntervalReads:
+    """:func:`interval_overview`'s statements on ``keyspace.table``, prepared once, for a
+    reader that asks again and again on one session (the live view, every few seconds):
+    a statement prepared per overview is a round trip and a parse on the coordinator each
+    time. Raises :class:`StoreError` if the table is not there."""
+
+    def __init__(self, session: Any, keyspace: str, table: str) -> None:
+        check_identifier("keyspace", keyspace)
+        check_identifier("table", table)
+        self.keyspace = keyspace
+        self.table = table
+        self._reads = _Reads(session, f"{keyspace}.{table}")
+
+    def overview(self, computation: str, *, max_rows: int = MAX_ROWS) -> dict[str, Any]:
+        """:func:`interval_overview` of ``computation``."""
+        if max_rows < 1:
+            raise ValueError(f"max_rows must be at least 1, got {max_rows}")
+        reads = self._reads
+        layout = reads.layout(computation)
+        sequencers = reads.partitions(computation, max_rows)
+        fenced = reads.fenced(computation, max_rows)
+        interval_ids = sorted(set(sequencers) | set(() if layout is None else layout.ids))
+        intervals: list[dict[str, Any]] = []
+        for start in range(0, len(interval_ids), _INTERVALS_AT_ONCE):
+            wave = interval_ids[start : start + _INTERVALS_AT_ONCE]
+            intervals += reads.intervals(computation, wave, sequencers, max_rows)
+        for entry in intervals:
+            entry["fenced"] = None if fenced is None else fenced.get(entry["interval"], 0)
+        return {
+            "computation": computation,
+            "keyspace": self.keyspace,
+            "table": self.table,
+            "max_rows": max_rows,
+            "layout": None if layout is None else _layout_document(layout),
+            "intervals": intervals,
+            "history": _history(layout),
+        }
 
 
 class _Reads:
-    """The view's statements on one table, prepared at ``QUORUM``.
-
-    Prepared on every overview: a view refreshes at human pace, so a round trip per statement
-    costs less than a cache that outlives its session or table would.
-    """
+    """The view's statements on one table, prepared at ``QUORUM``."""
 
     def __init__(self, session: Any, name: str) -> None:
         self._session = session

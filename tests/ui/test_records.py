@@ -17,7 +17,7 @@ from millstream.engine.config import MillstreamConfig
 from millstream.engine.errors import ConfigError
 from millstream.ui import SnapshotHub, create_app
 from millstream.ui.app import _scan
-from millstream.ui.records import Scan, _ranges, scan_stream
+from millstream.ui.records import ReaderPool, Scan, _ranges, scan_stream
 from millstream.ui.snapshot import Observation
 
 S = 1_000_000
@@ -32,13 +32,22 @@ def lines(count: int, start: int = 0) -> list[str]:
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("pooled", [False, True], ids=["own-consumer", "pooled-consumer"])
 def test_a_scan_reads_decodes_filters_and_tails_a_stream(
-    services: MillstreamConfig, unique: Callable[[str], str]
+    services: MillstreamConfig, unique: Callable[[str], str], pooled: bool
 ) -> None:
+    """The same scans with a consumer made for each, and with one consumer lent to each in
+    turn (the view's pool): a lent consumer reads what a fresh one reads, even after a scan
+    that stopped half-way."""
     stream = unique("ui_records")
+    pool = ReaderPool(services, keep=1) if pooled else None
+
+    def read(*args: Any) -> dict[str, Any]:
+        return scan_stream(services, *args, readers=pool)
+
     try:
         produce_lines(services, stream, lines(30), partitions=2, source="ui-test")
-        everything = scan_stream(services, Scan(stream, limit=500))
+        everything = read(Scan(stream, limit=500))
         assert everything["scanned"] == 30
         assert everything["truncated"] is False
         assert [r["value"]["n"] for r in everything["records"]] == list(range(29, -1, -1))
@@ -46,26 +55,26 @@ def test_a_scan_reads_decodes_filters_and_tails_a_stream(
         assert sum(b - a for a, b in everything["ranges"].values()) == 30
 
         # Filters: one key, an event-time window [since, until).
-        window = scan_stream(services, Scan(stream, key="k1", since=T0 + 10 * S, until=T0 + 20 * S))
+        window = read(Scan(stream, key="k1", since=T0 + 10 * S, until=T0 + 20 * S))
         assert [r["value"]["n"] for r in window["records"]] == [19, 16, 13, 10]
         assert window["matched"] == 4
         assert window["scanned"] == 30
 
         # The budget: the newest 10 (a partition with fewer leaves its share to the others),
         # and it says older ones went unread.
-        newest = scan_stream(services, Scan(stream, key="k1", budget=10, limit=3))
+        newest = read(Scan(stream, key="k1", budget=10, limit=3))
         assert newest["scanned"] == 10
         assert newest["truncated"] is True
         assert len(newest["records"]) == 3
         # Unfiltered, every message is wanted: the newest 3 are among each partition's 3.
-        unfiltered = scan_stream(services, Scan(stream, budget=10, limit=3))
+        unfiltered = read(Scan(stream, budget=10, limit=3))
         assert unfiltered["scanned"] == 6
         assert [r["value"]["n"] for r in unfiltered["records"]] == [29, 28, 27]
 
         # A tail goes on from the positions the last scan reached: only what came after.
         produce_lines(services, stream, lines(4, start=30), source="ui-test")
         after = {int(p): o for p, o in everything["positions"].items()}
-        tail = scan_stream(services, Scan(stream, after=after))
+        tail = read(Scan(stream, after=after))
         assert sorted(r["value"]["n"] for r in tail["records"]) == [30, 31, 32, 33]
         assert tail["scanned"] == 4
 
@@ -73,13 +82,44 @@ def test_a_scan_reads_decodes_filters_and_tails_a_stream(
         produce_lines(services, stream, lines(600, start=34), source="ui-test")
         gave_up = threading.Event()
         gave_up.set()
-        stopped = scan_stream(services, Scan(stream, key="k1", budget=1_000), gave_up.is_set)
+        stopped = read(Scan(stream, key="k1", budget=1_000), gave_up.is_set)
         assert stopped["cancelled"] is True
         assert stopped["scanned"] == 256
+        after_stop = read(Scan(stream, budget=10, limit=3))
+        assert [r["value"]["n"] for r in after_stop["records"]] == [633, 632, 631]
     finally:
+        if pool is not None:
+            pool.close()
         from millstream.connectors.kafka import delete_topics
 
         delete_topics(services, [stream])
+
+
+@pytest.mark.integration
+def test_a_pool_lends_its_consumer_again_and_closes_one_whose_scan_failed(
+    services: MillstreamConfig,
+) -> None:
+    pool = ReaderPool(services, keep=1)
+    with pool.reader() as first:
+        assert first.assignment() == []
+    with pool.reader() as again, pool.reader() as second:
+        assert again is first  # kept, unassigned, between scans
+        assert second is not first  # lent out already: a new one
+    # Both come back; one is kept (keep=1), the other closed.
+    with pool.reader() as kept:
+        assert kept in (first, second)
+    closed = second if kept is first else first
+    with pytest.raises(RuntimeError, match="closed"):
+        closed.assignment()
+    with pytest.raises(ValueError, match="a scan failed"), pool.reader() as failed:
+        raise ValueError("a scan failed")
+    with pytest.raises(RuntimeError, match="closed"):
+        failed.assignment()  # not kept: its state is unknown
+    with pool.reader() as fresh:
+        assert fresh is not kept
+    pool.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        fresh.assignment()  # the waiting ones close with the pool
 
 
 @pytest.mark.unit

@@ -25,7 +25,7 @@ from millstream.engine.stores.cassandra import CassandraIntervalStore, create_sc
 from millstream.engine.stores.cassandra.schema import FENCES_TABLE
 from millstream.engine.timers import TimeDomain, Timer
 from millstream.ui.server import StoreReader
-from millstream.ui.store_view import interval_overview
+from millstream.ui.store_view import IntervalReads, interval_overview
 
 pytestmark = pytest.mark.integration
 
@@ -52,8 +52,10 @@ class RecordingSession:
     def __init__(self, session: Any) -> None:
         self.session = session
         self.executed: list[tuple[str, int]] = []
+        self.prepared: list[str] = []
 
     def prepare(self, cql: str) -> Any:
+        self.prepared.append(cql)
         return self.session.prepare(cql)
 
     def execute(self, statement: Any, parameters: Any = None, **options: Any) -> Any:
@@ -263,6 +265,21 @@ def test_a_keyspace_of_an_older_millstream_has_no_fence_counts(
     cassandra.execute(f"DROP TABLE {keyspace}.{FENCES_TABLE}")
     (entry,) = interval_overview(cassandra, keyspace, TABLE, "old")["intervals"]
     assert (entry["interval"], entry["fenced"]) == (0, None)
+
+
+def test_reads_asked_again_prepare_nothing_again(
+    keyspace: str, store: CassandraIntervalStore, cassandra: Any
+) -> None:
+    store.layout("twice", 1)
+    recording = RecordingSession(cassandra)
+    reads = IntervalReads(recording, keyspace, TABLE)
+    prepared = list(recording.prepared)
+    assert prepared  # the statements, once
+    first = reads.overview("twice")
+    store.acquire("twice", 0)
+    second = reads.overview("twice")
+    assert recording.prepared == prepared
+    assert [first["intervals"][0]["sequencer"], second["intervals"][0]["sequencer"]] == [None, 1]
 
 
 def test_pages_asking_within_the_fresh_time_share_one_read(
