@@ -104,6 +104,7 @@ class StoreReader:
     def intervals(self, computation: str, cancelled: Callable[[], bool]) -> dict[str, Any]:
         from cassandra import DriverException
         from cassandra.cluster import NoHostAvailable
+        from cassandra.query import tuple_factory
 
         del cancelled  # one bounded read per interval, all in flight at once: nothing to stop
         with self._lock:
@@ -119,6 +120,9 @@ class StoreReader:
             try:
                 if self._session is None:
                     self._cluster, self._session = connect(self.config)
+                    # Plain tuples: the driver's default makes a namedtuple class for every
+                    # page of rows, and most of the rows read here are only counted.
+                    self._session.row_factory = tuple_factory
                 if self._reads is None:
                     self._reads = IntervalReads(self._session, self.keyspace, self.table)
                 answer = self._reads.overview(computation)
