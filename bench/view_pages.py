@@ -42,10 +42,18 @@ class PageCounts:
 class Page:
     """One open page: an event-stream reader and a timer of reads, on two threads."""
 
-    def __init__(self, base: str, computation: str, tail: str | None, stop: threading.Event):
+    def __init__(
+        self,
+        base: str,
+        computation: str,
+        tail: str | None,
+        stop: threading.Event,
+        offset: float = 0.0,
+    ):
         self.base = base
         self.computation = computation
         self.tail = tail
+        self.offset = offset  # seconds before its first read: pages opened at other times
         self.stop = stop
         self.counts = PageCounts()
         self._lock = threading.Lock()
@@ -78,8 +86,8 @@ class Page:
 
     def _reads(self) -> None:
         positions: dict[str, Any] | None = None
-        next_intervals = time.monotonic()
-        next_tail = time.monotonic()
+        next_intervals = time.monotonic() + self.offset
+        next_tail = time.monotonic() + self.offset
         while not self.stop.is_set():
             now = time.monotonic()
             if now >= next_intervals:
@@ -131,8 +139,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     base = args.url if args.url.endswith("/") else args.url + "/"
     stop = threading.Event()
+    # Their timers spread over the refresh period, as pages opened at different moments are
+    # (all at once, they would ask together and the view would refuse the third: 429).
     pages = [
-        Page(base, args.computation, args.tail if n == args.pages - 1 else None, stop)
+        Page(
+            base,
+            args.computation,
+            args.tail if n == args.pages - 1 else None,
+            stop,
+            offset=n * INTERVALS_EVERY / args.pages,
+        )
         for n in range(args.pages)
     ]
     for page in pages:

@@ -5,6 +5,7 @@ job)."""
 from __future__ import annotations
 
 import contextlib
+import os
 import pickle
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from millstream.ui.store_view import IntervalReads
 
 __all__ = [
     "DEFAULT_PORT",
+    "VIEW_NICENESS",
     "RunningView",
     "StoreReader",
     "address",
@@ -38,6 +40,8 @@ __all__ = [
 ]
 
 DEFAULT_PORT = 8470
+VIEW_NICENESS = 10
+"""How far below its driver's CPU priority a view beside it runs (:func:`start_view`)."""
 STORE_FRESH_SECONDS = 5.0
 """How long one read of a computation's key intervals serves every page (their refresh)."""
 
@@ -216,14 +220,18 @@ def start_view(
     keyspace: str | None = None,
     table: str | None = None,
     timeout: float = 30.0,
+    niceness: int = VIEW_NICENESS,
 ) -> RunningView:
     """The view served from a child process, listening once this returns (as :func:`serve`,
     which says what the arguments mean). Raises :class:`ConfigError` if it cannot listen
     there. A process of its own: the view's work never holds this process's interpreter
-    lock (a driver's batches), and a page that freezes cannot reach it."""
+    lock (a driver's batches), and a page that freezes cannot reach it. It runs ``niceness``
+    steps below this process's CPU priority (``nice``): on a busy machine the topology's
+    work goes first, and the view takes what is left."""
     if not is_loopback(host) and not token:
         _server_refusal(host)  # said here, at once, as serve says it
     arguments = {
+        "niceness": niceness,
         "config": config,
         "host": host,
         "port": port,
@@ -251,6 +259,7 @@ def serve_child() -> None:
     arguments come pickled on standard input, which stays open until the parent stops the
     view (or dies)."""
     arguments = pickle.load(sys.stdin.buffer)
+    os.nice(arguments.pop("niceness"))
     server, readers = _server(**arguments, clock=None)
 
     def announce() -> None:
