@@ -652,6 +652,21 @@ return Boolean(row && table && row.querySelector('td.counted.failed_attempts')
   && table.cells[7].textContent === '0');
 """
 
+# The texts of names shown on more than one line (a text node's box per line).
+BROKEN_NAMES = """
+const broken = [];
+for (const name of document.querySelectorAll('.name')) {
+  if (!name.offsetParent) continue;  // hidden
+  const texts = document.createTreeWalker(name, NodeFilter.SHOW_TEXT);
+  for (let text = texts.nextNode(); text; text = texts.nextNode()) {
+    const range = document.createRange();
+    range.selectNodeContents(text);
+    if (range.getClientRects().length > 1) broken.push(text.textContent);
+  }
+}
+return broken;
+"""
+
 # Clicks the button (a link) of a table's row that shows this text, if the row is there.
 CLICK_LINK = """
 const link = [...document.querySelectorAll(arguments[0] + ' button.link')]
@@ -806,3 +821,11 @@ def screenshot_each_view(browser: webdriver.Chrome, demo: Demo, directory: Path)
 
     for name in SHOTS:
         assert (directory / name).read_bytes().startswith(b"\x89PNG"), name
+
+    # At a laptop's 1280 px, every view filled in: no name breaks mid-word, and a table wider
+    # than the page scrolls in its own box, never the page.
+    browser.set_window_size(1280, SHOT_SIZE[1])
+    assert browser.execute_script(BROKEN_NAMES) == []
+    assert browser.execute_script(
+        "return document.documentElement.scrollWidth <= document.documentElement.clientWidth"
+    ), "the page scrolls sideways at 1280 px"
