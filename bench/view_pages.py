@@ -5,7 +5,9 @@ computation's key intervals every 5 s (from Cassandra), and, on the last page, a
 stream every 2 s (from Kafka). A separate process, as a browser would be: nothing here shares the
 driver's interpreter.
 
-    python bench/view_pages.py URL --pages 3 --computation NAME [--tail STREAM]
+    python bench/view_pages.py URL --pages 3 --computation NAME [--tail STREAM] [--no-panels]
+
+``--no-panels``: the pages only read the snapshots, as a page does once opened.
 
 It runs until its standard input closes, then prints one JSON line: per page, the snapshots
 received and the requests made, answered, refused (429: the view serves two reads at once) and
@@ -49,6 +51,7 @@ class Page:
         tail: str | None,
         stop: threading.Event,
         offset: float = 0.0,
+        panels: bool = True,
     ):
         self.base = base
         self.computation = computation
@@ -58,10 +61,9 @@ class Page:
         self.counts = PageCounts()
         self._lock = threading.Lock()
         self.connected = threading.Event()
-        self._threads = [
-            threading.Thread(target=self._events, daemon=True),
-            threading.Thread(target=self._reads, daemon=True),
-        ]
+        self._threads = [threading.Thread(target=self._events, daemon=True)]
+        if panels:
+            self._threads.append(threading.Thread(target=self._reads, daemon=True))
 
     def start(self) -> None:
         for thread in self._threads:
@@ -136,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pages", type=int, default=3)
     parser.add_argument("--computation", required=True, help="whose key intervals to read")
     parser.add_argument("--tail", help="a stream the last page tails live")
+    parser.add_argument(
+        "--no-panels", action="store_true", help="no panel open: the pages read snapshots only"
+    )
     args = parser.parse_args(argv)
     base = args.url if args.url.endswith("/") else args.url + "/"
     stop = threading.Event()
@@ -148,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             args.tail if n == args.pages - 1 else None,
             stop,
             offset=n * INTERVALS_EVERY / args.pages,
+            panels=not args.no_panels,
         )
         for n in range(args.pages)
     ]
