@@ -326,3 +326,64 @@ def test_each_task_skips_the_records_of_the_others_undecoded_and_loses_none(
     assert (letter.origin.key, letter.error_type) == ("broken", "MalformedRecordError")
     by_interval = {row.interval: row for row in results}
     assert by_interval[layout.interval_of("broken")].counts.rejected == 1
+
+
+class Closable:
+    """A connection, sink or consumer that says when it was closed."""
+
+    def __init__(self, closed: list[str], name: str) -> None:
+        self.closed = closed
+        self.name = name
+
+    def close(self) -> None:
+        self.closed.append(self.name)
+
+    def shutdown(self) -> None:
+        self.closed.append(self.name)
+
+
+def test_a_process_keeps_the_resources_of_its_most_recently_used_endpoints_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Python worker serves one topology after another: the connections of tables it no
+    longer serves are closed once more than ``KEPT_ENDPOINTS`` are held; those in use stay."""
+    import millstream.connectors.cassandra as cassandra_connector
+    import millstream.connectors.kafka as kafka_connector
+    import millstream.engine.stores.cassandra as cassandra_store
+
+    closed: list[str] = []
+    made: list[str] = []
+
+    def connect(config: MillstreamConfig) -> tuple[Closable, object]:
+        made.append("cluster")
+        return Closable(closed, f"cluster {len(made)}"), object()
+
+    monkeypatch.setattr(cassandra_connector, "connect", connect)
+    monkeypatch.setattr(
+        cassandra_store, "CassandraIntervalStore", lambda session, keyspace, clock, table: object()
+    )
+    monkeypatch.setattr(
+        kafka_connector, "KafkaProductionSink", lambda config: Closable(closed, "sink")
+    )
+    monkeypatch.setattr(
+        kafka_connector,
+        "KafkaTransactionalSink",
+        lambda config, namespace: Closable(closed, "transactions"),
+    )
+    monkeypatch.setattr(executor, "_CACHE", {})
+
+    def settings(table: str) -> TaskSettings:
+        return TaskSettings(MillstreamConfig(), "keyspace", table, "run", f"keyspace.{table}")
+
+    first = executor._resources(settings("t0"))
+    for n in range(1, executor.KEPT_ENDPOINTS):
+        executor._resources(settings(f"t{n}"))
+    assert executor._resources(settings("t0")) is first  # used again: now the most recent
+    assert closed == []
+    executor._resources(settings("new"))  # one more than kept: t1, least recently used, goes
+    assert closed == ["transactions", "sink", "cluster 2"]
+    assert len(executor._CACHE) == executor.KEPT_ENDPOINTS
+    assert executor._resources(settings("t0")) is first
+    assert settings("t1").endpoints not in executor._CACHE
+    executor.clear_process_cache()
+    assert len(closed) == 3 * (executor.KEPT_ENDPOINTS + 1)
