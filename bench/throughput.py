@@ -117,7 +117,7 @@ import tempfile
 import time
 import venv
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -1227,6 +1227,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--records", type=int, default=20_000, help="backlog size")
     parser.add_argument("--keys", type=int, default=10_000, help="distinct keys of the backlog")
     parser.add_argument("--runs", type=int, default=1, help="runs of each row (median shown)")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=0,
+        help="uncounted runs of the first row before the counted ones (a JVM warming up)",
+    )
     parser.add_argument("--only", default="", help=f"comma-separated subset of: {', '.join(names)}")
     parser.add_argument(
         "--rates", default="200,2000", help="events/s of the latency phases ('' for none)"
@@ -1255,9 +1261,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     unknown = sorted(set(args.only) - set(names))
     if unknown:
         parser.error(f"unknown --only names {unknown}; choose from {names}")
+    if args.warmup < 0:
+        parser.error("--warmup must not be negative")
     if args.records < 1 or args.keys < 1 or args.runs < 1 or args.large_keys < LARGE_BATCH:
         parser.error(f"--records, --keys, --runs must be positive, --large-keys >= {LARGE_BATCH}")
     return args
+
+
+def run_order(systems: Sequence[System], args: argparse.Namespace) -> list[tuple[int, System]]:
+    """The rows' runs in the order they run, each with its number (0: a warm-up, not counted).
+
+    Runs go round the rows (run 1 of every row, then run 2, ...): a drift in the shared
+    machine's speed then spreads over every row alike, not over one row's runs. Even rounds go
+    round backwards, so that no row always runs first, or always right after another one (whose
+    leftovers, compactions and topic deletions, would land on it). ``--warmup`` first runs the
+    first row that many times, uncounted: the first run in a fresh Spark session is slower
+    (the JVM still compiling), and it would otherwise count against whichever row came first.
+    """
+    order: list[tuple[int, System]] = [(0, systems[0])] * args.warmup if systems else []
+    for number in range(1, args.runs + 1):
+        round_ = systems if number % 2 else list(reversed(systems))
+        order.extend((number, system) for system in round_)
+    return order
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1270,22 +1295,19 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[RunResult]] = {}
     large: LargeStateResult | None = None
     try:
-        # Runs go round the rows (run 1 of every row, then run 2, ...): a drift in the shared
-        # machine's speed then spreads over every row alike, not over one row's runs.
-        for number in range(1, args.runs + 1):
-            for system in SYSTEMS:
-                if system.name not in args.only:
-                    continue
-                print(f"{system.name} (run {number}/{args.runs})", flush=True)
-                result = measure(bench, system)
+        for number, system in run_order([s for s in SYSTEMS if s.name in args.only], args):
+            label = "warm-up, not counted" if number == 0 else f"run {number}/{args.runs}"
+            print(f"{system.name} ({label})", flush=True)
+            result = measure(bench, system)
+            if number > 0:
                 runs.setdefault(system.name, []).append(result)
-                if result.records_per_s is not None:
-                    print(
-                        f"  {result.records_per_s:,.0f} records/s, startup "
-                        f"{result.startup_s:.1f} s, check: {result.check}"
-                        + "".join(f"; {note}" for note in result.notes),
-                        flush=True,
-                    )
+            if result.records_per_s is not None:
+                print(
+                    f"  {result.records_per_s:,.0f} records/s, startup "
+                    f"{result.startup_s:.1f} s, check: {result.check}"
+                    + "".join(f"; {note}" for note in result.notes),
+                    flush=True,
+                )
         if LARGE_STATE in args.only:
             print(
                 f"{LARGE_STATE}: preloading {args.large_keys:,} + {SMALL_KEYS:,} keys", flush=True
