@@ -61,7 +61,8 @@ opened (``millstream-watched``); in ``millstream-viewed`` each also has the comp
 intervals open (read every 5 s), and the third tails the output stream every 2 s. Their
 throughput and latency are printed against ``millstream-strong``'s, medians and run by run,
 with 90 % intervals (the issue's bound: within 2 %). ``--runs N`` goes round the rows N
-times, so that they alternate.
+times, so that they alternate, every other round backwards (no row always runs first, or
+always right after the same one); ``--warmup 1`` first runs the first row once, uncounted.
 
 **Large state**: one millstream computation with ``key_intervals=1`` whose interval already
 holds the state of ``--large-keys`` keys (preloaded through ``CassandraIntervalStore.commit``),
