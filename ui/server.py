@@ -221,17 +221,23 @@ def start_view(
     table: str | None = None,
     timeout: float = 30.0,
     niceness: int = VIEW_NICENESS,
+    idle: bool = True,
 ) -> RunningView:
     """The view served from a child process, listening once this returns (as :func:`serve`,
     which says what the arguments mean). Raises :class:`ConfigError` if it cannot listen
     there. A process of its own: the view's work never holds this process's interpreter
     lock (a driver's batches), and a page that freezes cannot reach it. It runs ``niceness``
-    steps below this process's CPU priority (``nice``): on a busy machine the topology's
-    work goes first, and the view takes what is left."""
+    steps below this process's CPU priority (``nice``) and, where the system has it and
+    ``idle`` is true, under Linux's ``SCHED_IDLE`` policy: it runs on a core no process of
+    normal priority wants, and waking up it never takes a core from one (``nice`` alone
+    lets it preempt a batch's thread every time its readings fall due). On a busy machine
+    the topology's work goes first, and the view takes what is left; the age of every value
+    on its pages says when that was little."""
     if not is_loopback(host) and not token:
         _server_refusal(host)  # said here, at once, as serve says it
     arguments = {
         "niceness": niceness,
+        "idle": idle,
         "config": config,
         "host": host,
         "port": port,
@@ -260,6 +266,8 @@ def serve_child() -> None:
     view (or dies)."""
     arguments = pickle.load(sys.stdin.buffer)
     os.nice(arguments.pop("niceness"))
+    if arguments.pop("idle") and hasattr(os, "SCHED_IDLE"):
+        _idle_policy()
     server, readers = _server(**arguments, clock=None)
 
     def announce() -> None:
@@ -279,6 +287,16 @@ def serve_child() -> None:
         server.run()
     finally:
         readers.close()
+
+
+def _idle_policy() -> None:
+    """This process's threads under ``SCHED_IDLE``: those running now (an import may have
+    started one) and, as threads inherit it, the Kafka and Cassandra clients' to come."""
+    for thread in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setscheduler(int(thread), os.SCHED_IDLE, os.sched_param(0))
+        except ProcessLookupError:
+            continue  # it ended since the listing: nothing of it left to run
 
 
 def address(host: str, port: int) -> str:

@@ -57,6 +57,10 @@ def test_a_view_beside_a_driver_serves_refuses_a_taken_port_and_frees_its_own(
         # Below the driver's CPU priority: on a busy machine the topology goes first.
         mine = os.getpriority(os.PRIO_PROCESS, 0)
         assert os.getpriority(os.PRIO_PROCESS, view.pid) == min(19, mine + VIEW_NICENESS)
+        # Never preempting the batches' threads when its readings fall due: none of its own.
+        threads = [int(t) for t in os.listdir(f"/proc/{view.pid}/task")]
+        assert len(threads) > 1
+        assert {os.sched_getscheduler(t) for t in threads} == {os.SCHED_IDLE}
         with pytest.raises(ConfigError, match="could not listen"):
             start_view(services, port=port)
     # Stopped: nothing listens there any more (what a restarted view binds with, as uvicorn
