@@ -1452,23 +1452,31 @@ def view_cost_report(
     return [
         row
         for name in VIEWED
-        for row in _view_cost(args, name, runs.get("millstream-strong"), runs.get(name))
+        for row in view_cost(
+            args,
+            f"{name} ({VIEW_PAGES} pages open) / millstream-strong (none)",
+            runs.get("millstream-strong"),
+            runs.get(name),
+            system=f"view-cost {name}",
+        )
     ]
 
 
-def _view_cost(
+def view_cost(
     args: argparse.Namespace,
-    name: str,
+    label: str,
     plain: list[RunResult] | None,
     viewed: list[RunResult] | None,
+    *,
+    system: str,
 ) -> list[dict[str, Any]]:
+    """The ``viewed`` results' cost against the ``plain`` ones, paired in order (runs of two
+    rows, or blocks of one run: bench/view_cost.py), printed under ``label`` and returned as
+    a JSON row named ``system``."""
     if not plain or not viewed:
         return []
-    print(
-        f"\nthe live view's cost: {name} ({VIEW_PAGES} pages open) / millstream-strong (none); "
-        "the issue's bound: throughput ≥ 0.98, latency ≤ 1.02"
-    )
-    row: dict[str, Any] = {"system": f"view-cost {name}"}
+    print(f"\nthe live view's cost: {label}; the issue's bound: throughput ≥ 0.98, latency ≤ 1.02")
+    row: dict[str, Any] = {"system": system}
     # The spread from run to run is larger than the bound: each ratio comes with a 90 %
     # interval, from resampling the pairs of runs (a bootstrap over runs, not samples).
     pairs = list(zip(plain, viewed, strict=False))
@@ -1484,7 +1492,7 @@ def _view_cost(
         row["throughput_ratio_per_run"] = per_run
         print(
             f"  throughput: x{ratio:.3f} (medians; 90 % interval x{low:.3f} to x{high:.3f}); "
-            "run by run: " + ", ".join(f"x{pair:.3f}" for pair in per_run)
+            "pair by pair: " + ", ".join(f"x{pair:.3f}" for pair in per_run)
         )
     for rate in args.rates:
         plain_samples = [x for r in plain for x in r.latency.get(rate, [])]

@@ -1,0 +1,202 @@
+"""The live view's cost in pairs of blocks on one running topology: view off, view on.
+
+``bench/throughput.py``'s ``millstream-watched`` row compares whole runs, each with a topology,
+topics and keyspace of its own, against ``millstream-strong`` runs; on a shared machine whose
+speed moves by 10 to 20 % from run to run, sixteen runs of each resolve a cost of about 5 %,
+not the 2 % issue 26 allows. Here one ``millstream-strong`` topology runs throughout (its
+``--records`` backlog drained first, to warm it), and the view is started and stopped around
+it: ``--pairs`` pairs of blocks, in each pair one block without the view and one with it
+served as ``millstream run --ui-port`` serves it (a child process of the driver's) and three
+pages open on it (``bench/view_pages.py``; ``--panels``: each with the key intervals open and
+one tailing the output, as ``millstream-viewed``). The pairs alternate which block comes
+first (off-on, on-off, ...), so a drift in the machine's speed falls on both alike.
+
+``--warmup`` blocks without the view run first, uncounted (the first latency phases after
+the backlog run slower). A block waits ``--settle`` seconds (once the pages are open, in a
+block with the view: its start-up is not what a running view costs), then runs the latency
+phases (``--rates``, ``--latency-seconds`` each: paced input, injection to a
+``read_committed`` reader, as in ``throughput.py``) and a burst of ``--burst`` records
+injected at full speed, whose records/s (first injected to last output) is the block's
+throughput. The costs are printed as in ``throughput.py``: ratios of the blocks with the
+view to those without, each with a 90 % interval from resampling the pairs.
+
+    .venv/bin/python bench/view_cost.py --pairs 12
+
+Needs the local stack (``millstream up``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make `bench.*` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.harness import inject_events
+from bench.throughput import (
+    VIEW_PAGES,
+    BacklogRun,
+    Bench,
+    MillstreamHandle,
+    RunResult,
+    Viewers,
+    backlog_key,
+    backlog_run,
+    latency_phases,
+    no_value,
+    output_size,
+    run_all,
+    start_millstream,
+    view_cost,
+)
+from millstream.engine.config import load_config
+
+__all__ = ["Block", "block_order", "main"]
+
+
+@dataclass
+class Block:
+    """One block's figures: with the view or without, its latencies and burst throughput."""
+
+    viewed: bool
+    result: RunResult
+    note: str = ""
+
+
+def block_order(pairs: int) -> list[bool]:
+    """Whether each block runs with the view: pairs alternate which goes first (off-on,
+    on-off, ...), so that neither always follows the other."""
+    order: list[bool] = []
+    for pair in range(pairs):
+        order.extend((False, True) if pair % 2 == 0 else (True, False))
+    return order
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--records", type=int, default=20_000, help="backlog drained first")
+    parser.add_argument("--keys", type=int, default=10_000, help="distinct keys")
+    parser.add_argument("--pairs", type=int, default=12, help="pairs of blocks (off, on)")
+    parser.add_argument("--rates", default="200,2000", help="events/s of the latency phases")
+    parser.add_argument("--latency-seconds", type=float, default=10.0, help="length of each")
+    parser.add_argument("--burst", type=int, default=50_000, help="records of a block's burst")
+    parser.add_argument("--settle", type=float, default=2.0, help="seconds before measuring")
+    parser.add_argument(
+        "--warmup", type=int, default=1, help="uncounted blocks without the view, first"
+    )
+    parser.add_argument(
+        "--panels", action="store_true", help="pages with key intervals open and a live tail"
+    )
+    parser.add_argument("--json", type=Path, help="write the figures to this JSON file")
+    args = parser.parse_args(argv)
+    args.rates = [float(r) for r in args.rates.split(",") if r.strip()]
+    if args.pairs < 2 or args.records < 1 or args.keys < 1 or args.burst < 0 or args.warmup < 0:
+        parser.error(
+            "--pairs must be at least 2; --records, --keys positive, --burst, --warmup >= 0"
+        )
+    if not args.rates and not args.burst:
+        parser.error("nothing to measure: give --rates or a --burst")
+    # What throughput.py's helpers read of its arguments.
+    args.profile, args.profile_idle = None, False
+    return args
+
+
+def measure_block(
+    bench: Bench, run: BacklogRun, viewed: bool, first: int, panels: bool
+) -> tuple[Block, int]:
+    """One block from record number ``first``; the block and the next block's ``first``."""
+    args = bench.args
+    handle = run.handle
+    assert isinstance(handle, MillstreamHandle)
+    key_of = backlog_key(args.keys)
+    result = RunResult("view on" if viewed else "view off")
+    if viewed:
+        run.viewers = Viewers(run, handle.computation, panels=panels)
+    try:
+        time.sleep(args.settle)
+        result.latency = latency_phases(
+            bench, run.config, run.topics, run.watcher, handle, first=first, key_of=key_of
+        )
+        first += sum(max(1, int(rate * args.latency_seconds)) for rate in args.rates)
+        if args.burst:
+            before = run.watcher.count()
+            started = time.time()
+            inject_events(
+                run.config, run.topics.source, args.burst, None, keyspace=run.keyspace,
+                first=first, key_of=key_of, value_of=no_value,
+            )  # fmt: skip
+            done = run.watcher.wait(before + args.burst, max(300.0, args.burst / 50), handle.check)
+            result.records_per_s = args.burst / (done - started)
+            first += args.burst
+    finally:
+        note = ""
+        if run.viewers is not None:
+            viewers, run.viewers = run.viewers, None
+            note = viewers.stop()
+    return Block(viewed, result, note), first
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    began = time.monotonic()
+    bench = Bench(
+        load_config(), args, Path(tempfile.mkdtemp(prefix="millstream-view-cost-")), output_size()
+    )
+    blocks: list[Block] = []
+    try:
+        key_of = backlog_key(args.keys)
+        with backlog_run(bench, args.records, key_of) as run:
+            run.handle = start_millstream(bench, run.topics, run.config)
+            records_per_s, _, _ = run.drain(args.records)
+            print(f"warm-up backlog of {args.records:,}: {records_per_s:,.0f} records/s")
+            first = args.records
+            order = block_order(args.pairs)
+            for number in range(args.warmup):
+                # The first latency phases after the backlog ran slower: not a pair's.
+                block, first = measure_block(bench, run, False, first, args.panels)
+                print(f"warm-up block {number + 1}/{args.warmup}: not counted", flush=True)
+            for number, viewed in enumerate(order, 1):
+                block, first = measure_block(bench, run, viewed, first, args.panels)
+                blocks.append(block)
+                shown = {
+                    f"p50@{rate:g}": sorted(samples)[len(samples) // 2]
+                    for rate, samples in block.result.latency.items()
+                    if samples
+                }
+                print(
+                    f"block {number}/{len(order)} ({block.result.system}): "
+                    + (f"{block.result.records_per_s:,.0f} records/s; " if args.burst else "")
+                    + ", ".join(f"{k} {v:.0f} ms" for k, v in shown.items())
+                    + (f"; {block.note}" if block.note else ""),
+                    flush=True,
+                )
+    finally:
+        run_all([bench.close, lambda: shutil.rmtree(bench.root, ignore_errors=True)])
+    # Each pair's blocks side by side, as throughput.py pairs its runs.
+    off = [b.result for b in blocks if not b.viewed]
+    on = [b.result for b in blocks if b.viewed]
+    pages = f"{VIEW_PAGES} pages open" + (", panels and a tail" if args.panels else "")
+    rows = view_cost(
+        args, f"blocks with the view ({pages}) / without, in pairs", off, on, system="view-cost"
+    )
+    print(f"\n(whole run: {time.monotonic() - began:.0f} s)")
+    if args.json is not None:
+        raw = [
+            {"viewed": b.viewed, "records_per_s": b.result.records_per_s,
+             "latency": {f"{rate:g}": samples for rate, samples in b.result.latency.items()}}
+            for b in blocks
+        ]  # fmt: skip
+        args.json.write_text(json.dumps({"cost": rows, "blocks": raw}) + "\n")
+        print(f"wrote {args.json}")
+    return 0 if len(blocks) == 2 * args.pairs else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
