@@ -126,6 +126,11 @@ class KafkaService(LocalService):
             "group.initial.rebalance.delay.ms": "0",
             # Lets users delete the per-test and scratch topics they create.
             "delete.topic.enable": "true",
+            # A topic exists because someone created it with its partitions: a client that
+            # still knows a deleted one (Spark's cached producers, a long-lived librdkafka
+            # producer's periodic metadata refresh) would otherwise bring it back minutes
+            # later with one partition. Kafka's own internal topics are created regardless.
+            "auto.create.topics.enable": "false",
         }
         return "".join(f"{key}={value}\n" for key, value in settings.items())
 

@@ -36,6 +36,7 @@ def test_kraft_combined_node_bound_to_loopback(tmp_path: Path) -> None:
     assert properties["controller.quorum.voters"] == "1@127.0.0.1:19093"
     assert properties["log.dirs"] == str(tmp_path / "kafka" / "data")
     assert properties["offsets.topic.replication.factor"] == "1"
+    assert properties["auto.create.topics.enable"] == "false"
 
 
 def test_command_line_carries_the_marker_and_main_class(tmp_path: Path) -> None:

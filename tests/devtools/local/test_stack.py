@@ -5,11 +5,15 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from confluent_kafka import KafkaError, Producer
 
+from millstream.connectors.kafka import admin_client, delete_topics
 from millstream.connectors.maven import MavenArtifacts
 from millstream.devtools.local.java import JavaRuntime
 from millstream.devtools.local.kafka import KafkaService
@@ -57,6 +61,27 @@ def test_the_cli_reports_status(services: MillstreamConfig) -> None:
     lines = result.stdout.splitlines()
     assert any(line.startswith("kafka") and "healthy" in line for line in lines), lines
     assert any(line.startswith("cassandra") and "healthy" in line for line in lines), lines
+
+
+@pytest.mark.integration
+def test_a_deleted_topic_stays_deleted_when_a_client_asks_for_it(
+    services: MillstreamConfig,
+) -> None:
+    # What a producer that still knows a deleted topic does: ask for its metadata, allowing the
+    # broker to create it (librdkafka's producer default, and every Java producer's).
+    name = f"gone-{uuid.uuid4().hex}"
+    asker = Producer(
+        {"bootstrap.servers": services.kafka_bootstrap, "allow.auto.create.topics": True}
+    )
+    try:
+        answer = asker.list_topics(name, timeout=10).topics[name]
+        assert answer.error is not None
+        assert answer.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+        time.sleep(1)  # a topic the broker created would be listed by now
+        assert name not in admin_client(services).list_topics(timeout=10).topics
+    finally:
+        if name in admin_client(services).list_topics(timeout=10).topics:
+            delete_topics(services, [name])
 
 
 @pytest.mark.integration
