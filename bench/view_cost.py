@@ -39,7 +39,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `bench.*` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.harness import inject_events
+from bench.harness import inject_events, percentile
 from bench.throughput import (
     VIEW_PAGES,
     BacklogRun,
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                 block, first = measure_block(bench, run, viewed, first, args.panels)
                 blocks.append(block)
                 shown = {
-                    f"p50@{rate:g}": sorted(samples)[len(samples) // 2]
+                    f"p50@{rate:g}": percentile(samples, 50)
                     for rate, samples in block.result.latency.items()
                     if samples
                 }

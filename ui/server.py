@@ -229,10 +229,10 @@ def start_view(
     lock (a driver's batches), and a page that freezes cannot reach it. It runs ``niceness``
     steps below this process's CPU priority (``nice``) and, where the system has it and
     ``idle`` is true, under Linux's ``SCHED_IDLE`` policy: it runs on a core no process of
-    normal priority wants, and waking up it never takes a core from one (``nice`` alone
-    lets it preempt a batch's thread every time its readings fall due). On a busy machine
-    the topology's work goes first, and the view takes what is left; the age of every value
-    on its pages says when that was little."""
+    normal priority wants, and waking up it never takes a core from one (with ``nice``
+    alone a view waking for its readings can still be given a core ahead of a batch's
+    thread). On a busy machine the topology's work goes first, and the view takes what is
+    left; the age of every value on its pages says when that was little."""
     if not is_loopback(host) and not token:
         _server_refusal(host)  # said here, at once, as serve says it
     arguments = {
