@@ -132,7 +132,7 @@ class SnapshotHub:
         self.sequence = 0
         self.latest: str | None = None  # the newest snapshot, as JSON
         self.metrics = metrics or ViewMetrics()
-        self._changed = asyncio.Condition()
+        self._published = asyncio.Event()  # set, and replaced, at each snapshot
 
     async def run(self) -> None:
         """Observe forever (until cancelled); an observation that fails is said in the next
@@ -159,26 +159,25 @@ class SnapshotHub:
             "seq": self.sequence + 1,
             "svg": draw_graph(snapshot["nodes"], snapshot["edges"]),
         }
-        async with self._changed:
-            self.latest = json.dumps(document, separators=(",", ":"))
-            self.sequence += 1
-            self._changed.notify_all()
+        self.latest = json.dumps(document, separators=(",", ":"))
+        self.sequence += 1
+        published, self._published = self._published, asyncio.Event()
+        published.set()
 
     async def newer_than(self, seen: int, timeout: float) -> tuple[int, str] | None:
         """The newest snapshot once its number is above ``seen`` (``None`` after ``timeout``
         seconds without one)."""
-        async with self._changed:
-            try:
-                await asyncio.wait_for(
-                    self._changed.wait_for(
-                        lambda: self.sequence > seen and self.latest is not None
-                    ),
-                    timeout,
-                )
-            except TimeoutError:
-                return None
-            assert self.latest is not None
-            return self.sequence, self.latest
+        # One event loop reads and writes these, so no lock: an asyncio.Condition waited on
+        # under wait_for could be left unacquired by a page leaving as the wait timed out
+        # (Python 3.11), and its release then raised in the page's stream.
+        try:
+            async with asyncio.timeout(timeout):
+                while not (self.sequence > seen and self.latest is not None):
+                    await self._published.wait()
+        except TimeoutError:
+            return None
+        assert self.latest is not None
+        return self.sequence, self.latest
 
 
 Browse = Callable[[Scan, Callable[[], bool]], dict[str, Any]]

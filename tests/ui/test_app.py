@@ -4,6 +4,7 @@ the token gate, read-only routes, and the event stream's numbering and skipping.
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import pytest
@@ -176,3 +177,54 @@ def test_an_open_page_counts_until_it_goes() -> None:
         return counted
 
     assert asyncio.run(scenario()) == [0.0, 1.0, 0.0]
+
+
+def test_pages_leaving_as_their_waits_time_out_never_wedge_the_hub() -> None:
+    # Pages' streams cancelled (their browsers left) just as their waits for a newer snapshot
+    # time out and a snapshot is published: with a lock around the waits, a cancelled wait
+    # could be left taking the lock after its page had gone, and nothing got it back: every
+    # later page, and the next snapshot, waited forever. On a loop of its own, in a thread,
+    # so that a wedged loop fails the test instead of hanging it.
+    async def scenario() -> list[str]:
+        view = hub()
+        await view.publish(view.tracker.update(observation()))
+        loop = asyncio.get_running_loop()
+        waits = [asyncio.ensure_future(view.newer_than(view.sequence, 0.05)) for _ in range(50)]
+        await asyncio.sleep(0.049)
+        snapshot = view.tracker.update(observation())
+        loop.call_later(0.001, lambda: asyncio.ensure_future(view.publish(snapshot)))
+        for leaving in waits[::2]:
+            loop.call_later(0.001, leaving.cancel)
+        outcomes = await asyncio.gather(*waits, return_exceptions=True)
+        await asyncio.sleep(0.05)
+        problems = [
+            repr(outcome)
+            for outcome in outcomes
+            if isinstance(outcome, BaseException)
+            and not isinstance(outcome, asyncio.CancelledError)
+        ]
+        stuck = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        problems += [f"a task left waiting: {task!r}" for task in stuck]
+        if not stuck:
+            seen = view.sequence
+            loop.call_later(0.01, lambda: asyncio.ensure_future(view.publish(snapshot)))
+            if await view.newer_than(seen, 1.0) is None:
+                problems.append("the next snapshot never reached a page")
+        return problems
+
+    problems: list[str] = []
+    runs: list[int] = []
+
+    def rounds() -> None:
+        for number in range(20):
+            problems.extend(asyncio.run(scenario()))
+            runs.append(number)
+            if problems:
+                return
+
+    loop_thread = threading.Thread(target=rounds, daemon=True)
+    loop_thread.start()
+    loop_thread.join(30)
+    assert not problems
+    assert not loop_thread.is_alive(), f"wedged after {len(runs)} rounds"
+    assert len(runs) == 20
