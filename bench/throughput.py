@@ -110,6 +110,7 @@ import os
 import random
 import resource
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -521,9 +522,24 @@ class Viewers:
             self.stop()
             raise
 
+    def pause(self) -> None:
+        """Freeze the view and its pages (SIGSTOP): no reading, serving or asking until
+        :meth:`resume`, as if there were no view, but nothing they hold is closed, so
+        resuming costs no start-up (bench/view_cost.py's slices)."""
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Let a paused view and its pages go on (SIGCONT; harmless on running ones)."""
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, which: signal.Signals) -> None:
+        for pid in (self.view.pid, *(() if self.pages is None else (self.pages.pid,))):
+            os.kill(pid, which)  # by its own PID: a child of this process
+
     def stop(self) -> str:
         """Close the pages and stop the view; what the pages did, as a note. Raises if a
         page's request failed: the row then measured a broken view."""
+        self.resume()  # a stopped process would not read its closed standard input
         summary: dict[str, Any] = {}
         cpu = ""
         view_seconds = process_cpu(self.view.pid)

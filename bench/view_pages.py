@@ -29,6 +29,9 @@ from typing import Any
 
 INTERVALS_EVERY = 5.0  # the page's refresh of an open computation panel (ui/assets/app.js)
 TAIL_EVERY = 2.0  # the page's live tail
+# A browser's event stream has no read timeout; a page here waits longer than any pause of
+# bench/view_cost.py's slices (the view and its pages frozen, a wall clock going on).
+READ_TIMEOUT = 120.0
 
 
 @dataclass
@@ -72,7 +75,7 @@ class Page:
     def _events(self) -> None:
         while not self.stop.is_set():
             try:
-                with urllib.request.urlopen(self.base + "events", timeout=30) as stream:
+                with urllib.request.urlopen(self.base + "events", timeout=READ_TIMEOUT) as stream:
                     for raw in stream:
                         if self.stop.is_set():
                             return
@@ -110,7 +113,7 @@ class Page:
             self.counts.requests += 1
         url = f"{self.base}{path}?{urllib.parse.urlencode(query)}"
         try:
-            with urllib.request.urlopen(url, timeout=30) as response:
+            with urllib.request.urlopen(url, timeout=READ_TIMEOUT) as response:
                 body: dict[str, Any] = json.loads(response.read())
         except urllib.error.HTTPError as exc:
             if exc.code == 429:
