@@ -10,6 +10,7 @@ before, and the observation says why.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
@@ -64,17 +65,25 @@ class KafkaObserver:
             self._renew()
             topics = None
         if topics is not None:
-            if self.config.kafka_watermark_topic in topics:
-                try:
-                    self._read_watermarks()
-                except (KafkaException, TimeoutError) as exc:
-                    errors.append(f"could not read the watermark topic ({exc})")
-                    self._watermarks.reconnect()
+            # The watermark topic's end with the streams', in the one request.
+            internal = self.config.kafka_watermark_topic
+            asked = stream_topics(self.config, topics) + ([internal] if internal in topics else [])
             try:
-                self._ends = self._end_offsets(stream_topics(self.config, topics))
+                ends = self._end_offsets(asked)
             except (KafkaException, TimeoutError) as exc:
-                errors.append(f"could not read the streams' end offsets ({exc})")
+                errors.append(
+                    f"could not read the end offsets of the streams and the watermark topic ({exc})"
+                )
                 self._renew()
+            else:
+                reported = ends.pop(internal, None)
+                self._ends = ends
+                if reported is not None:
+                    try:
+                        self._read_watermarks(reported)
+                    except (KafkaException, TimeoutError) as exc:
+                        errors.append(f"could not read the watermark topic ({exc})")
+                        self._watermarks.reconnect()
         return Observation(
             now=self.clock.now(),
             messages=dict(self._messages),
@@ -99,9 +108,9 @@ class KafkaObserver:
         }
         return list(self._partitions)
 
-    def _end_offsets(self, topics: list[str]) -> Offsets:
+    def _end_offsets(self, topics: list[str]) -> dict[str, dict[int, int]]:
         """Every partition's end offset in one request per broker (a consumer would make one
-        per partition: a second for a thousand of them)."""
+        per partition: a second for a thousand of them; and a metadata request per topic)."""
         if self._admin is None:
             self._admin = admin_client(self.config)
         asked = {
@@ -123,8 +132,8 @@ class KafkaObserver:
             ends.setdefault(place.topic, {})[place.partition] = answer.offset
         return ends
 
-    def _read_watermarks(self) -> None:
-        for key, message in self._watermarks.read(self.timeout):
+    def _read_watermarks(self, ends: Mapping[int, int]) -> None:
+        for key, message in self._watermarks.read(self.timeout, ends):
             old = self._messages.get(key)
             if message is None:
                 self._messages.pop(key, None)

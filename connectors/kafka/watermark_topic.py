@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from confluent_kafka import (
     Consumer,
@@ -180,15 +180,20 @@ class KafkaWatermarkTopic:
 
     # -- reading -----------------------------------------------------------------------------
 
-    def read(self, timeout: float = 30.0) -> list[tuple[str, WatermarkMessage | None]]:
+    def read(
+        self, timeout: float = 30.0, ends: Mapping[int, int] | None = None
+    ) -> list[tuple[str, WatermarkMessage | None]]:
         """The messages after those read before, up to the topic's end now, as ``(key,
-        message)`` in topic order (``None``: a retired key).
+        message)`` in topic order (``None``: a retired key). ``ends``: the topic's end offset
+        per partition, if the caller asked for them already (with other topics', in one
+        request: the live view's readings); else this read asks.
 
         A read that fails (Kafka down, a timeout) returns nothing and moves nothing: the next
         read starts where this one did, so no report is ever skipped.
         """
         reader = self._read_consumer()
-        ends = end_offsets(reader, [self.topic], timeout)[self.topic]
+        if ends is None:
+            ends = end_offsets(reader, [self.topic], timeout)[self.topic]
         if not self._assigned or ends.keys() - self._next.keys():
             # Assigned once (again only if partitions are added, or after a failed read):
             # re-assigning resets the fetcher, which then takes a second or more to deliver.
