@@ -150,14 +150,7 @@ def measure_block(
         )
         first += sum(max(1, int(rate * args.latency_seconds)) for rate in args.rates)
         if args.burst:
-            before = run.watcher.count()
-            started = time.time()
-            inject_events(
-                run.config, run.topics.source, args.burst, None, keyspace=run.keyspace,
-                first=first, key_of=key_of, value_of=no_value,
-            )  # fmt: skip
-            done = run.watcher.wait(before + args.burst, max(300.0, args.burst / 50), handle.check)
-            result.records_per_s = args.burst / (done - started)
+            result.records_per_s, _ = burst(bench, run, first, key_of)
             first += args.burst
     finally:
         note = ""
@@ -226,6 +219,24 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if len(blocks) == 2 * args.pairs else 1
 
 
+def burst(
+    bench: Bench, run: BacklogRun, first: int, key_of: Callable[[int], str]
+) -> tuple[float, float]:
+    """``--burst`` records from number ``first`` injected at full speed: their records/s,
+    first injected to last output, and those seconds."""
+    count = bench.args.burst
+    handle = run.handle
+    assert handle is not None
+    before = run.watcher.count()
+    started = time.time()
+    inject_events(
+        run.config, run.topics.source, count, None, keyspace=run.keyspace,
+        first=first, key_of=key_of, value_of=no_value,
+    )  # fmt: skip
+    seconds = run.watcher.wait(before + count, max(300.0, count / 50), handle.check) - started
+    return count / seconds, seconds
+
+
 def measure_slices(
     bench: Bench, run: BacklogRun, order: list[bool], first: int, panels: bool
 ) -> list[Block]:
@@ -257,16 +268,9 @@ def measure_slices(
                 break
             (viewers.resume if viewed else viewers.pause)()
             time.sleep(args.settle)
-            before = run.watcher.count()
-            started = time.time()
-            inject_events(
-                run.config, run.topics.source, args.burst, None, keyspace=run.keyspace,
-                first=first, key_of=key_of, value_of=no_value,
-            )  # fmt: skip
-            done = run.watcher.wait(before + args.burst, max(300.0, args.burst / 50), handle.check)
+            result.records_per_s, seconds = burst(bench, run, first, key_of)
             if viewed:
-                running += done - started + args.settle
-            result.records_per_s = args.burst / (done - started)
+                running += seconds + args.settle
             first += args.burst
             print(
                 f"burst {number}/{len(order)} ({result.system}): "
