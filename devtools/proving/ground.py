@@ -95,6 +95,7 @@ __all__ = [
     "Tier",
     "Unplanned",
     "discard",
+    "dump_stacks",
     "prove",
     "read_store_probes",
     "recheck",
@@ -318,7 +319,10 @@ class GroundReport:
             lines += ["", f"unplanned exits: {len(self.unplanned)}"]
             for exit in self.unplanned:
                 lines.append(f"  {exit.role} exited with {exit.code}: {exit.error[:300]}")
-        lines += ["", "PASSED" if self.passed else "FAILED"]
+        if self.passed:
+            lines += ["", "PASSED"]
+        else:
+            lines += ["", f"FAILED (its logs, topics and keyspace are kept: {self.directory})"]
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
@@ -426,6 +430,39 @@ class _Role:
         return old
 
 
+def dump_stacks(pids: set[int], path: Path) -> str:
+    """Where each of ``pids`` is, for a run that stopped making progress: every Python
+    process's threads by ``py-spy dump`` into ``path``, and every JVM's thread dump by
+    ``SIGQUIT`` (the JVM prints it to its own output, the role's log). What was dumped, in a
+    few words."""
+    spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    python, jvm = 0, 0
+    with path.open("a") as out:
+        for pid in sorted(pids):
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue  # gone meanwhile
+            program = Path(argv[0].decode(errors="replace")).name
+            if program == "java":
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGQUIT)
+                jvm += 1
+            elif program.startswith("python") and spy is not None:
+                out.write(f"== pid {pid}: {b' '.join(argv).decode(errors='replace')}\n")
+                out.flush()
+                dumped = subprocess.run(
+                    [spy, "dump", "--pid", str(pid)],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    timeout=60,
+                    check=False,
+                )
+                python += dumped.returncode == 0
+    spied = f"{python} Python stacks in {path}" if spy else "py-spy not installed"
+    return f"{spied}; {jvm} JVM thread dumps in the driver's log"
+
+
 def _stat(pid: int) -> list[str] | None:
     """The fields of /proc/<pid>/stat after the command name (state, ppid, pgrp, ...)."""
     try:
@@ -524,6 +561,14 @@ class _Run:
         env[ENVIRONMENT_VARIABLE] = str(self.pauses)
         self.faults = directory / "faults"
         env[fault_points.ENVIRONMENT_VARIABLE] = str(self.faults)
+        # Temporary files in the run's directory, gone with it: a process killed -9 leaves its
+        # own (Spark's block manager and files, the JVM's unpacked native libraries), and a
+        # run kills dozens.
+        scratch = directory / "tmp"
+        scratch.mkdir(exist_ok=True)
+        env["TMPDIR"] = env["SPARK_LOCAL_DIRS"] = str(scratch)
+        tool_options = env.get("JAVA_TOOL_OPTIONS", "")
+        env["JAVA_TOOL_OPTIONS"] = f"{tool_options} -Djava.io.tmpdir={scratch}".strip()
         self.poisoned: list[int] = []
         self.tombstones = 0
         self.driver = _Role("driver", directory, env)
@@ -557,6 +602,31 @@ class _Run:
             return False
         self.let_through(min(cap, injected + quarter))
         return True
+
+    def feed(self) -> None:
+        """A quarter step more input; once the faults before used up the share before the last
+        step, from the last step."""
+        if not self.nudge():
+            self.nudge(into_last_step=True)
+
+    def fed(
+        self, condition: Callable[[], bool], feed: Callable[[], None] | None = None
+    ) -> Callable[[], bool]:
+        """``condition``, for :meth:`wait`, with input kept coming meanwhile: ``feed`` (default
+        :meth:`feed`) every 5 s. A pipeline that drained the input let through runs no batch
+        and reaches no pause point, however well it works."""
+        feed = feed or self.feed
+        fed = [time.monotonic()]
+
+        def check() -> bool:
+            if condition():
+                return True
+            if time.monotonic() - fed[0] >= 5.0:
+                feed()
+                fed[0] = time.monotonic()
+            return False
+
+        return check
 
     def trickle(self) -> None:
         """Let a few records more through (fewer than ``tally``'s merge threshold, up to all
@@ -684,17 +754,7 @@ class _Run:
         nudge()
         # Keep input coming while waiting: a window closes (and rollup gets work) only once
         # enough event time went by.
-        nudged = [time.monotonic()]
-
-        def parked() -> bool:
-            if at.exists():
-                return True
-            if time.monotonic() - nudged[0] >= 5.0:
-                nudge()
-                nudged[0] = time.monotonic()
-            return False
-
-        if not self.wait(parked, 120, f"a process at {point}"):
+        if not self.wait(self.fed(at.exists, nudge), 120, f"a process at {point}"):
             (self.pauses / f"arm.{point}").unlink(missing_ok=True)
             return None
         return int(at.read_text())
@@ -797,9 +857,14 @@ class _Run:
         down, since = time.monotonic(), time.time()
         went_on = ""
         if self.replicated:
-            # Two of three nodes left: the pipeline must go on committing meanwhile.
-            if not self.wait(self.ran_batch(since), 120, "a batch with a node down"):
-                outcome.detail = f"no batch committed within 120 s with {service.name} down"
+            # Two of three nodes left: the pipeline must go on committing meanwhile, on input
+            # that keeps coming (it may have drained what it had while the node was stopped).
+            if not self.wait(self.fed(self.ran_batch(since)), 120, "a batch with a node down"):
+                # Where the driver waits, while it still does: the run's logs keep it.
+                stacks = dump_stacks(self.driver.members(), self.directory / "stacks.txt")
+                outcome.detail = (
+                    f"no batch committed within 120 s with {service.name} down ({stacks})"
+                )
                 service.up()
                 return
             went_on = "; batches committed meanwhile"
@@ -1145,7 +1210,11 @@ def prove(
                 subprocess.run(["umount", str(checkpoint_disk)], check=False)
             report.seconds = time.monotonic() - started
             (directory / "report.json").write_text(json.dumps(report.to_json(), indent=2))
+    except BaseException:
+        keep = True  # a run that could not finish keeps what tells why, as a failed one does
+        raise
     finally:
-        if not keep:
+        # A run that failed keeps its logs, topics and keyspace: they are what tells why.
+        if not keep and report.passed:
             discard(base_config, directory)
     return report

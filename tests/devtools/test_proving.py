@@ -267,6 +267,55 @@ def test_a_roles_members_include_descendants_that_left_its_process_group(tmp_pat
                 os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.unit
+def test_a_stuck_runs_stacks_are_dumped_python_by_py_spy_and_the_jvm_to_its_log(
+    tmp_path: Path,
+) -> None:
+    """What a run that stopped making progress leaves to tell where it waits: each Python
+    process's threads in a file, and each JVM's thread dump in its own output."""
+    import signal
+    import subprocess
+
+    from millstream.devtools.proving.ground import dump_stacks
+
+    (tmp_path / "Parked.java").write_text(
+        "public class Parked { public static void main(String[] a) throws Exception {"
+        ' System.out.println("ready"); System.out.flush(); Thread.sleep(60_000); } }'
+    )
+    jvm_log = tmp_path / "jvm.log"
+    with jvm_log.open("wb") as out:
+        jvm = subprocess.Popen(["java", str(tmp_path / "Parked.java")], stdout=out)
+    python = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time\ndef parked_here():\n    print('ready', flush=True)\n"
+            "    time.sleep(60)\nparked_here()\n",
+        ],
+        stdout=subprocess.PIPE,
+    )
+    shell = subprocess.Popen(["sleep", "60"])
+    try:
+        assert python.stdout is not None
+        assert python.stdout.readline() == b"ready\n"
+        deadline = time.monotonic() + 60
+        while b"ready" not in jvm_log.read_bytes():  # compiled and running
+            assert time.monotonic() < deadline, "the JVM did not start"
+            time.sleep(0.1)
+        stacks = tmp_path / "stacks.txt"
+        said = dump_stacks({python.pid, jvm.pid, shell.pid}, stacks)
+        assert said == f"1 Python stacks in {stacks}; 1 JVM thread dumps in the driver's log"
+        assert "parked_here" in stacks.read_text()
+        while b"Full thread dump" not in jvm_log.read_bytes():
+            assert time.monotonic() < deadline, jvm_log.read_text()
+            time.sleep(0.1)
+        assert shell.poll() is None  # neither signalled nor dumped: neither Python nor a JVM
+    finally:
+        for process in (jvm, python, shell):
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+
+
 @pytest.mark.integration
 def test_a_plain_read_committed_reader_counts_a_message_sent_twice(
     services: MillstreamConfig, kafka_topic: Callable[..., str]
