@@ -1,14 +1,16 @@
-"""``bench/zeitgeist_cv.py``'s hindsight bound picks each series' best bars."""
+"""``bench/zeitgeist_cv.py``: the hindsight bound picks each series' best bars; the
+long-horizon detector finds a sustained rise once."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import pytest
-from zeitgeist.model import ModelParams
+from zeitgeist.model import BUCKET_MICROS, ModelParams
 from zeitgeist.series import NabScore, Score, Series
 
-from bench.zeitgeist_cv import HINDSIGHT, hindsight_bars
+from bench.zeitgeist_cv import HINDSIGHT, LONG_HORIZON, hindsight_bars, long_horizon
 
 pytestmark = pytest.mark.unit
 
@@ -52,3 +54,29 @@ def test_a_tie_goes_to_fewer_false_alarms() -> None:
 
     bound = hindsight_bars(series, defaults, flat)
     assert bound["a"].threshold == pytest.approx(defaults.threshold * max(HINDSIGHT))
+
+
+def _daily(days: int, rise: tuple[int, int] | None = None) -> Series:
+    """Noiseless traffic with a daily rhythm over ``days`` days of 5-minute buckets; ``rise``
+    (first bucket, buckets) carries 1.7 times the usual count."""
+    counts = {}
+    for number in range(days * 288):
+        usual = 100 + 60 * math.sin(2 * math.pi * number / 288)
+        risen = rise is not None and rise[0] <= number < rise[0] + rise[1]
+        counts[number * BUCKET_MICROS] = round(usual * (1.7 if risen else 1.0))
+    return Series("q", counts)
+
+
+def test_the_long_horizon_detector_finds_a_rise_sustained_for_most_of_a_day() -> None:
+    params = ModelParams(
+        level_alpha=LONG_HORIZON["level_alpha"][0],
+        spike_scales=LONG_HORIZON["spike_scales"][0],
+        threshold=LONG_HORIZON["threshold"][0],
+        cooldown=LONG_HORIZON["cooldown"][0],
+    )
+    start = 12 * 288 + 100  # day 12, 8:20: ten hours of 1.7 times the usual traffic
+    found = [bucket // BUCKET_MICROS for bucket in long_horizon(_daily(16, (start, 120)), params)]
+    # Once, within the rise: not again a day on, while the 24-hour sum still holds it.
+    assert len(found) == 1, found
+    assert start <= found[0] < start + 120, found
+    assert long_horizon(_daily(16), params) == []
