@@ -135,6 +135,14 @@ SOURCE_OPTIONS: Mapping[str, str] = {
     # the broker's default partitions): a stream deleted while Spark's cached consumers
     # still know it would come back, empty and with the wrong partitions.
     "kafka.allow.auto.create.topics": "false",
+    # The driver's offset lookups: an admin client whose broker was killed can wait out a
+    # whole call without a node to send it to ("Timed out waiting for a node assignment"),
+    # which by default is 60 s, while the retry's new client finds the new leaders at once.
+    # Shorter calls and more of them: the same three minutes of patience in all. (An admin
+    # client refuses a call timeout under its request timeout, 30 s by default.)
+    "kafka.default.api.timeout.ms": "15000",
+    "kafka.request.timeout.ms": "10000",
+    "fetchOffset.numRetries": "12",
 }
 """Kafka source options :func:`kafka_stream` sets unless ``options`` say otherwise."""
 
