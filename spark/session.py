@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from millstream.connectors import logs
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.errors import ConfigError
+from millstream.spark.class_archive import archive_options, discard
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -90,6 +91,7 @@ def spark_session(
     While a program routes its logs (:func:`millstream.connectors.logs.route_logs`), a
     driver JVM this starts logs to the run's log file, and so does what it prints.
     """
+    from pyspark.errors import PySparkRuntimeError
     from pyspark.sql import SparkSession  # deferred: importing pyspark costs a second
 
     # Executors' Python workers must run this interpreter, with millstream importable.
@@ -108,16 +110,48 @@ def spark_session(
     routing = logs.active()
     if routing is not None and submitted is None:
         # spark-submit started its JVM already: its logs go where spark-submit sends them.
-        options = conf.get("spark.driver.extraJavaOptions", "")
-        conf["spark.driver.extraJavaOptions"] = f"{routing.jvm_options()} {options}".strip()
-        if not routing.verbose:
-            _launch_driver_jvm(conf, routing.path)
+        _add_java_options(conf, routing.jvm_options())
+    archive = None
+    if submitted is None and config.spark_is_local and config.spark_class_archive:
+        options, archive = archive_options(config.home / "spark", conf, progress or _stderr)
+        _add_java_options(conf, options)
+    try:
+        session = _start(conf, routing if submitted is None else None)
+    except (PySparkRuntimeError, ConfigError):
+        if archive is None:
+            raise
+        # A JVM that cannot map the archive exits as it starts: start without it.
+        discard(archive)
+        (progress or _stderr)(
+            f"the Spark driver JVM did not start with its class archive; removed {archive}, "
+            "starting without it"
+        )
+        conf["spark.driver.extraJavaOptions"] = (
+            conf["spark.driver.extraJavaOptions"]
+            .replace(f"-XX:SharedArchiveFile={archive}", "")
+            .strip()
+        )
+        session = _start(conf, routing if submitted is None else None)
+    session.sparkContext.setLogLevel("WARN")
+    return session
+
+
+def _add_java_options(conf: dict[str, str], options: str) -> None:
+    if options:
+        before = conf.get("spark.driver.extraJavaOptions", "")
+        conf["spark.driver.extraJavaOptions"] = f"{options} {before}".strip()
+
+
+def _start(conf: Mapping[str, str], routing: logs.LogRouting | None) -> SparkSession:
+    """The session of ``conf``, its JVM started first with its output in the routed log."""
+    from pyspark.sql import SparkSession
+
+    if routing is not None and not routing.verbose:
+        _launch_driver_jvm(conf, routing.path)
     builder = SparkSession.builder
     for key, value in conf.items():
         builder = builder.config(key, value)
-    session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("WARN")
-    return session
+    return builder.getOrCreate()
 
 
 SOURCE_OPTIONS: Mapping[str, str] = {

@@ -79,12 +79,15 @@ def test_environment_lists_and_booleans() -> None:
         environ={
             "MILLSTREAM_CASSANDRA_HOSTS": "a, b ,c",
             "MILLSTREAM_SPARK_UI": "yes",
+            "MILLSTREAM_SPARK_CLASS_ARCHIVE": "0",
             "MILLSTREAM_HOME": "/tmp/ms",
         },
         path=None,
     )
     assert config.cassandra_hosts == ("a", "b", "c")
     assert config.spark_ui is True
+    assert config.spark_class_archive is False
+    assert load_config(environ={}, path=None).spark_class_archive is True
     assert config.home == Path("/tmp/ms")
 
 
