@@ -90,11 +90,26 @@ def archive_options(
     path = archive_path(directory, java, _spark_home(), conf)
     if not path.exists() and (_failed(path).exists() or not train(path, conf, progress, environ)):
         return "", None
+    os.utime(path)  # used now: the archives used least recently are the ones evicted
     return f"-XX:SharedArchiveFile={path}", path
 
 
 def _failed(path: Path) -> Path:
     return path.with_suffix(".failed")
+
+
+KEPT_ARCHIVES = 3
+"""Archives kept in one directory (about 160 MB each): one per Java and Spark installation
+(each virtualenv is one) used most recently; the others go when a new one is trained."""
+
+
+def _evict(directory: Path) -> None:
+    archives = sorted(
+        directory.glob("spark-driver-*.jsa"), key=lambda p: p.stat().st_mtime, reverse=True
+    )
+    for stale in archives[KEPT_ARCHIVES:]:
+        for leftover in (stale, stale.with_suffix(".log"), _failed(stale)):
+            leftover.unlink(missing_ok=True)
 
 
 def train(
@@ -175,9 +190,7 @@ def _train_locked(
         )
         return False
     os.replace(partial, path)  # whole, or not there: a driver maps it
-    for stale in path.parent.glob("spark-driver-*.jsa"):
-        if stale != path:
-            stale.unlink(missing_ok=True)  # another Java's or Spark's: 150 MB each
+    _evict(path.parent)
     progress(f"the Spark driver's class archive is ready ({time.monotonic() - started:.0f} s)")
     return True
 

@@ -95,20 +95,29 @@ def _fake_spark(root: Path, script: str) -> Path:
 
 
 @pytest.mark.unit
-def test_an_archive_appears_whole_once_its_jvm_exited_and_replaces_the_stale_ones(
+def test_an_archive_appears_whole_once_its_jvm_exited_and_only_the_recent_ones_stay(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     spark_home = _fake_spark(tmp_path, 'printf archive > "$PARTIAL"\nexit 0\n')
     monkeypatch.setattr(class_archive, "_spark_home", lambda: spark_home)
     store = tmp_path / "archives"
     store.mkdir()
-    stale = store / "spark-driver-0000000000000000.jsa"
-    stale.write_text("another Java's")
+    # Other installations' archives (other virtualenvs, an older Java), the oldest first.
+    others = [store / f"spark-driver-000000000000000{n}.jsa" for n in range(3)]
+    for age, other in enumerate(others):
+        other.write_text("another installation's")
+        other.with_suffix(".log").write_text("its training")
+        os.utime(other, (1_000_000 + age, 1_000_000 + age))
     path = store / "spark-driver-1111111111111111.jsa"
     said: list[str] = []
     assert train(path, {"spark.driver.memory": "1g"}, said.append)
     assert path.read_text() == "archive"
-    assert not stale.exists()
+    kept = sorted(store.glob("*.jsa"))
+    assert len(kept) == class_archive.KEPT_ARCHIVES
+    assert others[0] not in kept, "the least recently used archive was kept"
+    assert not others[0].with_suffix(".log").exists()
+    assert others[1] in kept
+    assert path in kept
     assert not list(store.glob(".*partial")), "the partial file was left behind"
     assert "class archive is ready" in said[-1]
 
