@@ -94,6 +94,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import TYPE_CHECKING, Any, Final
@@ -106,6 +107,8 @@ from millstream.connectors.kafka.hanging import (
     OpenTransaction,
     hanging_after,
 )
+from millstream.connectors.kafka.stalls import stable_offsets
+from millstream.connectors.kafka.topics import when_ready
 from millstream.connectors.provisioning import provision
 from millstream.connectors.services import reaching
 from millstream.engine.authority import WatermarkAuthority
@@ -332,6 +335,7 @@ class RunningTopology:
         self._take_backs: dict[str, int] = {}
         self._batches: list[BatchMetrics] = []
         self._queries: dict[str, StreamingQuery] = {}
+        self._offsets_admin: Any = None  # made by the first _caught_up
         # Per query: set as this handle stops it, so that its batch in progress, whose job
         # Spark cancels, fails at once instead of being retried as a failed attempt.
         self._stopping: dict[str, threading.Event] = {}
@@ -566,7 +570,8 @@ class RunningTopology:
 
     def await_idle(self, timeout: float = 120.0, poll: float = 0.5) -> None:
         """With :class:`ProcessingTime`: wait until every query has processed everything its
-        input topics hold (checked twice in a row, so in-flight productions are seen).
+        input topics hold (checked twice in a row, so in-flight productions are seen), and no
+        transaction is open on them (what was committed behind it is not readable yet).
 
         Raises the error of a query that failed, or ``TimeoutError``.
         """
@@ -1001,28 +1006,35 @@ class RunningTopology:
             return sum(batch.inputs for batch in self._batches)
 
     def _caught_up(self) -> dict[str, dict[str, dict[str, int]]] | None:
-        """Each query's processed end offsets if all equal the topics' ends, else ``None``."""
+        """Each query's processed end offsets if all equal the topics' ends, else ``None``.
+
+        A partition with a transaction open on it is not caught up, whatever was processed:
+        a read_committed reader stops at its last stable offset, and records committed after
+        that transaction began (by other producers) are readable only once it ends. A
+        producer that died mid-transaction leaves it open until the interval's next owner,
+        the driver's sweep or the broker's transaction timeout aborts it.
+        """
         with self._lock:
             queries = dict(self._queries)
         ends: dict[str, dict[str, dict[str, int]]] = {}
-        consumer = offsets_consumer(self.config)
-        try:
-            for name, query in queries.items():
-                if query.status["isTriggerActive"]:
-                    return None
-                processed = _end_offsets(query)
-                spec = self.topology.computations.get(name)
-                if spec is None:
-                    continue
-                for stream in spec.inputs:
-                    topic = kafka_connector.stream_topic(stream.stream)
-                    high = kafka_connector.end_offsets(consumer, [topic])[topic]
-                    done = processed.get(topic, {})
-                    if any(done.get(str(p), 0) < end for p, end in high.items()):
+        if self._offsets_admin is None:
+            self._offsets_admin = kafka_connector.admin_client(self.config)
+        admin = self._offsets_admin
+        for name, query in queries.items():
+            if query.status["isTriggerActive"]:
+                return None
+            processed = _end_offsets(query)
+            spec = self.topology.computations.get(name)
+            if spec is None:
+                continue
+            for stream in spec.inputs:
+                topic = kafka_connector.stream_topic(stream.stream)
+                done = processed.get(topic, {})
+                offsets = when_ready(partial(stable_offsets, admin, [topic]), 10.0)
+                for (_, partition), (stable, high) in offsets.items():
+                    if stable < high or done.get(str(partition), 0) < stable:
                         return None
-                ends[name] = processed
-        finally:
-            consumer.close()
+            ends[name] = processed
         return ends
 
 

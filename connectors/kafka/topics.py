@@ -36,6 +36,7 @@ __all__ = [
     "start_offsets",
     "stream_topic",
     "wake_topic",
+    "when_ready",
 ]
 
 _log = logging.getLogger(__name__)
@@ -136,16 +137,16 @@ def end_offsets(reader: Consumer, topics: Sequence[str], timeout: float = 10.0) 
     Retriable broker errors (a topic just created has no leader yet) are retried until
     ``timeout``.
     """
-    return _when_ready(lambda: _offsets(reader, topics, timeout, _HIGH), timeout)
+    return when_ready(lambda: _offsets(reader, topics, timeout, _HIGH), timeout)
 
 
 def start_offsets(reader: Consumer, topics: Sequence[str], timeout: float = 10.0) -> Offsets:
     """The first offset each partition of ``topics`` still keeps (retention and deleted
     records move it), retried as :func:`end_offsets` is."""
-    return _when_ready(lambda: _offsets(reader, topics, timeout, _LOW), timeout)
+    return when_ready(lambda: _offsets(reader, topics, timeout, _LOW), timeout)
 
 
-def _when_ready(call: Callable[[], _T], timeout: float) -> _T:
+def when_ready(call: Callable[[], _T], timeout: float) -> _T:
     """``call()``, retried while Kafka answers with a retriable error or one of a topic not
     ready yet (just created: no leader, or not known to every broker), until ``timeout``."""
     deadline = time.monotonic() + timeout
@@ -217,7 +218,7 @@ def create_watermark_topic(config: MillstreamConfig, timeout: float = 30.0) -> N
     resource = ConfigResource(ResourceType.TOPIC, topic)
     admin = admin_client(config)  # kept alive: its futures fail once it is collected
     # Just created, the topic may not be known to the broker that answers yet.
-    entries = _when_ready(
+    entries = when_ready(
         lambda: admin.describe_configs([resource])[resource].result(timeout=timeout), timeout
     )
     policy = entries["cleanup.policy"].value

@@ -373,7 +373,8 @@ def ci_run(services: MillstreamConfig) -> Iterator[GroundReport]:
     try:
         yield report
     finally:
-        discard(services, report.directory)
+        if report.passed:  # a failed run keeps what tells why; its report names the directory
+            discard(services, report.directory)
 
 
 @pytest.mark.integration

@@ -311,6 +311,39 @@ def test_the_driver_aborts_a_transaction_hanging_on_a_stream_its_computations_wr
         running.stop()
 
 
+def test_input_behind_an_open_transaction_is_not_idle_until_the_transaction_ends(
+    services: MillstreamConfig, spark: SparkSession, cassandra: Session, pipeline: Pipeline
+) -> None:
+    """Found by the proving ground: a producer that died mid-transaction on a stream holds
+    back what other producers committed there after it (a read_committed reader stops at the
+    last stable offset), and a driver that called its input processed then ended a run
+    without those records."""
+    lots = events(60)
+    kafka_connector.create_topics(services, [pipeline.searches], partitions=2)
+    settings: dict[str, str | int | bool] = {
+        "transactional.id": f"test-open-{pipeline.suffix}",
+        "linger.ms": 0,
+    }
+    dying = kafka_connector.producer(services, **settings)
+    dying.init_transactions(30)
+    dying.begin_transaction()
+    for partition in (0, 1):
+        dying.produce(pipeline.searches, value=encode_record(lots[partition]), partition=partition)
+    assert dying.flush(30) == 0
+    # Committed after the open transaction began: on both partitions, behind it.
+    produce(services, pipeline.searches, [encode_record(r) for r in lots[2:]])
+    running = start(pipeline, services, spark, trigger=ProcessingTime(0.3))
+    try:
+        with pytest.raises(TimeoutError):
+            running.await_idle(timeout=10)
+        assert states(cassandra, pipeline.keyspace, pipeline.per_user) == {}
+        dying.commit_transaction(30)
+        running.await_idle(timeout=120)
+        assert_results(cassandra, pipeline, lots)
+    finally:
+        running.stop()
+
+
 def test_bad_input_lands_in_dead_letters_with_its_origin(
     services: MillstreamConfig, spark: SparkSession, cassandra: Session, pipeline: Pipeline
 ) -> None:
