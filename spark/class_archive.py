@@ -69,7 +69,9 @@ def archive_path(
     real = java.resolve()
     facts = [str(real), str(real.stat().st_size), str(real.stat().st_mtime_ns)]
     jars = sorted((spark_home / "jars").glob("*.jar"))
-    facts += [str(spark_home.resolve()), *(f"{jar.name}:{jar.stat().st_size}" for jar in jars)]
+    # The JVM refuses an archive whose jars changed size or time (a virtualenv made again).
+    facts += [str(spark_home.resolve())]
+    facts += [f"{jar.name}:{jar.stat().st_size}:{jar.stat().st_mtime_ns}" for jar in jars]
     facts += [f"{key}={(conf or {}).get(key, '')}" for key in _SHARED_SETTINGS]
     digest = hashlib.sha256("\n".join(facts).encode()).hexdigest()[:16]
     return directory / f"spark-driver-{digest}.jsa"
