@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-__all__ = ["archive_options", "archive_path", "discard", "java_executable", "train"]
+__all__ = ["archive_options", "archive_path", "java_executable", "train"]
 
 TRAINING_TIMEOUT = 300.0
 """Seconds the training JVM may take (about 20 on two cores)."""
@@ -195,11 +195,6 @@ def _train_locked(
     _evict(path.parent)
     progress(f"the Spark driver's class archive is ready ({time.monotonic() - started:.0f} s)")
     return True
-
-
-def discard(path: Path) -> None:
-    """Remove an archive a driver JVM could not start with; the next start trains again."""
-    path.unlink(missing_ok=True)
 
 
 def _workload() -> None:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from millstream.connectors import logs
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.errors import ConfigError
-from millstream.spark.class_archive import archive_options, discard
+from millstream.spark.class_archive import archive_options
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -107,39 +107,34 @@ def spark_session(
     if submitted is None and not config.spark_packages and config.spark_is_local:
         jars = local_connector_jars(config, progress or _stderr)
     conf = spark_conf(config, app_name, jars, submitted)
-    routing = logs.active()
-    if routing is not None and submitted is None:
-        # spark-submit started its JVM already: its logs go where spark-submit sends them.
-        _add_java_options(conf, routing.jvm_options())
-    archive = None
+    routing = logs.active() if submitted is None else None  # spark-submit routed its JVM
+    if routing is not None:
+        conf = _with_java_options(conf, routing.jvm_options())
+    archive_option, archive = "", None
     if submitted is None and config.spark_is_local and config.spark_class_archive:
-        options, archive = archive_options(config.home / "spark", conf, progress or _stderr)
-        _add_java_options(conf, options)
+        archive_option, archive = archive_options(config.home / "spark", conf, progress or _stderr)
     try:
-        session = _start(conf, routing if submitted is None else None)
+        session = _start(_with_java_options(conf, archive_option), routing)
     except (PySparkRuntimeError, ConfigError):
         if archive is None:
             raise
-        # A JVM that cannot map the archive exits as it starts: start without it.
-        discard(archive)
+        # A JVM that cannot map the archive exits as it starts: start without it, and train
+        # a new one next time.
+        archive.unlink(missing_ok=True)
         (progress or _stderr)(
             f"the Spark driver JVM did not start with its class archive; removed {archive}, "
             "starting without it"
         )
-        conf["spark.driver.extraJavaOptions"] = (
-            conf["spark.driver.extraJavaOptions"]
-            .replace(f"-XX:SharedArchiveFile={archive}", "")
-            .strip()
-        )
-        session = _start(conf, routing if submitted is None else None)
+        session = _start(conf, routing)
     session.sparkContext.setLogLevel("WARN")
     return session
 
 
-def _add_java_options(conf: dict[str, str], options: str) -> None:
-    if options:
-        before = conf.get("spark.driver.extraJavaOptions", "")
-        conf["spark.driver.extraJavaOptions"] = f"{options} {before}".strip()
+def _with_java_options(conf: Mapping[str, str], options: str) -> dict[str, str]:
+    """``conf`` with ``options`` before the driver's other Java options."""
+    before = conf.get("spark.driver.extraJavaOptions", "")
+    together = f"{options} {before}".strip()
+    return {**conf, "spark.driver.extraJavaOptions": together} if together else dict(conf)
 
 
 def _start(conf: Mapping[str, str], routing: logs.LogRouting | None) -> SparkSession:
