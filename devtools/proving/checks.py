@@ -20,6 +20,10 @@ passes when every count is zero:
   row must hold the last acknowledged value (a node that acknowledges before its commit log
   is durable loses the sequencer commits of its last moments, and their productions, already
   in Kafka, are produced again);
+* **open transactions on outputs**: partitions of an output stream on which a transaction is
+  still open once the run ended and the producers' transaction timeout passed (its records,
+  and every record committed after it, stay hidden from read_committed readers). The checks
+  read the streams only once no transaction is open on them, or that timeout passed;
 * **plain read_committed consumer saw duplicates** (only with ``plain_exactly_once``): a
   message of an output stream (what the computations produce, dead letters included) that a
   plain Kafka consumer (``isolation.level=read_committed``, no millstream decoding or
@@ -39,13 +43,15 @@ import re
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from millstream.connectors import cassandra as cassandra_connector
 from millstream.connectors import kafka as kafka_connector
+from millstream.connectors.kafka.stalls import stable_offsets
+from millstream.connectors.kafka.topics import when_ready
 from millstream.connectors.state_view import read_view
 from millstream.connectors.stream_reader import read_messages as stream_messages
 from millstream.devtools.proving.workload import (
@@ -64,6 +70,7 @@ from millstream.engine.watermarks import WatermarkReport, decode_watermark_messa
 
 __all__ = [
     "FENCED_WRITE",
+    "OPEN_TRANSACTIONS",
     "PLAIN_DUPLICATES",
     "STORE_WRITES_LOST",
     "CheckResult",
@@ -71,6 +78,7 @@ __all__ = [
     "check_run",
     "check_store_probes",
     "injector_outage_waits",
+    "open_transactions",
     "plain_duplicates",
     "read_messages",
     "read_plain",
@@ -92,6 +100,7 @@ _INJECTOR_WAITING = re.compile(r"injector '[^']*' process '[^']*': waiting for (
 PLAIN_DUPLICATES = "plain read_committed consumer saw duplicates"
 # The check the cassandra fault's durability probe counts under.
 STORE_WRITES_LOST = "acknowledged store writes lost by a crash"
+OPEN_TRANSACTIONS = "open transactions on outputs"
 # Spark's own fence: a second query on one checkpoint fails to write the same batch's log.
 _SPARK_FENCED = "CONCURRENT_STREAM_LOG_UPDATE"
 # The driver holding a checkpoint restarts a query that lost such a race to a zombie.
@@ -116,6 +125,7 @@ class CheckResult:
                 "timers not fired exactly once",
                 "accounting mismatch",
                 STORE_WRITES_LOST,
+                OPEN_TRANSACTIONS,
             ),
             0,
         )
@@ -305,12 +315,37 @@ def check_run(
         _check_rollup(store, expected, key_intervals, result)
     finally:
         cluster.shutdown()
+    # A producer killed mid-transaction hides what others committed after it from
+    # read_committed readers until the broker aborts it: read once none is open, or the
+    # producers' transaction timeout passed (what is open then hangs, a defect of its own).
+    outputs = [kafka_connector.stream_topic(stream) for stream in names.outputs()]
+    still_open = open_transactions(config, outputs, config.kafka_transaction_timeout + 30.0)
+    result.add(
+        OPEN_TRANSACTIONS,
+        len(still_open),
+        f"(partition, (last stable offset, high watermark)): {sorted(still_open.items())[:3]}",
+    )
     _check_outputs(config, names, expected, result)
     _check_watermarks(config, batch_list, result)
     _check_plain(config, names, result, plain_exactly_once)
     counts = _non_vacuity(batch_list, driver_logs, config, names)
     counts.injector_outage_waits = injector_outage_waits(injector_logs)
     return result, counts
+
+
+def open_transactions(
+    config: MillstreamConfig, topics: Sequence[str], limit: float, poll: float = 0.5
+) -> dict[tuple[str, int], tuple[int, int]]:
+    """The partitions of ``topics`` on which a transaction is still open after waiting up to
+    ``limit`` seconds for none to be, with their (last stable offset, high watermark)."""
+    admin = kafka_connector.admin_client(config)
+    deadline = time.monotonic() + limit
+    while True:
+        offsets = when_ready(lambda: stable_offsets(admin, topics), 30.0)
+        still_open = {p: ends for p, ends in offsets.items() if ends[0] < ends[1]}
+        if not still_open or time.monotonic() >= deadline:
+            return still_open
+        time.sleep(poll)
 
 
 def check_store_probes(probes: Iterable[dict[str, int]], result: CheckResult) -> None:

@@ -18,6 +18,7 @@ from millstream.devtools.proving.checks import (
     STORE_WRITES_LOST,
     CheckResult,
     check_store_probes,
+    open_transactions,
     plain_duplicates,
     read_plain,
 )
@@ -359,6 +360,43 @@ def test_a_plain_read_committed_reader_counts_a_message_sent_twice(
         ]
     )
     assert plain_duplicates(messages) == {topic: 1}
+
+
+@pytest.mark.integration
+def test_the_checks_read_outputs_once_no_transaction_is_open_on_them(
+    services: MillstreamConfig, kafka_topic: Callable[..., str]
+) -> None:
+    """What a transaction left open hides (it and what others committed after it) is read
+    once it ends; one still open after the limit is reported, with where it is."""
+    import threading
+    import uuid
+
+    topic = kafka_topic(partitions=2)
+    dying = kafka_connector.producer(
+        services, **{"transactional.id": f"proving-open-{uuid.uuid4().hex}"}
+    )
+    dying.init_transactions(30)
+    dying.begin_transaction()
+    dying.produce(topic, value=b"open", partition=1)
+    assert dying.flush(30) == 0
+    plain = kafka_connector.producer(services)
+    plain.produce(topic, value=b"committed after it", partition=1)
+    assert plain.flush(30) == 0
+
+    assert open_transactions(services, [topic], limit=1.0) == {(topic, 1): (0, 2)}
+    ends = threading.Timer(2.0, dying.commit_transaction, args=(30,))
+    ends.start()
+    try:
+        started = time.monotonic()
+        assert open_transactions(services, [topic], limit=60.0, poll=0.1) == {}
+        assert time.monotonic() - started >= 1.5, "it did not wait for the transaction"
+    finally:
+        ends.join()
+    values = [v for _, _, v in read_plain(services, [topic], timeout=30)]
+    assert sorted(v for v in values if v is not None) == [
+        b"committed after it",
+        b"open",
+    ]
 
 
 @pytest.fixture(scope="module")
