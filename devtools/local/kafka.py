@@ -132,6 +132,14 @@ class KafkaService(LocalService):
             # later with one partition. Kafka's own internal topics are created regardless.
             "auto.create.topics.enable": "false",
         }
+        if node.replication > 1:
+            # A broker's controlled shutdown waits (up to five minutes) for the controller
+            # quorum to approve it; the stack stops its nodes together, and one whose peers
+            # exited first waits for a majority that never comes, until killed. Without it,
+            # a stopping broker still flushes its logs and writes the clean-shutdown marker;
+            # its partitions move when its session with the controllers times out (the
+            # faults kill brokers anyway, which skips the controlled shutdown too).
+            settings["controlled.shutdown.enable"] = "false"
         return "".join(f"{key}={value}\n" for key, value in settings.items())
 
     def _security_properties(self) -> dict[str, str]:

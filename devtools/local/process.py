@@ -8,6 +8,7 @@ mistaken for ours (and never signalled).
 from __future__ import annotations
 
 import contextlib
+import enum
 import os
 import signal
 import socket
@@ -23,6 +24,7 @@ from millstream.engine.errors import PortInUseError, ServiceStartError
 __all__ = [
     "Progress",
     "ServiceProcess",
+    "Stop",
     "alive",
     "check_ports_free",
     "log_tail",
@@ -152,22 +154,32 @@ class ServiceProcess:
                 next_note = now + 10
             time.sleep(interval)
 
-    def stop(self, timeout: float = 60.0) -> bool:
-        """SIGTERM our process, SIGKILL it after ``timeout``; False if it was not running."""
+    def stop(self, timeout: float = 60.0) -> Stop:
+        """SIGTERM our process, SIGKILL it after ``timeout``; false if it was not running."""
         pid = self.running_pid()
         if pid is None:
-            return False
+            return Stop.NOT_RUNNING
         _signal(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
         while alive(pid) and time.monotonic() < deadline:
             time.sleep(0.2)
+        outcome = Stop.STOPPED
         if alive(pid):
             _signal(pid, signal.SIGKILL)
+            outcome = Stop.KILLED
             while alive(pid):
                 time.sleep(0.1)
         with contextlib.suppress(FileNotFoundError):
             self.pid_file.unlink()
-        return True
+        return outcome
+
+
+class Stop(enum.IntEnum):
+    """How :meth:`ServiceProcess.stop` ended; false when there was nothing to stop."""
+
+    NOT_RUNNING = 0
+    STOPPED = 1  # it exited on SIGTERM
+    KILLED = 2  # it did not exit within the timeout: SIGKILL
 
 
 def _signal(pid: int, sig: signal.Signals) -> None:

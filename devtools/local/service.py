@@ -23,6 +23,7 @@ from millstream.devtools.local.java import JavaRuntime
 from millstream.devtools.local.process import (
     Progress,
     ServiceProcess,
+    Stop,
     check_ports_free,
 )
 from millstream.devtools.local.security import SecureMaterial, secure_client_config
@@ -235,8 +236,13 @@ class LocalService(ABC):
     def down(self) -> bool:
         """Stop our process by pid; False if it was not running."""
         stopped = self.process.stop()
-        self.progress(f"{self.name}: {'stopped' if stopped else 'was not running'}")
-        return stopped
+        said = {
+            Stop.NOT_RUNNING: "was not running",
+            Stop.STOPPED: "stopped",
+            Stop.KILLED: "killed: it did not exit within a minute of SIGTERM",
+        }
+        self.progress(f"{self.name}: {said[stopped]}")
+        return bool(stopped)
 
     def java_argv(self, classpath: list[Path], heap: str, *options: str) -> list[str]:
         """The common JVM prefix: heap, marker, classpath."""

@@ -201,8 +201,9 @@ class LocalStack:
 
     def down(self) -> list[bool]:
         """Stop every node by pid, Kafka's before Cassandra's, the nodes of each backend at
-        once: one after another, the last Kafka broker would wait in vain for a quorum of
-        controllers to approve its controlled shutdown (and be killed after a minute)."""
+        once. (A replicated stack's brokers skip the controlled shutdown: the last of them
+        would wait in vain for a quorum of controllers to approve it, and be killed after a
+        minute; see ``KafkaService.server_properties``.)"""
         stopped: list[bool] = []
         for backend in reversed(_BACKENDS):
             nodes = [s for s in reversed(self.services) if type(s) is backend]

@@ -151,6 +151,8 @@ def test_kafka_node_n_is_broker_and_voter_n(tmp_path: Path, number: int) -> None
     assert properties["offsets.topic.replication.factor"] == "3"
     assert properties["transaction.state.log.replication.factor"] == "3"
     assert properties["transaction.state.log.min.isr"] == "2"
+    # The last broker of the nodes stopped together would wait for a quorum that is gone.
+    assert properties["controlled.shutdown.enable"] == "false"
 
 
 @pytest.mark.unit
@@ -166,6 +168,7 @@ def test_the_single_kafka_node_keeps_one_replica(tmp_path: Path) -> None:
     assert properties["default.replication.factor"] == "1"
     assert properties["min.insync.replicas"] == "1"
     assert properties["offsets.topic.replication.factor"] == "1"
+    assert "controlled.shutdown.enable" not in properties
 
 
 @pytest.mark.unit

@@ -11,6 +11,7 @@ import pytest
 
 from millstream.devtools.local.process import (
     ServiceProcess,
+    Stop,
     alive,
     check_ports_free,
     log_tail,
@@ -58,6 +59,20 @@ def _service(tmp_path: Path) -> ServiceProcess:
     )
 
 
+def test_a_process_that_ignores_sigterm_is_killed_and_says_so(tmp_path: Path) -> None:
+    service = _service(tmp_path)
+    script = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print('ignoring', flush=True); time.sleep(600)"
+    )
+    proc = service.start([sys.executable, "-c", script, service.marker])
+    service.wait_healthy(proc, lambda: "ignoring" in log_tail(service.log_file), 20, print, 0.05)
+    assert service.stop(timeout=0.5) is Stop.KILLED
+    assert service.running_pid() is None
+    assert service.stop(timeout=0.5) is Stop.NOT_RUNNING
+    assert not Stop.NOT_RUNNING
+
+
 def test_start_find_and_stop_by_pid(tmp_path: Path) -> None:
     service = _service(tmp_path)
     script = "import sys, time; print('hello', flush=True); time.sleep(600)"
@@ -66,7 +81,7 @@ def test_start_find_and_stop_by_pid(tmp_path: Path) -> None:
         assert service.running_pid() == proc.pid
         service.wait_healthy(proc, lambda: "hello" in log_tail(service.log_file), 20, print, 0.05)
     finally:
-        assert service.stop(timeout=10)
+        assert service.stop(timeout=10) is Stop.STOPPED
     assert proc.wait(5) is not None
     assert service.running_pid() is None
     assert not service.pid_file.exists()
