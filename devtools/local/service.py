@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from millstream.connectors.maven import MavenArtifacts
+from millstream.devtools.local.class_archive import keep_written_archive, service_archive
 from millstream.devtools.local.java import JavaRuntime
 from millstream.devtools.local.process import (
     Progress,
@@ -28,6 +29,7 @@ from millstream.devtools.local.process import (
 )
 from millstream.devtools.local.security import SecureMaterial, secure_client_config
 from millstream.engine.config import MillstreamConfig
+from millstream.engine.errors import ServiceStartError
 
 __all__ = ["LOOPBACK", "LocalService", "Node", "ServiceStatus"]
 
@@ -207,10 +209,33 @@ class LocalService(ABC):
         classpath = self.artifacts.classpath(self.profile)
         self.prepare()
         self.progress(f"{self.name}: starting (log: {self.process.log_file})")
-        proc = self.process.start(self.argv(classpath), cwd=self.root)
-        self._wait_healthy(proc)
+        argv = self.argv(classpath)
+        self._archives.mkdir(parents=True, exist_ok=True)
+        archive = service_archive(self._archives, self.backend, self._archive_node, argv)
+        proc = self.process.start([argv[0], *archive.jvm_options(), *argv[1:]], cwd=self.root)
+        try:
+            self._wait_healthy(proc)
+        except ServiceStartError:
+            if not archive.mapped or proc.poll() is None:
+                raise
+            # A JVM that cannot map its archive exits as it starts: start without it.
+            archive.path.unlink(missing_ok=True)
+            self.progress(f"{self.name}: did not start with {archive.path}; removed it")
+            # Without it, writing a new one as it stops.
+            proc = self.process.start([argv[0], *archive.jvm_options(), *argv[1:]], cwd=self.root)
+            self._wait_healthy(proc)
         self.progress(f"{self.name}: ready on {self.address()} (pid {proc.pid})")
         return self.status()
+
+    @property
+    def _archives(self) -> Path:
+        """Where the class archives of the local services' JVMs live (all stacks share)."""
+        return self.config.home / "jvm-archives"
+
+    @property
+    def _archive_node(self) -> str:
+        """This node, told apart from the nodes of the other stacks."""
+        return "_".join(self.root.relative_to(self.config.home).parts)
 
     def _wait_healthy(self, proc: subprocess.Popen[bytes] | None) -> None:
         nodes = self.node.stack_option()
@@ -242,6 +267,13 @@ class LocalService(ABC):
             Stop.KILLED: "killed: it did not exit within a minute of SIGTERM",
         }
         self.progress(f"{self.name}: {said[stopped]}")
+        if stopped and self._archives.is_dir():
+            # A JVM started without an archive wrote one as it exited.
+            written = keep_written_archive(
+                self._archives, self._archive_node, stopped is Stop.STOPPED
+            )
+            if written is not None:
+                self.progress(f"{self.name}: archived its classes for later starts ({written})")
         return bool(stopped)
 
     def java_argv(self, classpath: list[Path], heap: str, *options: str) -> list[str]:
