@@ -23,7 +23,6 @@ has its JVM already, and a cluster's executors are JVMs of their own.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import os
 import shutil
 import subprocess
@@ -33,7 +32,12 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from millstream.connectors import jvm_archives
+
 __all__ = ["archive_options", "archive_path", "java_executable", "train"]
+
+_PREFIX = "spark-driver"
+_FAILED = ".failed"  # beside an archive whose training failed: not tried again
 
 TRAINING_TIMEOUT = 300.0
 """Seconds the training JVM may take (about 20 on two cores)."""
@@ -66,15 +70,10 @@ def archive_path(
     """Where the archive for ``java`` and the Spark installation at ``spark_home`` (with the
     driver settings of ``conf`` it depends on) lives in ``directory``: a new Java, Spark or
     classpath gets an archive of its own."""
-    real = java.resolve()
-    facts = [str(real), str(real.stat().st_size), str(real.stat().st_mtime_ns)]
-    jars = sorted((spark_home / "jars").glob("*.jar"))
     # The JVM refuses an archive whose jars changed size or time (a virtualenv made again).
-    facts += [str(spark_home.resolve())]
-    facts += [f"{jar.name}:{jar.stat().st_size}:{jar.stat().st_mtime_ns}" for jar in jars]
-    facts += [f"{key}={(conf or {}).get(key, '')}" for key in _SHARED_SETTINGS]
-    digest = hashlib.sha256("\n".join(facts).encode()).hexdigest()[:16]
-    return directory / f"spark-driver-{digest}.jsa"
+    jars = sorted((spark_home.resolve() / "jars").glob("*.jar"))
+    settings = [f"{key}={(conf or {}).get(key, '')}" for key in _SHARED_SETTINGS]
+    return jvm_archives.archive_path(directory, _PREFIX, java, jars, settings)
 
 
 def archive_options(
@@ -97,21 +96,12 @@ def archive_options(
 
 
 def _failed(path: Path) -> Path:
-    return path.with_suffix(".failed")
+    return path.with_suffix(_FAILED)
 
 
 KEPT_ARCHIVES = 3
 """Archives kept in one directory (about 160 MB each): one per Java and Spark installation
 (each virtualenv is one) used most recently; the others go when a new one is trained."""
-
-
-def _evict(directory: Path) -> None:
-    archives = sorted(
-        directory.glob("spark-driver-*.jsa"), key=lambda p: p.stat().st_mtime, reverse=True
-    )
-    for stale in archives[KEPT_ARCHIVES:]:
-        for leftover in (stale, stale.with_suffix(".log"), _failed(stale)):
-            leftover.unlink(missing_ok=True)
 
 
 def train(
@@ -192,7 +182,7 @@ def _train_locked(
         )
         return False
     os.replace(partial, path)  # whole, or not there: a driver maps it
-    _evict(path.parent)
+    jvm_archives.evict(path.parent, _PREFIX, KEPT_ARCHIVES, companions=(".log", _FAILED))
     progress(f"the Spark driver's class archive is ready ({time.monotonic() - started:.0f} s)")
     return True
 

@@ -15,11 +15,12 @@ and starts without it.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from millstream.connectors import jvm_archives
 
 __all__ = ["KEPT_PER_BACKEND", "ServiceArchive", "keep_written_archive", "service_archive"]
 
@@ -38,8 +39,9 @@ class ServiceArchive:
     partial: Path
     java_agent: bool  # Cassandra's (jamm): archiving with an agent must be allowed
 
-    def jvm_options(self) -> list[str]:
-        """The options that map the archive, or write it at exit when there is none."""
+    def jvm_options(self) -> tuple[list[str], bool]:
+        """The options that map the archive, or write it at exit when there is none; and
+        whether they map it."""
         allow = (
             ["-XX:+UnlockDiagnosticVMOptions", "-XX:+AllowArchivingWithJavaAgent"]
             if self.java_agent
@@ -47,14 +49,9 @@ class ServiceArchive:
         )
         if self.path.exists():
             os.utime(self.path)  # used now: the ones used least recently are evicted
-            return [*allow, f"-XX:SharedArchiveFile={self.path}"]
+            return [*allow, f"-XX:SharedArchiveFile={self.path}"], True
         self.partial.unlink(missing_ok=True)
-        return [*allow, f"-XX:ArchiveClassesAtExit={self.partial}"]
-
-    @property
-    def mapped(self) -> bool:
-        """Whether :meth:`jvm_options` maps the archive (it exists)."""
-        return self.path.exists()
+        return [*allow, f"-XX:ArchiveClassesAtExit={self.partial}"], False
 
 
 def service_archive(
@@ -63,15 +60,11 @@ def service_archive(
     """The archive of a JVM started with ``argv`` (``java ... -cp JARS ...``) as ``node``
     of ``backend``, in ``directory``: named by the Java binary, each jar of the classpath
     (name, size, time: the JVM refuses an archive whose jars changed) and the heap size."""
-    java = Path(argv[0]).resolve()
-    facts = [str(java), str(java.stat().st_size), str(java.stat().st_mtime_ns)]
     classpath = argv[list(argv).index("-cp") + 1].split(":")
-    for jar in map(Path, classpath):
-        stat = jar.stat()
-        facts.append(f"{jar}:{stat.st_size}:{stat.st_mtime_ns}")
-    facts += [arg for arg in argv if arg.startswith(("-Xmx", "-javaagent:"))]
-    digest = hashlib.sha256("\n".join(facts).encode()).hexdigest()[:16]
-    path = directory / f"{backend}-{digest}.jsa"
+    settings = [arg for arg in argv if arg.startswith(("-Xmx", "-javaagent:"))]
+    path = jvm_archives.archive_path(
+        directory, backend, Path(argv[0]), map(Path, classpath), settings
+    )
     return ServiceArchive(
         path=path,
         partial=directory / f".{path.name}.{node}{_PARTIAL}",
@@ -87,16 +80,8 @@ def keep_written_archive(directory: Path, node: str, stopped_cleanly: bool) -> P
         path = directory / partial.name[1 : -len(f".{node}{_PARTIAL}")]
         if stopped_cleanly and partial.stat().st_size > 0 and not path.exists():
             os.replace(partial, path)  # whole, or not there
-            _evict(directory, path.name.split("-", 1)[0])
+            jvm_archives.evict(directory, path.name.split("-", 1)[0], KEPT_PER_BACKEND)
             kept = path
         else:
             partial.unlink(missing_ok=True)
     return kept
-
-
-def _evict(directory: Path, backend: str) -> None:
-    archives = sorted(
-        directory.glob(f"{backend}-*.jsa"), key=lambda p: p.stat().st_mtime, reverse=True
-    )
-    for stale in archives[KEPT_PER_BACKEND:]:
-        stale.unlink(missing_ok=True)

@@ -212,17 +212,22 @@ class LocalService(ABC):
         argv = self.argv(classpath)
         self._archives.mkdir(parents=True, exist_ok=True)
         archive = service_archive(self._archives, self.backend, self._archive_node, argv)
-        proc = self.process.start([argv[0], *archive.jvm_options(), *argv[1:]], cwd=self.root)
+
+        def start() -> tuple[subprocess.Popen[bytes], bool]:
+            options, mapped = archive.jvm_options()
+            return self.process.start([argv[0], *options, *argv[1:]], cwd=self.root), mapped
+
+        proc, mapped = start()
         try:
             self._wait_healthy(proc)
         except ServiceStartError:
-            if not archive.mapped or proc.poll() is None:
+            if not mapped or proc.poll() is None:
                 raise
-            # A JVM that cannot map its archive exits as it starts: start without it.
+            # A JVM that cannot map its archive exits as it starts: start without it (and
+            # write a new one as it stops).
             archive.path.unlink(missing_ok=True)
             self.progress(f"{self.name}: did not start with {archive.path}; removed it")
-            # Without it, writing a new one as it stops.
-            proc = self.process.start([argv[0], *archive.jvm_options(), *argv[1:]], cwd=self.root)
+            proc, _ = start()
             self._wait_healthy(proc)
         self.progress(f"{self.name}: ready on {self.address()} (pid {proc.pid})")
         return self.status()

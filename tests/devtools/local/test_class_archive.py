@@ -56,9 +56,9 @@ def test_a_node_writes_the_archive_at_exit_until_one_is_kept_then_maps_it(tmp_pa
     store.mkdir()
     archive = service_archive(store, "kafka", "kafka", _argv(tmp_path))
     archive.partial.write_bytes(b"left by a JVM that crashed")
-    assert archive.jvm_options() == [f"-XX:ArchiveClassesAtExit={archive.partial}"]
+    assert archive.jvm_options() == ([f"-XX:ArchiveClassesAtExit={archive.partial}"], False)
     assert not archive.partial.exists(), "a stale partial archive was kept"
-    assert not archive.mapped
+    assert not archive.path.exists()
 
     archive.partial.write_bytes(b"written at exit")
     other = service_archive(store, "kafka", "secure_kafka", _argv(tmp_path))
@@ -66,7 +66,7 @@ def test_a_node_writes_the_archive_at_exit_until_one_is_kept_then_maps_it(tmp_pa
     assert keep_written_archive(store, "kafka", stopped_cleanly=True) == archive.path
     assert archive.path.read_bytes() == b"written at exit"
     assert other.partial.exists(), "another node's archive in the making was touched"
-    assert archive.jvm_options() == [f"-XX:SharedArchiveFile={archive.path}"]
+    assert archive.jvm_options() == ([f"-XX:SharedArchiveFile={archive.path}"], True)
 
     # A second node's archive, once one is kept, and one written by a killed JVM, go.
     assert keep_written_archive(store, "secure_kafka", stopped_cleanly=True) is None
@@ -83,7 +83,7 @@ def test_a_java_agent_needs_archiving_allowed_and_old_archives_go(tmp_path: Path
     store = tmp_path / "archives"
     store.mkdir()
     archive = service_archive(store, "cassandra", "cassandra", _argv(tmp_path, "-javaagent:j.jar"))
-    assert archive.jvm_options()[:2] == [
+    assert archive.jvm_options()[0][:2] == [
         "-XX:+UnlockDiagnosticVMOptions",
         "-XX:+AllowArchivingWithJavaAgent",
     ]
