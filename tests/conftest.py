@@ -4,16 +4,24 @@ The local stack comes up once per session (reusing services that already run
 under the configured home) and whatever this session started is stopped at the
 end. Set ``MILLSTREAM_EXTERNAL_SERVICES=1`` to test against the Kafka and
 Cassandra named by the configuration instead of starting local ones.
+
+Under pytest-xdist (``scripts/test`` runs two workers) the workers share one
+stack: the first that needs it starts it, under a file lock, and the controller,
+which outlives the workers, stops what they started (:class:`SharedStack`).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -44,6 +52,28 @@ def unique() -> Callable[[str], str]:
     return unique_name
 
 
+def _running(stack: LocalStack) -> set[str]:
+    return {status.name for status in stack.status() if status.pid is not None}
+
+
+def _stack_up(stack: LocalStack, progress: Callable[[str], None]) -> None:
+    started = time.monotonic()
+    stack.up()
+    progress(f"up in {time.monotonic() - started:.0f}s")
+
+
+def _restore(stack: LocalStack, already_running: set[str]) -> None:
+    """Stop what ran not before, bring back what ran before and a test left dead."""
+    if not already_running:
+        stack.down()  # all nodes of a backend at once (see LocalStack.down)
+        return
+    for service in stack.services:
+        if service.name not in already_running:
+            service.down()
+        elif service.process.running_pid() is None:
+            service.up()
+
+
 @contextmanager
 def running_stack(
     pytestconfig: pytest.Config, stack: LocalStack, progress: Callable[[str], None]
@@ -51,24 +81,125 @@ def running_stack(
     """``stack`` up (reusing services that already run), its progress shown live (a first
     run fetches ~200 MB). At the end, what this started is stopped, also when ``up`` failed
     half way, and a service that ran before and a test left dead is brought back."""
-    already_running = {status.name for status in stack.status() if status.pid is not None}
+    already_running = _running(stack)
     capture = pytestconfig.pluginmanager.getplugin("capturemanager")
-    started = time.monotonic()
     try:
         with capture.global_and_fixture_disabled():
-            stack.up()
-            progress(f"up in {time.monotonic() - started:.0f}s")
+            _stack_up(stack, progress)
         yield
     finally:
         with capture.global_and_fixture_disabled():
-            if not already_running:
-                stack.down()  # all nodes of a backend at once (see LocalStack.down)
-            else:
-                for service in stack.services:
-                    if service.name not in already_running:
-                        service.down()
-                    elif service.process.running_pid() is None:
-                        service.up()
+            _restore(stack, already_running)
+
+
+class SharedStack:
+    """The single-node stack shared by the workers of one pytest-xdist run.
+
+    The controller makes a directory for the run before it starts the workers, which find
+    it through ``MILLSTREAM_TEST_SHARED_DIR``. A worker's first :meth:`up` takes the lock
+    and brings the stack up (the other worker, waiting on the lock, finds it running), and
+    writes down which services ran before it. The controller's :meth:`restore`, once every
+    worker has finished, stops the others and brings back a service that ran before and a
+    test left dead, as :func:`running_stack` does for a run without workers.
+    """
+
+    VARIABLE = "MILLSTREAM_TEST_SHARED_DIR"
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._ran_before = directory / "ran-before"
+
+    @classmethod
+    def create(cls) -> SharedStack:
+        shared = cls(Path(tempfile.mkdtemp(prefix="millstream-tests-")))
+        os.environ[cls.VARIABLE] = str(shared.directory)
+        return shared
+
+    @classmethod
+    def of_this_worker(cls) -> SharedStack | None:
+        directory = os.environ.get(cls.VARIABLE)
+        return cls(Path(directory)) if directory else None
+
+    def up(self, stack: LocalStack, progress: Callable[[str], None]) -> None:
+        with (self.directory / "lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released as the file closes
+            if not self._ran_before.exists():
+                self._ran_before.write_text("\n".join(sorted(_running(stack))))
+            _stack_up(stack, progress)
+
+    def restore(self, stack: LocalStack) -> None:
+        if self._ran_before.exists():
+            _restore(stack, set(self._ran_before.read_text().split()))
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+@contextmanager
+def _machine_lock(directory: Path, exclusive: bool) -> Iterator[None]:
+    """The machine shared (``exclusive=False``) with the other worker's tests, or had alone.
+
+    A readers-writer lock of two ``flock`` files: every test holds ``machine`` shared, and an
+    exclusive module holds it exclusively. The ``turnstile``, held by a module waiting for the
+    machine (and as long as it has it), stops tests of the other worker from starting
+    meanwhile, so that the module gets its turn as soon as the test running ends.
+    """
+    with (
+        (directory / "turnstile").open("w") as turnstile,
+        (directory / "machine").open("w") as machine,
+    ):
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        if exclusive:
+            fcntl.flock(machine, fcntl.LOCK_EX)
+        else:
+            fcntl.flock(machine, fcntl.LOCK_SH)
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        yield  # both released as the files close
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _machine_to_itself(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Under two workers, a module marked ``exclusive`` runs, fixtures included, while no
+    test of the other worker does."""
+    shared = SharedStack.of_this_worker()
+    if shared is None or request.node.get_closest_marker("exclusive") is None:
+        yield
+        return
+    with _machine_lock(shared.directory, exclusive=True):
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _machine_shared(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Under two workers, every other test waits while an exclusive module runs."""
+    shared = SharedStack.of_this_worker()
+    if shared is None or request.node.get_closest_marker("exclusive") is not None:
+        yield
+        return
+    with _machine_lock(shared.directory, exclusive=False):
+        yield
+
+
+def _xdist_controller(config: pytest.Config) -> bool:
+    """Whether this process hands the tests to pytest-xdist workers (and runs none)."""
+    workers = config.getoption("numprocesses", default=None)
+    return bool(workers) and not hasattr(config, "workerinput")
+
+
+_shared_stack = pytest.StashKey[SharedStack]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if _xdist_controller(config) and os.environ.get("MILLSTREAM_EXTERNAL_SERVICES") != "1":
+        config.stash[_shared_stack] = SharedStack.create()
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-xdist's own, which waits for the workers
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    shared = session.config.stash.get(_shared_stack, None)
+    if shared is None:
+        return
+    from millstream.devtools.local.stack import LocalStack
+
+    shared.restore(LocalStack(load_config(), _progress))
 
 
 @pytest.fixture(scope="session")
@@ -95,7 +226,16 @@ def services(pytestconfig: pytest.Config) -> Iterator[MillstreamConfig]:
             return
         from millstream.devtools.local.stack import LocalStack
 
-        with running_stack(pytestconfig, LocalStack(config, _progress), _progress):
+        stack = LocalStack(config, _progress)
+        shared = SharedStack.of_this_worker()
+        if shared is not None:
+            capture = pytestconfig.pluginmanager.getplugin("capturemanager")
+            with capture.global_and_fixture_disabled():
+                shared.up(stack, _progress)
+            yield config
+            _delete_session_topics(config)
+            return
+        with running_stack(pytestconfig, stack, _progress):
             yield config
             _delete_session_topics(config)
 

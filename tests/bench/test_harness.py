@@ -30,7 +30,10 @@ def test_a_busy_process_counts_under_its_service_name_and_as_a_descendant() -> N
     # A core's worth of busy loop, give or take a loaded machine.
     assert after["service"] - before["service"] > 0.3
     assert after["others"] - before["others"] > 0.3  # a child that is no Spark process
-    assert after["Spark JVM"] == after["Python workers"] == 0.0
+    # Not counted as a Spark process: this process's own Spark session, if an earlier test
+    # started one, counts there, idle (a busy loop would add about a core).
+    assert after["Spark JVM"] - before["Spark JVM"] < 0.3
+    assert after["Python workers"] - before["Python workers"] < 0.3
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc (Linux)")

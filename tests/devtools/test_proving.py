@@ -49,6 +49,10 @@ from millstream.engine.records import Record
 from millstream.engine.watermarks import WatermarkReport
 from millstream.injectors.source import SourceRecord
 
+# Alone on the machine under scripts/test's two workers: the proving ground's runs load
+# both cores with drivers, injectors and faults.
+pytestmark = pytest.mark.exclusive
+
 EXTERNAL = os.environ.get("MILLSTREAM_EXTERNAL_SERVICES") == "1"
 
 

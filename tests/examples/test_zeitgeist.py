@@ -72,6 +72,10 @@ from millstream.engine.topology import Topology
 from millstream.injectors import InjectorStats
 from millstream.spark import BatchMetrics, Console, RunningTopology
 
+# Alone on the machine under scripts/test's two workers: its slice of real traffic runs
+# the whole job, a driver killed half way.
+pytestmark = pytest.mark.exclusive
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 NAB = EXAMPLES / "zeitgeist" / "data" / "nab"

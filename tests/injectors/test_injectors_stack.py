@@ -493,20 +493,48 @@ class Paced(Source):
         pass
 
 
-def test_an_injector_rides_out_a_frozen_kafka_broker(
-    services: MillstreamConfig,
-    cassandra_keyspace: Callable[[], str],
-    streams: StreamNames,
-) -> None:
-    if os.environ.get("MILLSTREAM_EXTERNAL_SERVICES") == "1":
-        pytest.skip("needs the local stack's Kafka process to freeze")
-    from millstream.devtools.local.stack import LocalStack
+# A loopback address no local stack uses (the replicated one has 127.0.0.2-4, the secured
+# one 127.0.0.5).
+OWN_BROKER_HOST = "127.0.0.6"
 
-    brokers = [s for s in LocalStack(services, lambda _m: None).status() if s.name == "kafka"]
-    assert brokers, "no local Kafka broker"
-    broker = brokers[0].pid
-    assert broker is not None
-    name = streams.new("outage")
+
+@pytest.fixture
+def own_broker(
+    services: MillstreamConfig, tmp_path: Path
+) -> Iterator[tuple[MillstreamConfig, int]]:
+    """A Kafka broker of the test's own (the client config for it, and its pid), on
+    :data:`OWN_BROKER_HOST` with the single node's ports and its data under ``tmp_path``;
+    Cassandra is the shared one. A test that freezes it stalls no other test running
+    meanwhile (``scripts/test`` runs two at once)."""
+    if os.environ.get("MILLSTREAM_EXTERNAL_SERVICES") == "1":
+        pytest.skip("needs a local Kafka broker of its own to freeze")
+    from millstream.connectors.maven import MavenArtifacts
+    from millstream.devtools.local.java import find_java
+    from millstream.devtools.local.kafka import KafkaService
+    from millstream.devtools.local.service import Node
+
+    broker = KafkaService(
+        replace(services, home=tmp_path),
+        find_java(),
+        MavenArtifacts(services.home / "artifacts", lambda _m: None),
+        lambda _m: None,
+        Node((OWN_BROKER_HOST,)),
+    )
+    status = broker.up()
+    try:
+        assert status.pid is not None, f"the test's broker did not start: {status}"
+        yield replace(services, kafka_bootstrap=broker.address()), status.pid
+    finally:
+        broker.down()
+
+
+def test_an_injector_rides_out_a_frozen_kafka_broker(
+    own_broker: tuple[MillstreamConfig, int],
+    cassandra_keyspace: Callable[[], str],
+    unique: Callable[[str], str],
+) -> None:
+    services, broker = own_broker
+    name = unique("outage")
     total = 2_000
     source = Paced(name, total, per_poll=20, interval=0.05)
     # A short send timeout: the frozen broker's sends time out and are waited out.

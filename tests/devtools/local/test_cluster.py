@@ -50,6 +50,10 @@ from millstream.engine.state import KeyChanges
 from millstream.engine.stores.cassandra import CassandraIntervalStore, create_schema
 from tests.devtools.local.test_cassandra_config import top_level_settings
 
+# Alone on the machine under scripts/test's two workers: the replicated stack's six JVMs
+# load both cores.
+pytestmark = pytest.mark.exclusive
+
 _T = TypeVar("_T")
 
 JAVA = JavaRuntime(Path("/usr/bin/java"), 17)
