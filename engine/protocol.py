@@ -93,7 +93,7 @@ from millstream.engine.records import (
 )
 from millstream.engine.sequencer import Lease
 from millstream.engine.state import UNCHANGED, KeyChanges, effective_timers
-from millstream.engine.store import IntervalStore, KeySnapshot, NextTimers
+from millstream.engine.store import NO_FLOOR, IntervalStore, KeySnapshot, NextTimers, TimerFloor
 from millstream.engine.timers import (
     RESERVED_TAG_PREFIX,
     STATE_TTL_TAG,
@@ -200,6 +200,9 @@ class _SoftState:
     scope: int  # of the worker's entries in the state cache
     pending: dict[bytes, Production]
     next_timers: NextTimers | None = None  # None: read it after the next commit
+    # Where the interval's timer index has its first entries, as far as this view knows
+    # (reads of the index start there, past the fired timers' tombstones).
+    timer_floor: TimerFloor = NO_FLOOR
     # Transactional productions: whether the interval's producer must be opened (and the
     # pending productions resolved by its marker) before the next delivery, and the marker
     # the last committed transaction recorded.
@@ -467,7 +470,8 @@ class IntervalWorker:
     def _finish(self, soft: _SoftState, result: BatchResult) -> BatchResult:
         """What the interval has left to do once the batch is committed."""
         if soft.next_timers is None:
-            soft.next_timers = self._store.next_timers(soft.lease)
+            soft.next_timers = self._store.next_timers(soft.lease, soft.timer_floor)
+            soft.timer_floor = TimerFloor.at(soft.next_timers)
         result.pending = len(soft.pending)
         result.progress = _progress(soft, soft.next_timers)
         return result
@@ -475,11 +479,12 @@ class IntervalWorker:
     def _due_timers(self, soft: _SoftState, timer_watermark: int, now: int) -> list[Timer]:
         """The interval's due timers, read only when its earliest timers may be due: the soft
         state's are exact while it is valid (the acquire says nobody else wrote since it read
-        them, and it reads them again after every commit that changed a timer)."""
+        them, and it reads them again after every commit that changed a timer). The read
+        starts at the soft state's floor: below it are only the timers this view fired."""
         first = soft.next_timers
         if first is not None and not _any_due(first, timer_watermark, now):
             return []
-        return self._store.due_timers(soft.lease, timer_watermark, now)
+        return self._store.due_timers(soft.lease, timer_watermark, now, soft.timer_floor)
 
     def _id_filter(self, soft: _SoftState) -> IdFilter | None:
         """The soft state's Bloom filter of the interval's dedup IDs, loaded the first time a
@@ -599,6 +604,9 @@ class IntervalWorker:
         for change in committed:
             if change.timers or change.previous_timers:
                 soft.next_timers = None
+                soft.timer_floor = soft.timer_floor.lowered(
+                    timer for timer in change.timers.values() if timer is not None
+                )
             known = before.get(change.key)
             if known is not None and (change.state is not UNCHANGED or change.timers):
                 state = known.state if change.state is UNCHANGED else change.state

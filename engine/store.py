@@ -37,7 +37,7 @@ Times are integer microseconds from the store's injected clock.
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Collection, Mapping, Sequence, Set
+from collections.abc import Collection, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -45,14 +45,16 @@ from millstream.engine.layout import LayoutStore
 from millstream.engine.productions import Production
 from millstream.engine.sequencer import Lease
 from millstream.engine.state import KeyChanges
-from millstream.engine.timers import Timer
+from millstream.engine.timers import TimeDomain, Timer
 
 __all__ = [
     "DEFAULT_MAX_BATCH_BYTES",
+    "NO_FLOOR",
     "IntervalSnapshot",
     "IntervalStore",
     "KeySnapshot",
     "NextTimers",
+    "TimerFloor",
     "split_batches",
 ]
 
@@ -85,6 +87,53 @@ class NextTimers:
 
     event_time: int | None = None
     wall_time: int | None = None
+
+
+# A floor above every timestamp: the domain's index holds no entry at all.
+_NO_ENTRY: Final = 2**63 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class TimerFloor:
+    """Per time domain, a timestamp below which the caller knows the interval's timer index
+    holds no entry (``None``: it knows nothing; read from the start).
+
+    An interval's owner knows it from its own reads and commits, while nobody else writes the
+    interval: the first entry :meth:`IntervalStore.next_timers` found, lowered to every timer
+    it set since (:meth:`lowered`). Reads of the index start there, stepping over the
+    entries of the timers it fired and deleted: Cassandra keeps those as tombstones for
+    ``gc_grace_seconds``, and a read from the start goes through every one of them.
+    """
+
+    event_time: int | None = None
+    wall_time: int | None = None
+
+    @classmethod
+    def at(cls, first: NextTimers) -> TimerFloor:
+        """The floor of an index whose first entries are ``first`` (a domain without any has
+        a floor above every timestamp, until a timer is set in it)."""
+        return cls(
+            _NO_ENTRY if first.event_time is None else first.event_time,
+            _NO_ENTRY if first.wall_time is None else first.wall_time,
+        )
+
+    def of(self, domain: TimeDomain) -> int | None:
+        return self.event_time if domain is TimeDomain.EVENT_TIME else self.wall_time
+
+    def lowered(self, timers: Iterable[Timer]) -> TimerFloor:
+        """This floor once ``timers`` are set: at most each one's timestamp."""
+        event_time, wall_time = self.event_time, self.wall_time
+        for timer in timers:
+            if timer.domain is TimeDomain.EVENT_TIME:
+                if event_time is not None:
+                    event_time = min(event_time, timer.timestamp)
+            elif wall_time is not None:
+                wall_time = min(wall_time, timer.timestamp)
+        return TimerFloor(event_time, wall_time)
+
+
+NO_FLOOR: Final = TimerFloor()
+"""The floor of a caller that knows nothing of the timer index: reads start at its beginning."""
 
 
 class IntervalStore(LayoutStore):
@@ -149,10 +198,12 @@ class IntervalStore(LayoutStore):
         return snapshots, self.seen(lease, record_ids) if record_ids else frozenset()
 
     @abstractmethod
-    def due_timers(self, lease: Lease, input_low_watermark: int, now: int) -> list[Timer]:
+    def due_timers(
+        self, lease: Lease, input_low_watermark: int, now: int, floor: TimerFloor = NO_FLOOR
+    ) -> list[Timer]:
         """The timers due under ``input_low_watermark`` and ``now`` (see
         :meth:`~millstream.engine.timers.Timer.is_due`), in timestamp order, read as a range of
-        the time-ordered index: the cost grows with the due timers only.
+        the time-ordered index from ``floor`` on: the cost grows with the due timers only.
 
         An entry may be stale (its timer since replaced or deleted by a commit that did not
         name it in :attr:`~millstream.engine.state.KeyChanges.previous_timers`): callers
@@ -161,9 +212,9 @@ class IntervalStore(LayoutStore):
         """
 
     @abstractmethod
-    def next_timers(self, lease: Lease) -> NextTimers:
-        """The earliest timer of each domain (possibly a stale index entry, which only makes
-        it earlier: safe for a low watermark)."""
+    def next_timers(self, lease: Lease, floor: TimerFloor = NO_FLOOR) -> NextTimers:
+        """The earliest timer of each domain at or above ``floor`` (possibly a stale index
+        entry, which only makes it earlier: safe for a low watermark)."""
 
     @abstractmethod
     def pending_productions(self, lease: Lease) -> tuple[Production, ...]:

@@ -31,7 +31,7 @@ from millstream.engine.records import (
     production_record_id,
 )
 from millstream.engine.sequencer import Lease
-from millstream.engine.store import KeySnapshot
+from millstream.engine.store import NO_FLOOR, KeySnapshot, TimerFloor
 from millstream.engine.stores.memory.store import (
     FaultPoint,
     InjectedCrash,
@@ -872,9 +872,11 @@ def test_the_due_timers_are_read_only_when_the_earliest_timers_say_one_may_be_du
     reads: list[int] = []
     read = workers.store.due_timers
 
-    def counted(lease: Lease, input_low_watermark: int, now: int) -> list[Timer]:
+    def counted(
+        lease: Lease, input_low_watermark: int, now: int, floor: TimerFloor = NO_FLOOR
+    ) -> list[Timer]:
         reads.append(input_low_watermark)
-        return read(lease, input_low_watermark, now)
+        return read(lease, input_low_watermark, now, floor)
 
     monkeypatch.setattr(workers.store, "due_timers", counted)
     wall = clock.now() + 5
@@ -899,6 +901,41 @@ def test_the_due_timers_are_read_only_when_the_earliest_timers_say_one_may_be_du
     result = worker.process(deliver(make_record("k", b"y:2000")), 41)
     assert result.rescanned
     assert [t.tag for t in result.fired_timers] == ["x"]
+
+
+def test_the_timer_index_is_read_from_the_first_timer_the_worker_knows_of(
+    workers: Workers, make_record: RecordFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    computation = TimerSetter()
+    spec = workers.spec(computation)
+    worker = workers.worker(spec)
+    floors: list[int | None] = []
+    read = workers.store.due_timers
+
+    def recorded(
+        lease: Lease, input_low_watermark: int, now: int, floor: TimerFloor = NO_FLOOR
+    ) -> list[Timer]:
+        floors.append(floor.event_time)
+        return read(lease, input_low_watermark, now, floor)
+
+    monkeypatch.setattr(workers.store, "due_timers", recorded)
+    worker.process(deliver(make_record("k", b"c:30,a:10,b:20")), 0)
+    assert floors == [None]  # a new worker knows nothing of the interval's timers
+    assert [t.tag for t in worker.process([], 25).fired_timers] == ["a", "b"]
+    assert floors == [None, 10]  # the first timer its commit left
+    # A record sets a timer below the floor (the first timer is at 30 now), not due yet: its
+    # commit lowers the floor, and the timer fires once the watermark passes it.
+    worker.process(deliver(make_record("j", b"d:27")), 25)
+    assert [t.tag for t in worker.process([], 28).fired_timers] == ["d"]
+    assert floors == [None, 10, 27]
+    assert [t.tag for t in worker.process([], 31).fired_timers] == ["c"]
+    assert floors == [None, 10, 27, 30]
+    # A worker that lost the interval knows nothing again.
+    workers.worker(spec).process(deliver(make_record("j", b"x:40")), 31)
+    result = worker.process(deliver(make_record("k", b"y:2000")), 41)
+    assert result.rescanned
+    assert [t.tag for t in result.fired_timers] == ["x"]
+    assert floors[-1] is None
 
 
 def test_wall_timers_fire_when_the_clock_reaches_them(

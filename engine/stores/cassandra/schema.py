@@ -163,10 +163,11 @@ class Statements:
             f"SELECT key, item, expires FROM {name} {where} AND kind = 'dedup' AND (key, item) IN ?"
         )
         self.read_due = self._prepare(
-            f"SELECT item, {timer_columns} FROM {name} {where} AND kind = ? AND key < ?"
+            f"SELECT item, {timer_columns} FROM {name} {where} "
+            "AND kind = ? AND key >= ? AND key < ?"
         )
         self.read_first_timer = self._prepare(
-            f"SELECT key FROM {name} {where} AND kind = ? LIMIT 1"
+            f"SELECT key FROM {name} {where} AND kind = ? AND key >= ? LIMIT 1"
         )
         self.scan_timers = self._prepare(
             f"SELECT key, item, timer_timestamp, timer_domain, timer_set_by FROM {name} "

@@ -36,7 +36,9 @@ Rows a batch touches, and how it reads them (paper 6.1.1: the checkpoint is coal
 * **Due timers**: every timer is also a row of the time-ordered index ``timer_event`` or
   ``timer_wall`` whose ``key`` is its timestamp as a fixed-width decimal (so text order is
   time order); the due ones are the range ``key < <watermark>``, the next one the first row.
-  An index row is written and deleted in the same conditional batch as its timer's row.
+  An index row is written and deleted in the same conditional batch as its timer's row. Both
+  reads start at the owner's :class:`~millstream.engine.store.TimerFloor`, past the fired
+  timers' index rows, which stay as tombstones for ``gc_grace_seconds``.
 * **Pending productions**: one row per commit batch holds all its productions (``record``:
   per production a 2-byte stream length, the stream, a 4-byte record length, the record
   envelope), deleted once all of them were acknowledged; only a worker taking the interval
@@ -136,10 +138,12 @@ from millstream.engine.sequencer import INITIAL_SEQUENCER, Lease
 from millstream.engine.state import KeyChanges
 from millstream.engine.store import (
     DEFAULT_MAX_BATCH_BYTES,
+    NO_FLOOR,
     IntervalSnapshot,
     IntervalStore,
     KeySnapshot,
     NextTimers,
+    TimerFloor,
     split_batches,
 )
 from millstream.engine.stores.cassandra.rows import (
@@ -440,24 +444,28 @@ class CassandraIntervalStore(IntervalStore):
         now = self.clock.now()
         return {(row["key"], row["item"]) for row in _unexpired(rows, now)}
 
-    def due_timers(self, lease: Lease, input_low_watermark: int, now: int) -> list[Timer]:
+    def due_timers(
+        self, lease: Lease, input_low_watermark: int, now: int, floor: TimerFloor = NO_FLOOR
+    ) -> list[Timer]:
         # Event time is due below the watermark, wall time at or below now.
         bounds = {
             TimeDomain.EVENT_TIME: input_low_watermark,
             TimeDomain.WALL_TIME: now + 1,
         }
+        partition = (lease.computation, lease.interval)
         reads = [
-            (lease.computation, lease.interval, TIMER_INDEX[domain], index_time(bound))
+            (*partition, TIMER_INDEX[domain], _index_floor(floor, domain), index_time(bound))
             for domain, bound in bounds.items()
+            if _below(floor, domain, bound)
         ]
         rows = self._rows_at_once(self._statements.read_due, reads)
         return sorted((indexed_timer(row) for row in rows), key=firing_order)
 
-    def next_timers(self, lease: Lease) -> NextTimers:
+    def next_timers(self, lease: Lease, floor: TimerFloor = NO_FLOOR) -> NextTimers:
         futures = {
             domain: self._session.execute_async(
                 self._statements.read_first_timer,
-                (lease.computation, lease.interval, kind),
+                (lease.computation, lease.interval, kind, _index_floor(floor, domain)),
                 timeout=self.request_timeout,
             )
             for domain, kind in TIMER_INDEX.items()
@@ -967,3 +975,15 @@ def _unexpired(rows: Iterable[dict[str, Any]], now: int) -> Iterator[dict[str, A
     """The dedup ``rows`` whose ``expires`` is after ``now``: Cassandra's own TTL runs in
     real seconds, so the store's clock decides."""
     return (row for row in rows if row["expires"] > now)
+
+
+def _index_floor(floor: TimerFloor, domain: TimeDomain) -> str:
+    """Where a read of ``domain``'s timer index starts: at the floor, or at its first entry."""
+    bound = floor.of(domain)
+    return index_time(-TIMESTAMP_OFFSET if bound is None else bound)
+
+
+def _below(floor: TimerFloor, domain: TimeDomain, bound: int) -> bool:
+    """Whether the range from ``floor`` up to ``bound`` (excluded) can hold an entry."""
+    start = floor.of(domain)
+    return start is None or start < bound

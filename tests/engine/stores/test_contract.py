@@ -17,7 +17,7 @@ from millstream.engine.productions import Production
 from millstream.engine.records import Record, injector_record_id
 from millstream.engine.sequencer import Lease
 from millstream.engine.state import UNCHANGED, KeyChanges
-from millstream.engine.store import IntervalSnapshot, KeySnapshot, NextTimers
+from millstream.engine.store import IntervalSnapshot, KeySnapshot, NextTimers, TimerFloor
 from millstream.engine.timers import TimeDomain, Timer
 
 if TYPE_CHECKING:
@@ -373,6 +373,30 @@ def test_due_and_next_timers_follow_the_firing_rule(backend: Backend) -> None:
     )
     assert store.due_timers(lease, 21, 0) == [timers[1], timers[2]]
     assert store.next_timers(lease) == NextTimers(event_time=7, wall_time=6)
+
+
+def test_timer_reads_start_at_the_floor(backend: Backend) -> None:
+    store = backend.store()
+    lease = store.acquire("c", 0)
+    early, late = Timer("a", "x", 5), Timer("b", "y", 20)
+    wall = Timer("c", "w", 6, TimeDomain.WALL_TIME)
+    store.commit(
+        lease,
+        [KeyChanges(t.key, timers={t.tag: t}) for t in (early, late, wall)],
+        dedup_ttl=TTL,
+    )
+    # The floor is the caller's word that no entry lies below it: entries below are not read.
+    floor = TimerFloor(event_time=6, wall_time=None)
+    assert store.due_timers(lease, 30, 10, floor) == [wall, late]
+    assert store.next_timers(lease, floor) == NextTimers(event_time=20, wall_time=6)
+    assert store.due_timers(lease, 30, 10, TimerFloor(5, 7)) == [early, late]
+    assert store.next_timers(lease, TimerFloor(21, 6)) == NextTimers(None, 6)
+    # A floor at or above the bound reads nothing of its domain.
+    assert store.due_timers(lease, 20, 10, TimerFloor(20, 11)) == []
+    # At the first entries found, the floor reads what a read from the start reads.
+    first = store.next_timers(lease)
+    assert store.due_timers(lease, 30, 10, TimerFloor.at(first)) == [early, wall, late]
+    assert store.next_timers(lease, TimerFloor.at(first)) == first
 
 
 def test_a_commit_deletes_the_rows_its_delivered_productions_complete(backend: Backend) -> None:

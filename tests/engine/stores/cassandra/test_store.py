@@ -9,6 +9,7 @@ a client timeout shorter than the LWT.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections import deque
@@ -31,7 +32,7 @@ from millstream.engine.protocol import Delivery, IntervalWorker
 from millstream.engine.records import Record, injector_record_id
 from millstream.engine.sequencer import Lease
 from millstream.engine.state import KeyChanges
-from millstream.engine.store import NextTimers, split_batches
+from millstream.engine.store import NextTimers, TimerFloor, split_batches
 from millstream.engine.stores.cassandra import (
     DEFAULT_MAX_BATCH_BYTES,
     CassandraIntervalStore,
@@ -595,6 +596,65 @@ def test_timers_are_indexed_by_time_and_the_index_follows_replacements(
     store.commit(lease, [KeyChanges("a", previous_timers=[later])], dedup_ttl=TTL)
     assert store.due_timers(lease, 41, 0) == []
     assert store.next_timers(lease) == NextTimers(None, 15)
+
+
+# A replica's trace event of a read (Cassandra's ReadCommand).
+_TOMBSTONES_READ = re.compile(r"Read \d+ live rows and (\d+) tombstone cells")
+
+
+class TracedReads:
+    """A driver session whose asynchronous requests (the store's reads) are traced, and
+    their futures kept."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self.futures: list[Any] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.session, name)
+
+    def execute_async(self, statement: Any, parameters: Any = None, **options: Any) -> Any:
+        future = self.session.execute_async(statement, parameters, trace=True, **options)
+        self.futures.append(future)
+        return future
+
+    def tombstones(self) -> int:
+        """Tombstone cells the kept requests read (from their traces), and forget them."""
+        read = 0
+        for future in self.futures:
+            for event in future.get_query_trace(max_wait=20).events:
+                found = _TOMBSTONES_READ.search(event.description)
+                read += int(found.group(1)) if found else 0
+        self.futures.clear()
+        return read
+
+
+def test_timer_reads_from_the_floor_step_over_the_fired_timers_tombstones(
+    make_store: StoreFactory, cassandra: Any
+) -> None:
+    traced = TracedReads(cassandra)
+    store = make_store(session=traced)
+    lease = store.acquire("c", 0)
+    fired = [Timer(f"k{n}", "t", n) for n in range(1, 201)]
+    store.commit(lease, [KeyChanges(t.key, timers={"t": t}) for t in fired], dedup_ttl=TTL)
+    store.commit(
+        lease,
+        [KeyChanges(t.key, timers={"t": None}, previous_timers=[t]) for t in fired],
+        dedup_ttl=TTL,
+    )
+    live = Timer("k", "t", 1_000)
+    store.commit(lease, [KeyChanges("k", timers={"t": live})], dedup_ttl=TTL)
+    traced.futures.clear()
+
+    # Read from the start, the index goes through the 200 deleted entries, each time.
+    assert store.next_timers(lease) == NextTimers(1_000, None)
+    assert store.due_timers(lease, 2_000, 0) == [live]
+    assert traced.tombstones() >= 2 * len(fired)
+    # From the floor an owner knows (its first live entry), through none of them.
+    floor = TimerFloor.at(NextTimers(1_000, None))
+    assert store.next_timers(lease, floor) == NextTimers(1_000, None)
+    assert store.due_timers(lease, 2_000, 0, floor) == [live]
+    assert traced.tombstones() == 0
 
 
 def test_dedup_ids_expire_by_cassandra_ttl(
