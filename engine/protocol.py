@@ -228,6 +228,9 @@ class _Batch:
     rejected: list[Rejected]
     due: list[Timer]
     committed: dict[str, KeySnapshot]
+    # Where the due timers' read ended (it took every entry of the index from the soft
+    # state's floor up to there); None: not read, none could be due.
+    due_read_below: TimerFloor | None = None
 
 
 class IntervalWorker:
@@ -319,7 +322,7 @@ class IntervalWorker:
         batch = self._gather(soft, inputs, timer_watermark, now, result)
         changes, weak_outbox = self._run_keys(batch, (watermark, timer_watermark), now, result)
         self._flush_weak(weak_outbox, result)
-        committed = self._commit(soft, changes, batch.committed, result)
+        committed = self._commit(soft, changes, batch, result)
         self._send(soft, committed, result)
         return self._finish(soft, result)
 
@@ -372,7 +375,7 @@ class IntervalWorker:
             else:
                 self._check_interval(item.key)
                 records.setdefault(item.key, []).append(item)
-        due = self._due_timers(soft, timer_watermark, now)
+        due, due_read_below = self._due_timers(soft, timer_watermark, now)
         keys = sorted(records.keys() | {timer.key for timer in due})
         committed, missing = self._cached(soft, keys)
         exactly_once = self.spec.options.exactly_once
@@ -389,7 +392,7 @@ class IntervalWorker:
             rejected = [r for items in unseen(rejects, seen).values() for r in items]
         result.duplicates += len(inputs) - len(rejected)
         result.duplicates -= sum(len(deliveries) for deliveries in records.values())
-        return _Batch(keys, records, rejected, due, committed)
+        return _Batch(keys, records, rejected, due, committed, due_read_below)
 
     def _run_keys(
         self, batch: _Batch, watermarks: tuple[int, int], now: int, result: BatchResult
@@ -435,7 +438,7 @@ class IntervalWorker:
         self,
         soft: _SoftState,
         changes: dict[str, KeyChanges],
-        before: dict[str, KeySnapshot],
+        batch: _Batch,
         result: BatchResult,
     ) -> list[KeyChanges]:
         """Step 6: commit the keys that changed, and bring the soft state up to the commit;
@@ -453,7 +456,13 @@ class IntervalWorker:
         soft.delivered = []
         result.unknown_outcomes, self._unknown_outcomes = self._unknown_outcomes, 0
         result.committed_keys = len(to_commit)
-        self._remember(soft, before, to_commit)
+        if batch.due_read_below is not None:
+            # The due timers this commit deleted leave no entry between the floor and the
+            # read's end: the next reads start past their tombstones.
+            deleted = {timer for change in to_commit for timer in change.previous_timers}
+            left = [timer for timer in batch.due if timer not in deleted]
+            soft.timer_floor = soft.timer_floor.raised(batch.due_read_below, left)
+        self._remember(soft, batch.committed, to_commit)
         return to_commit
 
     def _send(self, soft: _SoftState, committed: list[KeyChanges], result: BatchResult) -> None:
@@ -476,15 +485,22 @@ class IntervalWorker:
         result.progress = _progress(soft, soft.next_timers)
         return result
 
-    def _due_timers(self, soft: _SoftState, timer_watermark: int, now: int) -> list[Timer]:
+    def _due_timers(
+        self, soft: _SoftState, timer_watermark: int, now: int
+    ) -> tuple[list[Timer], TimerFloor | None]:
         """The interval's due timers, read only when its earliest timers may be due: the soft
         state's are exact while it is valid (the acquire says nobody else wrote since it read
         them, and it reads them again after every commit that changed a timer). The read
-        starts at the soft state's floor: below it are only the timers this view fired."""
+        starts at the soft state's floor: below it are only the timers this view fired.
+        Also where the read ended (None: not read)."""
         first = soft.next_timers
         if first is not None and not _any_due(first, timer_watermark, now):
-            return []
-        return self._store.due_timers(soft.lease, timer_watermark, now, soft.timer_floor)
+            return [], None
+        # The store's firing rule: event time due below the watermark, wall time at or
+        # below now.
+        read_below = TimerFloor(event_time=timer_watermark, wall_time=now + 1)
+        due = self._store.due_timers(soft.lease, timer_watermark, now, soft.timer_floor)
+        return due, read_below
 
     def _id_filter(self, soft: _SoftState) -> IdFilter | None:
         """The soft state's Bloom filter of the interval's dedup IDs, loaded the first time a

@@ -99,8 +99,9 @@ class TimerFloor:
     holds no entry (``None``: it knows nothing; read from the start).
 
     An interval's owner knows it from its own reads and commits, while nobody else writes the
-    interval: the first entry :meth:`IntervalStore.next_timers` found, lowered to every timer
-    it set since (:meth:`lowered`). Reads of the index start there, stepping over the
+    interval: the first entry :meth:`IntervalStore.next_timers` found, raised past the due
+    timers a commit deleted (:meth:`raised`), and lowered to every timer it set
+    (:meth:`lowered`). Reads of the index start there, stepping over the
     entries of the timers it fired and deleted: Cassandra keeps those as tombstones for
     ``gc_grace_seconds``, and a read from the start goes through every one of them.
     """
@@ -120,6 +121,15 @@ class TimerFloor:
     def of(self, domain: TimeDomain) -> int | None:
         return self.event_time if domain is TimeDomain.EVENT_TIME else self.wall_time
 
+    def raised(self, read_below: TimerFloor, left: Iterable[Timer]) -> TimerFloor:
+        """This floor once a read took every entry from it up to ``read_below`` (excluded),
+        and a commit deleted all of them but ``left``: at ``read_below``, or at the first of
+        ``left``, and never below this floor (nothing lies below it either)."""
+        raised = TimerFloor(read_below.event_time, read_below.wall_time).lowered(left)
+        return TimerFloor(
+            _higher(self.event_time, raised.event_time), _higher(self.wall_time, raised.wall_time)
+        )
+
     def lowered(self, timers: Iterable[Timer]) -> TimerFloor:
         """This floor once ``timers`` are set: at most each one's timestamp."""
         event_time, wall_time = self.event_time, self.wall_time
@@ -130,6 +140,12 @@ class TimerFloor:
             elif wall_time is not None:
                 wall_time = min(wall_time, timer.timestamp)
         return TimerFloor(event_time, wall_time)
+
+
+def _higher(known: int | None, learned: int | None) -> int | None:
+    if known is None or learned is None:
+        return learned if known is None else known
+    return max(known, learned)
 
 
 NO_FLOOR: Final = TimerFloor()

@@ -31,7 +31,7 @@ from millstream.engine.records import (
     production_record_id,
 )
 from millstream.engine.sequencer import Lease
-from millstream.engine.store import NO_FLOOR, KeySnapshot, TimerFloor
+from millstream.engine.store import NO_FLOOR, KeySnapshot, NextTimers, TimerFloor
 from millstream.engine.stores.memory.store import (
     FaultPoint,
     InjectedCrash,
@@ -909,8 +909,9 @@ def test_the_timer_index_is_read_from_the_first_timer_the_worker_knows_of(
     computation = TimerSetter()
     spec = workers.spec(computation)
     worker = workers.worker(spec)
-    floors: list[int | None] = []
-    read = workers.store.due_timers
+    floors: list[int | None] = []  # of the due timers' reads
+    first_floors: list[int | None] = []  # of the next timers' reads
+    read, read_first = workers.store.due_timers, workers.store.next_timers
 
     def recorded(
         lease: Lease, input_low_watermark: int, now: int, floor: TimerFloor = NO_FLOOR
@@ -918,7 +919,12 @@ def test_the_timer_index_is_read_from_the_first_timer_the_worker_knows_of(
         floors.append(floor.event_time)
         return read(lease, input_low_watermark, now, floor)
 
+    def recorded_first(lease: Lease, floor: TimerFloor = NO_FLOOR) -> NextTimers:
+        first_floors.append(floor.event_time)
+        return read_first(lease, floor)
+
     monkeypatch.setattr(workers.store, "due_timers", recorded)
+    monkeypatch.setattr(workers.store, "next_timers", recorded_first)
     worker.process(deliver(make_record("k", b"c:30,a:10,b:20")), 0)
     assert floors == [None]  # a new worker knows nothing of the interval's timers
     assert [t.tag for t in worker.process([], 25).fired_timers] == ["a", "b"]
@@ -930,6 +936,9 @@ def test_the_timer_index_is_read_from_the_first_timer_the_worker_knows_of(
     assert floors == [None, 10, 27]
     assert [t.tag for t in worker.process([], 31).fired_timers] == ["c"]
     assert floors == [None, 10, 27, 30]
+    # After each commit, the first timer is looked for past the due timers the commit
+    # deleted: from where the due read ended (0, 25, 28, 31), or from a timer set below.
+    assert first_floors == [0, 25, 27, 28, 31]
     # A worker that lost the interval knows nothing again.
     workers.worker(spec).process(deliver(make_record("j", b"x:40")), 31)
     result = worker.process(deliver(make_record("k", b"y:2000")), 41)
@@ -1024,6 +1033,19 @@ def test_timer_firings_per_key_are_capped_per_batch(
     worker = workers.worker(workers.spec(Rearm(), options=options))
     assert len(worker.process(deliver(make_record("k")), 100).fired_timers) == 3
     assert len(worker.process([], 100).fired_timers) == 3
+
+
+def test_due_timers_past_a_keys_cap_fire_in_the_next_batch(
+    workers: Workers, make_record: RecordFactory
+) -> None:
+    # The read took them with the fired ones; the floor must not pass them.
+    computation = TimerSetter()
+    options = ComputationOptions(key_intervals=1, max_timer_firings_per_key=2)
+    worker = workers.worker(workers.spec(computation, options=options))
+    worker.process(deliver(make_record("k", b"a:1,b:2,c:3,d:4")), 0)
+    assert [t.tag for t in worker.process([], 10).fired_timers] == ["a", "b"]
+    assert [t.tag for t in worker.process([], 10).fired_timers] == ["c", "d"]
+    assert workers.store.timers("comp") == []
 
 
 def test_a_timer_set_again_after_firing_gets_new_production_ids(
