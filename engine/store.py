@@ -125,7 +125,7 @@ class TimerFloor:
         """This floor once a read took every entry from it up to ``read_below`` (excluded),
         and a commit deleted all of them but ``left``: at ``read_below``, or at the first of
         ``left``, and never below this floor (nothing lies below it either)."""
-        raised = TimerFloor(read_below.event_time, read_below.wall_time).lowered(left)
+        raised = read_below.lowered(left)
         return TimerFloor(
             _higher(self.event_time, raised.event_time), _higher(self.wall_time, raised.wall_time)
         )
