@@ -13,6 +13,7 @@ from cassandra.policies import ExponentialReconnectionPolicy
 
 from millstream.engine.config import MillstreamConfig, setting_name
 from millstream.engine.errors import ConfigError
+from millstream.engine.stores.cassandra import execute_schema_change
 
 __all__ = ["connect", "create_keyspace", "drop_keyspace", "refusal"]
 
@@ -97,15 +98,16 @@ def create_keyspace(session: Session, name: str, replication: int = 1) -> None:
     Callers pass ``config.cassandra_replication``. An existing keyspace keeps its replication.
     """
     _check_identifier(name)
-    session.execute(
+    execute_schema_change(
+        session,
         f"CREATE KEYSPACE IF NOT EXISTS {name} WITH replication = "
-        f"{{'class': 'SimpleStrategy', 'replication_factor': {replication}}}"
+        f"{{'class': 'SimpleStrategy', 'replication_factor': {replication}}}",
     )
 
 
 def drop_keyspace(session: Session, name: str) -> None:
     _check_identifier(name)
-    session.execute(f"DROP KEYSPACE IF EXISTS {name}")
+    execute_schema_change(session, f"DROP KEYSPACE IF EXISTS {name}")
 
 
 def _check_identifier(name: str) -> None:

@@ -76,6 +76,7 @@ from millstream.engine.config import MillstreamConfig
 from millstream.engine.errors import MillstreamError
 from millstream.engine.pause_points import ENVIRONMENT_VARIABLE
 from millstream.engine.records import injector_record_id
+from millstream.engine.stores.cassandra import execute_schema_change
 
 __all__ = [
     "CHECKPOINT_DISK",
@@ -507,8 +508,8 @@ class _StoreProbe:
     def acknowledge(self, seconds: float) -> None:
         cluster, session = cassandra_connector.connect(self.config, self.keyspace)
         try:
-            session.execute(
-                "CREATE TABLE IF NOT EXISTS store_probe (name text PRIMARY KEY, value int)"
+            execute_schema_change(
+                session, "CREATE TABLE IF NOT EXISTS store_probe (name text PRIMARY KEY, value int)"
             )
             session.execute("INSERT INTO store_probe (name, value) VALUES ('writes', 0)")
             step = session.prepare(

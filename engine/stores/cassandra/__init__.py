@@ -9,6 +9,7 @@ from millstream.engine.stores.cassandra.schema import (
     DEFAULT_TABLE,
     FENCES_TABLE,
     create_schema,
+    execute_schema_change,
     fences_cql,
     schema_cql,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "CassandraIntervalStore",
     "StoreStats",
     "create_schema",
+    "execute_schema_change",
     "fences_cql",
     "schema_cql",
 ]

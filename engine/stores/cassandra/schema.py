@@ -22,6 +22,7 @@ __all__ = [
     "Statements",
     "check_identifier",
     "create_schema",
+    "execute_schema_change",
     "fences_cql",
     "schema_cql",
     "table_id",
@@ -84,8 +85,24 @@ def create_schema(session: Any, keyspace: str, table: str = DEFAULT_TABLE) -> No
             f"keyspace {keyspace!r} does not exist; create it first (for development: "
             f"millstream.connectors.cassandra.create_keyspace(session, {keyspace!r}))"
         )
-    session.execute(statement)
-    session.execute(fences_cql(keyspace))
+    execute_schema_change(session, statement)
+    execute_schema_change(session, fences_cql(keyspace))
+
+
+def execute_schema_change(session: Any, statement: str) -> None:
+    """Run a schema change (``CREATE``, ``DROP``, ``ALTER``) with time for schema agreement.
+
+    The driver answers a schema change only once the nodes agree on the new schema, waiting
+    up to ``Cluster.max_schema_agreement_wait`` (10 s by default), and that wait counts against
+    the request's own timeout (``Session.default_timeout``, also 10 s). A node that has just
+    rejoined can take most of it to agree, and the statement, applied, then timed out on the
+    client (reported as ``OperationTimedOut``, "Connection defunct by heartbeat"). So the
+    timeout here is the two together.
+    """
+    timeout = session.default_timeout
+    if timeout is not None:
+        timeout += session.cluster.max_schema_agreement_wait
+    session.execute(statement, timeout=timeout)
 
 
 def table_id(session: Any, keyspace: str, table: str = DEFAULT_TABLE) -> uuid.UUID:

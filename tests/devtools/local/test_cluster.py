@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, TypeVar, cast
 
 import pytest
@@ -47,7 +48,11 @@ from millstream.engine.config import MillstreamConfig, load_config
 from millstream.engine.productions import Production
 from millstream.engine.records import Record, decode_record, injector_record_id
 from millstream.engine.state import KeyChanges
-from millstream.engine.stores.cassandra import CassandraIntervalStore, create_schema
+from millstream.engine.stores.cassandra import (
+    CassandraIntervalStore,
+    create_schema,
+    execute_schema_change,
+)
 from tests.devtools.local.test_cassandra_config import top_level_settings
 
 # Alone on the machine under scripts/test's two workers: the replicated stack's six JVMs
@@ -315,17 +320,27 @@ def test_topics_get_the_configured_replication(monkeypatch: pytest.MonkeyPatch) 
 
 
 @pytest.mark.unit
-def test_keyspaces_get_the_given_replication() -> None:
-    statements: list[str] = []
+def test_keyspaces_get_the_given_replication_and_time_for_schema_agreement() -> None:
+    statements: list[tuple[str, float | None]] = []
 
     class Recorder:
-        def execute(self, statement: str) -> None:
-            statements.append(statement)
+        default_timeout = 10.0
+        cluster = SimpleNamespace(max_schema_agreement_wait=15)
+
+        def execute(self, statement: str, timeout: float | None) -> None:
+            statements.append((statement, timeout))
 
     cassandra_connector.create_keyspace(cast(Session, Recorder()), "ks", 3)
+    cassandra_connector.drop_keyspace(cast(Session, Recorder()), "ks")
+    # The driver's wait for agreement counts against the request's timeout: a node just back
+    # took most of it once, and DROP KEYSPACE timed out on the client, applied.
     assert statements == [
-        "CREATE KEYSPACE IF NOT EXISTS ks WITH replication = "
-        "{'class': 'SimpleStrategy', 'replication_factor': 3}"
+        (
+            "CREATE KEYSPACE IF NOT EXISTS ks WITH replication = "
+            "{'class': 'SimpleStrategy', 'replication_factor': 3}",
+            25.0,
+        ),
+        ("DROP KEYSPACE IF EXISTS ks", 25.0),
     ]
 
 
@@ -582,7 +597,7 @@ def test_a_node_stopped_forgets_the_paxos_state_of_dropped_tables_and_keeps_the_
     state = victim.root / "data" / "system" / "_paxos_repair_state"
     history = next((victim.root / "data" / "system").glob("compaction_history-*"))
     try:
-        session.execute(f"CREATE TABLE {keyspace}.t (k int PRIMARY KEY)")
+        execute_schema_change(session, f"CREATE TABLE {keyspace}.t (k int PRIMARY KEY)")
         live_id = (
             session.execute(
                 "SELECT id FROM system_schema.tables WHERE keyspace_name = %s AND table_name = 't'",
