@@ -99,6 +99,7 @@ from millstream.engine.timers import (
     STATE_TTL_TAG,
     TimeDomain,
     Timer,
+    due_bound,
     due_timers,
     is_due_at,
 )
@@ -496,9 +497,10 @@ class IntervalWorker:
         first = soft.next_timers
         if first is not None and not _any_due(first, timer_watermark, now):
             return [], None
-        # The store's firing rule: event time due below the watermark, wall time at or
-        # below now.
-        read_below = TimerFloor(event_time=timer_watermark, wall_time=now + 1)
+        read_below = TimerFloor(
+            event_time=due_bound(TimeDomain.EVENT_TIME, timer_watermark, now),
+            wall_time=due_bound(TimeDomain.WALL_TIME, timer_watermark, now),
+        )
         due = self._store.due_timers(soft.lease, timer_watermark, now, soft.timer_floor)
         return due, read_below
 

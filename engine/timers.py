@@ -30,6 +30,7 @@ __all__ = [
     "STATE_TTL_TAG",
     "TimeDomain",
     "Timer",
+    "due_bound",
     "due_timers",
     "firing_order",
     "is_due_at",
@@ -86,12 +87,17 @@ class Timer:
         return is_due_at(self.domain, self.timestamp, input_low_watermark, now)
 
 
+def due_bound(domain: TimeDomain, input_low_watermark: int, now: int) -> int:
+    """The first timestamp of ``domain`` not yet due: by the rule in the module docstring, a
+    timer fires exactly when its timestamp is below it (event time below the watermark, wall
+    time at or below now). A store reads an interval's due timers as the range up to it."""
+    return input_low_watermark if domain is TimeDomain.EVENT_TIME else now + 1
+
+
 def is_due_at(domain: TimeDomain, timestamp: int, input_low_watermark: int, now: int) -> bool:
     """Whether a timer of ``domain`` at ``timestamp`` fires, by the rule in the module
     docstring (also for timestamps known without their timer: an interval's earliest)."""
-    if domain is TimeDomain.EVENT_TIME:
-        return timestamp < input_low_watermark
-    return timestamp <= now
+    return timestamp < due_bound(domain, input_low_watermark, now)
 
 
 def firing_order(timer: Timer) -> tuple[int, int, str]:

@@ -1,7 +1,7 @@
 import pytest
 
 from millstream.engine.records import timer_identity
-from millstream.engine.timers import TimeDomain, Timer, due_timers, firing_order
+from millstream.engine.timers import TimeDomain, Timer, due_bound, due_timers, firing_order
 
 pytestmark = pytest.mark.unit
 
@@ -24,6 +24,15 @@ def test_wall_timers_are_due_once_the_clock_reaches_them(
     timestamp: int, now: int, due: bool
 ) -> None:
     assert Timer("k", "t", timestamp, WALL).is_due(input_low_watermark=0, now=now) is due
+
+
+@pytest.mark.parametrize("domain", [EVENT, WALL])
+def test_the_due_bound_is_the_first_timestamp_that_does_not_fire(domain: TimeDomain) -> None:
+    # Stores read the due timers as the index range up to it (excluded).
+    bound = due_bound(domain, input_low_watermark=10, now=20)
+    assert bound == (10 if domain is EVENT else 21)
+    assert Timer("k", "t", bound - 1, domain).is_due(10, now=20)
+    assert not Timer("k", "t", bound, domain).is_due(10, now=20)
 
 
 def test_due_timers_fire_in_timestamp_then_domain_then_tag_order() -> None:

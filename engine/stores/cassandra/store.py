@@ -171,7 +171,7 @@ from millstream.engine.stores.cassandra.schema import (
     check_identifier,
     table_id,
 )
-from millstream.engine.timers import TimeDomain, Timer, firing_order
+from millstream.engine.timers import TimeDomain, Timer, due_bound, firing_order
 
 __all__ = [
     "DEFAULT_ACQUIRE_ATTEMPTS",
@@ -447,15 +447,11 @@ class CassandraIntervalStore(IntervalStore):
     def due_timers(
         self, lease: Lease, input_low_watermark: int, now: int, floor: TimerFloor = NO_FLOOR
     ) -> list[Timer]:
-        # Event time is due below the watermark, wall time at or below now.
-        bounds = {
-            TimeDomain.EVENT_TIME: input_low_watermark,
-            TimeDomain.WALL_TIME: now + 1,
-        }
         partition = (lease.computation, lease.interval)
+        bounds = ((d, due_bound(d, input_low_watermark, now)) for d in TIMER_INDEX)
         reads = [
             (*partition, TIMER_INDEX[domain], _index_floor(floor, domain), index_time(bound))
-            for domain, bound in bounds.items()
+            for domain, bound in bounds
             if _below(floor, domain, bound)
         ]
         rows = self._rows_at_once(self._statements.read_due, reads)
