@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -24,7 +24,7 @@ from millstream.engine.computation import Computation
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.context import Context
 from millstream.engine.deadletters import DeadLetter, decode_dead_letter
-from millstream.engine.fault_points import ENVIRONMENT_VARIABLE, arm_fault
+from millstream.engine.fault_points import ALWAYS, ENVIRONMENT_VARIABLE, arm_fault
 from millstream.engine.records import Record, decode_record, encode_record, injector_record_id
 from millstream.engine.topology import ComputationOptions, Topology
 from millstream.spark.quarantine import QUARANTINE_DIRECTORY
@@ -116,6 +116,45 @@ def counting(
         kafka_connector.delete_topics(services, [made.inputs, made.outputs, made.dead_letters])
 
 
+def _armed_in_a_worker(place: str, computation: str) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    def probe(batches: Iterator[Any]) -> Iterator[Any]:
+        import os
+
+        import pyarrow as pa
+
+        from millstream.engine.fault_points import ENVIRONMENT_VARIABLE, armed_faults
+
+        for _ in batches:
+            pass
+        yield pa.RecordBatch.from_pylist(
+            [
+                {
+                    "pid": os.getpid(),
+                    "directory": os.environ.get(ENVIRONMENT_VARIABLE),
+                    "armed": ",".join(sorted(armed_faults(place, computation))),
+                }
+            ]
+        )
+
+    return probe
+
+
+def assert_armed_in_the_workers(
+    spark: SparkSession, counting: Counting, place: str, subject: str
+) -> None:
+    """The Spark Python workers that will run the batches see the fault armed (a fault that
+    never fires would otherwise show only as a record counted or a batch that did not fail)."""
+    tasks = spark.sparkContext.defaultParallelism
+    numbers = spark.range(0, tasks, numPartitions=tasks)  # as the engine starts its tasks
+    seen = numbers.mapInArrow(
+        _armed_in_a_worker(place, counting.name), "pid long, directory string, armed string"
+    ).collect()
+    assert all(row.armed == subject for row in seen), (
+        f"the fault armed in {counting.faults} did not reach the Python workers: "
+        f"{[row.asDict() for row in seen]}"
+    )
+
+
 def records(first: int, last: int) -> list[Record]:
     """Records ``first``..``last - 1``; record ``n`` goes to partition ``n % PARTITIONS``."""
     return [
@@ -188,6 +227,7 @@ def test_a_record_that_crashes_the_engine_is_dead_lettered_once_and_the_rest_cou
     first = records(0, 300)
     poison = first[150]  # partition 0, offset 50
     arm_fault(counting.faults, "executor.record", counting.name, poison.record_id.hex())
+    assert_armed_in_the_workers(spark, counting, "executor.record", poison.record_id.hex())
     produce(services, counting.inputs, first, 0)
 
     started = time.monotonic()
@@ -241,6 +281,7 @@ def test_a_failure_of_every_batch_is_not_bisected_into_dead_letters(
 ) -> None:
     batch = records(0, 12)
     arm_fault(counting.faults, "executor.task", counting.name)  # every task, no matter what
+    assert_armed_in_the_workers(spark, counting, "executor.task", ALWAYS)
     produce(services, counting.inputs, batch, 0)
 
     started = time.monotonic()
