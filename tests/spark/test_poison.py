@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from millstream.connectors import kafka as kafka_connector
+from millstream.engine import fault_points
 from millstream.engine.codecs import IntCodec
 from millstream.engine.computation import Computation
 from millstream.engine.config import MillstreamConfig
@@ -27,6 +28,7 @@ from millstream.engine.deadletters import DeadLetter, decode_dead_letter
 from millstream.engine.fault_points import ALWAYS, ENVIRONMENT_VARIABLE, arm_fault
 from millstream.engine.records import Record, decode_record, encode_record, injector_record_id
 from millstream.engine.topology import ComputationOptions, Topology
+from millstream.spark import executor
 from millstream.spark.quarantine import QUARANTINE_DIRECTORY
 from millstream.spark.runner import AvailableNow, RunningTopology, run_topology
 from tests.spark.test_runner import read_topic, register_by_value
@@ -144,6 +146,11 @@ def assert_armed_in_the_workers(
 ) -> None:
     """The Spark Python workers that will run the batches see the fault armed (a fault that
     never fires would otherwise show only as a record counted or a batch that did not fail)."""
+    # The executor's task is a closure, shipped by value with the functions it calls; a
+    # function its module no longer holds (the module reloaded in this process) goes by value
+    # too, with this process's unset fault directory, and never fires in the workers.
+    assert vars(executor)["fault_point"] is fault_points.fault_point
+    assert vars(executor)["armed_faults"] is fault_points.armed_faults
     tasks = spark.sparkContext.defaultParallelism
     numbers = spark.range(0, tasks, numPartitions=tasks)  # as the engine starts its tasks
     seen = numbers.mapInArrow(

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -142,12 +140,15 @@ def test_the_router_rejects_a_quarantined_message_without_decoding_it() -> None:
 
 
 @pytest.fixture
-def armed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    monkeypatch.setenv(fault_points.ENVIRONMENT_VARIABLE, str(tmp_path))
-    importlib.reload(fault_points)
-    yield tmp_path
-    monkeypatch.delenv(fault_points.ENVIRONMENT_VARIABLE)
-    importlib.reload(fault_points)
+def armed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    # The directory the module read from its environment at import, as a process started
+    # with MILLSTREAM_FAULT_POINTS=tmp_path has it. Never importlib.reload the module: the
+    # modules that imported its functions would keep the old ones, and cloudpickle ships
+    # a function its module no longer holds by value, with this process's unset directory,
+    # so that no fault armed for Spark's Python workers would fire (tests/spark/test_poison.py
+    # failed so whenever this file ran before it in the same process).
+    monkeypatch.setattr(fault_points, "_DIRECTORY", str(tmp_path))
+    return tmp_path
 
 
 def test_a_fault_point_fails_only_where_armed(armed: Path) -> None:
