@@ -327,7 +327,7 @@ def check_run(
     )
     _check_outputs(config, names, expected, result)
     _check_watermarks(config, batch_list, result)
-    _check_plain(config, names, result, plain_exactly_once)
+    _check_plain(config, outputs, names, result, plain_exactly_once)
     counts = _non_vacuity(batch_list, driver_logs, config, names)
     counts.injector_outage_waits = injector_outage_waits(injector_logs)
     return result, counts
@@ -364,9 +364,13 @@ def check_store_probes(probes: Iterable[dict[str, int]], result: CheckResult) ->
 
 
 def _check_plain(
-    config: MillstreamConfig, names: ProvingNames, result: CheckResult, enabled: bool
+    config: MillstreamConfig,
+    topics: Sequence[str],
+    names: ProvingNames,
+    result: CheckResult,
+    enabled: bool,
 ) -> None:
-    topics = [kafka_connector.stream_topic(stream) for stream in names.outputs()]
+    """The duplicates a plain read_committed consumer of the output ``topics`` reads."""
     duplicates = plain_duplicates(read_plain(config, topics))
     for topic in topics:
         result.figures[f"plain read_committed duplicates: {topic}"] = duplicates[topic]
