@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from cassandra import ConsistencyLevel
+from cassandra.cluster import NoHostAvailable
 from cassandra.query import SimpleStatement
 
 from millstream.connectors import cassandra as cassandra_connector
@@ -526,15 +527,26 @@ class _StoreProbe:
         finally:
             cluster.shutdown()
 
-    def verify(self) -> int:
+    def verify(self, seconds: float = 60.0) -> int:
         """The probe's value now (the node is back)."""
-        cluster, session = cassandra_connector.connect(self.config, self.keyspace)
+        # A node just restarted answers on its port before it completes a session's
+        # handshake in time (the driver's 5 s): in a CI run the first connection timed out
+        # while the node was busy catching up. It gets as long as the read below.
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                cluster, session = cassandra_connector.connect(self.config, self.keyspace)
+                break
+            except NoHostAvailable:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(1.0)
         try:
             read = SimpleStatement(
                 "SELECT value FROM store_probe WHERE name = 'writes'",
                 consistency_level=ConsistencyLevel.SERIAL,  # as the store reads its sequencer
             )
-            row = session.execute(read, timeout=60).one()
+            row = session.execute(read, timeout=seconds).one()
             return 0 if row is None else int(row[0])
         finally:
             cluster.shutdown()
