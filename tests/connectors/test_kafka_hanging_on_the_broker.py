@@ -4,7 +4,6 @@ left to its producer."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -21,6 +20,7 @@ from millstream.connectors.kafka.stalls import stable_offsets
 from millstream.devtools.local.hanging_transactions import write_hanging_transaction
 from millstream.engine.clock import SystemClock
 from millstream.engine.config import MillstreamConfig
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -28,22 +28,6 @@ pytestmark = pytest.mark.integration
 def last_stable_offset(config: MillstreamConfig, topic: str, partition: int) -> int:
     admin = admin_client(config)
     stable, _ = stable_offsets(admin, [topic])[(topic, partition)]
-    return stable
-
-
-def stable_offset_once_marked(
-    config: MillstreamConfig, topic: str, partition: int, expected: int, timeout: float = 30.0
-) -> int:
-    """The partition's last stable offset once it reached ``expected`` (or ``timeout`` passed).
-
-    A producer's commit returns once its coordinator has logged the decision; the coordinator
-    writes the commit markers to the partitions after that, and only a marker moves the last
-    stable offset. Under load the read right after the commit came before the marker."""
-    deadline = time.monotonic() + timeout
-    while (stable := last_stable_offset(config, topic, partition)) < expected:
-        if time.monotonic() >= deadline:
-            break
-        time.sleep(0.1)
     return stable
 
 
@@ -96,4 +80,11 @@ def test_a_hanging_transaction_pins_its_partition_until_swept_and_a_live_one_is_
     assert sweeper.sweep() == []
     # The live transaction was left whole: it still commits.
     live.commit_transaction(30)
-    assert stable_offset_once_marked(services, topic, 1, 2) == 2
+    # A producer's commit returns once its coordinator has logged the decision; the
+    # coordinator writes the commit markers to the partitions after that, and only a marker
+    # moves the last stable offset (under load the read right after the commit came first).
+    wait_until(
+        "the live transaction's commit marker",
+        lambda: last_stable_offset(services, topic, 1) >= 2,
+    )
+    assert last_stable_offset(services, topic, 1) == 2

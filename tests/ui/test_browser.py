@@ -42,6 +42,7 @@ from millstream.engine.timers import TimeDomain, Timer
 from millstream.engine.watermarks import WatermarkReport
 from millstream.engine.watermarks.report import Offsets
 from tests.ui.conftest import ViewProcess
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -69,17 +70,6 @@ def publish(config: MillstreamConfig, *reports: WatermarkReport) -> None:
     for report in reports:
         writer.produce(config.kafka_watermark_topic, report.encode(), report.source.encode())
     assert writer.flush(30) == 0
-
-
-def wait_until(condition: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        time.sleep(0.1)
 
 
 # Chooses a stream in the record browser once the page offers it; whether it did.
@@ -163,9 +153,9 @@ def test_the_view_shows_the_topology_live_and_names_as_text(
     browser.get(server.address)
 
     # The topology: the injector, both streams and the computation, its name as text.
-    wait_until(lambda: shown_seq(browser) >= 1, "a first snapshot shown")
+    wait_until("a first snapshot shown", lambda: shown_seq(browser) >= 1)
     table = browser.find_element(By.CSS_SELECTOR, "#computations tbody")
-    wait_until(lambda: SCRIPT_NAME in table.text, "the computation's name shown as text")
+    wait_until("the computation's name shown as text", lambda: SCRIPT_NAME in table.text)
     titles = browser.execute_script(
         "return [...document.querySelectorAll('#graph g.node title')].map(t => t.textContent)"
     )
@@ -194,23 +184,23 @@ def test_the_view_shows_the_topology_live_and_names_as_text(
     browser.find_element(By.CSS_SELECTOR, "#computations button.link").click()
     assert browser.find_element(By.ID, "detail-title").text == f"Computation {SCRIPT_NAME}"
     detail = browser.find_element(By.ID, "detail-status")
-    wait_until(lambda: detail.text, "the store's answer")
+    wait_until("the store's answer", lambda: detail.text)
     assert detail.text.startswith(("Keyspace ", "Could not read the store: ")), detail.text
     browser.find_element(By.ID, "detail-close").click()
 
     # Live: a new report shows without a reload.
     publish(config, counter(now - 10 * S, 2, 4))
-    wait_until(lambda: backlog(browser) == "0", "the backlog drained")
+    wait_until("the backlog drained", lambda: backlog(browser) == "0")
     assert browser.execute_script("return performance.getEntriesByType('navigation').length") == 1
 
     # Pause: the page holds what it shows while the server goes on.
     browser.find_element(By.ID, "pause").click()
     paused_at = shown_seq(browser)
-    wait_until(lambda: served_seq(server) >= paused_at + 3, "the server going on")
+    wait_until("the server going on", lambda: served_seq(server) >= paused_at + 3)
     assert shown_seq(browser) == paused_at
     assert "paused" in browser.find_element(By.ID, "updated").text
     browser.find_element(By.ID, "pause").click()
-    wait_until(lambda: shown_seq(browser) > paused_at, "the page going on after resume")
+    wait_until("the page going on after resume", lambda: shown_seq(browser) > paused_at)
 
     # Themes: light and dark, by CSS variables.
     theme = browser.find_element(By.ID, "theme")
@@ -227,16 +217,16 @@ def test_the_view_shows_the_topology_live_and_names_as_text(
     notes = unique("ui_notes")
     try:
         produce_lines(config, notes, [note(SCRIPT_NAME, 1), note("plain", 2)], source="ui")
-        wait_until(lambda: browser.execute_script(SELECT_STREAM, notes), "the stream offered")
+        wait_until("the stream offered", lambda: browser.execute_script(SELECT_STREAM, notes))
         browser.find_element(By.ID, "scan-read").click()
         records = browser.find_element(By.CSS_SELECTOR, "#records tbody")
-        wait_until(lambda: len(records.find_elements(By.TAG_NAME, "tr")) == 2, "two records")
+        wait_until("two records", lambda: len(records.find_elements(By.TAG_NAME, "tr")) == 2)
         assert SCRIPT_NAME in records.text
         assert '{"n":2}' in records.text
         assert "read 2 messages" in browser.find_element(By.ID, "scan-status").text
         browser.find_element(By.ID, "scan-tail").click()
         produce_lines(config, notes, [note("later", 3)], source="ui-later")
-        wait_until(lambda: "later" in records.text, "the tailed record")
+        wait_until("the tailed record", lambda: "later" in records.text)
         assert browser.find_element(By.ID, "scan-status").text.startswith("Tailing: ")
         browser.find_element(By.ID, "scan-stop").click()
         assert browser.find_element(By.ID, "scan-tail").text == "Tail live"
@@ -255,11 +245,11 @@ def test_the_view_shows_the_topology_live_and_names_as_text(
             source="ui",
         )
         chosen = wait_until(
-            lambda: browser.execute_script(SELECT_CHART, predictions), "the chart offered"
+            "the chart offered", lambda: browser.execute_script(SELECT_CHART, predictions)
         )
         assert chosen
         status = browser.find_element(By.ID, "chart-status")
-        wait_until(lambda: "30 buckets" in status.text, "the chart drawn")
+        wait_until("the chart drawn", lambda: "30 buckets" in status.text)
         assert status.text.startswith(f"Key {SCRIPT_NAME}: 30 buckets")
         keys = browser.execute_script(
             "return [...document.getElementById('chart-key').options].map((o) => o.text)"
@@ -273,11 +263,11 @@ def test_the_view_shows_the_topology_live_and_names_as_text(
     # The server restarts: the page says so, then reconnects by itself.
     server.stop()
     connection = browser.find_element(By.ID, "connection")
-    wait_until(lambda: connection.text == "reconnecting", "the page noticing the server gone")
+    wait_until("the page noticing the server gone", lambda: connection.text == "reconnecting")
     server.start()
-    wait_until(lambda: connection.text == "live", "the page reconnected by itself")
+    wait_until("the page reconnected by itself", lambda: connection.text == "live")
     before = shown_seq(browser)
-    wait_until(lambda: shown_seq(browser) != before, "snapshots from the restarted server")
+    wait_until("snapshots from the restarted server", lambda: shown_seq(browser) != before)
 
     # Meanwhile, the second view's topology had time to stall: each view in a screenshot.
     screenshot_each_view(browser, demo, screenshots)
@@ -729,17 +719,17 @@ def screenshot_each_view(browser: webdriver.Chrome, demo: Demo, directory: Path)
     theme = browser.find_element(By.ID, "theme")
     while browser.execute_script("return document.documentElement.dataset.theme") != "light":
         theme.click()
-    wait_until(lambda: len(rows(browser, "#computations")) == 2, "the demo's computations")
+    wait_until("the demo's computations", lambda: len(rows(browser, "#computations")) == 2)
     advance(demo)
     wait_until(
-        lambda: browser.execute_script(COUNTER_CAUGHT_UP, "window_counter"),
         "window_counter's next report shown",
+        lambda: browser.execute_script(COUNTER_CAUGHT_UP, "window_counter"),
     )
 
     # A series: counts against the expected band, a spike and a dip marked.
     assert browser.execute_script(SELECT_CHART, demo.stream("predictions"))
     status = browser.find_element(By.ID, "chart-status")
-    wait_until(lambda: "2 anomalies" in status.text, "the chart with its anomalies")
+    wait_until("the chart with its anomalies", lambda: "2 anomalies" in status.text)
     assert status.text.startswith(f"Key {QUERIES[0]}: 36 buckets")
     assert len(browser.find_elements(By.CSS_SELECTOR, "#chart polygon.band")) == 1
     assert len(browser.find_elements(By.CSS_SELECTOR, "#chart circle.anomaly")) == 2
@@ -747,7 +737,7 @@ def screenshot_each_view(browser: webdriver.Chrome, demo: Demo, directory: Path)
 
     # The topology as a table.
     browser.find_element(By.ID, "view-toggle").click()
-    wait_until(lambda: len(rows(browser, "#nodes")) == 8, "the topology's table")
+    wait_until("the topology's table", lambda: len(rows(browser, "#nodes")) == 8)
     shoot(browser, directory / "topology-table.png", section_of(browser, "nodes"))
     browser.find_element(By.ID, "view-toggle").click()
 
@@ -755,7 +745,7 @@ def screenshot_each_view(browser: webdriver.Chrome, demo: Demo, directory: Path)
     # marked. Then closed, and the computation no longer selected.
     assert browser.execute_script(CLICK_LINK, "#computations", "window_counter")
     detail = browser.find_element(By.ID, "detail-status")
-    wait_until(lambda: len(rows(browser, "#intervals")) == 4, "the key intervals")
+    wait_until("the key intervals", lambda: len(rows(browser, "#intervals")) == 4)
     assert detail.text.startswith(f"Keyspace {demo.keyspace}, table {INTERVALS_TABLE}; ")
     assert "latest changes: split of interval 0 into 2 and 3" in detail.text
     holding = browser.execute_script(
@@ -774,27 +764,27 @@ def screenshot_each_view(browser: webdriver.Chrome, demo: Demo, directory: Path)
     # The streams, then the record browser finding one query's counts.
     dead_letters = demo.stream("dead-letters") + "0: 4"  # a row's text: its name, its end
     wait_until(
-        lambda: any(r.startswith(dead_letters) for r in rows(browser, "#streams")),
         "the new dead letters",
+        lambda: any(r.startswith(dead_letters) for r in rows(browser, "#streams")),
     )
     shoot(browser, directory / "streams.png", section_of(browser, "streams"))
     assert browser.execute_script(SELECT_STREAM, demo.stream("counts"))
     browser.find_element(By.ID, "scan-key").send_keys(QUERIES[0])
     browser.find_element(By.ID, "scan-read").click()
-    wait_until(lambda: len(rows(browser, "#records")) == 12, "one query's twelve counts")
+    wait_until("one query's twelve counts", lambda: len(rows(browser, "#records")) == 12)
     assert "12 matched" in browser.find_element(By.ID, "scan-status").text
     shoot(browser, directory / "records.png", section_of(browser, "browser"))
 
     # Once detector stalls: the headline, the graph with the path that holds it in red, the
     # paths and the computations; then the timeline.
     wait_until(
-        lambda: browser.find_elements(By.CSS_SELECTOR, "#computations tr.health-stalled"),
         "the detector stalled",
+        lambda: browser.find_elements(By.CSS_SELECTOR, "#computations tr.health-stalled"),
         timeout=45,
     )
     wait_until(
-        lambda: len(browser.find_elements(By.CSS_SELECTOR, "#graph g.node.held-path")) == 3,
         "its holding path drawn",
+        lambda: len(browser.find_elements(By.CSS_SELECTOR, "#graph g.node.held-path")) == 3,
     )
     assert len(browser.find_elements(By.CSS_SELECTOR, "#graph path.edge.held-path")) == 2
     assert text_of(browser, "#held li.health-stalled") == (
@@ -816,7 +806,7 @@ def screenshot_each_view(browser: webdriver.Chrome, demo: Demo, directory: Path)
         "2 records dead-lettered",
         "split or merged",
     )
-    wait_until(lambda: all(s in events.text for s in said), f"the timeline saying {said}")
+    wait_until(f"the timeline saying {said}", lambda: all(s in events.text for s in said))
     shoot(browser, directory / "events.png", section_of(browser, "events"))
 
     for name in SHOTS:

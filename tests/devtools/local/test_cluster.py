@@ -21,7 +21,7 @@ from contextlib import AbstractContextManager, contextmanager
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 import pytest
 from cassandra import ConsistencyLevel
@@ -54,12 +54,15 @@ from millstream.engine.stores.cassandra import (
     execute_schema_change,
 )
 from tests.devtools.local.test_cassandra_config import top_level_settings
+from tests.waiting import wait_until
 
 # Alone on the machine under scripts/test's two workers: the replicated stack's six JVMs
 # load both cores.
 pytestmark = pytest.mark.exclusive
 
-_T = TypeVar("_T")
+# Polled every half second; while a node restarts, the clients' errors (refused, timed out,
+# unavailable) mean "not yet".
+_CLUSTER_WAIT: dict[str, Any] = {"every": 0.5, "not_yet": (Exception,)}
 
 JAVA = JavaRuntime(Path("/usr/bin/java"), 17)
 TTL = 60 * 1_000_000
@@ -417,22 +420,6 @@ def _node_session(client: MillstreamConfig, host: str) -> Iterator[Session]:
         handle.shutdown()
 
 
-def _eventually(what: str, check: Callable[[], _T | None], timeout: float) -> _T:
-    """``check()``'s first non-None answer, polled until ``timeout``; fails naming ``what``."""
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            answer = check()
-        except Exception as exc:  # the condition does not hold yet; keep the reason
-            last = exc
-        else:
-            if answer is not None:
-                return answer
-        time.sleep(0.5)
-    pytest.fail(f"{what} within {timeout:.0f}s (last: {last!r})")
-
-
 def _open_connections(session: Session, host: Host) -> int:
     # A host the driver marked down has no pool at all (its pool is removed, not emptied).
     pool = session.get_pool_state().get(host)
@@ -447,10 +434,11 @@ def _kill(service: LocalService) -> int:
     pid = service.process.running_pid()
     assert pid is not None, f"{service.name} is not running"
     os.kill(pid, signal.SIGKILL)
-    _eventually(
+    wait_until(
         f"{service.name} (pid {pid}) to die",
-        lambda: True if service.process.running_pid() is None else None,
+        lambda: service.process.running_pid() is None,
         30,
+        **_CLUSTER_WAIT,
     )
     return pid
 
@@ -481,19 +469,21 @@ def test_the_cluster_is_whole(cluster: LocalCluster, client: MillstreamConfig) -
     topic = _unique("cluster")
     kafka_connector.create_topics(client, [topic], partitions=3)  # replication from client
     try:
-        partitions = _eventually(
+        partitions = wait_until(
             f"{topic} to have 3 partitions with 3 replicas in sync",
             lambda: _partitions_in_sync(client, topic, 3),
             30,
+            **_CLUSTER_WAIT,
         )
         assert sorted(partitions) == [0, 1, 2]
         assert all(sorted(p.replicas) == [1, 2, 3] for p in partitions.values())
         resource = ConfigResource(ResourceType.TOPIC, topic)
         # The broker that answers may learn of the new topic a moment after the others.
-        entries = _eventually(
+        entries = wait_until(
             f"the configuration of {topic}",
             lambda: admin.describe_configs([resource])[resource].result(timeout=10),
             30,
+            **_CLUSTER_WAIT,
         )
         assert entries["min.insync.replicas"].value == "2"
     finally:
@@ -533,10 +523,11 @@ def test_the_store_goes_on_with_one_cassandra_node_down_and_the_node_rejoins(
         # Once the driver saw its connections reset (within a second), it sends nothing to
         # the dead node; the other nodes' failure detectors still think it alive, for ten
         # seconds or more, so every replica set below includes it.
-        _eventually(
+        wait_until(
             "the driver to lose its connections to the killed node",
-            lambda: True if _open_connections(session, host) == 0 else None,
+            lambda: _open_connections(session, host) == 0,
             30,
+            **_CLUSTER_WAIT,
         )
         _progress(
             f"{victim.name} killed, its connections gone in {time.monotonic() - started:.1f}s"
@@ -571,10 +562,11 @@ def test_the_store_goes_on_with_one_cassandra_node_down_and_the_node_rejoins(
         )
         for node_host in CLUSTER_HOSTS:
             with _node_session(client, node_host) as node:
-                rows = _eventually(
+                rows = wait_until(
                     f"a read at ALL coordinated by {node_host}",
                     partial(_rows, node, query),
                     60,
+                    **_CLUSTER_WAIT,
                 )
                 assert sorted((r.interval, r.key, r.value) for r in rows) == [
                     (0, "k", b"while down"),
@@ -582,7 +574,7 @@ def test_the_store_goes_on_with_one_cassandra_node_down_and_the_node_rejoins(
                 ]
         assert all(s.status().healthy for s in _nodes(cluster, CassandraService))
         _progress(f"{victim.name} rejoined after {time.monotonic() - started:.1f}s")
-        _eventually("the driver to see the node up again", lambda: True if host.is_up else None, 60)
+        wait_until("the driver to see the node up again", lambda: host.is_up, 60, **_CLUSTER_WAIT)
     finally:
         cassandra_connector.drop_keyspace(session, keyspace)
 
@@ -625,7 +617,9 @@ def test_a_node_stopped_forgets_the_paxos_state_of_dropped_tables_and_keeps_the_
         if victim.process.running_pid() is None:
             assert victim.up().healthy
             host = session.cluster.metadata.get_host(victim.host)
-            _eventually("the driver to see the node up again", lambda: host.is_up or None, 60)
+            wait_until(
+                "the driver to see the node up again", lambda: host.is_up, 60, **_CLUSTER_WAIT
+            )
         cassandra_connector.drop_keyspace(session, keyspace)
 
 
@@ -637,8 +631,11 @@ def test_acks_all_go_on_with_one_broker_down_and_the_broker_rejoins(
     kafka_connector.create_topics(client, [topic], partitions=2)
     sink = kafka_connector.KafkaProductionSink(client)
     try:
-        partitions = _eventually(
-            f"{topic} in sync on 3 brokers", lambda: _partitions_in_sync(client, topic, 3), 30
+        partitions = wait_until(
+            f"{topic} in sync on 3 brokers",
+            lambda: _partitions_in_sync(client, topic, 3),
+            30,
+            **_CLUSTER_WAIT,
         )
         before = [_production(topic, n) for n in range(50)]
         assert sink.send(before, timeout=30) == {p.record_id for p in before}
@@ -654,10 +651,11 @@ def test_acks_all_go_on_with_one_broker_down_and_the_broker_rejoins(
         assert acknowledged == {p.record_id for p in during}
         _progress(f"acks=all with {victim.name} down: {time.monotonic() - started:.1f}s")
         # The dead broker left every ISR (the broker that answers may lag a moment).
-        survivors = _eventually(
+        survivors = wait_until(
             f"{victim.name} out of the ISRs of {topic}",
             lambda: _partitions_in_sync(client, topic, 2),
             30,
+            **_CLUSTER_WAIT,
         )
         assert all(leader not in p.isrs for p in survivors.values())
 
@@ -671,10 +669,11 @@ def test_acks_all_go_on_with_one_broker_down_and_the_broker_rejoins(
         assert status.healthy
         assert status.pid is not None
         _progress(f"{victim.name} restarted in {time.monotonic() - started:.1f}s")
-        _eventually(
+        wait_until(
             f"{victim.name} back in the ISR of every partition of {topic}",
             lambda: _partitions_in_sync(client, topic, 3),
             90,
+            **_CLUSTER_WAIT,
         )
         _progress(f"{victim.name} rejoined after {time.monotonic() - started:.1f}s")
         brokers = kafka_connector.admin_client(client).list_topics(timeout=10).brokers
