@@ -39,6 +39,7 @@ def test_file_then_environment_override_defaults(tmp_path: Path) -> None:
         "[executor]\n"
         "cache_bytes = 1000\n"
         "interval_threads = 2\n"
+        "gc_threshold = 0\n"
     )
     config = load_config(
         environ={
@@ -49,6 +50,7 @@ def test_file_then_environment_override_defaults(tmp_path: Path) -> None:
     )
     assert config.executor_cache_bytes == 1000
     assert config.executor_interval_threads == 8  # the variable beats the file
+    assert config.executor_gc_threshold == 0
     assert config.home == Path("/srv/millstream")
     assert config.kafka_bootstrap == "k1:9092,k2:9092"
     assert config.cassandra_hosts == ("c1", "c2")
@@ -99,6 +101,7 @@ def test_environment_lists_and_booleans() -> None:
         ({"MILLSTREAM_CONFIG": "/nonexistent/millstream.toml"}, "does not exist"),
         ({"MILLSTREAM_KAFKA_BOOTSTRAP": "no-port-here"}, "invalid millstream settings"),
         ({"MILLSTREAM_EXECUTOR_INTERVAL_THREADS": "0"}, "interval_threads must be at least 1"),
+        ({"MILLSTREAM_EXECUTOR_GC_THRESHOLD": "-1"}, "gc_threshold must be non-negative"),
         ({"MILLSTREAM_CASSANDRA_REPLICATION": "0"}, "cassandra replication must be at least 1"),
         ({"MILLSTREAM_KAFKA_REPLICATION": "three"}, "MILLSTREAM_KAFKA_REPLICATION='three'"),
     ],

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -387,3 +389,24 @@ def test_a_process_keeps_the_resources_of_its_most_recently_used_endpoints_only(
     assert settings("t1").endpoints not in executor._CACHE
     executor.clear_process_cache()
     assert len(closed) == 3 * (executor.KEPT_ENDPOINTS + 1)
+
+
+# In a process of its own: the collector's settings and frozen objects are the process's.
+TUNED_COLLECTOR = """
+import gc
+from millstream.spark.executor import tune_collector
+
+defaults = gc.get_threshold()
+assert not tune_collector(0) and gc.get_threshold() == defaults and gc.get_freeze_count() == 0
+assert tune_collector(50_000)
+assert gc.get_threshold() == (50_000, *defaults[1:]), gc.get_threshold()
+assert gc.get_freeze_count() > 0  # what the process held by then: never scanned again
+assert not tune_collector(1_000) and gc.get_threshold()[0] == 50_000  # once per process
+"""
+
+
+def test_a_worker_process_tunes_its_collector_once_and_zero_leaves_it() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", TUNED_COLLECTOR], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
