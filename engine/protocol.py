@@ -452,7 +452,10 @@ class IntervalWorker:
             soft.commits += 1
             tag = CommitTag(soft.lease.token, soft.commits)
             for change in to_commit:
-                change.productions = [replace(p, tag=tag) for p in change.productions]
+                # The constructor, not dataclasses.replace: this runs once per production.
+                change.productions = [
+                    Production(p.stream, p.record, p.encoded, tag) for p in change.productions
+                ]
         self._commit_resolving(soft.lease, to_commit, soft.delivered)
         soft.delivered = []
         result.unknown_outcomes, self._unknown_outcomes = self._unknown_outcomes, 0
