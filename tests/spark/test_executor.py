@@ -410,3 +410,37 @@ def test_a_worker_process_tunes_its_collector_once_and_zero_leaves_it() -> None:
         [sys.executable, "-c", TUNED_COLLECTOR], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
+
+
+# In a process of its own: whether pandas was imported is the process's.
+RESULT_COLUMNS_WITHOUT_PANDAS = """
+import sys
+import pyarrow as pa
+from millstream.spark.executor import _ARROW_TYPES, _arrow_column
+
+values = {
+    pa.int32(): [1, None, -3],
+    pa.int64(): [2**40, None, 0],
+    pa.float64(): [0.5, None, -1.0],
+    pa.bool_(): [True, None, False],
+    pa.string(): ["host-é", None, ""],
+    pa.binary(): [b"\\x00\\xff", None, b""],
+}
+assert set(values) == set(_ARROW_TYPES.values())
+built = {kind: _arrow_column(column, kind) for kind, column in values.items()}
+assert "pandas" not in sys.modules, "building result columns imported pandas"
+for kind, column in built.items():
+    column.validate(full=True)
+    assert column.equals(pa.array(values[kind], type=kind)), (kind, column)
+    assert _arrow_column([], kind).equals(pa.array([], type=kind))
+"""
+
+
+def test_result_columns_are_arrows_own_and_import_no_pandas() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", RESULT_COLUMNS_WITHOUT_PANDAS],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
