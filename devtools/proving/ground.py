@@ -48,7 +48,6 @@ from pathlib import Path
 from typing import Any, Final
 
 from cassandra import ConsistencyLevel
-from cassandra.cluster import NoHostAvailable
 from cassandra.query import SimpleStatement
 
 from millstream.connectors import cassandra as cassandra_connector
@@ -75,6 +74,7 @@ from millstream.devtools.proving.workload import (
 from millstream.engine import fault_points
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.errors import MillstreamError
+from millstream.engine.outages import Outage
 from millstream.engine.pause_points import ENVIRONMENT_VARIABLE
 from millstream.engine.records import injector_record_id
 from millstream.engine.stores.cassandra import execute_schema_change
@@ -532,15 +532,9 @@ class _StoreProbe:
         # A node just restarted answers on its port before it completes a session's
         # handshake in time (the driver's 5 s): in a CI run the first connection timed out
         # while the node was busy catching up. It gets as long as the read below.
-        deadline = time.monotonic() + seconds
-        while True:
-            try:
-                cluster, session = cassandra_connector.connect(self.config, self.keyspace)
-                break
-            except NoHostAvailable:
-                if time.monotonic() >= deadline:
-                    raise
-                time.sleep(1.0)
+        cluster, session = Outage("the store probe's read", timeout=seconds).retry(
+            lambda: cassandra_connector.connect(self.config, self.keyspace)
+        )
         try:
             read = SimpleStatement(
                 "SELECT value FROM store_probe WHERE name = 'writes'",
