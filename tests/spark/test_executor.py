@@ -373,6 +373,8 @@ def test_a_process_keeps_the_resources_of_its_most_recently_used_endpoints_only(
         lambda config, namespace: Closable(closed, "transactions"),
     )
     monkeypatch.setattr(executor, "_CACHE", {})
+    # This is pytest's process, not a Python worker: its collector stays as it is.
+    monkeypatch.setattr(executor, "_COLLECTOR_TUNED", True)
 
     def settings(table: str) -> TaskSettings:
         return TaskSettings(MillstreamConfig(), "keyspace", table, "run", f"keyspace.{table}")
