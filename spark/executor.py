@@ -116,6 +116,7 @@ __all__ = [
     "decode_delivery",
     "message_router",
     "read_from_kafka",
+    "tune_collector",
 ]
 
 
