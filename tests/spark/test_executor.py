@@ -374,10 +374,10 @@ def test_a_process_keeps_the_resources_of_its_most_recently_used_endpoints_only(
     )
     monkeypatch.setattr(executor, "_CACHE", {})
     # This is pytest's process, not a Python worker: its collector stays as it is.
-    monkeypatch.setattr(executor, "_COLLECTOR_TUNED", True)
+    config = MillstreamConfig(executor_gc_threshold=0)
 
     def settings(table: str) -> TaskSettings:
-        return TaskSettings(MillstreamConfig(), "keyspace", table, "run", f"keyspace.{table}")
+        return TaskSettings(config, "keyspace", table, "run", f"keyspace.{table}")
 
     first = executor._resources(settings("t0"))
     for n in range(1, executor.KEPT_ENDPOINTS):

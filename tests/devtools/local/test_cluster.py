@@ -21,7 +21,7 @@ from contextlib import AbstractContextManager, contextmanager
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import pytest
 from cassandra import ConsistencyLevel
@@ -60,9 +60,7 @@ from tests.waiting import wait_until
 # load both cores.
 pytestmark = pytest.mark.exclusive
 
-# Polled every half second; while a node restarts, the clients' errors (refused, timed out,
-# unavailable) mean "not yet".
-_CLUSTER_WAIT: dict[str, Any] = {"every": 0.5, "not_yet": (Exception,)}
+_T = TypeVar("_T")
 
 JAVA = JavaRuntime(Path("/usr/bin/java"), 17)
 TTL = 60 * 1_000_000
@@ -420,6 +418,12 @@ def _node_session(client: MillstreamConfig, host: str) -> Iterator[Session]:
         handle.shutdown()
 
 
+def _eventually(what: str, condition: Callable[[], _T], timeout: float) -> _T:
+    """:func:`wait_until` every half second; while a node restarts, the clients' errors
+    (refused, timed out, unavailable) mean "not yet"."""
+    return wait_until(what, condition, timeout, every=0.5, not_yet=(Exception,))
+
+
 def _open_connections(session: Session, host: Host) -> int:
     # A host the driver marked down has no pool at all (its pool is removed, not emptied).
     pool = session.get_pool_state().get(host)
@@ -434,11 +438,10 @@ def _kill(service: LocalService) -> int:
     pid = service.process.running_pid()
     assert pid is not None, f"{service.name} is not running"
     os.kill(pid, signal.SIGKILL)
-    wait_until(
+    _eventually(
         f"{service.name} (pid {pid}) to die",
         lambda: service.process.running_pid() is None,
         30,
-        **_CLUSTER_WAIT,
     )
     return pid
 
@@ -469,21 +472,19 @@ def test_the_cluster_is_whole(cluster: LocalCluster, client: MillstreamConfig) -
     topic = _unique("cluster")
     kafka_connector.create_topics(client, [topic], partitions=3)  # replication from client
     try:
-        partitions = wait_until(
+        partitions = _eventually(
             f"{topic} to have 3 partitions with 3 replicas in sync",
             lambda: _partitions_in_sync(client, topic, 3),
             30,
-            **_CLUSTER_WAIT,
         )
         assert sorted(partitions) == [0, 1, 2]
         assert all(sorted(p.replicas) == [1, 2, 3] for p in partitions.values())
         resource = ConfigResource(ResourceType.TOPIC, topic)
         # The broker that answers may learn of the new topic a moment after the others.
-        entries = wait_until(
+        entries = _eventually(
             f"the configuration of {topic}",
             lambda: admin.describe_configs([resource])[resource].result(timeout=10),
             30,
-            **_CLUSTER_WAIT,
         )
         assert entries["min.insync.replicas"].value == "2"
     finally:
@@ -523,11 +524,10 @@ def test_the_store_goes_on_with_one_cassandra_node_down_and_the_node_rejoins(
         # Once the driver saw its connections reset (within a second), it sends nothing to
         # the dead node; the other nodes' failure detectors still think it alive, for ten
         # seconds or more, so every replica set below includes it.
-        wait_until(
+        _eventually(
             "the driver to lose its connections to the killed node",
             lambda: _open_connections(session, host) == 0,
             30,
-            **_CLUSTER_WAIT,
         )
         _progress(
             f"{victim.name} killed, its connections gone in {time.monotonic() - started:.1f}s"
@@ -562,11 +562,10 @@ def test_the_store_goes_on_with_one_cassandra_node_down_and_the_node_rejoins(
         )
         for node_host in CLUSTER_HOSTS:
             with _node_session(client, node_host) as node:
-                rows = wait_until(
+                rows = _eventually(
                     f"a read at ALL coordinated by {node_host}",
                     partial(_rows, node, query),
                     60,
-                    **_CLUSTER_WAIT,
                 )
                 assert sorted((r.interval, r.key, r.value) for r in rows) == [
                     (0, "k", b"while down"),
@@ -574,7 +573,7 @@ def test_the_store_goes_on_with_one_cassandra_node_down_and_the_node_rejoins(
                 ]
         assert all(s.status().healthy for s in _nodes(cluster, CassandraService))
         _progress(f"{victim.name} rejoined after {time.monotonic() - started:.1f}s")
-        wait_until("the driver to see the node up again", lambda: host.is_up, 60, **_CLUSTER_WAIT)
+        _eventually("the driver to see the node up again", lambda: host.is_up, 60)
     finally:
         cassandra_connector.drop_keyspace(session, keyspace)
 
@@ -617,9 +616,7 @@ def test_a_node_stopped_forgets_the_paxos_state_of_dropped_tables_and_keeps_the_
         if victim.process.running_pid() is None:
             assert victim.up().healthy
             host = session.cluster.metadata.get_host(victim.host)
-            wait_until(
-                "the driver to see the node up again", lambda: host.is_up, 60, **_CLUSTER_WAIT
-            )
+            _eventually("the driver to see the node up again", lambda: host.is_up, 60)
         cassandra_connector.drop_keyspace(session, keyspace)
 
 
@@ -631,11 +628,10 @@ def test_acks_all_go_on_with_one_broker_down_and_the_broker_rejoins(
     kafka_connector.create_topics(client, [topic], partitions=2)
     sink = kafka_connector.KafkaProductionSink(client)
     try:
-        partitions = wait_until(
+        partitions = _eventually(
             f"{topic} in sync on 3 brokers",
             lambda: _partitions_in_sync(client, topic, 3),
             30,
-            **_CLUSTER_WAIT,
         )
         before = [_production(topic, n) for n in range(50)]
         assert sink.send(before, timeout=30) == {p.record_id for p in before}
@@ -651,11 +647,10 @@ def test_acks_all_go_on_with_one_broker_down_and_the_broker_rejoins(
         assert acknowledged == {p.record_id for p in during}
         _progress(f"acks=all with {victim.name} down: {time.monotonic() - started:.1f}s")
         # The dead broker left every ISR (the broker that answers may lag a moment).
-        survivors = wait_until(
+        survivors = _eventually(
             f"{victim.name} out of the ISRs of {topic}",
             lambda: _partitions_in_sync(client, topic, 2),
             30,
-            **_CLUSTER_WAIT,
         )
         assert all(leader not in p.isrs for p in survivors.values())
 
@@ -669,11 +664,10 @@ def test_acks_all_go_on_with_one_broker_down_and_the_broker_rejoins(
         assert status.healthy
         assert status.pid is not None
         _progress(f"{victim.name} restarted in {time.monotonic() - started:.1f}s")
-        wait_until(
+        _eventually(
             f"{victim.name} back in the ISR of every partition of {topic}",
             lambda: _partitions_in_sync(client, topic, 3),
             90,
-            **_CLUSTER_WAIT,
         )
         _progress(f"{victim.name} rejoined after {time.monotonic() - started:.1f}s")
         brokers = kafka_connector.admin_client(client).list_topics(timeout=10).brokers
