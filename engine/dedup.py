@@ -5,9 +5,9 @@ record's effects (a *dedup ID*, kept until its TTL: the retry window plus the sl
 injectors), so a redelivered record is recognised and dropped. Per batch and key:
 
 1. a record repeated within the batch counts once, at its first delivery;
-2. the rest are looked up in the store, all keys of the batch in one bulk read of point
-   lookups (:meth:`~millstream.engine.store.IntervalStore.seen`), but for the IDs the
-   worker's Bloom filter proves fresh.
+2. the rest are looked up in the store, all keys of the batch in one bulk read
+   (:meth:`~millstream.engine.store.IntervalStore.seen`), but for the IDs the worker's Bloom
+   filter proves fresh.
 
 A worker whose view of its interval is exact (it kept the interval since its last batch:
 :mod:`millstream.engine.sequencer`) keeps a Bloom filter of the interval's dedup IDs in its

@@ -25,7 +25,7 @@ _COUNTED_KINDS: Final = {
     "state_keys": "state",
     "timers": "timer",
     "pending_productions": "production",
-    "dedup_ids": "dedup",
+    "dedup_rows": "dedup",
 }
 MAX_ROWS: Final = 1_000
 """Where an interval's counts stop by default: each counted row crosses the network and the
@@ -58,14 +58,16 @@ def interval_overview(
     the table (retired sources of finished changes, targets of a pending one), in ID order:
     its ``sequencer`` (the static column: the current owner's lease token; ``None`` if never
     acquired or once ``retired``, split or merged away), how many state keys, timers,
-    pending production rows (one per commit batch, not per record) and dedup IDs it holds,
+    pending production rows (one per commit batch, not per record) and dedup rows (one per
+    key and commit within the dedup TTL, each holding the record IDs that commit processed)
+    it holds,
     how many operations the store refused to workers holding an old lease of it
     (``fenced``: zombies fenced, from the keyspace's
     :data:`~millstream.engine.stores.cassandra.schema.FENCES_TABLE`; ``None`` where the
     keyspace has no such table, made by an older millstream),
     and the timestamps (µs) of its next event-time and wall-time timers, the first rows of
     the time-ordered timer indexes, whose ``key`` is the timestamp plus ``2**63`` as a
-    20-digit decimal. Dedup IDs are counted while Cassandra keeps them, which may be up to a
+    20-digit decimal. Dedup rows are counted while Cassandra keeps them, which may be up to a
     second past their ``expires``.
 
     ``history`` is the layout's latest finished splits and merges in words, newest first

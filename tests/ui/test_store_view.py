@@ -38,7 +38,7 @@ EMPTY = {
     "state_keys": 0,
     "timers": 0,
     "pending_productions": 0,
-    "dedup_ids": 0,
+    "dedup_rows": 0,
     "next_event_timer": None,
     "next_wall_timer": None,
     "more": False,
@@ -92,6 +92,11 @@ def production(key: str, timestamp: int) -> Production:
     return Production("out", Record(key, b"v", timestamp, uuid.uuid4().bytes))
 
 
+def rid(n: int) -> bytes:
+    """A record ID (16 bytes)."""
+    return n.to_bytes(16, "big")
+
+
 def commit(store: CassandraIntervalStore, lease: Lease, *changes: KeyChanges) -> None:
     store.commit(lease, list(changes), dedup_ttl=TTL)
 
@@ -119,10 +124,10 @@ def test_counts_timers_sequencers_and_a_journaled_split_are_read_exactly(
                 "window": Timer(a, "window", 5_000_000, set_by=b"r1"),
                 "flush": Timer(a, "flush", 9_000_000, TimeDomain.WALL_TIME, b"r1"),
             },
-            dedup_ids=[b"r1", b"r3"],
+            dedup_ids=[rid(1), rid(3)],
             productions=[production(a, 5), production(a, 6)],
         ),
-        KeyChanges(b, state=b"2", timers={"window": window_b}, dedup_ids=[b"r2"]),
+        KeyChanges(b, state=b"2", timers={"window": window_b}, dedup_ids=[rid(2)]),
     )
     # A second commit: another production row, and b's earlier timer deleted (and unindexed).
     commit(
@@ -178,7 +183,7 @@ def test_counts_timers_sequencers_and_a_journaled_split_are_read_exactly(
                 "state_keys": 3,
                 "timers": 2,
                 "pending_productions": 2,  # rows, one per commit: three records in all
-                "dedup_ids": 3,
+                "dedup_rows": 2,  # one per key and commit: three IDs in all
                 "next_event_timer": 5_000_000,
                 "next_wall_timer": 9_000_000,
             },
@@ -204,14 +209,18 @@ def test_counts_stop_at_max_rows_and_say_there_is_more(
     layout = store.layout("big", 1)
     keys = keys_in(layout, 0, 5)
     lease = store.acquire("big", 0)
-    commit(store, lease, *(KeyChanges(key, state=b"x", dedup_ids=[key.encode()]) for key in keys))
+    commit(
+        store,
+        lease,
+        *(KeyChanges(key, state=b"x", dedup_ids=[rid(n)]) for n, key in enumerate(keys)),
+    )
 
     capped = interval_overview(cassandra, keyspace, TABLE, "big", max_rows=3)["intervals"]
     exact = interval_overview(cassandra, keyspace, TABLE, "big", max_rows=5)["intervals"]
 
     expected = {**EMPTY, "interval": 0, "sequencer": 1}
-    assert capped == [{**expected, "state_keys": 3, "dedup_ids": 3, "more": True}]
-    assert exact == [{**expected, "state_keys": 5, "dedup_ids": 5, "more": False}]
+    assert capped == [{**expected, "state_keys": 3, "dedup_rows": 3, "more": True}]
+    assert exact == [{**expected, "state_keys": 5, "dedup_rows": 5, "more": False}]
 
 
 def test_a_computation_with_nothing_stored_has_no_layout_and_no_intervals(

@@ -176,7 +176,7 @@
           el("td", {}, lagOf(i)),
           el("td", {}, capped(i, i.state_keys)), el("td", {}, capped(i, i.timers)),
           el("td", {}, eventTime(i.next_event_timer)), el("td", {}, eventTime(i.next_wall_timer)),
-          el("td", {}, capped(i, i.pending_productions)), el("td", {}, capped(i, i.dedup_ids)),
+          el("td", {}, capped(i, i.pending_productions)), el("td", {}, capped(i, i.dedup_rows)),
           el("td", {}, number(i.fenced)))));
       const layout = result.layout;
       status.textContent = "Keyspace " + result.keyspace + ", table " + result.table + "; " +

@@ -1,8 +1,8 @@
 """How the interval table's rows encode the model, and back.
 
-The time-ordered timer index, the packed productions of a commit batch, the TTL of dedup IDs,
-the rows a key's changes write, and query results read as dicts. The table's columns are
-described in :mod:`millstream.engine.stores.cassandra.store`.
+The time-ordered timer index, the packed productions of a commit batch, the packed dedup IDs
+of a key's commit and their TTL, the rows a key's changes write, and query results read as
+dicts. The table's columns are described in :mod:`millstream.engine.stores.cassandra.store`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, Final, NamedTuple, TypeAlias
 
 from millstream.engine.errors import StoreError
 from millstream.engine.productions import CommitTag, Production
-from millstream.engine.records import decode_record
+from millstream.engine.records import RECORD_ID_BYTES, decode_record
 from millstream.engine.sequencer import Lease
 from millstream.engine.state import UNCHANGED, KeyChanges
 from millstream.engine.stores.cassandra.schema import Statements
@@ -25,12 +25,14 @@ __all__ = [
     "Bound",
     "Row",
     "change_rows",
+    "dedup_row_ids",
     "dedup_ttl_seconds",
     "index_row",
     "index_time",
     "indexed_timer",
     "one_row",
     "one_row_or_none",
+    "pack_dedup_ids",
     "pack_productions",
     "production_item",
     "production_tag",
@@ -63,9 +65,9 @@ class Bound(NamedTuple):
     """A row of a batch whose values are serialized already, as the driver's ``bind`` would
     serialize its parameters: the batch takes them as they are.
 
-    A commit's state and dedup rows are bound so, the partition, key and expiry of their
-    values serialized once per key: ``BatchStatement.add`` binds every row on its own, 4 to 7
-    µs a row (a dedup row per record), against about 0.4 µs. The statements' column types are
+    A commit's state and dedup rows are bound so, the partition and key of their values
+    serialized once per key: ``BatchStatement.add`` binds every row on its own, 4 to 7 µs a
+    row, against about 0.4 µs. The statements' column types are
     checked when they are prepared (``schema.Statements``).
     """
 
@@ -157,6 +159,26 @@ def unpack_productions(packed: bytes, tag: CommitTag | None = None) -> list[Prod
     return productions
 
 
+def pack_dedup_ids(record_ids: Sequence[bytes]) -> bytes:
+    """A dedup row's ``record``: the distinct IDs, 16 bytes each, one after the other."""
+    distinct = dict.fromkeys(bytes(record_id) for record_id in record_ids)
+    packed = b"".join(distinct)
+    if len(packed) != RECORD_ID_BYTES * len(distinct):
+        odd = next(i for i in distinct if len(i) != RECORD_ID_BYTES)
+        raise ValueError(f"a dedup ID must be {RECORD_ID_BYTES} bytes (a record ID), got {odd!r}")
+    return packed
+
+
+def dedup_row_ids(row: dict[str, Any]) -> list[bytes]:
+    """The record IDs of a dedup row: those packed in its ``record``, or its ``item`` alone
+    (a row per ID, as versions before packing wrote them; read until they expire)."""
+    packed = row["record"]
+    if packed is None:
+        return [row["item"]]
+    size = RECORD_ID_BYTES
+    return [packed[start : start + size] for start in range(0, len(packed), size)]
+
+
 def dedup_ttl_seconds(dedup_ttl: int) -> int:
     """The ``USING TTL`` of dedup IDs kept for ``dedup_ttl`` µs."""
     if dedup_ttl <= 0:
@@ -175,10 +197,16 @@ def dedup_ttl_seconds(dedup_ttl: int) -> int:
 
 
 def change_rows(
-    statements: Statements, lease: Lease, change: KeyChanges, expires: int, ttl_seconds: int
+    statements: Statements,
+    lease: Lease,
+    change: KeyChanges,
+    dedup_item: bytes,
+    expires: int,
+    ttl_seconds: int,
 ) -> list[Row]:
     """The rows that write ``change`` (its timers' index rows included), with their
-    statements; ``expires`` and ``ttl_seconds`` are its dedup IDs'."""
+    statements. Its dedup IDs go in one row, ``dedup_item`` (unique to the commit batch),
+    ``expires`` and ``ttl_seconds`` their expiry."""
     partition = (lease.computation, lease.interval)
     key = change.key
     # The values of put_state and put_dedup that every row of the key shares, serialized.
@@ -206,10 +234,11 @@ def change_rows(
         if index not in indexed:
             rows.append((statements.delete_row, (*partition, *index)))
     if change.dedup_ids:
-        put_dedup = statements.put_dedup
-        expiry = [_INT64.pack(expires), _INT32.pack(ttl_seconds)]
-        for record_id in dict.fromkeys(change.dedup_ids):
-            rows.append(Bound(put_dedup, [*shared, bytes(record_id), *expiry]))
+        # One row of all the key's IDs, not a row each: each row of a commit is written
+        # twice (the Paxos proposal, then the table), and a record's ID was most of them.
+        packed = pack_dedup_ids(change.dedup_ids)
+        expiry = [_INT64.pack(expires), packed, _INT32.pack(ttl_seconds)]
+        rows.append(Bound(statements.put_dedup, [*shared, dedup_item, *expiry]))
     return rows
 
 
@@ -218,7 +247,7 @@ def row_count(change: KeyChanges) -> int:
     state = 0 if change.state is UNCHANGED else 1
     timers = 2 * len(change.timers) + len(change.previous_timers)
     # Productions share one row per batch; counting each keeps the cap conservative.
-    return state + timers + len(set(change.dedup_ids)) + len(change.productions)
+    return state + timers + (1 if change.dedup_ids else 0) + len(change.productions)
 
 
 def result_rows(result: Any) -> Iterator[dict[str, Any]]:

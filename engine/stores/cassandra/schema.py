@@ -158,8 +158,10 @@ class Statements:
             f"INSERT INTO {name} ({columns}, timer_timestamp, timer_domain, timer_set_by) "
             "VALUES (?, ?, 'timer', ?, ?, ?, ?, ?)"
         )
+        # A key's dedup IDs of one commit batch, packed in ``record``; ``item`` is unique.
         self.put_dedup = self._prepare(
-            f"INSERT INTO {name} ({columns}, expires) VALUES (?, ?, 'dedup', ?, ?, ?) USING TTL ?"
+            f"INSERT INTO {name} ({columns}, expires, record) VALUES (?, ?, 'dedup', ?, ?, ?, ?) "
+            "USING TTL ?"
         )
         self.put_index = self._prepare(
             f"INSERT INTO {name} ({columns}, timer_timestamp, timer_domain, timer_set_by) "
@@ -177,7 +179,7 @@ class Statements:
             "AND kind IN ('state', 'timer') AND key IN ?"
         )
         self.read_dedup = self._prepare(
-            f"SELECT key, item, expires FROM {name} {where} AND kind = 'dedup' AND (key, item) IN ?"
+            f"SELECT key, item, expires, record FROM {name} {where} AND kind = 'dedup' AND key IN ?"
         )
         self.read_due = self._prepare(
             f"SELECT item, {timer_columns} FROM {name} {where} "
@@ -191,7 +193,7 @@ class Statements:
             f"{where} AND kind = 'timer'"
         )
         self.scan_dedup = self._prepare(
-            f"SELECT key, item, expires FROM {name} {where} AND kind = 'dedup'"
+            f"SELECT key, item, expires, record FROM {name} {where} AND kind = 'dedup'"
         )
         self.scan_states = self._prepare(
             f"SELECT key, value FROM {name} {where} AND kind = 'state'"
@@ -226,7 +228,15 @@ class Statements:
         _expect_types(self.put_state, ("VarcharType", "Int32Type", "VarcharType", "BytesType"))
         _expect_types(
             self.put_dedup,
-            ("VarcharType", "Int32Type", "VarcharType", "BytesType", "LongType", "Int32Type"),
+            (
+                "VarcharType",
+                "Int32Type",
+                "VarcharType",
+                "BytesType",
+                "LongType",
+                "BytesType",
+                "Int32Type",
+            ),
         )
 
     def _prepare(self, cql: str, *, lwt: bool = False, serial_read: bool = False) -> Any:

@@ -10,8 +10,8 @@ The mapping is the one :mod:`millstream.engine.store` describes, on one table::
         key             text,    -- the key; the timestamp in the timer index; '' for
                                  -- productions
         item            blob,    -- '' for state, the tag (UTF-8) for timers, the key and
-                                 -- tag in the timer index, the record ID for dedup, the
-                                 -- commit batch's marker for productions
+                                 -- tag in the timer index, the commit batch's marker for
+                                 -- dedup and for productions
         sequencer       bigint static,
         last_commit     blob static,
         value           blob,    -- state
@@ -20,7 +20,8 @@ The mapping is the one :mod:`millstream.engine.store` describes, on one table::
         timer_set_by    blob,
         expires         bigint,  -- dedup: injected-clock µs; the row also has a TTL
         stream          text,    -- unused (rows of earlier versions)
-        record          blob,    -- production: the batch's productions, packed
+        record          blob,    -- production: the batch's productions, packed; dedup: the
+                                 -- key's record IDs of the batch, packed
         PRIMARY KEY ((computation, interval), kind, key, item))
 
 Beside it, one counter table per keyspace (``FENCES_TABLE``, ``millstream_fences``) counts the
@@ -31,8 +32,14 @@ Rows a batch touches, and how it reads them (paper 6.1.1: the checkpoint is coal
 
 * **State and timers of the batch's keys**: one ``kind IN ('state', 'timer') AND key IN ?``
   query per :data:`_KEYS_PER_READ` keys, all in flight at once.
-* **Dedup candidates**: one ``kind = 'dedup' AND (key, item) IN ?`` query per
-  :data:`_KEYS_PER_READ` record IDs, all in flight at once.
+* **Dedup candidates**: one ``kind = 'dedup' AND key IN ?`` query per :data:`_KEYS_PER_READ`
+  keys with candidate IDs, all in flight at once; it reads each key's dedup rows, one per
+  commit of the key within the dedup TTL, each holding the IDs that commit processed (16
+  bytes each, in ``record``). A row per ID would make a commit write one row per record, and
+  each row of a Paxos batch is written twice; packed, a key with 20 records in a batch
+  writes one. The price is on the lookup side, paid only for IDs the worker's Bloom filter
+  may have seen: a key committed in every batch has a row per batch of the TTL to read.
+  Rows of one ID each (``item`` the ID, no ``record``: versions before packing) still count.
 * **Due timers**: every timer is also a row of the time-ordered index ``timer_event`` or
   ``timer_wall`` whose ``key`` is its timestamp as a fixed-width decimal (so text order is
   time order); the due ones are the range ``key < <watermark>``, the next one the first row.
@@ -152,6 +159,7 @@ from millstream.engine.stores.cassandra.rows import (
     Bound,
     Row,
     change_rows,
+    dedup_row_ids,
     dedup_ttl_seconds,
     index_time,
     indexed_timer,
@@ -390,14 +398,14 @@ class CassandraIntervalStore(IntervalStore):
                 for row in result_rows(productions.result())
                 for production in unpack_productions(row["record"], production_tag(row["item"]))
             ),
-            dedup_ids=tuple(row["item"] for row in _unexpired(result_rows(dedup.result()), now)),
+            dedup_ids=tuple(_live_ids(result_rows(dedup.result()), now)),
         )
 
     def dedup_ids(self, lease: Lease, limit: int) -> list[bytes] | None:
-        """The dedup rows of the interval, a page at a time, until more than ``limit``."""
+        """The dedup IDs of the interval, a page of rows at a time, until more than ``limit``."""
         result = self._execute(self._statements.scan_dedup, (lease.computation, lease.interval))
-        live = _unexpired(result_rows(result), self.clock.now())
-        found = [row["item"] for row in itertools.islice(live, limit + 1)]
+        live = _live_ids(result_rows(result), self.clock.now())
+        found = list(itertools.islice(live, limit + 1))
         return found if len(found) <= limit else None
 
     def holds(self, lease: Lease) -> bool:
@@ -415,7 +423,7 @@ class CassandraIntervalStore(IntervalStore):
     def seen(
         self, lease: Lease, record_ids: Mapping[str, Collection[bytes]]
     ) -> Set[tuple[str, bytes]]:
-        return self._seen_rows(self._rows(self._dedup_reads(lease, record_ids)))
+        return _seen(self._rows(self._dedup_reads(lease, record_ids)), record_ids, self.clock.now())
 
     def read_batch(
         self, lease: Lease, keys: Collection[str], record_ids: Mapping[str, Collection[bytes]]
@@ -424,7 +432,8 @@ class CassandraIntervalStore(IntervalStore):
         distinct = list(dict.fromkeys(keys))
         key_reads = self._key_reads(lease, distinct)
         dedup_reads = self._dedup_reads(lease, record_ids)
-        return _snapshots(distinct, self._rows(key_reads)), self._seen_rows(self._rows(dedup_reads))
+        seen = _seen(self._rows(dedup_reads), record_ids, self.clock.now())
+        return _snapshots(distinct, self._rows(key_reads)), seen
 
     def _key_reads(self, lease: Lease, distinct: list[str]) -> list[ResponseFuture]:
         partition = (lease.computation, lease.interval)
@@ -434,15 +443,9 @@ class CassandraIntervalStore(IntervalStore):
     def _dedup_reads(
         self, lease: Lease, record_ids: Mapping[str, Collection[bytes]]
     ) -> list[ResponseFuture]:
-        pairs = list(
-            dict.fromkeys((key, record_id) for key, ids in record_ids.items() for record_id in ids)
-        )
-        reads = [(lease.computation, lease.interval, chunk) for chunk in _chunks(pairs)]
+        keys = [key for key, ids in record_ids.items() if ids]
+        reads = [(lease.computation, lease.interval, chunk) for chunk in _chunks(keys)]
         return self._send(self._statements.read_dedup, reads)
-
-    def _seen_rows(self, rows: Iterable[dict[str, Any]]) -> Set[tuple[str, bytes]]:
-        now = self.clock.now()
-        return {(row["key"], row["item"]) for row in _unexpired(rows, now)}
 
     def due_timers(
         self, lease: Lease, input_low_watermark: int, now: int, floor: TimerFloor = NO_FLOOR
@@ -501,11 +504,14 @@ class CassandraIntervalStore(IntervalStore):
             raise ValueError("each key may appear once per commit: merge its changes first")
         ttl_seconds = dedup_ttl_seconds(dedup_ttl)
         for change in changes:
-            count = row_count(change)
+            # A key's IDs are one row, but their limit stays what it was with a row each (a
+            # pack of 1 MiB at most, far below Cassandra's largest mutation).
+            count = max(row_count(change), len(set(change.dedup_ids)))
             if count + 1 > MAX_BATCH_STATEMENTS:
                 raise ValueError(
-                    f"key {change.key!r} carries {count} row changes, more than one Cassandra "
-                    f"batch can hold ({MAX_BATCH_STATEMENTS - 1} besides its guard) and one "
+                    f"key {change.key!r} carries {count} row changes or record IDs, more than "
+                    f"one Cassandra batch can hold ({MAX_BATCH_STATEMENTS - 1} besides its "
+                    "guard) and one "
                     "key's changes are never split; give this key fewer records per batch"
                 )
         batches = _cap_statements(split_batches(changes, self.max_batch_bytes))
@@ -518,10 +524,13 @@ class CassandraIntervalStore(IntervalStore):
             self._delete_rows(lease, done)
         for number, batch in enumerate(batches):
             expires = self.clock.now() + dedup_ttl
+            dedup_item = _new_marker()
             rows = [
                 row
                 for change in batch
-                for row in change_rows(self._statements, lease, change, expires, ttl_seconds)
+                for row in change_rows(
+                    self._statements, lease, change, dedup_item, expires, ttl_seconds
+                )
             ]
             by_tag: dict[CommitTag | None, list[Production]] = {}
             for change in batch:
@@ -697,7 +706,9 @@ class CassandraIntervalStore(IntervalStore):
             by_key.setdefault(timer.key, KeyChanges(timer.key)).timers[timer.tag] = timer
         now = self.clock.now()
         for row in _unexpired(result_rows(dedup.result()), now):
-            by_key.setdefault(row["key"], KeyChanges(row["key"])).dedup_ids.append(row["item"])
+            by_key.setdefault(row["key"], KeyChanges(row["key"])).dedup_ids.extend(
+                dedup_row_ids(row)
+            )
         changes = [by_key[key] for key in sorted(by_key)]
         pending = [
             production
@@ -971,6 +982,26 @@ def _unexpired(rows: Iterable[dict[str, Any]], now: int) -> Iterator[dict[str, A
     """The dedup ``rows`` whose ``expires`` is after ``now``: Cassandra's own TTL runs in
     real seconds, so the store's clock decides."""
     return (row for row in rows if row["expires"] > now)
+
+
+def _live_ids(rows: Iterable[dict[str, Any]], now: int) -> Iterator[bytes]:
+    """The record IDs of the unexpired dedup ``rows``."""
+    return (record_id for row in _unexpired(rows, now) for record_id in dedup_row_ids(row))
+
+
+def _seen(
+    rows: Iterable[dict[str, Any]], asked: Mapping[str, Collection[bytes]], now: int
+) -> Set[tuple[str, bytes]]:
+    """Which ``(key, ID)`` of ``asked`` the unexpired dedup ``rows`` of its keys hold."""
+    held = {
+        (row["key"], record_id) for row in _unexpired(rows, now) for record_id in dedup_row_ids(row)
+    }
+    return {
+        (key, record_id)
+        for key, ids in asked.items()
+        for record_id in ids
+        if (key, record_id) in held
+    }
 
 
 def _index_floor(floor: TimerFloor, domain: TimeDomain) -> str:

@@ -233,17 +233,17 @@ def test_bound_rows_carry_what_the_driver_would_bind(cassandra: Any, keyspace: s
     statements = store._statements
     lease = Lease("c\u00e9", 2**31 - 1, 7, cache_valid=False)
     change = KeyChanges("k\u00ff", state=b"\x00state", dedup_ids=[rid(1), rid(2), rid(1)])
-    made = change_rows(statements, lease, change, 2**62 + 5, 3_601)
+    item = b"\x07" * 16
+    made = change_rows(statements, lease, change, item, 2**62 + 5, 3_601)
     rows = [row for row in made if isinstance(row, Bound)]
-    assert len(rows) == len(made) == 3  # every row bound; the repeated ID written once
-    assert [row.statement for row in rows] == [statements.put_state] + [statements.put_dedup] * 2
+    # Every row bound; the key's IDs in one row, the repeated ID written once.
+    assert len(rows) == len(made) == 2
+    assert [row.statement for row in rows] == [statements.put_state, statements.put_dedup]
     partition = (lease.computation, lease.interval)
+    packed = rid(1) + rid(2)
     expected = [
         statements.put_state.bind((*partition, change.key, change.state)).values,
-        *(
-            statements.put_dedup.bind((*partition, change.key, i, 2**62 + 5, 3_601)).values
-            for i in (rid(1), rid(2))
-        ),
+        statements.put_dedup.bind((*partition, change.key, item, 2**62 + 5, packed, 3_601)).values,
     ]
     assert [row.values for row in rows] == expected
 
@@ -667,13 +667,54 @@ def test_dedup_ids_expire_by_cassandra_ttl(
     assert store.has_seen(lease, "k", [rid(1), rid(2)]) == {rid(1), rid(2)}
     # Cassandra must keep them at least as long as they count as seen (one second).
     time.sleep(max(0.0, committed + 0.95 - time.monotonic()))
-    assert len(rows_of(cassandra, keyspace, "dedup")) == 2
+    assert len(rows_of(cassandra, keyspace, "dedup")) == 1  # the key's IDs in one row
     deadline = time.monotonic() + 5
     while rows_of(cassandra, keyspace, "dedup") and time.monotonic() < deadline:
         time.sleep(0.2)
     assert rows_of(cassandra, keyspace, "dedup") == []  # gone from Cassandra, not just filtered
     assert store.has_seen(lease, "k", [rid(1), rid(2)]) == set()
     assert store.scan(lease).dedup_ids == ()
+
+
+def test_a_keys_ids_of_one_commit_are_one_row_and_rows_of_one_id_still_count(
+    make_store: StoreFactory, cassandra: Any, keyspace: str
+) -> None:
+    store = make_store()
+    lease = store.acquire("c", 0)
+    ids = [rid(n) for n in range(20)]
+    store.commit(
+        lease, [KeyChanges("a", dedup_ids=ids), KeyChanges("b", dedup_ids=[rid(20)])], dedup_ttl=TTL
+    )
+    store.commit(lease, [KeyChanges("a", dedup_ids=[rid(21)])], dedup_ttl=TTL)
+    rows = rows_of(cassandra, keyspace, "dedup")
+    assert sorted((row.key, len(row.record)) for row in rows) == [("a", 16), ("a", 320), ("b", 16)]
+    # A row per ID, as versions before packing wrote them (no record), counts until it expires.
+    cassandra.execute(
+        f"INSERT INTO {keyspace}.intervals (computation, interval, kind, key, item, expires) "
+        "VALUES ('c', 0, 'dedup', 'b', %s, %s)",
+        (rid(30), store.clock.now() + TTL),
+    )
+    assert store.seen(
+        lease, {"a": [rid(0), rid(19), rid(21), rid(30)], "b": [rid(20), rid(30), rid(0)]}
+    ) == {
+        ("a", rid(0)),
+        ("a", rid(19)),
+        ("a", rid(21)),
+        ("b", rid(20)),
+        ("b", rid(30)),
+    }
+    assert sorted(store.scan(lease).dedup_ids) == sorted([*ids, rid(20), rid(21), rid(30)])
+    assert len(store.dedup_ids(lease, 23) or ()) == 23
+    assert store.dedup_ids(lease, 22) is None  # counted by ID, not by row
+    exported = {change.key: sorted(change.dedup_ids) for change in store.export(lease)}
+    assert exported == {"a": sorted([*ids, rid(21)]), "b": sorted([rid(20), rid(30)])}
+
+
+def test_a_dedup_id_that_is_not_a_record_id_is_refused(make_store: StoreFactory) -> None:
+    store = make_store()
+    lease = store.acquire("c", 0)
+    with pytest.raises(ValueError, match="a dedup ID must be 16 bytes"):
+        store.commit(lease, [KeyChanges("a", dedup_ids=[rid(1), b"short"])], dedup_ttl=TTL)
 
 
 def test_the_ttl_is_rounded_up_to_outlive_the_expiry_time(
