@@ -174,6 +174,11 @@ def consumer(config: MillstreamConfig, purpose: str, **settings: str | int | boo
             # librdkafka's default too; said here because every millstream reader must skip
             # aborted transactions, as the Spark source does (spark.session.SOURCE_OPTIONS).
             "isolation.level": "read_committed",
+            # Once a partition's local queue holds queued.min.messages (100,000), librdkafka
+            # waits this long before its next fetch: 1 s by default, which a reader that
+            # drains its queue at once (a Spark task reading its batch) spends idle every
+            # 100,000 messages. 10 ms read 200,000 messages in 0.13 s instead of 1.1 s.
+            "fetch.queue.backoff.ms": 10,
             **settings,
         }
     )
