@@ -41,6 +41,7 @@ from tests.spark.test_runner import (
     events,
     produce,
 )
+from tests.waiting import wait_until
 
 if TYPE_CHECKING:
     from cassandra.cluster import Session
@@ -213,17 +214,14 @@ def submit_run(
 
 def wait_for_completed_app(cluster: StandaloneSparkCluster, name: str) -> dict[str, Any]:
     """The Master's record of application ``name``, once it has completed."""
-    deadline = time.monotonic() + 30
-    while True:
-        state = cluster.master_state()
-        completed: list[dict[str, Any]] = [
-            app for app in state["completedapps"] if app["name"] == name
-        ]
-        if completed:
-            (app,) = completed
-            return app
-        assert time.monotonic() < deadline, f"{name} did not complete on the cluster: {state}"
-        time.sleep(0.5)
+
+    def completed() -> list[dict[str, Any]]:
+        return [app for app in cluster.master_state()["completedapps"] if app["name"] == name]
+
+    (app,) = wait_until(
+        lambda: f"{name} completes on the cluster: {cluster.master_state()}", completed, every=0.5
+    )
+    return app
 
 
 def side_of(chain: list[int], driver: int, worker: int) -> str:

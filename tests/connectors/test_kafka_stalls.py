@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable
 
@@ -14,6 +13,7 @@ from millstream.connectors.kafka.stalls import StallTracker, stable_offsets
 from millstream.connectors.kafka.topics import admin_client
 from millstream.engine.clock import ManualClock
 from millstream.engine.config import MillstreamConfig
+from tests.waiting import wait_until
 
 SECOND = 1_000_000
 
@@ -68,12 +68,10 @@ def test_an_open_transaction_of_a_dead_producer_is_seen_as_a_stall(
     # The coordinator writes the abort marker to the partition after it answers EndTxn, so
     # the LSO passes it a moment after abort_transaction returns.
     expected = {(topic, 0): (2, 2), (topic, 1): (1, 1)}
-    deadline = time.monotonic() + 30
-    offsets = stable_offsets(admin_client(services), [topic])
-    while offsets != expected and time.monotonic() < deadline:
-        time.sleep(0.1)
-        offsets = stable_offsets(admin_client(services), [topic])
     # Partition 0: the aborted message and its abort marker, both passed by the LSO.
-    assert offsets == expected
+    wait_until(
+        lambda: f"stable offsets {expected}, not {stable_offsets(admin_client(services), [topic])}",
+        lambda: stable_offsets(admin_client(services), [topic]) == expected,
+    )
     clock.advance(5 * SECOND)
     assert watch.probe() == TransactionStalls()

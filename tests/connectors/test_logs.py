@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from millstream.connectors.kafka import client_settings
 from millstream.connectors.logs import LOG4J2_CONFIG, LogRouting, route_logs
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.errors import ConfigError
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.unit
 
@@ -46,10 +46,13 @@ def test_a_librdkafka_record_lands_in_the_file_not_on_stderr(
     routing = route_logs(config, "test")
     try:
         producer = Producer(client_settings(config))
-        deadline = time.monotonic() + 20
-        while "rdkafka#producer" not in routing.path.read_text():
-            assert time.monotonic() < deadline, "librdkafka logged nothing to the file"
-            producer.poll(0.2)
+        wait_until(
+            "librdkafka logs to the file",
+            lambda: "rdkafka#producer" in routing.path.read_text(),
+            timeout=20,
+            every=0,
+            meanwhile=lambda: producer.poll(0.2),
+        )
     finally:
         routing.close()
     logged = routing.path.read_text()

@@ -9,7 +9,6 @@ import io
 import json
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -44,6 +43,7 @@ from millstream.engine.records import (
     injector_record_id,
 )
 from millstream.engine.watermarks import WatermarkReport, injector_source
+from tests.waiting import wait_until
 
 NOW = 1_700_000_000_000_000  # 2023-11-14T22:13:20Z in µs
 NOW_ISO = "2023-11-14T22:13:20.000000Z"
@@ -410,10 +410,7 @@ def test_follow_prints_what_arrives_later(
     )
     follower.start()
     try:
-        deadline = time.monotonic() + 30
-        while not out.getvalue() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert out.getvalue(), "the first record was not printed"
+        wait_until("the first record is printed", out.getvalue, every=0.05)
         later = ['{"key": "b", "value": "2"}', '{"key": "c", "value": "3"}']
         produce_lines(services, stream, later, source="later", errors=io.StringIO())
         follower.join(30)

@@ -31,6 +31,7 @@ from millstream.spark import driver_watermarks
 from millstream.spark.driver_watermarks import DriverWatermarks
 from millstream.spark.runner import ProcessingTime, run_topology
 from tests.spark.test_runner import BASE_TIME, produce, read_topic, register_by_value
+from tests.waiting import wait_until
 
 if TYPE_CHECKING:
     from cassandra.cluster import Session
@@ -121,9 +122,7 @@ def test_a_batch_that_left_productions_pending_wakes_its_query_for_another(
     interval = min(intervals.ids)
     intervals.record(interval, IntervalProgress(oldest_work=3, pending=2))
     watermarks.after_batch(1, lambda *_: None)
-    deadline = time.monotonic() + 5.0
-    while not topic.wakes and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until("the watermarks wake the alarm topic", lambda: topic.wakes, timeout=5, every=0.01)
     assert topic.wakes == [(watermarks.alarm_topic, f"alarm/flaky/{watermarks.spec.name}")]
 
     # Delivered: no more wake-ups.

@@ -43,6 +43,7 @@ from millstream.engine.stores.cassandra.schema import schema_cql
 from millstream.engine.testing import TestingSink
 from millstream.engine.timers import TimeDomain, Timer
 from millstream.engine.topology import ComputationOptions, ComputationSpec, InputStream
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -668,10 +669,13 @@ def test_dedup_ids_expire_by_cassandra_ttl(
     # Cassandra must keep them at least as long as they count as seen (one second).
     time.sleep(max(0.0, committed + 0.95 - time.monotonic()))
     assert len(rows_of(cassandra, keyspace, "dedup")) == 1  # the key's IDs in one row
-    deadline = time.monotonic() + 5
-    while rows_of(cassandra, keyspace, "dedup") and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert rows_of(cassandra, keyspace, "dedup") == []  # gone from Cassandra, not just filtered
+    # Gone from Cassandra, not just filtered.
+    wait_until(
+        "Cassandra deletes the expired dedup row",
+        lambda: rows_of(cassandra, keyspace, "dedup") == [],
+        timeout=5,
+        every=0.2,
+    )
     assert store.has_seen(lease, "k", [rid(1), rid(2)]) == set()
     assert store.scan(lease).dedup_ids == ()
 
