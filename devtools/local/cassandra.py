@@ -189,6 +189,8 @@ class CassandraService(LocalService):
     profile = "cassandra"
     # 5-10 s on two cores (measured, first start included); the margin is for slow CI disks.
     start_timeout = 120.0
+    # What before_down read for down: the tables live just before the stop, and when.
+    _live_tables: tuple[set[str], float] | None = None
 
     @property
     def _conf_dir(self) -> Path:
@@ -340,10 +342,17 @@ class CassandraService(LocalService):
         self._joined.touch()
         return status
 
+    def before_down(self) -> None:
+        """Read the live tables now, while every node of the stack answers (:meth:`down`
+        needs them once the node has stopped)."""
+        self._live_tables = self._live()
+
     def down(self) -> bool:
         """Stop the node; once it has stopped, forget what Cassandra would otherwise read at
-        every start (:func:`tidy_stopped_node`), given the tables live just before the stop."""
-        live = self._table_ids() if self.process.running_pid() is not None else None
+        every start (:func:`tidy_stopped_node`), given the tables live just before the stop
+        (read by :meth:`before_down`, or now)."""
+        live = self._live_tables if self._live_tables is not None else self._live()
+        self._live_tables = None
         stopped = super().down()
         if stopped and live is not None:
             tables, since = live
@@ -353,6 +362,9 @@ class CassandraService(LocalService):
                     f"{self.name}: deleted the Paxos state of dropped tables ({pruned} files)"
                 )
         return stopped
+
+    def _live(self) -> tuple[set[str], float] | None:
+        return self._table_ids() if self.process.running_pid() is not None else None
 
     def _table_ids(self) -> tuple[set[str], float] | None:
         """The ids of the node's tables and when they were read, or None (with a word why)
@@ -371,7 +383,7 @@ class CassandraService(LocalService):
         try:
             rows = session.execute("SELECT id FROM system_schema.tables")
             return {str(row.id) for row in rows}, since
-        except DriverException as exc:
+        except (DriverException, NoHostAvailable) as exc:
             self.progress(f"{self.name}: not pruning its Paxos state: {exc}")
             return None
         finally:

@@ -263,6 +263,12 @@ class LocalService(ABC):
             rss_bytes=_rss_bytes(pid) if pid else None,
         )
 
+    def before_down(self) -> None:
+        """What to do before :meth:`down` while every node of the stack still runs: a stack
+        stops its nodes of one backend at once, and a node that asked the cluster something
+        as it stopped could be cut off by another node's stop. Nothing by default."""
+        return  # an optional step, not an abstract one
+
     def down(self) -> bool:
         """Stop our process by pid; False if it was not running."""
         stopped = self.process.stop()

@@ -207,6 +207,8 @@ class LocalStack:
         stopped: list[bool] = []
         for backend in reversed(_BACKENDS):
             nodes = [s for s in reversed(self.services) if type(s) is backend]
+            for node in nodes:
+                node.before_down()  # while every node answers
             with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
                 stopped.extend(pool.map(lambda node: node.down(), nodes))
         return stopped
