@@ -205,12 +205,18 @@ class LocalStack:
         would wait in vain for a quorum of controllers to approve it, and be killed after a
         minute; see ``KafkaService.server_properties``.)"""
         stopped: list[bool] = []
+        failed: Exception | None = None
         for backend in reversed(_BACKENDS):
             nodes = [s for s in reversed(self.services) if type(s) is backend]
             for node in nodes:
-                node.before_down()  # while every node answers
+                try:
+                    node.before_down()  # while every node answers
+                except Exception as exc:  # every node still stops; raised below
+                    failed = failed or exc
             with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
                 stopped.extend(pool.map(lambda node: node.down(), nodes))
+        if failed is not None:
+            raise failed
         return stopped
 
 

@@ -110,3 +110,26 @@ def test_a_port_held_by_another_process_stops_up_before_anything_starts(tmp_path
             service.up()
     assert service.process.running_pid() is None
     assert not (tmp_path / "kafka" / "data").exists()
+
+
+def test_a_node_that_fails_before_the_stop_is_raised_once_every_node_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stack = LocalStack(MillstreamConfig(home=tmp_path), print, nodes=3)
+    stopped: list[str] = []
+
+    def stop(name: str) -> bool:
+        stopped.append(name)
+        return True
+
+    for service in stack.services:
+        monkeypatch.setattr(service, "down", lambda name=service.name: stop(name))
+    first = stack.services[0]
+
+    def unexpected() -> None:
+        raise RuntimeError("the node's tables could not be read")
+
+    monkeypatch.setattr(first, "before_down", unexpected)
+    with pytest.raises(RuntimeError, match="could not be read"):
+        stack.down()
+    assert sorted(stopped) == sorted(service.name for service in stack.services)
