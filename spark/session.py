@@ -1,8 +1,9 @@
 """Build the SparkSession a millstream driver runs on.
 
 Locally (``spark.master`` ``local[...]``, the default) the Kafka connector jars
-come from the pinned POM through Maven and go on the classpath directly. On a
-cluster, either list Maven coordinates in ``spark.packages`` (Spark resolves and
+come from the pinned POM through Maven and go on the classpath directly, and so does
+the file system the driver writes its checkpoints with (:data:`LOCAL_CHECKPOINT_FS`).
+On a cluster, either list Maven coordinates in ``spark.packages`` (Spark resolves and
 ships them) or launch with ``spark-submit --packages ...`` (or ``--jars``): a
 driver started by spark-submit keeps its master, classpath and ``--conf``
 settings, which win over millstream's own.
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from millstream.connectors import logs
+from millstream.connectors.maven import artifact_name
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.errors import ConfigError
 from millstream.spark.class_archive import archive_options
@@ -30,6 +32,8 @@ if TYPE_CHECKING:
     from millstream.connectors.maven import Progress
 
 __all__ = [
+    "LOCAL_CHECKPOINT_FS",
+    "LOCAL_FS_ARTIFACT",
     "SOURCE_OPTIONS",
     "kafka_options",
     "kafka_stream",
@@ -37,6 +41,28 @@ __all__ = [
     "spark_conf",
     "spark_session",
 ]
+
+
+LOCAL_FS_ARTIFACT = "hadoop-bare-naked-local-fs"
+"""The pinned POM's artifact (profile ``spark-kafka``) of :data:`LOCAL_CHECKPOINT_FS`."""
+
+LOCAL_CHECKPOINT_FS: Mapping[str, str] = {
+    # Hadoop's file:// file system sets a new file's permissions by forking `chmod` where
+    # its native library is missing (it is, in pyspark's wheel): about 30 ms for each of
+    # the offset and commit files Spark writes per micro-batch, 60 ms of every batch.
+    # This subclass of it sets them through java.nio.
+    "spark.hadoop.fs.file.impl": "com.globalmentor.apache.hadoop.fs.BareLocalFileSystem",
+    # Spark's default manager writes through FileContext, which takes Hadoop's own local
+    # file system whatever fs.file.impl names; this one goes through FileSystem (a
+    # temporary file renamed into place, atomic on a local disk).
+    "spark.sql.streaming.checkpointFileManagerClass": (
+        "org.apache.spark.sql.execution.streaming.checkpointing."
+        "FileSystemBasedCheckpointFileManager"
+    ),
+}
+"""What a local driver millstream starts writes its checkpoints with (with the artifact
+:data:`LOCAL_FS_ARTIFACT` on its classpath); a driver on a cluster or started by
+spark-submit keeps Hadoop's and Spark's defaults."""
 
 
 def spark_conf(
@@ -72,11 +98,22 @@ def spark_conf(
         conf["spark.driver.bindAddress"] = "127.0.0.1"
         conf["spark.driver.host"] = "127.0.0.1"
         conf["spark.driver.memory"] = "1g"
+    classpath: list[str] = []
     if config.spark_packages:
         conf["spark.jars.packages"] = ",".join(config.spark_packages)
     elif jars:
-        conf["spark.jars"] = ",".join(str(jar) for jar in jars)
+        file_systems = [jar for jar in jars if artifact_name(jar) == LOCAL_FS_ARTIFACT]
+        conf["spark.jars"] = ",".join(str(jar) for jar in jars if jar not in file_systems)
+        if file_systems and config.spark_is_local:
+            # On the JVM's own classpath: spark.jars are added after Hadoop's first use.
+            classpath = [str(jar) for jar in file_systems]
+            conf.update(LOCAL_CHECKPOINT_FS)
     conf.update(config.spark_conf)
+    if classpath:
+        # Beside the user's own extra classpath, if any: without the jar, the JVM would not
+        # start with the file system its settings name.
+        user = config.spark_conf.get("spark.driver.extraClassPath")
+        conf["spark.driver.extraClassPath"] = os.pathsep.join([*classpath, *filter(None, [user])])
     conf.update(submitted or {})
     return conf
 
@@ -207,7 +244,8 @@ def kafka_stream(
 
 
 def local_connector_jars(config: MillstreamConfig, progress: Progress) -> list[Path]:
-    """The Spark Kafka connector and what it needs beyond pyspark's own jars."""
+    """The Spark Kafka connector and what it needs beyond pyspark's own jars, and the file
+    system of :data:`LOCAL_CHECKPOINT_FS`."""
     import pyspark
 
     from millstream.connectors.maven import (

@@ -16,7 +16,7 @@ import pytest
 from millstream.engine.config import MillstreamConfig
 from millstream.spark import class_archive
 from millstream.spark.class_archive import archive_options, archive_path, java_executable, train
-from millstream.spark.session import spark_conf
+from millstream.spark.session import local_connector_jars, spark_conf
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -192,7 +192,8 @@ def test_the_drivers_jvm_maps_sparks_classes_from_the_archive(
     # Spark had none)...
     runtime = spark.sparkContext._jvm.java.lang.management.ManagementFactory  # type: ignore[union-attr]
     arguments = list(runtime.getRuntimeMXBean().getInputArguments())
-    options, path = archive_options(services.home / "spark", spark_conf(services, "x"), print)
+    conf = _driver_conf(services)
+    options, path = archive_options(services.home / "spark", conf, print)
     assert path is not None, "no archive for this Java and Spark"
     assert path.exists()
     assert options in arguments, arguments
@@ -208,6 +209,8 @@ def test_the_drivers_jvm_maps_sparks_classes_from_the_archive(
             str(_spark_submit()), "--master", "local[1]",
             "--conf", "spark.ui.enabled=false",
             "--conf", "spark.driver.memory=1g",
+            # The archive holds the classpath it was made on: a JVM on another maps nothing.
+            "--conf", f"spark.driver.extraClassPath={conf.get('spark.driver.extraClassPath', '')}",
             "--conf", f"spark.driver.extraJavaOptions={options} "
             f"-Xlog:class+load=info:file={loads}",
             str(script),
@@ -230,7 +233,7 @@ def test_a_driver_whose_jvm_cannot_map_its_archive_starts_without_it_and_removes
     # Its own home: the suite's archive stays whole. The connector's classpath is resolved.
     home = tmp_path / "home"
     shutil.copytree(services.home / "artifacts", home / "artifacts")
-    _, whole = archive_options(services.home / "spark", spark_conf(services, "x"), print)
+    _, whole = archive_options(services.home / "spark", _driver_conf(services), print)
     assert whole is not None, "no archive for this Java and Spark"
     # The same archive cut short (as a crash while writing it would leave it): a JVM that
     # maps it dies as it starts, as one whose archive went bad on disk would.
@@ -255,3 +258,9 @@ def test_a_driver_whose_jvm_cannot_map_its_archive_starts_without_it_and_removes
     assert "sum 6" in started.stdout
     assert "did not start with its class archive" in started.stderr
     assert not path.exists()
+
+
+def _driver_conf(services: MillstreamConfig) -> dict[str, str]:
+    """The settings a local driver of ``services`` starts with, its classpath included (the
+    archive depends on it)."""
+    return spark_conf(services, "x", local_connector_jars(services, print))
