@@ -122,8 +122,9 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 if __package__ in (None, ""):  # run as a script: make `bench.harness` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -301,6 +302,9 @@ class Handle(Protocol):
     def first_data_at(self) -> float | None:
         """When (wall clock, s) it began reading input."""
 
+    def spark_query(self) -> StreamingQuery | None:
+        """The Spark query it runs, if it runs on Spark."""
+
     def stop(self) -> None: ...
 
 
@@ -383,6 +387,9 @@ class ProcessHandle:
         if code is not None and code != 0:
             raise RuntimeError(f"{self._name()} exited with {code}: {self._tail(self.stderr)}")
 
+    def spark_query(self) -> StreamingQuery | None:
+        return None  # a process of its own, not on Spark
+
     def first_data_at(self) -> float | None:
         if self._result is None:
             try:
@@ -444,6 +451,9 @@ class QueryHandle:
     def first_data_at(self) -> float | None:
         return await_first_batch(lambda: self.query, self.check)
 
+    def spark_query(self) -> StreamingQuery | None:
+        return self.query
+
     def stop(self) -> None:
         try:
             stop_query(self.query)
@@ -474,6 +484,9 @@ class MillstreamHandle:
         return await_first_batch(
             lambda: self.running.queries.get(self.computation), self.check, self.topic
         )
+
+    def spark_query(self) -> StreamingQuery | None:
+        return self.running.queries.get(self.computation)
 
     def stop(self) -> None:
         self.running.stop()
@@ -1028,6 +1041,7 @@ def latency_phases(
             notes.append(
                 f"at {rate:g} events/s, "
                 + core_note(cores_before, core_use(bench.services), seconds)
+                + spark_phases(handle.spark_query(), phase_start / 1_000_000)
             )
         time.sleep(0.3)
         phase: list[float] = []
@@ -1040,6 +1054,30 @@ def latency_phases(
         samples[rate] = phase
         first += count
     return samples
+
+
+SPARK_PHASES: Final = ("walCommit", "addBatch", "commitOffsets", "triggerExecution")
+"""Steps of a micro-batch in Spark's progress reports (``durationMs``): writing the offset
+log, running the batch (``foreachBatch``), writing the commit log, and all of it."""
+
+
+def spark_phases(query: StreamingQuery | None, since: float) -> str:
+    """``"; Spark per batch (median ms over N): ..."`` for ``query``'s batches triggered
+    at or after ``since`` (wall clock, s), or ``""``: where a batch's time went, Spark's own
+    steps included."""
+    if query is None:
+        return ""
+    batches = [
+        p.durationMs
+        for p in query.recentProgress
+        if datetime.fromisoformat(p.timestamp).timestamp() >= since
+    ]
+    if not batches:
+        return ""
+    steps = ", ".join(
+        f"{step} {statistics.median(b.get(step, 0) for b in batches):.0f}" for step in SPARK_PHASES
+    )
+    return f"; Spark per batch (median ms over {len(batches)}): {steps}"
 
 
 def check_outputs(
