@@ -26,7 +26,8 @@ is (41 bytes).
 | ``millstream-weak`` | weak productions, ``exactly_once=False`` | none |
 
 (``eo-millstream``: exactly-once for millstream's deduplicating readers, at-least-once for
-plain ones.)
+plain ones. The millstream rows run ``ComputationOptions``' default of 16 key intervals unless
+``--key-intervals`` says otherwise.)
 
 **records/s** = records / (end - start). *Start* is when the system began reading the
 backlog: for the Spark rows (millstream included) the trigger time of the first micro-batch that
@@ -811,13 +812,16 @@ def warm_up_millstream(bench: Bench) -> None:
         run_all(steps)
 
 
-def millstream_options(system: str) -> ComputationOptions:
+def millstream_options(system: str, key_intervals: int | None = None) -> ComputationOptions:
+    """The row's options; ``key_intervals`` (``--key-intervals``) if given, else the
+    default's."""
+    intervals = ComputationOptions().key_intervals if key_intervals is None else key_intervals
     if system in ("millstream-strong", *VIEWED):
-        # Strong productions, exactly-once, 16 key intervals, Kafka transactions.
-        return ComputationOptions()
+        # Strong productions, exactly-once, Kafka transactions.
+        return ComputationOptions(key_intervals=intervals)
     if system == "millstream-notx":
-        return ComputationOptions(transactional_productions=False)
-    return ComputationOptions(strong_productions=False, exactly_once=False)
+        return ComputationOptions(key_intervals=intervals, transactional_productions=False)
+    return ComputationOptions(key_intervals=intervals, strong_productions=False, exactly_once=False)
 
 
 def start_millstream(
@@ -830,7 +834,7 @@ def start_millstream(
         Count(topics.sink),
         inputs=[topics.source],
         outputs=[topics.sink],
-        options=millstream_options(system),
+        options=millstream_options(system, bench.args.key_intervals),
     )
     settings = replace(
         config.run,
@@ -1295,6 +1299,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--latency-seconds", type=float, default=5.0, help="length of each")
     parser.add_argument(
         "--large-keys", type=int, default=1_000_000, help="keys in the large-state interval"
+    )
+    parser.add_argument(
+        "--key-intervals",
+        type=int,
+        help="key intervals of the millstream rows (default: ComputationOptions' default, 16)",
     )
     parser.add_argument("--json", type=Path, help="write the figures to this JSON file")
     parser.add_argument("--plot", type=Path, help="write a PNG bar chart here")
