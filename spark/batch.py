@@ -52,7 +52,6 @@ from millstream.spark.isolation import (
     isolate,
 )
 from millstream.spark.metrics import (
-    RESULT_SCHEMA,
     BatchMetrics,
     ComputationMetrics,
     ResultRow,
@@ -61,6 +60,7 @@ from millstream.spark.metrics import (
 from millstream.spark.quarantine import Quarantine, QuarantinedRecord, python_traceback
 
 if TYPE_CHECKING:
+    from pyspark import RDD
     from pyspark.sql import DataFrame, SparkSession
 
 __all__ = [
@@ -175,6 +175,7 @@ class BatchHandler:
             checkpoint / "claims" if (spark.sparkContext.master or "").startswith("local") else None
         )
         self._slots_of: Mapping[int, int] | None = None  # the driver's spread they follow
+        self._task_numbers: RDD[int] | None = None  # partition n: task n (see _run)
         self.quarantine = Quarantine(checkpoint)
         self.quarantine.load()
 
@@ -520,9 +521,10 @@ class BatchHandler:
         ticks only if it has no records (an isolation's control, or the whole batch).
 
         One Spark job of one stage: a task per core, each reading the batch's ranges from
-        Kafka itself and working its share of the intervals (:func:`.executor.batch_task`).
-        The batch's own DataFrame is never read: routing rows through Spark's shuffle cost a
-        second stage, and each row two crossings between the JVM and Python."""
+        Kafka itself and working its share of the intervals (:func:`.executor.batch_task`),
+        on an RDD of the task numbers. The batch's own DataFrame is never read: routing rows
+        through Spark's shuffle cost a second stage, and each row two crossings between the
+        JVM and Python."""
         ticks = tuple(plan.ticks) if not records else ()
         if records is None:
             records = self._ranges(run) if run.has_data else []
@@ -537,13 +539,14 @@ class BatchHandler:
         task = batch_task(
             self.spec, self.settings, plan.watermark, plan.timer_watermark, plan.layout, batch
         )
-        numbers = self.spark.range(0, self.tasks, numPartitions=self.tasks)
+        if self._task_numbers is None:  # made once: each batch adds its own step to it
+            self._task_numbers = self.spark.sparkContext.parallelize(range(self.tasks), self.tasks)
         try:
-            collected = numbers.mapInArrow(task, RESULT_SCHEMA).collect()
+            collected = self._task_numbers.mapPartitionsWithIndex(task).collect()
         finally:
             if claims is not None and claims.exists():
                 shutil.rmtree(claims)  # this job's alone: a retry claims in a fresh one
-        return [ResultRow.of(row.asDict()) for row in collected]
+        return [ResultRow.of(row) for row in collected]
 
 
 class _BatchRun:

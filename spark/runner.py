@@ -13,8 +13,8 @@ A micro-batch flows like this (``foreachBatch`` on the driver only plans and col
     offset log ──► the batch's offset ranges   driver: from the query's checkpoint
                 │
                 ▼
-    spark.range(cores)                         one task per core, one stage
-      .mapInArrow(batch_task)                  executors: each task reads the ranges from
+    parallelize(range(cores), cores)           one task per core, one stage
+      .mapPartitionsWithIndex(batch_task)      executors: each task reads the ranges from
                 │                                       Kafka, decodes, size-checks, applies
                 │                                       the key extractor of the message's
                 │                                       stream (undecodable → rejected), and

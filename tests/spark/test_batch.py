@@ -45,14 +45,14 @@ def test_intervals_spread_evenly_over_tasks_or_where_an_assignment_says() -> Non
 
 @pytest.mark.integration
 def test_each_task_number_of_a_batch_is_one_spark_task(spark: SparkSession) -> None:
-    # The handler's job is spark.range(tasks) in as many partitions: each task reads the
-    # batch and works the intervals of its number, so no number may be in two tasks or none.
-    from pyspark.sql import functions as F  # noqa: N812  (pyspark's convention)
-
+    # The handler's job runs on range(tasks) in as many partitions, and partition n works
+    # the intervals of task n: each partition must run once, as one Spark task, and hold n.
     for tasks in (1, 2, 3, 8):
-        numbers = spark.range(0, tasks, numPartitions=tasks)
-        placed = numbers.select("id", F.spark_partition_id().alias("task")).collect()
-        assert sorted((row["id"], row["task"]) for row in placed) == [(n, n) for n in range(tasks)]
+        numbers = spark.sparkContext.parallelize(range(tasks), tasks)
+        placed = numbers.mapPartitionsWithIndex(
+            lambda index, elements: [(index, list(elements))]
+        ).collect()
+        assert sorted(placed) == [(n, [n]) for n in range(tasks)]
 
 
 @pytest.mark.unit

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any, cast
 from unittest.mock import patch
 
-import pyarrow as pa
 import pytest
 
 from millstream.connectors.stream_reader import InputMessage
@@ -127,10 +126,10 @@ def run_batch(
     results: list[ResultRow] = []
     for number in range(tasks):
         task = batch_task(spec, SETTINGS, 0, timer_watermark, layout, batch, read)
-        numbers = pa.RecordBatch.from_pydict({"id": pa.array([number], pa.int64())})
         process = processes[number] if processes else {}
         with patch.object(executor, "_LAST_SLOT", process):
-            rows = [ResultRow.of(row) for out in task(iter([numbers])) for row in out.to_pylist()]
+            # Partition `number` of the job's RDD, whose one element is its number.
+            rows = [ResultRow.of(row) for row in task(number, iter([number]))]
         slot = number if claims is None else process[SETTINGS.run_token]
         assert all(batch.slots.task_of(row.interval) == slot for row in rows)
         results += rows
@@ -410,39 +409,5 @@ assert not tune_collector(1_000) and gc.get_threshold()[0] == 50_000  # once per
 def test_a_worker_process_tunes_its_collector_once_and_zero_leaves_it() -> None:
     done = subprocess.run(
         [sys.executable, "-c", TUNED_COLLECTOR], capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-
-
-# In a process of its own: whether pandas was imported is the process's.
-RESULT_COLUMNS_WITHOUT_PANDAS = """
-import sys
-import pyarrow as pa
-from millstream.spark.executor import _ARROW_TYPES, _arrow_column
-
-values = {
-    pa.int32(): [1, None, -3],
-    pa.int64(): [2**40, None, 0],
-    pa.float64(): [0.5, None, -1.0],
-    pa.bool_(): [True, None, False],
-    pa.string(): ["host-é", None, ""],
-    pa.binary(): [b"\\x00\\xff", None, b""],
-}
-assert set(values) == set(_ARROW_TYPES.values())
-built = {kind: _arrow_column(column, kind) for kind, column in values.items()}
-assert "pandas" not in sys.modules, "building result columns imported pandas"
-for kind, column in built.items():
-    column.validate(full=True)
-    assert column.equals(pa.array(values[kind], type=kind)), (kind, column)
-    assert _arrow_column([], kind).equals(pa.array([], type=kind))
-"""
-
-
-def test_result_columns_are_arrows_own_and_import_no_pandas() -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", RESULT_COLUMNS_WITHOUT_PANDAS],
-        capture_output=True,
-        text=True,
-        timeout=120,
     )
     assert done.returncode == 0, done.stderr

@@ -11,7 +11,7 @@ import math
 import shutil
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -118,25 +118,21 @@ def counting(
         kafka_connector.delete_topics(services, [made.inputs, made.outputs, made.dead_letters])
 
 
-def _armed_in_a_worker(place: str, computation: str) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    def probe(batches: Iterator[Any]) -> Iterator[Any]:
+def _armed_in_a_worker(
+    place: str, computation: str
+) -> Callable[[int, Iterable[Any]], Iterator[dict[str, Any]]]:
+    def probe(_index: int, elements: Iterable[Any]) -> Iterator[dict[str, Any]]:
         import os
-
-        import pyarrow as pa
 
         from millstream.engine.fault_points import ENVIRONMENT_VARIABLE, armed_faults
 
-        for _ in batches:
+        for _ in elements:
             pass
-        yield pa.RecordBatch.from_pylist(
-            [
-                {
-                    "pid": os.getpid(),
-                    "directory": os.environ.get(ENVIRONMENT_VARIABLE),
-                    "armed": ",".join(sorted(armed_faults(place, computation))),
-                }
-            ]
-        )
+        yield {
+            "pid": os.getpid(),
+            "directory": os.environ.get(ENVIRONMENT_VARIABLE),
+            "armed": ",".join(sorted(armed_faults(place, computation))),
+        }
 
     return probe
 
@@ -152,13 +148,10 @@ def assert_armed_in_the_workers(
     assert vars(executor)["fault_point"] is fault_points.fault_point
     assert vars(executor)["armed_faults"] is fault_points.armed_faults
     tasks = spark.sparkContext.defaultParallelism
-    numbers = spark.range(0, tasks, numPartitions=tasks)  # as the engine starts its tasks
-    seen = numbers.mapInArrow(
-        _armed_in_a_worker(place, counting.name), "pid long, directory string, armed string"
-    ).collect()
-    assert all(row.armed == subject for row in seen), (
-        f"the fault armed in {counting.faults} did not reach the Python workers: "
-        f"{[row.asDict() for row in seen]}"
+    numbers = spark.sparkContext.parallelize(range(tasks), tasks)  # as the engine's tasks
+    seen = numbers.mapPartitionsWithIndex(_armed_in_a_worker(place, counting.name)).collect()
+    assert all(row["armed"] == subject for row in seen), (
+        f"the fault armed in {counting.faults} did not reach the Python workers: {seen}"
     )
 
 
