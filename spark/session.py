@@ -48,8 +48,8 @@ LOCAL_FS_ARTIFACT = "hadoop-bare-naked-local-fs"
 
 LOCAL_CHECKPOINT_FS: Mapping[str, str] = {
     # Hadoop's file:// file system sets a new file's permissions by forking `chmod` where
-    # its native library is missing (it is, in pyspark's wheel): about 30 ms for each of
-    # the offset and commit files Spark writes per micro-batch, 60 ms of every batch.
+    # its native library is missing (it is, in pyspark's wheel): 30 to 70 ms for each of
+    # the offset and commit files Spark writes per micro-batch.
     # This subclass of it sets them through java.nio.
     "spark.hadoop.fs.file.impl": "com.globalmentor.apache.hadoop.fs.BareLocalFileSystem",
     # Spark's default manager writes through FileContext, which takes Hadoop's own local
