@@ -429,13 +429,13 @@ def batch_task(
 ) -> Callable[[int, Iterable[object]], Iterator[dict[str, Any]]]:
     """The ``mapPartitionsWithIndex`` function of a batch's one Spark stage: partition ``n``
     (of ``range(tasks)``, whose elements it ignores) is task ``n``, which reads the batch's
-    ranges straight from
-    Kafka, routes every message (:func:`message_router`) and keeps those of the intervals
-    ``batch.slots`` gives it, then runs each of them (and its ticks) through the interval's
-    worker, in (stream, partition, offset) order; records under the input low watermark
-    before the batch (``watermark``), event-time timers under the one after it (see
-    :meth:`IntervalWorker.process`). One :data:`RESULT_SCHEMA` row (by column name) per
-    interval. Raises whatever a worker raises, failing the task; see the module docstring.
+    ranges straight from Kafka, routes every message (:func:`message_router`) and keeps those
+    of the intervals ``batch.slots`` gives it, then runs each of them (and its ticks)
+    through the interval's worker, in (stream, partition, offset) order; records under the
+    input low watermark before the batch (``watermark``), event-time timers under the one
+    after it (see :meth:`IntervalWorker.process`). One :data:`RESULT_SCHEMA` row (by column
+    name) per interval. Raises whatever a worker raises, failing the task; see the module
+    docstring.
 
     A plain RDD job, not a DataFrame's: Spark plans, compiles and converts nothing for it (a
     ``mapInArrow`` over ``spark.range`` cost about 60 ms more per batch in planning, Arrow

@@ -95,7 +95,8 @@ RESULT_COLUMNS: Final = (
     ("next_event_timer", "long"),
     ("next_wall_timer", "long"),
 )
-"""The columns of :data:`RESULT_SCHEMA`, with their Spark types (:class:`ResultRow`)."""
+"""The columns of :data:`RESULT_SCHEMA`, with their types in Spark's names
+(:class:`ResultRow`)."""
 
 RESULT_SCHEMA: Final = ", ".join(f"{name} {kind}" for name, kind in RESULT_COLUMNS)
 """One row per interval and batch attempt, from the interval task: the interval's
@@ -143,8 +144,8 @@ class ResultRow:
 
     @classmethod
     def of(cls, row: Mapping[str, Any]) -> ResultRow:
-        """The row whose :data:`RESULT_SCHEMA` columns ``row`` holds by name (a collected
-        Spark row's ``asDict()``)."""
+        """The row whose :data:`RESULT_SCHEMA` columns ``row`` holds by name (as a task
+        yields it, :meth:`columns`, and the driver collects it)."""
         counts = MetricCounts(**{name: int(row[name]) for name in COUNTERS})
         return cls(
             computation=str(row["computation"]),

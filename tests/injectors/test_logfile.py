@@ -221,17 +221,9 @@ import sys
 import tracemalloc
 from pathlib import Path
 
-from millstream.injectors import LogFileSource, LogLine
-from millstream.injectors.testing import injector_harness
+from tests.injectors.test_logfile import harness_for
 
-
-def parse(line):
-    seconds, key, value = line.split(" ", 2)
-    return LogLine(int(seconds) * 1_000_000, key, value.encode())
-
-
-harness = injector_harness("logs", LogFileSource(Path(sys.argv[1]), parse, "lines"))
-harness.process.start()
+harness = harness_for(Path(sys.argv[1]))
 tracemalloc.start()
 for _ in range(3):
     harness.process.step()
@@ -259,6 +251,7 @@ def test_a_10_mb_line_is_one_dead_letter_with_its_prefix_and_never_held_whole(
     shutil.copy(tmp_path / "app.log", fresh / "app.log")
     measured = subprocess.run(
         [sys.executable, "-c", PEAK_OF_A_HUGE_LINE, str(fresh)],
+        cwd=Path(__file__).resolve().parents[2],  # where `tests` imports from
         capture_output=True,
         text=True,
         timeout=120,

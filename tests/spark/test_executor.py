@@ -142,7 +142,7 @@ def record(key: str, timestamp: int, number: int) -> bytes:
     return encode_record(Record(key, key.encode(), timestamp, injector_record_id("t", 0, number)))
 
 
-def test_the_result_schema_is_the_spark_schema_the_job_collects() -> None:
+def test_the_result_schema_names_the_result_columns() -> None:
     assert [part.split()[0] for part in RESULT_SCHEMA.split(", ")] == [
         name for name, _ in RESULT_COLUMNS
     ]
