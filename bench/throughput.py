@@ -26,7 +26,7 @@ is (41 bytes).
 | ``millstream-weak`` | weak productions, ``exactly_once=False`` | none |
 
 (``eo-millstream``: exactly-once for millstream's deduplicating readers, at-least-once for
-plain ones. The millstream rows run ``ComputationOptions``' default of 16 key intervals unless
+plain ones. The millstream rows run ``ComputationOptions``' default of 4 key intervals unless
 ``--key-intervals`` says otherwise.)
 
 **records/s** = records / (end - start). *Start* is when the system began reading the
@@ -1303,7 +1303,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--key-intervals",
         type=int,
-        help="key intervals of the millstream rows (default: ComputationOptions' default, 16)",
+        help="key intervals of the millstream rows (default: ComputationOptions' default, 4)",
     )
     parser.add_argument("--json", type=Path, help="write the figures to this JSON file")
     parser.add_argument("--plot", type=Path, help="write a PNG bar chart here")

@@ -71,11 +71,14 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--topology",
         metavar="MODULE:TOPOLOGY",
         help="take the computation's key intervals from its topology (imported as for "
-        "millstream run; its module's Avro schemas are registered too); default: look in "
-        "every interval of the computation",
+        "millstream run; its module's Avro schemas are registered too) if no driver stored "
+        "its layout yet; default: the stored layout, else every interval of the computation",
     )
     where.add_argument(
-        "--intervals", type=positive, metavar="N", help="the computation's key_intervals"
+        "--intervals",
+        type=positive,
+        metavar="N",
+        help="the computation's key_intervals, if no driver stored its layout yet",
     )
     state.add_argument(
         "--codec",

@@ -298,16 +298,33 @@ def _find(
 ) -> tuple[KeyView | None, str]:
     """The key's view (``None`` if it has nothing stored) and where it was looked for.
 
-    With ``intervals`` the key's interval is computed; without, every interval of the
-    computation in the table is read for the key's rows, and the one holding them is shown.
+    The computation's stored layout, once a driver wrote it, says which interval holds the
+    key. Without one (no driver ran it: a test's worker), ``intervals`` says, and without
+    that every interval of the computation in the table is read for the key's rows and the
+    one holding them is shown.
     """
     layout = store.read_layout(computation)
-    if layout is not None and layout.ids != tuple(range(len(layout.ids))):
-        # Its intervals split or merged: the layout, not a count, says where the key is.
+    if layout is not None:
+        # The driver wrote it at the first batch and keeps it: it, not a count from the
+        # command line or the topology (whose default may have changed since), says where
+        # the key is.
         interval = layout.interval_of(key)
         sequencer = store.sequencer(computation, interval)
-        view = read_view(store, computation, interval, key, sequencer=sequencer)
-        where = f"looked in its interval {interval} of the layout {list(layout.ids)}"
+        initial = layout.ids == tuple(range(len(layout.ids)))
+        view = read_view(
+            store,
+            computation,
+            interval,
+            key,
+            sequencer=sequencer,
+            intervals=len(layout.ids) if initial else None,
+        )
+        if initial:
+            where = f"looked in its interval {interval} of the {len(layout.ids)} stored"
+        else:
+            where = f"looked in its interval {interval} of the layout {list(layout.ids)}"
+        if intervals is not None and intervals != len(layout.ids):
+            where += f" (not {intervals}: the stored layout says where keys are)"
         return (None if view.is_empty else view), where
     if intervals is not None:
         interval = key_interval(key, intervals)

@@ -266,7 +266,18 @@ class ComputationDriver:
     def _current_layout(self) -> IntervalLayout:
         """The computation's layout, a change a killed driver left journaled finished."""
         store = self.layout_store()
-        layout = store.layout(self.spec.name, self.spec.options.key_intervals)
+        wanted = self.spec.options.key_intervals
+        layout = store.layout(self.spec.name, wanted)
+        if layout.ids == tuple(range(len(layout.ids))) and len(layout.ids) != wanted:
+            # Keys live where the stored layout puts them: a new count (or a changed default)
+            # would strand their state. Only a rebalance policy moves them.
+            _log.warning(
+                "computation %r keeps the %d key intervals it was first run with (its "
+                "options say %d): key intervals change only by a rebalance policy",
+                self.spec.name,
+                len(layout.ids),
+                wanted,
+            )
         if layout.change is not None:
             _log.info("computation %r: finishing a %s", self.spec.name, layout.change.kind)
             layout = finish_change(

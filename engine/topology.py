@@ -79,7 +79,11 @@ class ComputationOptions:
       consumer, a dashboard, a sink connector) reads each production once, not only
       millstream's deduplicating consumers (:mod:`millstream.engine.productions`). Off, or
       with weak productions: at-least-once on Kafka, exactly-once for millstream's readers.
-    * ``key_intervals``: how many key intervals (units of parallelism and of the store).
+    * ``key_intervals``: how many key intervals (units of parallelism and of the store) the
+      computation starts with; its first batch stores them, and only a ``rebalance`` policy
+      changes them after that. Each interval with input costs a batch a lease check, a
+      commit and a Kafka transaction: two to four per core of the job's Spark tasks (the
+      default 4 suits two cores; 16 cost a 2-core machine a fifth of its throughput).
     * ``retry_window`` + ``late_injector_slack`` (µs): how long dedup IDs are kept.
     * ``send_timeout`` (s): how long a worker waits for the sink before leaving productions
       pending for a later resend.
@@ -124,7 +128,7 @@ class ComputationOptions:
     exactly_once: bool = True
     strong_productions: bool = True
     transactional_productions: bool = True
-    key_intervals: int = 16
+    key_intervals: int = 4
     retry_window: int = 10 * _MINUTE
     late_injector_slack: int = 0
     weak_production_delay: float = 1.0

@@ -37,6 +37,7 @@ from millstream.engine.deadletters import (
 )
 from millstream.engine.errors import ConfigError
 from millstream.engine.keys import key_interval
+from millstream.engine.layout import IntervalLayout
 from millstream.engine.productions import Production
 from millstream.engine.protocol import Delivery, IntervalWorker
 from millstream.engine.records import Record, injector_record_id
@@ -330,6 +331,19 @@ def test_state_command_shows_what_the_protocol_committed_to_cassandra(
         "the computation has no interval there (computations there: windows); check the name "
         "and --keyspace\n"
     )
+
+    # Once a driver stored the computation's layout, it says where keys are: not a count
+    # given on the command line (or a topology whose default changed since).
+    assert store.write_layout("windows", IntervalLayout.initial(INTERVALS), None)
+    assert cli.main([*command, "--intervals", str(2 * INTERVALS), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {**found, "intervals": INTERVALS}
+    assert cli.main([*command[:2], "nobody", *command[3:], "--intervals", "8"]) == 1
+    assert capsys.readouterr().err == (
+        f"key 'nobody' of computation 'windows' has no state and no timers in "
+        f"{keyspace}.intervals: looked in its interval {nobody} of the {INTERVALS} stored "
+        "(not 8: the stored layout says where keys are)\n"
+    )
+
     empty = cassandra_keyspace()
     assert cli.main(["state", "windows", "alice", "--keyspace", empty]) == 2
     assert f"keyspace {empty!r} has no table 'intervals'" in capsys.readouterr().err

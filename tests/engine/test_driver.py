@@ -184,6 +184,24 @@ def test_a_journaled_change_a_killed_driver_left_is_finished_at_the_first_batch(
     assert driver.watermarks.intervals.ids == frozenset(plan.layout.ids)
 
 
+def test_the_layout_a_computation_first_ran_with_stays_and_a_new_count_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = MemoryIntervalStore(ManualClock(1_000))
+    first, _, _ = driver_of(ComputationOptions(key_intervals=16), store=store)
+    assert first.load_layout() == IntervalLayout.initial(16)
+    assert not caplog.records
+    # The same computation under a new key_intervals (or a new default): its keys stay where
+    # its state is, and the driver says so.
+    again, _, _ = driver_of(ComputationOptions(key_intervals=4), store=store)
+    assert again.load_layout() == IntervalLayout.initial(16)
+    assert again.watermarks.intervals.ids == frozenset(range(16))
+    assert [r.getMessage() for r in caplog.records] == [
+        "computation 'count' keeps the 16 key intervals it was first run with (its options "
+        "say 4): key intervals change only by a rebalance policy"
+    ]
+
+
 def test_intervals_move_between_tasks_only_for_a_clear_gain() -> None:
     policy = RebalancePolicy(split_records=100, max_intervals=8)
     driver, _, _ = driver_of(ComputationOptions(key_intervals=4, rebalance=policy), tasks=2)
