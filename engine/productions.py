@@ -44,6 +44,7 @@ __all__ = [
     "Production",
     "ProductionPolicy",
     "ProductionSink",
+    "StagedTransaction",
     "TransactionUnavailableError",
     "TransactionalSink",
     "delivered_by",
@@ -138,6 +139,23 @@ class TransactionUnavailableError(Exception):
     """
 
 
+class StagedTransaction(Protocol):
+    """A transaction begun with its productions and marker sent, not committed yet
+    (:meth:`TransactionalSink.stage`): read_committed readers see none of it until
+    :meth:`commit`, and nothing of it after :meth:`abort`."""
+
+    def commit(self) -> DeliveryOutcome:
+        """Commit it, as :meth:`TransactionalSink.deliver` would have (and with the same
+        outcomes): the staging's own failure (a fenced producer, an unanswered call) is
+        reported here."""
+        ...
+
+    def abort(self) -> None:
+        """Abort it: the commit it waited for did not happen. Raises nothing; a producer
+        that cannot abort is dropped, and the interval's next open aborts the transaction."""
+        ...
+
+
 class TransactionalSink(Protocol):
     """Delivers an interval's productions in transactions that record what was delivered
     (Kafka transactions in production, :class:`~millstream.engine.testing.TestingTransactions`
@@ -172,4 +190,18 @@ class TransactionalSink(Protocol):
     ) -> DeliveryOutcome:
         """Send ``productions`` and record ``marker`` in one transaction of the interval's
         producer (opened before); readers of committed data see all of them or none."""
+        ...
+
+    def stage(
+        self,
+        computation: str,
+        interval: int,
+        productions: Sequence[Production],
+        marker: CommitTag,
+        timeout: float,
+    ) -> StagedTransaction | None:
+        """Begin what :meth:`deliver` does, in the background, short of the commit, so that
+        its round trips overlap the store commit that checkpoints the productions; the
+        worker commits it once that commit landed, or aborts it. ``None``: the interval's
+        producer is not open here (the worker delivers after its commit, opening first)."""
         ...

@@ -40,7 +40,10 @@ tags its productions with the lease token; the interval's pending productions le
 transaction whose marker is the highest tag it delivers; a worker whose view of the interval
 is new (a takeover, a transaction whose outcome is unknown) first opens the interval's
 producer, fencing every earlier one, and drops the pending productions the marker says were
-delivered, without a resend. A plain ``read_committed`` reader then sees each once.
+delivered, without a resend. A plain ``read_committed`` reader then sees each once. A worker
+whose view is resolved stages that transaction while step 6 runs (begun, productions and
+marker sent, not committed: nobody reads it yet) and step 7 commits it, or aborts it if the
+commit failed.
 
 If anything fails (a fenced write, a crash, an unresolved outcome) the exception propagates
 and the worker forgets its soft state; the batch's inputs must not be acknowledged, so they
@@ -77,6 +80,7 @@ from millstream.engine.productions import (
     DeliveryOutcome,
     Production,
     ProductionSink,
+    StagedTransaction,
     TransactionalSink,
     TransactionUnavailableError,
     delivered_by,
@@ -222,6 +226,15 @@ class _SoftState:
 
 
 @dataclass(frozen=True, slots=True)
+class _Staging:
+    """A transaction staged while the store commit that checkpoints its productions runs."""
+
+    transaction: StagedTransaction
+    productions: list[Production]
+    marker: CommitTag
+
+
+@dataclass(frozen=True, slots=True)
 class _Batch:
     """What one batch touches (step 3): its keys in order, the fresh records of each, the fresh
     rejected input, the due timers, and the committed state and timers of the keys."""
@@ -325,8 +338,15 @@ class IntervalWorker:
         batch = self._gather(soft, inputs, timer_watermark, now, result)
         changes, weak_outbox = self._run_keys(batch, (watermark, timer_watermark), now, result)
         self._flush_weak(weak_outbox, result)
-        committed = self._commit(soft, changes, batch, result)
-        self._send(soft, committed, result)
+        to_commit = self._tag(soft, changes)
+        staging = self._stage(soft, to_commit)
+        try:
+            committed = self._commit(soft, to_commit, batch, result)
+        except BaseException:
+            if staging is not None:
+                staging.transaction.abort()
+            raise
+        self._send(soft, committed, result, staging)
         return self._finish(soft, result)
 
     def _begin(self) -> tuple[_SoftState, BatchResult]:
@@ -437,18 +457,10 @@ class IntervalWorker:
                 else:
                     key_changes.productions.append(production)
 
-    def _commit(
-        self,
-        soft: _SoftState,
-        changes: dict[str, KeyChanges],
-        batch: _Batch,
-        result: BatchResult,
-    ) -> list[KeyChanges]:
-        """Step 6: commit the keys that changed, and bring the soft state up to the commit;
-        returns the committed changes."""
+    def _tag(self, soft: _SoftState, changes: dict[str, KeyChanges]) -> list[KeyChanges]:
+        """The keys that changed, their productions tagged with this commit's tag
+        (transactional productions)."""
         to_commit = [c for c in changes.values() if not c.is_empty()]
-        if to_commit:
-            pause_point("executor.commit", self.spec.name)
         if self._transactions is not None:
             # A kept lease commits once per batch: its tags order by their number.
             soft.commits += 1
@@ -458,6 +470,38 @@ class IntervalWorker:
                 change.productions = [
                     Production(p.stream, p.record, p.encoded, tag) for p in change.productions
                 ]
+        return to_commit
+
+    def _stage(self, soft: _SoftState, to_commit: list[KeyChanges]) -> _Staging | None:
+        """Stage the transaction that will deliver the interval's pending productions and
+        those of this commit, so that its round trips (beginning it, sending them, adding
+        the marker) overlap the commit. Nobody reads it before step 7 commits it, which
+        happens only once the store commit landed: a checkpoint still comes before the
+        productions are visible (paper 6.1.1). Only a resolved view with its producer open
+        stages: a takeover opens (and fences) first, after its commit."""
+        transactions = self._transactions
+        if transactions is None or soft.unresolved:
+            return None
+        productions = [*soft.pending.values(), *(p for c in to_commit for p in c.productions)]
+        if not productions:
+            return None
+        marker = _marker(soft, productions)
+        staged = transactions.stage(
+            self.spec.name, self.interval, productions, marker, self.spec.options.send_timeout
+        )
+        return None if staged is None else _Staging(staged, productions, marker)
+
+    def _commit(
+        self,
+        soft: _SoftState,
+        to_commit: list[KeyChanges],
+        batch: _Batch,
+        result: BatchResult,
+    ) -> list[KeyChanges]:
+        """Step 6: commit the keys that changed, and bring the soft state up to the commit;
+        returns the committed changes."""
+        if to_commit:
+            pause_point("executor.commit", self.spec.name)
         self._commit_resolving(soft.lease, to_commit, soft.delivered)
         soft.delivered = []
         result.unknown_outcomes, self._unknown_outcomes = self._unknown_outcomes, 0
@@ -471,14 +515,22 @@ class IntervalWorker:
         self._remember(soft, batch.committed, to_commit)
         return to_commit
 
-    def _send(self, soft: _SoftState, committed: list[KeyChanges], result: BatchResult) -> None:
-        """Step 7: send the productions just checkpointed."""
+    def _send(
+        self,
+        soft: _SoftState,
+        committed: list[KeyChanges],
+        result: BatchResult,
+        staging: _Staging | None = None,
+    ) -> None:
+        """Step 7: send the productions just checkpointed (commit their staged transaction)."""
         checkpointed = [p for c in committed for p in c.productions]
         if checkpointed:
             pause_point("executor.send", self.spec.name)
         if self._transactions is not None:
             if soft.pending:
-                self._deliver(soft, result, resending=False)
+                self._deliver(soft, result, resending=False, staging=staging)
+            elif staging is not None:  # its productions' commit did not keep them pending
+                staging.transaction.abort()
             return
         self._send_productions(soft, checkpointed, result)
 
@@ -639,7 +691,14 @@ class IntervalWorker:
         for key, snapshot in after.items():
             self._cache.put(soft.scope, key, snapshot)
 
-    def _deliver(self, soft: _SoftState, result: BatchResult, *, resending: bool) -> None:
+    def _deliver(
+        self,
+        soft: _SoftState,
+        result: BatchResult,
+        *,
+        resending: bool,
+        staging: _Staging | None = None,
+    ) -> None:
         """Deliver every pending production in one transaction (transactional productions).
 
         An interval whose producer is not open here yet, or whose last transaction ended
@@ -649,10 +708,19 @@ class IntervalWorker:
         before, so it never goes back, even when a zombie's stale view delivers. A second
         unknown outcome, a fenced producer or an unanswered open leaves the productions
         pending for the next batch.
+
+        ``staging``, a transaction staged during the commit (:meth:`_stage`), is committed
+        in place of a new one if it holds exactly the pending productions; otherwise it is
+        aborted.
         """
         transactions = self._transactions
         assert transactions is not None
         name, timeout = self.spec.name, self.spec.options.send_timeout
+        if staging is not None and (
+            soft.unresolved or {p.record_id for p in staging.productions} != soft.pending.keys()
+        ):
+            staging.transaction.abort()
+            staging = None
         for _ in range(2):
             if soft.unresolved:
                 try:
@@ -680,14 +748,16 @@ class IntervalWorker:
                         if p.tag is not None and p.tag.token < soft.lease.token
                     }
                 )
-            productions = list(soft.pending.values())
-            if not productions:
-                return
-            marker = max(
-                (t for t in (soft.marker, *(p.tag for p in productions)) if t is not None),
-                default=CommitTag(soft.lease.token, 0),  # untagged productions only
-            )
-            outcome = transactions.deliver(name, self.interval, productions, marker, timeout)
+            if staging is not None:
+                productions, marker = staging.productions, staging.marker
+                outcome = staging.transaction.commit()
+                staging = None
+            else:
+                productions = list(soft.pending.values())
+                if not productions:
+                    return
+                marker = _marker(soft, productions)
+                outcome = transactions.deliver(name, self.interval, productions, marker, timeout)
             if outcome is DeliveryOutcome.COMMITTED:
                 soft.marker = marker
                 result.transactions += 1
@@ -957,6 +1027,16 @@ class _CallContext(Context):
         self._next_index += 1
         self.changes.productions.append(Production(stream, record, encoded))
         return record
+
+
+def _marker(soft: _SoftState, productions: Sequence[Production]) -> CommitTag:
+    """The marker of a transaction delivering ``productions``: the highest tag it delivers
+    or the interval delivered before, so that it never goes back, even when a zombie's stale
+    view delivers."""
+    return max(
+        (t for t in (soft.marker, *(p.tag for p in productions)) if t is not None),
+        default=CommitTag(soft.lease.token, 0),  # untagged productions only
+    )
 
 
 def _check_tag(tag: str) -> None:

@@ -231,6 +231,8 @@ class _TransactionLog:
     committed: list[Production] = field(default_factory=list)
     opens: int = 0
     prepares: int = 0
+    staged: int = 0
+    aborted: int = 0
 
 
 class TestingTransactions:
@@ -325,6 +327,47 @@ class TestingTransactions:
         if fault is TransactionFault.COMMITTED_UNACKNOWLEDGED:
             return DeliveryOutcome.UNKNOWN
         return DeliveryOutcome.COMMITTED
+
+    def stage(
+        self,
+        computation: str,
+        interval: int,
+        productions: Sequence[Production],
+        marker: CommitTag,
+        timeout: float,
+    ) -> _TestingStaged:
+        if (computation, interval) not in self._epochs:
+            raise RuntimeError(f"interval {interval} of {computation!r} was never opened here")
+        self._log.staged += 1
+        # What the commit decides (fenced since, a fault) is decided when it is committed.
+        return _TestingStaged(
+            lambda: self.deliver(computation, interval, productions, marker, timeout),
+            self._log,
+        )
+
+    @property
+    def staged(self) -> int:
+        """How many transactions any client staged ahead of its store commit."""
+        return self._log.staged
+
+    @property
+    def aborted(self) -> int:
+        """How many staged transactions were aborted (their store commit failed)."""
+        return self._log.aborted
+
+
+class _TestingStaged:
+    """A transaction :meth:`TestingTransactions.stage` staged: invisible until committed."""
+
+    def __init__(self, deliver: Callable[[], DeliveryOutcome], log: _TransactionLog) -> None:
+        self._deliver = deliver
+        self._log = log
+
+    def commit(self) -> DeliveryOutcome:
+        return self._deliver()
+
+    def abort(self) -> None:
+        self._log.aborted += 1
 
 
 @dataclass

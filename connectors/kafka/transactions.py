@@ -18,6 +18,13 @@ which commits were delivered. Nothing is ever written to the marker topic itself
 Reading the marker after ``init_transactions()`` uses ``require_stable`` (KIP-447): the
 broker answers only once no transaction holds that offset pending.
 
+**Staged transactions** (:meth:`KafkaTransactionalSink.stage`): a worker that kept its
+interval has the transaction begun, its productions produced and its marker added on a thread
+of its own while its Cassandra commit runs, and commits it (:meth:`_Staged.commit`) once that
+commit landed, or aborts it. Its records are invisible to ``read_committed`` readers until
+then; librdkafka sends them as they are produced (``linger.ms`` 0), so the commit finds little
+left to flush.
+
 A producer is made when a batch with input begins on an interval whose producer is not open
 here (:meth:`KafkaTransactionalSink.prepare`, on a thread of its own, so that the open's round
 trips overlap the batch's reads, user code and commit: librdkafka takes 50 to 500 ms to find a
@@ -210,6 +217,59 @@ class _Opening:
     began: float
 
 
+class _Staged:
+    """A transaction being staged on a thread of its own (:meth:`KafkaTransactionalSink.stage`):
+    ``sent`` completes once its productions and marker are sent."""
+
+    def __init__(
+        self, sink: KafkaTransactionalSink, key: tuple[str, int], held: _Producer, timeout: float
+    ) -> None:
+        self._sink = sink
+        self._key = key
+        self._held = held
+        self._timeout = timeout
+        self.sent: Future[None] = Future()
+
+    def _wait(self) -> None:
+        """Return once the staging ended; raise what it raised (``_Stuck`` if it never
+        returned: its calls are bounded, so it is wedged)."""
+        # Each produce is bounded by the timeout and send_offsets by OFFSETS_SECONDS.
+        try:
+            self.sent.result(2 * self._timeout + GRACE_SECONDS)
+        except FutureTimeout as exc:
+            raise _Stuck("the transaction's staging did not return") from exc
+
+    def commit(self) -> DeliveryOutcome:
+        computation, _ = self._key
+        try:
+            self._wait()
+            self._sink._commit(self._held, computation, self._timeout)
+        except (_Stuck, KafkaException) as exc:
+            return self._sink._failed(self._key, self._held, exc)
+        return DeliveryOutcome.COMMITTED
+
+    def abort(self) -> None:
+        sink, (computation, interval), held = self._sink, self._key, self._held
+        try:
+            self._wait()
+            _bounded(
+                lambda: held.producer.abort_transaction(self._timeout),
+                self._timeout,
+                "abort_transaction",
+            )
+        except (_Stuck, KafkaException) as exc:
+            # The producer goes: the interval's next open fences it and aborts what it left.
+            _log.warning(
+                "staged transaction of interval %d of %r not aborted, its producer dropped: %s",
+                interval,
+                computation,
+                exc,
+            )
+            with sink._lock:
+                if sink._producers.get(self._key) is held:
+                    del sink._producers[self._key]
+
+
 class KafkaTransactionalSink:
     """Delivers each interval's productions in Kafka transactions with a commit marker.
 
@@ -347,6 +407,47 @@ class KafkaTransactionalSink:
             held = self._producers.get(key)
         if held is None:  # closed as idle, or failed before: open it again first
             return DeliveryOutcome.UNKNOWN
+        try:
+            self._send(held, productions, marker, timeout)
+            self._commit(held, computation, timeout)
+        except (_Stuck, KafkaException) as exc:
+            return self._failed(key, held, exc)
+        return DeliveryOutcome.COMMITTED
+
+    def stage(
+        self,
+        computation: str,
+        interval: int,
+        productions: Sequence[Production],
+        marker: CommitTag,
+        timeout: float,
+    ) -> _Staged | None:
+        key = (computation, interval)
+        with self._lock:
+            held = self._producers.get(key)
+        if held is None:
+            return None
+        staged = _Staged(self, key, held, timeout)
+
+        def run() -> None:
+            try:
+                self._send(held, productions, marker, timeout)
+            except BaseException as exc:  # reported by the commit (or dropped by an abort)
+                staged.sent.set_exception(exc)
+            else:
+                staged.sent.set_result(None)
+
+        threading.Thread(target=run, name=f"millstream-stage-{interval}", daemon=True).start()
+        return staged
+
+    def _send(
+        self,
+        held: _Producer,
+        productions: Sequence[Production],
+        marker: CommitTag,
+        timeout: float,
+    ) -> None:
+        """Begin a transaction of ``held``, send ``productions`` in it and add ``marker``."""
         held.used = time.monotonic()
         made = held.producer
         offsets = [
@@ -354,24 +455,31 @@ class KafkaTransactionalSink:
                 self._marker_topic, 0, marker.token, metadata=_METADATA_PREFIX + marker.encode()
             )
         ]
-        try:
-            made.begin_transaction()
-            for production in productions:
-                self._produce(made, production, timeout)
-            offsets_timeout = min(timeout, OFFSETS_SECONDS)
-            _bounded(
-                lambda: made.send_offsets_to_transaction(
-                    offsets, held.group_metadata, offsets_timeout
-                ),
-                offsets_timeout,
-                "send_offsets_to_transaction",
-            )
-            pause_point("executor.transaction", computation)
-            _bounded(lambda: made.commit_transaction(timeout), timeout, "commit_transaction")
-        except _Stuck as exc:
-            with self._lock:
-                if self._producers.get(key) is held:
-                    del self._producers[key]
+        made.begin_transaction()
+        for production in productions:
+            self._produce(made, production, timeout)
+        offsets_timeout = min(timeout, OFFSETS_SECONDS)
+        _bounded(
+            lambda: made.send_offsets_to_transaction(offsets, held.group_metadata, offsets_timeout),
+            offsets_timeout,
+            "send_offsets_to_transaction",
+        )
+
+    def _commit(self, held: _Producer, computation: str, timeout: float) -> None:
+        pause_point("executor.transaction", computation)
+        made = held.producer
+        _bounded(lambda: made.commit_transaction(timeout), timeout, "commit_transaction")
+
+    def _failed(
+        self, key: tuple[str, int], held: _Producer, exc: _Stuck | KafkaException
+    ) -> DeliveryOutcome:
+        """The outcome of a transaction of ``held`` that raised ``exc``; the producer is
+        dropped (the interval's next delivery opens it again)."""
+        computation, interval = key
+        with self._lock:
+            if self._producers.get(key) is held:
+                del self._producers[key]
+        if isinstance(exc, _Stuck):
             # The coordinator that wedged this call likely wedged the admin client too (see
             # _read_marker): the open that follows reads the marker through a new one.
             self._renew_admin(self._admin)
@@ -383,18 +491,13 @@ class KafkaTransactionalSink:
                 exc,
             )
             return DeliveryOutcome.UNKNOWN
-        except KafkaException as exc:
-            error = exc.args[0]
-            with self._lock:
-                if self._producers.get(key) is held:
-                    del self._producers[key]
-            if isinstance(error, KafkaError) and error.code() in _FENCED:
-                return DeliveryOutcome.FENCED
-            _log.warning(
-                "transaction of interval %d of %r ended unknown: %s", interval, computation, error
-            )
-            return DeliveryOutcome.UNKNOWN
-        return DeliveryOutcome.COMMITTED
+        error = exc.args[0]
+        if isinstance(error, KafkaError) and error.code() in _FENCED:
+            return DeliveryOutcome.FENCED
+        _log.warning(
+            "transaction of interval %d of %r ended unknown: %s", interval, computation, error
+        )
+        return DeliveryOutcome.UNKNOWN
 
     def close(self) -> None:
         """Forget every producer (an open transaction of theirs is aborted by the broker)."""

@@ -242,6 +242,47 @@ def test_an_open_prepared_for_an_earlier_lease_is_not_taken(
     assert [decode_record(v).value for v in read_committed(config, topic)] == [b"other", b"first"]
 
 
+def test_a_staged_transaction_is_read_once_committed_and_never_once_aborted(
+    config: MillstreamConfig,
+    sinks: Callable[[], KafkaTransactionalSink],
+    kafka_topic: Callable[..., str],
+) -> None:
+    topic = kafka_topic()
+    sink = sinks()
+    sink.open("comp", 0, TIMEOUT)
+    aborted = sink.stage("comp", 0, productions(topic, b"aborted"), CommitTag(1, 1), TIMEOUT)
+    assert aborted is not None
+    aborted.abort()  # the store commit it waited for failed
+    # The producer stays usable: the next staging commits, marker and all.
+    staged = sink.stage("comp", 0, productions(topic, b"staged"), CommitTag(1, 2), TIMEOUT)
+    assert staged is not None
+    assert staged.commit() is DeliveryOutcome.COMMITTED
+
+    assert [decode_record(v).value for v in read_committed(config, topic)] == [b"staged"]
+    assert sinks().open("comp", 0, TIMEOUT) == CommitTag(1, 2)
+    assert sinks().stage("comp", 1, [], CommitTag(1, 1), TIMEOUT) is None  # not open there
+
+
+def test_a_staged_transaction_fenced_before_its_commit_delivers_nothing(
+    config: MillstreamConfig,
+    sinks: Callable[[], KafkaTransactionalSink],
+    kafka_topic: Callable[..., str],
+) -> None:
+    topic = kafka_topic()
+    old, new = sinks(), sinks()
+    old.open("comp", 0, TIMEOUT)
+    staged = old.stage("comp", 0, productions(topic, b"zombie"), CommitTag(1, 1), TIMEOUT)
+    assert staged is not None
+    # A new owner opens while the old one's store commit runs: it aborts the staged
+    # transaction (or waits for its staging to end and then aborts it).
+    assert new.open("comp", 0, TIMEOUT) is None
+    assert staged.commit() in (DeliveryOutcome.FENCED, DeliveryOutcome.UNKNOWN)
+    assert new.deliver("comp", 0, productions(topic, b"new"), CommitTag(2, 1), TIMEOUT) is (
+        DeliveryOutcome.COMMITTED
+    )
+    assert [decode_record(v).value for v in read_committed(config, topic)] == [b"new"]
+
+
 def test_an_open_transaction_of_a_dead_owner_is_aborted_by_the_next_open(
     config: MillstreamConfig,
     namespace: str,
@@ -307,6 +348,16 @@ class DyingSink:
                 DeliveryOutcome.COMMITTED
             )
         raise RuntimeError("worker process killed around the Kafka commit")
+
+    def stage(
+        self,
+        computation: str,
+        interval: int,
+        productions: Sequence[Production],
+        marker: CommitTag,
+        timeout: float,
+    ) -> None:
+        return None  # delivered (and killed) after the store commit
 
 
 @pytest.mark.parametrize(

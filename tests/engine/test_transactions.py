@@ -155,6 +155,54 @@ def test_a_worker_keeps_its_producer_open_while_it_keeps_the_interval(
     assert values(transactions) == [b"1", b"2", b"3"]
 
 
+def test_a_kept_producer_stages_the_transaction_as_the_commit_runs_and_commits_it_after(
+    workers: Workers, transactions: TestingTransactions, make_record: RecordFactory
+) -> None:
+    spec = workers.spec(Echo())
+    owner = worker(workers, spec, transactions)
+    owner.process(deliver(make_record("a", b"0")), WM)  # opens after its commit: no staging
+    assert transactions.staged == 0
+
+    during: list[tuple[int, list[bytes]]] = []
+    workers.store.inject(
+        FaultPoint.BEFORE_COMMIT, lambda: during.append((transactions.staged, values(transactions)))
+    )
+    result = owner.process(deliver(make_record("a", b"1")), WM)
+
+    # Staged before the store commit, visible only once it landed.
+    assert during == [(1, [b"0"])]
+    assert values(transactions) == [b"0", b"1"]
+    assert (result.transactions, result.acknowledged, result.pending) == (1, 1, 0)
+    assert transactions.marker("comp", 0) == CommitTag(result.lease.token, 2)
+    assert (transactions.aborted, transactions.opens) == (0, 1)
+
+
+def test_a_staged_transaction_whose_store_commit_is_fenced_is_aborted(
+    workers: Workers, transactions: TestingTransactions, make_record: RecordFactory
+) -> None:
+    spec = workers.spec(Echo())
+    zombie = worker(workers, spec, transactions)
+    zombie.process(deliver(make_record("a", b"0")), WM)
+    successor = worker(workers, spec, transactions.client())
+
+    # The successor takes the interval over while the zombie's transaction is staged.
+    workers.store.inject(
+        FaultPoint.BEFORE_COMMIT,
+        lambda: successor.process(deliver(make_record("b", b"2")), WM),
+    )
+    with pytest.raises(FencedError):
+        zombie.process(deliver(make_record("a", b"1")), WM)
+
+    # The zombie's, aborted, and the successor's (its resend of b=0 opened the producer
+    # before its commit: the marker said b=0 was delivered), committed.
+    assert (transactions.staged, transactions.aborted) == (2, 1)
+    # b=1 was neither committed nor delivered: its input comes again, to the successor.
+    assert values(transactions) == [b"0", b"2"]
+    successor.process(deliver(make_record("a", b"1")), WM)
+    assert values(transactions) == [b"0", b"1", b"2"]
+    assert duplicates(transactions.read_committed()) == 0
+
+
 def test_a_batch_without_input_begins_no_open(
     workers: Workers, transactions: TestingTransactions
 ) -> None:
