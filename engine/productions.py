@@ -180,6 +180,11 @@ class TransactionalSink(Protocol):
         :class:`TransactionUnavailableError` if that cannot be done within ``timeout``."""
         ...
 
+    def ready(self, computation: str, interval: int, token: int) -> bool:
+        """Whether the open :meth:`prepare` began for the lease ``token`` has finished
+        without failing, so that :meth:`open` would return its marker at once."""
+        ...
+
     def deliver(
         self,
         computation: str,

@@ -43,7 +43,8 @@ producer, fencing every earlier one, and drops the pending productions the marke
 delivered, without a resend. A plain ``read_committed`` reader then sees each once. A worker
 whose view is resolved stages that transaction while step 6 runs (begun, productions and
 marker sent, not committed: nobody reads it yet) and step 7 commits it, or aborts it if the
-commit failed.
+commit failed; so does a takeover whose background open finished in time with nothing
+pending, which takes the open before step 6 (its commit is then the lease check after it).
 
 If anything fails (a fenced write, a crash, an unresolved outcome) the exception propagates
 and the worker forgets its soft state; the batch's inputs must not be acknowledged, so they
@@ -477,11 +478,27 @@ class IntervalWorker:
         those of this commit, so that its round trips (beginning it, sending them, adding
         the marker) overlap the commit. Nobody reads it before step 7 commits it, which
         happens only once the store commit landed: a checkpoint still comes before the
-        productions are visible (paper 6.1.1). Only a resolved view with its producer open
-        stages: a takeover opens (and fences) first, after its commit."""
+        productions are visible (paper 6.1.1).
+
+        A view still unresolved (a takeover) stages only if the open prepared as the batch
+        began has finished, nothing is pending (so the marker has nothing to resolve) and
+        the batch commits: it takes the open now, and the commit is then the conditional
+        write after the open that fences a lease superseded before it (see
+        :meth:`_deliver`). Otherwise it opens and delivers after its commit."""
         transactions = self._transactions
-        if transactions is None or soft.unresolved:
+        if transactions is None:
             return None
+        if soft.unresolved:
+            name, token = self.spec.name, soft.lease.token
+            if not to_commit or soft.pending or not transactions.ready(name, self.interval, token):
+                return None
+            try:
+                soft.marker = transactions.open(
+                    name, self.interval, self.spec.options.send_timeout, token
+                )
+            except TransactionUnavailableError:
+                return None  # the delivery after the commit opens again, and counts it
+            soft.unresolved = False
         productions = [*soft.pending.values(), *(p for c in to_commit for p in c.productions)]
         if not productions:
             return None

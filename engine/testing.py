@@ -243,7 +243,8 @@ class TestingTransactions:
     over the same log, so that a zombie and its successor can fence each other.
     :meth:`read_committed` is what a plain ``read_committed`` consumer reads: every committed
     copy, duplicates included. :meth:`fail_next` injects faults, :meth:`before_next_open`
-    races; ``unavailable`` makes opens fail as with an unreachable coordinator.
+    races; ``unavailable`` makes opens fail as with an unreachable coordinator;
+    ``prepared_ready`` makes prepared opens finish before the batch's commit.
     """
 
     __test__ = False  # not a pytest test class
@@ -253,7 +254,11 @@ class TestingTransactions:
         self._epochs: dict[tuple[str, int], int] = {}
         self._faults: list[TransactionFault] = []
         self._before_open: list[Callable[[], object]] = []
+        self._prepared: set[tuple[str, int, int]] = set()
         self.unavailable = False
+        self.prepared_ready = False
+        """Whether an open prepared for a lease counts as finished (ready) by the batch's
+        commit, as a fast one does on Kafka: a takeover then opens before its commit."""
 
     def client(self) -> TestingTransactions:
         """Another process's producers over the same transaction log."""
@@ -280,8 +285,13 @@ class TestingTransactions:
         return [p for p in self._log.committed if stream in (None, p.stream)]
 
     def prepare(self, computation: str, interval: int, timeout: float, token: int) -> None:
-        # The open happens when it is taken (open), as if the background one were slow.
+        # The open happens when it is taken (open), as if the background one were slow,
+        # unless ``prepared_ready`` says it finished in time (ready).
         self._log.prepares += 1
+        self._prepared.add((computation, interval, token))
+
+    def ready(self, computation: str, interval: int, token: int) -> bool:
+        return self.prepared_ready and (computation, interval, token) in self._prepared
 
     @property
     def prepares(self) -> int:

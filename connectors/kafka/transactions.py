@@ -313,6 +313,13 @@ class KafkaTransactionalSink:
 
         threading.Thread(target=run, name=f"millstream-open-{interval}", daemon=True).start()
 
+    def ready(self, computation: str, interval: int, token: int) -> bool:
+        with self._lock:
+            opening = self._opening.get((computation, interval))
+        if opening is None or opening.token != token or not opening.future.done():
+            return False
+        return opening.future.exception() is None
+
     def open(
         self, computation: str, interval: int, timeout: float, token: int | None = None
     ) -> CommitTag | None:

@@ -210,7 +210,14 @@ def test_a_prepared_open_fences_as_it_runs_and_the_open_takes_it(
     # "Unknown broker error": an unknown outcome, resolved by a reopen like any other.
     assert outcome in (DeliveryOutcome.FENCED, DeliveryOutcome.UNKNOWN)
 
+    # Ready once the background open has read the marker too; never for another lease.
+    while not new.ready("comp", 0, 5) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert new.ready("comp", 0, 5)
+    assert not new.ready("comp", 0, 6)
+    assert not new.ready("comp", 1, 5)
     assert new.open("comp", 0, TIMEOUT, 5) == CommitTag(1, 1)
+    assert not new.ready("comp", 0, 5)  # taken
     assert new.deliver("comp", 0, productions(topic, b"new"), CommitTag(2, 1), TIMEOUT) is (
         DeliveryOutcome.COMMITTED
     )
@@ -334,6 +341,9 @@ class DyingSink:
         self, computation: str, interval: int, timeout: float, token: int | None = None
     ) -> CommitTag | None:
         return self.inner.open(computation, interval, timeout, token)
+
+    def ready(self, computation: str, interval: int, token: int) -> bool:
+        return False  # it opens after the store commit, to die around the Kafka commit
 
     def deliver(
         self,

@@ -203,6 +203,53 @@ def test_a_staged_transaction_whose_store_commit_is_fenced_is_aborted(
     assert duplicates(transactions.read_committed()) == 0
 
 
+def test_a_takeover_whose_prepared_open_finished_opens_before_its_commit_and_stages(
+    workers: Workers, transactions: TestingTransactions, make_record: RecordFactory
+) -> None:
+    transactions.prepared_ready = True  # the background open finished before the commit
+    owner = worker(workers, workers.spec(Echo()), transactions)
+    during: list[tuple[int, int, list[bytes]]] = []
+    workers.store.inject(
+        FaultPoint.BEFORE_COMMIT,
+        lambda: during.append((transactions.opens, transactions.staged, values(transactions))),
+    )
+    result = owner.process(deliver(make_record("a", b"1")), WM)
+
+    # Opened and staged before the commit (which is the lease check after the open), and
+    # committed after it; no write of its own checks the lease.
+    assert during == [(1, 1, [])]
+    assert values(transactions) == [b"1"]
+    assert (result.transactions, result.acknowledged, result.pending) == (1, 1, 0)
+    assert transactions.marker("comp", 0) == CommitTag(result.lease.token, 1)
+
+
+def test_a_takeover_superseded_before_its_early_open_is_fenced_by_its_commit(
+    workers: Workers, transactions: TestingTransactions, make_record: RecordFactory
+) -> None:
+    spec = workers.spec(Echo())
+    zombie_producers = transactions.client()
+    zombie_producers.prepared_ready = True
+    zombie = worker(workers, spec, zombie_producers)
+    successor = worker(workers, spec, transactions)
+
+    # The successor takes the interval over (and delivers) while the zombie reads; the
+    # zombie then opens, fencing the successor's producer, and stages.
+    workers.store.inject(
+        FaultPoint.BEFORE_READ, lambda: successor.process(deliver(make_record("b", b"2")), WM)
+    )
+    with pytest.raises(FencedError):
+        zombie.process(deliver(make_record("a", b"1")), WM)
+    assert (zombie_producers.staged, zombie_producers.aborted) == (1, 1)
+    assert values(transactions) == [b"2"]
+
+    # The successor finds its producer fenced, opens again, and delivers what comes next;
+    # the zombie's input comes again to it.
+    successor.process(deliver(make_record("a", b"1")), WM)
+    successor.process([], WM)
+    assert values(transactions) == [b"1", b"2"]
+    assert duplicates(transactions.read_committed()) == 0
+
+
 def test_a_batch_without_input_begins_no_open(
     workers: Workers, transactions: TestingTransactions
 ) -> None:
