@@ -310,16 +310,15 @@ def _find(
         # the key is.
         interval = layout.interval_of(key)
         sequencer = store.sequencer(computation, interval)
-        initial = layout.ids == tuple(range(len(layout.ids)))
         view = read_view(
             store,
             computation,
             interval,
             key,
             sequencer=sequencer,
-            intervals=len(layout.ids) if initial else None,
+            intervals=len(layout.ids) if layout.is_initial else None,
         )
-        if initial:
+        if layout.is_initial:
             where = f"looked in its interval {interval} of the {len(layout.ids)} stored"
         else:
             where = f"looked in its interval {interval} of the layout {list(layout.ids)}"

@@ -268,7 +268,7 @@ class ComputationDriver:
         store = self.layout_store()
         wanted = self.spec.options.key_intervals
         layout = store.layout(self.spec.name, wanted)
-        if layout.ids == tuple(range(len(layout.ids))) and len(layout.ids) != wanted:
+        if layout.is_initial and len(layout.ids) != wanted:
             # Keys live where the stored layout puts them: a new count (or a changed default)
             # would strand their state. Only a rebalance policy moves them.
             _log.warning(

@@ -84,6 +84,12 @@ class IntervalLayout:
             next_id=intervals,
         )
 
+    @property
+    def is_initial(self) -> bool:
+        """Whether these are still the intervals the computation started with (no split or
+        merge finished: new intervals get IDs never used before)."""
+        return self.ids == tuple(range(len(self.ids)))
+
     def interval_of(self, key: str) -> int:
         """The interval whose range holds ``key``'s hash."""
         return self.ids[bisect.bisect_right(self.bounds, key_hash(key)) - 1]

@@ -265,9 +265,7 @@ class _Staged:
                 computation,
                 exc,
             )
-            with sink._lock:
-                if sink._producers.get(self._key) is held:
-                    del sink._producers[self._key]
+            sink._drop(self._key, held)
 
 
 class KafkaTransactionalSink:
@@ -483,9 +481,7 @@ class KafkaTransactionalSink:
         """The outcome of a transaction of ``held`` that raised ``exc``; the producer is
         dropped (the interval's next delivery opens it again)."""
         computation, interval = key
-        with self._lock:
-            if self._producers.get(key) is held:
-                del self._producers[key]
+        self._drop(key, held)
         if isinstance(exc, _Stuck):
             # The coordinator that wedged this call likely wedged the admin client too (see
             # _read_marker): the open that follows reads the marker through a new one.
@@ -505,6 +501,12 @@ class KafkaTransactionalSink:
             "transaction of interval %d of %r ended unknown: %s", interval, computation, error
         )
         return DeliveryOutcome.UNKNOWN
+
+    def _drop(self, key: tuple[str, int], held: _Producer) -> None:
+        """Forget ``held``, unless another open replaced it already."""
+        with self._lock:
+            if self._producers.get(key) is held:
+                del self._producers[key]
 
     def close(self) -> None:
         """Forget every producer (an open transaction of theirs is aborted by the broker)."""
