@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Generator, Iterator, Sequence
-from typing import Literal, NamedTuple, NoReturn, Protocol, cast
+from typing import Literal, NamedTuple, NoReturn, Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
@@ -132,17 +132,20 @@ def read_ranges(
                             "deleted it (retention) before it was processed"
                         )
                     raise KafkaException(error)
-                # Set on every consumed message (the stubs allow None).
-                place = (cast(str, message.topic()), cast(int, message.partition()))
-                offset = cast(int, message.offset())
+                # Set on every consumed message (the stubs allow None); no cast(), which is a
+                # call per message at run time.
+                topic: str = message.topic()  # type: ignore[assignment]
+                partition: int = message.partition()  # type: ignore[assignment]
+                offset: int = message.offset()  # type: ignore[assignment]
+                place = (topic, partition)
                 end = left.get(place)
                 if end is None or offset >= end:
                     continue  # past its range: the next batch's
                 if gaps and place in gaps and not any(a <= offset < b for a, b in gaps[place]):
                     continue  # between two of its ranges
                 yield InputMessage(
-                    place[0],
-                    place[1],
+                    topic,
+                    partition,
                     offset,
                     message.timestamp()[1] * 1000,
                     message.key(),

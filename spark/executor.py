@@ -349,6 +349,7 @@ def message_router(
     decoding it.
     """
     layout = layout or IntervalLayout.initial(spec.options.key_intervals)
+    interval_of_key = layout.interval_lookup()
     reject_interval = rejected_interval(spec, layout)
     streams = _streams_by_topic(spec)
     by_record_key = _keyed_by_record_key(spec)
@@ -380,12 +381,12 @@ def message_router(
             if deletion is None:
                 assert refused is not None
                 return reject_interval, Rejected(origin, b"", refused, kafka_ts)
-            return layout.interval_of(deletion.key), Delivery(deletion.key, deletion, origin)
+            return interval_of_key(deletion.key), Delivery(deletion.key, deletion, origin)
         record, key, error = decode_delivery(spec, stream, value)
         if error is None:
             assert record is not None
             assert key is not None
-            return layout.interval_of(key), Delivery(key, record, origin)
+            return interval_of_key(key), Delivery(key, record, origin)
         if record is None:
             return rejected(origin, topic, value, error, kafka_ts)
         # Decoded, but the key extractor failed: the dead letter names the record.
@@ -456,6 +457,7 @@ def batch_task(
             interval: [] for interval in batch.ticks if task_of(interval) in tasks
         }
         route = message_router(spec, layout, batch.quarantine)
+        interval_of_key = layout.interval_lookup()
         by_record_key = _keyed_by_record_key(spec)
         for message in read(settings, batch.ranges):
             # Another task's record is skipped undecoded when its key can be read as it is:
@@ -464,7 +466,7 @@ def batch_task(
             if message.value is not None and message.topic in by_record_key:
                 key = envelope_key(message.value)
                 if key is not None:
-                    keyed = layout.interval_of(key)
+                    keyed = interval_of_key(key)
                     if task_of(keyed) not in tasks:
                         continue
             interval, item = route(message)

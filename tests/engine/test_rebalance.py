@@ -44,6 +44,15 @@ def test_the_initial_layout_routes_as_key_interval_does() -> None:
 
 
 @pytest.mark.unit
+def test_an_interval_lookup_answers_as_interval_of_before_and_after_it_starts_afresh() -> None:
+    layout = IntervalLayout.initial(4).begin_split(2).finish()
+    lookup = layout.interval_lookup(remember=7)
+    keys = [f"k{n % 23}" for n in range(200)]  # past the limit of 7 several times
+    assert [lookup(key) for key in keys] == [layout.interval_of(key) for key in keys]
+    assert set(map(lookup, keys)) == {0, 1, 3, 4, 5}
+
+
+@pytest.mark.unit
 def test_a_split_and_a_merge_make_new_intervals_over_the_same_hashes() -> None:
     layout = IntervalLayout.initial(2)
     begun = layout.begin_split(1)
