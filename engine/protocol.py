@@ -294,6 +294,9 @@ class IntervalWorker:
         self._cache = cache if cache is not None else StateCache()
         self._user_code = user_code if user_code is not None else nullcontext()
         self._soft: _SoftState | None = None
+        # Transactional productions: the tag of the commit that will checkpoint this batch's
+        # productions, which they carry from the start (None: not transactional).
+        self._batch_tag: CommitTag | None = None
         # Unknown commit outcomes met since the last batch that finished: a batch that failed
         # on one (its resolution failing too, the store down) reports it once a later batch,
         # which resolves it by taking the interval over, has committed.
@@ -329,6 +332,10 @@ class IntervalWorker:
     ) -> BatchResult:
         now = self._clock.now()
         soft, result = self._begin()
+        if self._transactions is not None:
+            # Known before the calls, so that a production is made tagged, not copied to
+            # tag it after them (see _tag).
+            self._batch_tag = CommitTag(soft.lease.token, soft.commits + 1)
         if inputs and self._transactions is not None and soft.unresolved:
             # The producer's open (a few round trips, more while librdkafka finds the
             # coordinator) overlaps the batch's reads, user code and commit.
@@ -466,11 +473,16 @@ class IntervalWorker:
             # A kept lease commits once per batch: its tags order by their number.
             soft.commits += 1
             tag = CommitTag(soft.lease.token, soft.commits)
+            if tag == self._batch_tag:
+                tag = self._batch_tag  # the object the calls' productions carry already
             for change in to_commit:
-                # The constructor, not dataclasses.replace: this runs once per production.
-                change.productions = [
-                    Production(p.stream, p.record, p.encoded, tag) for p in change.productions
-                ]
+                # Only the productions the calls did not make (late records, dead letters,
+                # weak stragglers) are copied: this would otherwise run for every one.
+                if any(p.tag is not tag for p in change.productions):
+                    change.productions = [
+                        p if p.tag is tag else Production(p.stream, p.record, p.encoded, tag)
+                        for p in change.productions
+                    ]
         return to_commit
 
     def _stage(self, soft: _SoftState, to_commit: list[KeyChanges]) -> _Staging | None:
@@ -834,6 +846,7 @@ class _KeyRun:
         self.weak_outbox = weak_outbox
         self.committed_state = committed.state
         self.committed_timers = committed.timers
+        self.tag = worker._batch_tag
 
     def run(self, fresh: list[Delivery]) -> None:
         """Run the key's fresh (deduplicated) records, then its due timers."""
@@ -1042,7 +1055,7 @@ class _CallContext(Context):
         encoded = encode_record(record)
         check_record_size(encoded)
         self._next_index += 1
-        self.changes.productions.append(Production(stream, record, encoded))
+        self.changes.productions.append(Production(stream, record, encoded, self._run.tag))
         return record
 
 

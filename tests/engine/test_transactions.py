@@ -291,6 +291,36 @@ def test_killed_after_the_kafka_commit_the_new_owner_drops_what_the_marker_cover
     assert workers.store.productions("comp") == []
 
 
+class EchoOrFail(Computation):
+    def process_record(self, ctx: Context, record: Record) -> None:
+        if record.value == b"bad":
+            raise ValueError("bad record")
+        ctx.produce("out", record.value, record.timestamp)
+
+
+def test_a_dead_letter_is_tagged_like_the_calls_productions_so_the_marker_covers_it(
+    workers: Workers, transactions: TestingTransactions, make_record: RecordFactory
+) -> None:
+    # Productions are made with their commit's tag; a dead letter is made by the engine,
+    # and tagged as it commits: untagged, a successor would take it for undelivered and
+    # send it again.
+    spec = workers.spec(EchoOrFail())
+    transactions.fail_next(TransactionFault.CRASH_AFTER_COMMIT)
+    with pytest.raises(InjectedCrash):
+        worker(workers, spec, transactions).process(
+            deliver(make_record("a", b"1"), make_record("b", b"bad")), WM
+        )
+    rows = workers.store.productions("comp")
+    assert sorted(p.stream for p in rows) == sorted(["out", spec.dead_letter_stream])
+    assert len({p.tag for p in rows}) == 1
+
+    result = worker(workers, spec, transactions.client()).process([], WM)
+
+    assert (result.marker_resolved, result.resent, result.transactions) == (2, 0, 0)
+    assert duplicates(transactions.read_committed()) == 0
+    assert len(transactions.read_committed(spec.dead_letter_stream)) == 1
+
+
 def test_killed_with_the_transaction_open_the_new_owner_sends_it_again_once(
     workers: Workers, transactions: TestingTransactions, make_record: RecordFactory
 ) -> None:
