@@ -404,8 +404,9 @@ class IntervalWorker:
             if isinstance(item, Rejected):
                 rejected.append(item)
             else:
-                self._check_interval(item.key)
                 records.setdefault(item.key, []).append(item)
+        for key in records:  # once a key, not once a record
+            self._check_interval(key)
         due, due_read_below = self._due_timers(soft, timer_watermark, now)
         keys = sorted(records.keys() | {timer.key for timer in due})
         committed, missing = self._cached(soft, keys)
