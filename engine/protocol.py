@@ -473,9 +473,8 @@ class IntervalWorker:
         if self._transactions is not None:
             # A kept lease commits once per batch: its tags order by their number.
             soft.commits += 1
-            tag = CommitTag(soft.lease.token, soft.commits)
-            if tag == self._batch_tag:
-                tag = self._batch_tag  # the object the calls' productions carry already
+            tag = self._batch_tag  # set as the batch began: the object its productions carry
+            assert tag == CommitTag(soft.lease.token, soft.commits)
             for change in to_commit:
                 # Only the productions the calls did not make (late records, dead letters,
                 # weak stragglers) are copied: this would otherwise run for every one.
