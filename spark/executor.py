@@ -82,7 +82,7 @@ from millstream.engine.cache import StateCache
 from millstream.engine.clock import SystemClock
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.deadletters import Origin
-from millstream.engine.errors import PoisonRecordError
+from millstream.engine.errors import FencedError, PoisonRecordError
 from millstream.engine.fault_points import armed_faults, fault_point
 from millstream.engine.layout import IntervalLayout
 from millstream.engine.protocol import Delivery, Rejected, WorkerPool
@@ -435,8 +435,8 @@ def batch_task(
     through the interval's worker, in (stream, partition, offset) order; records under the
     input low watermark before the batch (``watermark``), event-time timers under the one
     after it (see :meth:`IntervalWorker.process`). One :data:`RESULT_SCHEMA` row (by column
-    name) per interval. Raises whatever a worker raises, failing the task; see the module
-    docstring.
+    name) per interval. Raises whatever a worker raises (a fence before any other), failing
+    the task; see the module docstring.
 
     A plain RDD job, not a DataFrame's: Spark plans, compiles and converts nothing for it (a
     ``mapInArrow`` over ``spark.range`` cost about 60 ms more per batch in planning, Arrow
@@ -495,6 +495,12 @@ def batch_task(
             for interval, inputs in sorted(by_interval.items())
         ]
         wait(futures)
+        # A fence is raised before any other interval's failure: it says this process's
+        # work was taken over, and the other failure may be one the same stop caused (a
+        # request timed out while the process was stopped), which would hide it.
+        for future in futures:
+            if isinstance(future.exception(), FencedError):
+                future.result()
         yield from [future.result() for future in futures]  # raises the first failure
 
     return run

@@ -19,6 +19,7 @@ from millstream.engine.computation import Computation
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.context import Context
 from millstream.engine.deadletters import DeadLetter, Origin, decode_dead_letter
+from millstream.engine.errors import FencedError
 from millstream.engine.layout import IntervalLayout
 from millstream.engine.protocol import WorkerPool
 from millstream.engine.records import (
@@ -181,6 +182,27 @@ def test_messages_are_routed_worked_and_counted_by_interval(sink: TestingSink) -
     letter = dead_letters(sink, "windows")[1]
     assert (letter.origin, letter.raw) == (Origin("in", 0, 1), b"not a record")
     assert letter.error_type == "MalformedRecordError"
+
+
+def test_a_fence_is_raised_before_another_intervals_failure(
+    sink: TestingSink, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A zombie stopped mid-batch: one interval's commit is fenced, and a request of another
+    # interval (earlier in order) timed out across the stop. The task says it was fenced.
+    run_interval = executor._run_interval
+
+    def stopped(
+        spec: ComputationSpec, token: str, workers: WorkerPool, interval: int, *rest: Any
+    ) -> dict[str, Any]:
+        if interval == 0:
+            raise TimeoutError("a request timed out while the process was stopped")
+        if interval == 3:
+            raise FencedError("interval 3 was taken over")
+        return run_interval(spec, token, workers, interval, *rest)
+
+    monkeypatch.setattr(executor, "_run_interval", stopped)
+    with pytest.raises(FencedError, match="taken over"):
+        run_batch(SPEC_OF_DEFAULTS, [], tasks=1, ticks=[0, 1, 2, 3])
 
 
 def dead_letters(sink: TestingSink, computation: str) -> dict[int | None, DeadLetter]:
