@@ -405,6 +405,12 @@ def _read_length(data: bytes, at: int) -> tuple[int, int]:
     if the length is not one or the data end first."""
     if at < 0:
         return -1, -1
+    if at < len(data) and (byte := data[at]) < 0x80:
+        # One byte (a length under 64, zig-zag doubling it): most keys and values.
+        if byte & 1:
+            return -1, -1  # negative
+        ends = at + 1 + (byte >> 1)
+        return (at + 1, ends) if ends <= len(data) else (-1, -1)
     length, begins = _read_long(data, at)
     ends = begins + length
     if begins < 0 or length < 0 or ends > len(data):
@@ -412,9 +418,24 @@ def _read_length(data: bytes, at: int) -> tuple[int, int]:
     return begins, ends
 
 
+_HIGH_BITS = 0x8080808080808080
+_EIGHT_BYTE_LONG = 0x0080808080808080
+
+
 def _read_long(data: bytes, at: int) -> tuple[int, int]:
     """The Avro long at ``at`` and where it ends; ``(-1, -1)`` if ``data`` ends first or
     it runs past 64 bits (a value of -1 ends at 0 or later)."""
+    eight = data[at : at + 8]
+    if len(eight) == 8:
+        # Eight bytes, the continuation bit set on the first seven only: an event time in µs
+        # (2^49 to 2^56), read without a loop, its 7-bit groups packed in three steps.
+        bits = int.from_bytes(eight, "little")
+        if bits & _HIGH_BITS == _EIGHT_BYTE_LONG:
+            bits &= 0x7F7F7F7F7F7F7F7F
+            bits = (bits & 0x007F007F007F007F) | ((bits & 0x7F007F007F007F00) >> 1)
+            bits = (bits & 0x00003FFF00003FFF) | ((bits & 0x3FFF00003FFF0000) >> 2)
+            bits = (bits & 0x000000000FFFFFFF) | ((bits & 0x0FFFFFFF00000000) >> 4)
+            return (bits >> 1) ^ -(bits & 1), at + 8
     zigzag = shift = 0
     for byte in data[at : at + 10]:  # 7 bits a byte, least significant first, then zig-zag
         at += 1
