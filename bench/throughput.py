@@ -161,6 +161,7 @@ from millstream.engine.codecs import IntCodec
 from millstream.engine.computation import Computation
 from millstream.engine.config import MillstreamConfig, load_config
 from millstream.engine.context import Context
+from millstream.engine.protocol import STEPS
 from millstream.engine.records import (
     Record,
     decode_record,
@@ -171,6 +172,7 @@ from millstream.engine.records import (
 from millstream.engine.state import KeyChanges
 from millstream.engine.stores.cassandra import CassandraIntervalStore, create_schema
 from millstream.engine.topology import ComputationOptions, Topology
+from millstream.spark.metrics import ROUTING, BatchMetrics
 from millstream.spark.runner import (
     AvailableNow,
     ProcessingTime,
@@ -967,6 +969,7 @@ def measure_backlog(
         batches = handle.running.batches(handle.computation)
         busy = sum(b.seconds for b in batches)
         result.notes.append(f"{len(batches)} batches, {busy:.1f} s in batches")
+        result.notes.append(step_note(batches))
     if system.latency:
         result.latency = latency_phases(
             bench, run.config, run.topics, run.watcher, handle, notes=result.notes
@@ -1058,6 +1061,24 @@ def latency_phases(
         samples[rate] = phase
         first += count
     return samples
+
+
+def step_note(batches: Sequence[BatchMetrics]) -> str:
+    """Where the batches' time went, step by step (``routing``, once a task, then each
+    interval's :data:`~millstream.engine.protocol.STEPS`), summed over tasks and intervals:
+    seconds, and in brackets the CPU seconds their threads ran (the rest they waited)."""
+    seconds: dict[str, float] = {}
+    cpu: dict[str, float] = {}
+    for batch in batches:
+        for step, took in batch.steps.items():
+            seconds[step] = seconds.get(step, 0.0) + took.seconds
+            cpu[step] = cpu.get(step, 0.0) + took.cpu_seconds
+    shown = [
+        f"{step} {seconds[step]:.2f} ({cpu[step]:.2f})"
+        for step in (ROUTING, *STEPS)
+        if seconds.get(step, 0.0) >= 0.005
+    ]
+    return "steps, s (CPU s), summed over tasks and intervals: " + ", ".join(shown or ["none"])
 
 
 SPARK_PHASES: Final = ("walCommit", "addBatch", "commitOffsets", "triggerExecution")

@@ -56,11 +56,12 @@ from __future__ import annotations
 import bisect
 import itertools
 import logging
+import time
 from collections.abc import Callable, Iterable, Sequence, Set
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from millstream.engine.cache import StateCache
 from millstream.engine.clock import Clock
@@ -111,7 +112,17 @@ from millstream.engine.timers import (
 from millstream.engine.topology import ComputationSpec
 from millstream.engine.watermarks import IntervalProgress
 
-__all__ = ["BatchResult", "Delivery", "IntervalWorker", "Rejected", "WorkerPool"]
+__all__ = [
+    "STEPS",
+    "BatchResult",
+    "Delivery",
+    "IntervalWorker",
+    "Rejected",
+    "StepClock",
+    "StepTime",
+    "WorkerPool",
+    "thread_step_clock",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -125,6 +136,42 @@ _MAX_COMMIT_ATTEMPTS = 5
 # committed 20 a key, 6 s if each was its key's only one.
 _FILTER_MOST_IDS = 1_000_000
 _FILTER_HEADROOM = 50_000
+
+
+STEPS: Final = (
+    "lease",
+    "resend",
+    "reads",
+    "user_code",
+    "weak_sends",
+    "staging",
+    "commit",
+    "delivery",
+    "finish",
+)
+"""The steps of a batch on an interval, in order (:attr:`BatchResult.steps`): acquiring or
+keeping the lease, sending what an earlier batch left pending, reading the keys' state and
+dedup IDs, running user code, sending weak productions, staging the Kafka transaction,
+committing to the store, delivering the productions, and bookkeeping."""
+
+StepClock = Callable[[], tuple[float, float]]
+"""Seconds elapsed and CPU seconds of the calling thread, each from any fixed origin: what a
+worker times its steps with."""
+
+
+def thread_step_clock() -> tuple[float, float]:
+    """The default :data:`StepClock`: ``time.perf_counter()`` and ``time.thread_time()``."""
+    return time.perf_counter(), time.thread_time()
+
+
+@dataclass(frozen=True, slots=True)
+class StepTime:
+    """How long one step of a batch took, and how much of it the worker's thread ran (the
+    rest it waited: on the store, on Kafka, on another thread holding the interpreter, or
+    for a core)."""
+
+    seconds: float
+    cpu_seconds: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +247,8 @@ class BatchResult:
     # Attempts this batch's acquire lost to another writer (or could not tell).
     sequencer_conflicts: int = 0
     progress: IntervalProgress = field(default_factory=IntervalProgress)
+    # Each of STEPS the batch went through, timed by the worker's step clock.
+    steps: dict[str, StepTime] = field(default_factory=dict)
 
 
 @dataclass
@@ -278,6 +327,7 @@ class IntervalWorker:
         user_code: AbstractContextManager[Any] | None = None,
         layout: IntervalLayout | None = None,
         transactions: TransactionalSink | None = None,
+        step_clock: StepClock = thread_step_clock,
     ) -> None:
         self.layout = layout or IntervalLayout.initial(spec.options.key_intervals)
         if interval not in self.layout.ids:
@@ -291,6 +341,7 @@ class IntervalWorker:
         self._sink = sink
         self._transactions = transactions if spec.options.transactional else None
         self._clock = clock
+        self._step_clock = step_clock
         self._cache = cache if cache is not None else StateCache()
         self._user_code = user_code if user_code is not None else nullcontext()
         self._soft: _SoftState | None = None
@@ -330,6 +381,7 @@ class IntervalWorker:
     def _process(
         self, inputs: list[Delivery | Rejected], watermark: int, timer_watermark: int
     ) -> BatchResult:
+        steps = _Steps(self._step_clock)
         now = self._clock.now()
         soft, result = self._begin()
         if self._transactions is not None:
@@ -342,20 +394,31 @@ class IntervalWorker:
             self._transactions.prepare(
                 self.spec.name, self.interval, self.spec.options.send_timeout, soft.lease.token
             )
+        steps.end("lease")
         self._resend(soft, result)
+        steps.end("resend")
         batch = self._gather(soft, inputs, timer_watermark, now, result)
+        steps.end("reads")
         changes, weak_outbox = self._run_keys(batch, (watermark, timer_watermark), now, result)
+        steps.end("user_code")
         self._flush_weak(weak_outbox, result)
+        steps.end("weak_sends")
         to_commit = self._tag(soft, changes)
         staging = self._stage(soft, to_commit)
+        steps.end("staging")
         try:
             committed = self._commit(soft, to_commit, batch, result)
         except BaseException:
             if staging is not None:
                 staging.transaction.abort()
             raise
+        steps.end("commit")
         self._send(soft, committed, result, staging)
-        return self._finish(soft, result)
+        steps.end("delivery")
+        finished = self._finish(soft, result)
+        steps.end("finish")
+        finished.steps = steps.times
+        return finished
 
     def _begin(self) -> tuple[_SoftState, BatchResult]:
         """Step 1: acquire the sequencer, unless this worker keeps the lease it still holds
@@ -820,6 +883,20 @@ class IntervalWorker:
         if done:
             self._drop_delivered(soft, done)
             result.acknowledged += len(done)
+
+
+class _Steps:
+    """Times a batch's steps one after another, each from the end of the one before."""
+
+    def __init__(self, clock: StepClock) -> None:
+        self._clock = clock
+        self._last = clock()
+        self.times: dict[str, StepTime] = {}
+
+    def end(self, step: str) -> None:
+        seconds, cpu_seconds = now = self._clock()
+        self.times[step] = StepTime(seconds - self._last[0], cpu_seconds - self._last[1])
+        self._last = now
 
 
 class _KeyRun:

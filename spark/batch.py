@@ -226,7 +226,7 @@ class BatchHandler:
                 summarize(
                     self.spec.name,
                     batch_id,
-                    (row.counts.counts() for row in rows),
+                    (row.columns() for row in rows),
                     started,
                     failures,
                 ),

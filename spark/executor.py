@@ -95,7 +95,7 @@ from millstream.engine.routing import (
 )
 from millstream.engine.topology import ComputationSpec, record_key
 from millstream.spark.isolation import OffsetRange, Position
-from millstream.spark.metrics import RESULT_SCHEMA, ResultRow, interval_counts
+from millstream.spark.metrics import RESULT_SCHEMA, ROUTING, ResultRow, interval_counts
 
 if TYPE_CHECKING:
     from millstream.connectors.kafka import KafkaProductionSink, KafkaTransactionalSink
@@ -452,6 +452,7 @@ def batch_task(
             }
         fault_point("executor.task", spec.name)
         faults = armed_faults("executor.record", spec.name)
+        routing_started, routing_cpu = time.monotonic(), time.thread_time()
         task_of = batch.slots.task_of
         by_interval: dict[int, list[Delivery | Rejected]] = {
             interval: [] for interval in batch.ticks if task_of(interval) in tasks
@@ -477,6 +478,7 @@ def batch_task(
                 )
             if task_of(interval) in tasks:
                 by_interval.setdefault(interval, []).append(item)
+        routing = [time.monotonic() - routing_started, time.thread_time() - routing_cpu]
         resources = _resources(settings)
         # The intervals' round trips to Cassandra and Kafka overlap on the pool's threads.
         futures = [
@@ -501,7 +503,10 @@ def batch_task(
         for future in futures:
             if isinstance(future.exception(), FencedError):
                 future.result()
-        yield from [future.result() for future in futures]  # raises the first failure
+        rows = [future.result() for future in futures]  # raises the first failure
+        if rows:
+            rows[0]["steps"][ROUTING] = routing  # once a task, not once an interval
+        yield from rows
 
     return run
 
@@ -536,6 +541,7 @@ def _run_interval(
         seconds=time.monotonic() - started,
         cpu_seconds=time.thread_time() - cpu_started,
         progress=result.progress,
+        steps=result.steps,
     ).columns()
 
 

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Final
 
-from millstream.engine.protocol import BatchResult
+from millstream.engine.protocol import BatchResult, StepTime
 from millstream.engine.watermarks import IntervalProgress
 
 __all__ = [
     "COUNTERS",
     "RESULT_COLUMNS",
     "RESULT_SCHEMA",
+    "ROUTING",
     "BatchMetrics",
     "ComputationMetrics",
     "MetricCounts",
@@ -94,9 +95,15 @@ RESULT_COLUMNS: Final = (
     ("oldest_work", "long"),
     ("next_event_timer", "long"),
     ("next_wall_timer", "long"),
+    ("steps", "map<string,array<double>>"),
 )
 """The columns of :data:`RESULT_SCHEMA`, with their types in Spark's names
 (:class:`ResultRow`)."""
+
+ROUTING: Final = "routing"
+"""The step of a batch's task before its intervals' (:data:`~millstream.engine.protocol.STEPS`):
+reading the batch's messages from Kafka and routing them, timed once a task, in the row of
+its first interval."""
 
 RESULT_SCHEMA: Final = ", ".join(f"{name} {kind}" for name, kind in RESULT_COLUMNS)
 """One row per interval and batch attempt, from the interval task: the interval's
@@ -104,7 +111,9 @@ RESULT_SCHEMA: Final = ", ".join(f"{name} {kind}" for name, kind in RESULT_COLUM
 interval and its soft state was still valid), the Python worker's host and pid (the interval's
 owner in this batch), the wall seconds of the
 interval's work and the CPU seconds of the thread that did it (the load rebalancing weighs),
-then the interval's :class:`~millstream.engine.watermarks.IntervalProgress` (null: none)."""
+then the interval's :class:`~millstream.engine.watermarks.IntervalProgress` (null: none), and
+the time of each step of its batch, ``[seconds, cpu_seconds]`` by name
+(:data:`~millstream.engine.protocol.STEPS`, and :data:`ROUTING`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +129,7 @@ class ResultRow:
     seconds: float
     cpu_seconds: float
     progress: IntervalProgress
+    steps: Mapping[str, StepTime] = field(default_factory=dict)
 
     @property
     def worker(self) -> str:
@@ -140,6 +150,7 @@ class ResultRow:
             "oldest_work": progress.oldest_work,
             "next_event_timer": progress.next_event_timer,
             "next_wall_timer": progress.next_wall_timer,
+            "steps": {name: [t.seconds, t.cpu_seconds] for name, t in self.steps.items()},
         }
 
     @classmethod
@@ -161,7 +172,16 @@ class ResultRow:
                 next_wall_timer=row["next_wall_timer"],
                 pending=counts.pending,
             ),
+            steps=_steps(row),
         )
+
+
+def _steps(row: Mapping[str, Any]) -> dict[str, StepTime]:
+    """The step times of a :data:`RESULT_SCHEMA` row (none in a row without them)."""
+    return {
+        str(name): StepTime(float(seconds), float(cpu_seconds))
+        for name, (seconds, cpu_seconds) in (row.get("steps") or {}).items()
+    }
 
 
 def interval_counts(inputs: int, rejected: int, result: BatchResult, cached: bool) -> MetricCounts:
@@ -202,7 +222,9 @@ class BatchMetrics(MetricCounts):
     counts as duplicates here). ``input_watermark`` is the input low watermark once the
     batch was consumed (its timers ran under it) and ``watermark`` the computation's own after
     the batch (µs); ``watermark_seconds`` of ``seconds`` went to reading, applying and
-    publishing reports.
+    publishing reports. ``steps``: the time of each step of the batch
+    (:data:`~millstream.engine.protocol.STEPS`, and :data:`ROUTING`), summed over its
+    intervals (and tasks): the seconds they took and the CPU seconds their threads ran.
 
     Transactional computations only (:mod:`millstream.connectors.kafka.stalls`): ``stalls``
     counts the output partitions found stalled after this batch that were not before (a
@@ -224,6 +246,7 @@ class BatchMetrics(MetricCounts):
     stalled_partitions: int = 0
     stall_seconds: float = 0.0
     unstable_messages: int = 0
+    steps: Mapping[str, StepTime] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -269,14 +292,21 @@ def summarize(
     """A batch's metrics from its interval rows (:data:`RESULT_SCHEMA`); ``started`` is the
     batch's ``time.monotonic()`` start."""
     sums = dict.fromkeys(COUNTERS, 0)
+    steps: dict[str, StepTime] = {}
     for row in rows:
         for name in COUNTERS:
             sums[name] += int(row[name])
+        for step, time_ in _steps(row).items():
+            before = steps.get(step, StepTime(0.0, 0.0))
+            steps[step] = StepTime(
+                before.seconds + time_.seconds, before.cpu_seconds + time_.cpu_seconds
+            )
     return BatchMetrics(
         computation=computation,
         batch_id=batch_id,
         seconds=time.monotonic() - started,
         failed_attempts=tuple(failures),
+        steps=steps,
         **sums,
     )
 

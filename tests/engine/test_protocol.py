@@ -19,7 +19,7 @@ from millstream.engine.errors import FencedError, MalformedRecordError, UnknownO
 from millstream.engine.keys import key_interval
 from millstream.engine.outages import is_outage
 from millstream.engine.productions import Production
-from millstream.engine.protocol import Delivery, IntervalWorker, Rejected
+from millstream.engine.protocol import STEPS, Delivery, IntervalWorker, Rejected, StepTime
 from millstream.engine.records import (
     MAX_RECORD_BYTES,
     Deletion,
@@ -229,6 +229,35 @@ def test_user_code_runs_holding_the_workers_lock_and_io_does_not(
     worker.process(deliver(make_record("a"), make_record("b")), WM)
     assert held == [("record", True), ("record", True), ("send", False)]
     assert not lock.locked()
+
+
+def test_a_batch_times_each_step_with_the_workers_step_clock(
+    workers: Workers, make_record: RecordFactory
+) -> None:
+    # A step clock that only user code moves: 5 s elapsed, 2 s of them the thread's CPU.
+    elapsed = [0.0, 0.0]
+
+    class Slow(Computation):
+        def process_record(self, ctx: Context, record: Record) -> None:
+            elapsed[0] += 5.0
+            elapsed[1] += 2.0
+            ctx.produce("out", b"", record.timestamp)
+
+    spec = workers.spec(Slow())
+    worker = IntervalWorker(
+        spec,
+        0,
+        store=workers.store,
+        sink=workers.sink,
+        clock=workers.clock,
+        step_clock=lambda: (elapsed[0], elapsed[1]),
+    )
+    result = worker.process(deliver(make_record("a"), make_record("b")), WM)
+    assert list(result.steps) == list(STEPS)
+    assert result.steps["user_code"] == StepTime(10.0, 4.0)
+    assert all(
+        time == StepTime(0.0, 0.0) for step, time in result.steps.items() if step != "user_code"
+    )
 
 
 def test_a_batch_reads_its_uncached_keys_and_its_dedup_ids_in_one_call(

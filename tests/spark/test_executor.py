@@ -21,7 +21,7 @@ from millstream.engine.context import Context
 from millstream.engine.deadletters import DeadLetter, Origin, decode_dead_letter
 from millstream.engine.errors import FencedError
 from millstream.engine.layout import IntervalLayout
-from millstream.engine.protocol import WorkerPool
+from millstream.engine.protocol import STEPS, WorkerPool
 from millstream.engine.records import (
     Deletion,
     Record,
@@ -41,7 +41,7 @@ from millstream.spark.executor import (
     claim_slot,
 )
 from millstream.spark.isolation import OffsetRange, Position
-from millstream.spark.metrics import RESULT_COLUMNS, RESULT_SCHEMA, ResultRow
+from millstream.spark.metrics import RESULT_COLUMNS, RESULT_SCHEMA, ROUTING, ResultRow
 
 pytestmark = pytest.mark.unit
 
@@ -182,6 +182,16 @@ def test_messages_are_routed_worked_and_counted_by_interval(sink: TestingSink) -
     letter = dead_letters(sink, "windows")[1]
     assert (letter.origin, letter.raw) == (Origin("in", 0, 1), b"not a record")
     assert letter.error_type == "MalformedRecordError"
+
+
+def test_a_row_times_its_intervals_steps_and_a_task_its_routing_once(sink: TestingSink) -> None:
+    spec, layout = windows(4)
+    sent = messages([record("a", 10, 0), record("b", 20, 1), record("c", 30, 2)])
+    results = run_batch(spec, sent, layout, ticks=layout.ids)
+    assert len(results) == 4
+    assert all(list(row.steps) in (list(STEPS), [*STEPS, ROUTING]) for row in results)
+    assert sum(ROUTING in row.steps for row in results) == 2  # the two tasks
+    assert all(t.seconds >= 0 and t.cpu_seconds >= 0 for r in results for t in r.steps.values())
 
 
 def test_a_fence_is_raised_before_another_intervals_failure(

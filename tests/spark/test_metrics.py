@@ -6,11 +6,12 @@ import time
 
 import pytest
 
-from millstream.engine.protocol import BatchResult
+from millstream.engine.protocol import BatchResult, StepTime
 from millstream.engine.sequencer import Lease
 from millstream.spark.metrics import (
     COUNTERS,
     RESULT_SCHEMA,
+    ROUTING,
     BatchMetrics,
     MetricCounts,
     describe,
@@ -64,6 +65,13 @@ def test_a_batch_sums_its_interval_rows() -> None:
     assert "stalled" not in describe(metrics)
 
 
+def test_a_batch_sums_the_step_times_of_its_interval_rows() -> None:
+    first = row() | {"steps": {"commit": [2.0, 0.5], ROUTING: [1.0, 0.75]}}
+    second = row() | {"steps": {"commit": [3.0, 0.25]}}
+    metrics = summarize("count", 1, [first, second, row()], time.monotonic())
+    assert metrics.steps == {"commit": StepTime(5.0, 0.75), ROUTING: StepTime(1.0, 0.75)}
+
+
 def test_totals_sum_batches_but_keep_the_latest_pending() -> None:
     batches = [
         BatchMetrics(computation="a", batch_id=0, inputs=5, pending=3, failed_attempts=("x",)),
@@ -93,6 +101,7 @@ def test_a_result_row_is_written_and_read_by_column_name() -> None:
         seconds=0.5,
         cpu_seconds=0.25,
         progress=IntervalProgress(oldest_work=7, next_event_timer=9, pending=2),
+        steps={"reads": StepTime(0.125, 0.0625), ROUTING: StepTime(0.5, 0.375)},
     )
     columns = row.columns()
     assert list(columns) == [name for name, _ in RESULT_COLUMNS]
