@@ -177,6 +177,21 @@ class TopologyMetrics:
             _LABELS,
             registry=self.registry,
         )
+        self._step_seconds = Counter(
+            "millstream_step_seconds_total",
+            "Seconds of each step of the computation's batches (routing, once a task; an "
+            "interval's lease, resend, reads, user_code, weak_sends, staging, commit, "
+            "delivery, finish), summed over tasks and intervals.",
+            (*_LABELS, "step"),
+            registry=self.registry,
+        )
+        self._step_cpu_seconds = Counter(
+            "millstream_step_cpu_seconds_total",
+            "CPU seconds the threads of each step ran (its seconds less this: waiting on "
+            "Cassandra or Kafka, on the Python worker's interpreter, or for a core).",
+            (*_LABELS, "step"),
+            registry=self.registry,
+        )
         self._seconds = Histogram(
             "millstream_batch_seconds",
             "Wall seconds of a micro-batch on the driver, watermark bookkeeping included.",
@@ -251,6 +266,9 @@ class TopologyMetrics:
         self._isolated.labels(*labels).inc(batch.isolated)
         self._isolation_runs.labels(*labels).inc(batch.isolation_runs)
         self._seconds.labels(*labels).observe(batch.seconds)
+        for step, took in batch.steps.items():
+            self._step_seconds.labels(*labels, step).inc(took.seconds)
+            self._step_cpu_seconds.labels(*labels, step).inc(took.cpu_seconds)
         self._stalls.labels(*labels).inc(batch.stalls)
         self._stalled.labels(*labels).set(batch.stalled_partitions)
         self._stall_seconds.labels(*labels).set(batch.stall_seconds)

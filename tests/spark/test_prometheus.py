@@ -8,6 +8,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from millstream.engine.clock import ManualClock
+from millstream.engine.protocol import StepTime
 from millstream.engine.watermarks import (
     InputWatermark,
     WatermarkReport,
@@ -105,6 +106,21 @@ def test_batches_add_up_per_computation() -> None:
     assert samples["millstream_records_in_total", labels("totals")] == 7
     assert samples["millstream_cache_hit_ratio", labels("totals")] == 1.0
     assert "Kafka messages" in samples.help["millstream_records_in"]
+
+
+def test_the_steps_of_batches_add_up_per_computation_and_step() -> None:
+    metrics = TopologyMetrics("shop")
+    metrics.observe(batch("orders", 0, steps={"commit": StepTime(1.5, 0.25)}))
+    metrics.observe(
+        batch("orders", 1, steps={"commit": StepTime(0.5, 0.25), "routing": StepTime(2, 1.5)})
+    )
+    samples = Samples.of(metrics.registry)
+    commit = {**labels("orders"), "step": "commit"}
+    assert samples["millstream_step_seconds_total", commit] == 2.0
+    assert samples["millstream_step_cpu_seconds_total", commit] == 0.5
+    routing = {**labels("orders"), "step": "routing"}
+    assert samples["millstream_step_seconds_total", routing] == 2.0
+    assert samples["millstream_step_cpu_seconds_total", routing] == 1.5
 
 
 def test_stalls_of_transactional_outputs_are_counted_and_their_levels_kept() -> None:

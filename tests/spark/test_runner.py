@@ -1293,6 +1293,10 @@ def test_millstream_run_serves_prometheus_metrics_of_computations_and_injectors(
             assert samples["millstream_batch_seconds_count", labels] >= 1
             assert samples["millstream_batches_total", labels] >= 1
             assert 0 <= samples["millstream_cache_hit_ratio", labels] <= 1
+            # Where the batches' time went, step by step, from the tasks' own clocks.
+            for step in ("routing", "reads", "user_code", "commit"):
+                assert samples["millstream_step_seconds_total", {**labels, "step": step}] > 0
+                assert samples["millstream_step_cpu_seconds_total", {**labels, "step": step}] > 0
         assert samples["millstream_input_watermark_timestamp_seconds", per_user] == promised / 1e6
         lag = samples["millstream_watermark_lag_seconds", per_user]
         assert lag == pytest.approx((now - promised) / 1e6, abs=60)
