@@ -346,6 +346,13 @@ def _avro_long(value: int) -> bytes:
     zigzag = (value << 1) ^ (value >> 63)
     if zigzag < 0x80:
         return _SMALL_LONGS[zigzag]
+    if 1 << 49 <= zigzag < 1 << 56:
+        # Eight bytes (an event time in µs): the 7-bit groups spread in three steps, as
+        # _read_long packs them, then the continuation bit on all but the last.
+        bits = (zigzag & 0x000000000FFFFFFF) | ((zigzag & 0x00FFFFFFF0000000) << 4)
+        bits = (bits & 0x00003FFF00003FFF) | ((bits & 0x0FFFC0000FFFC000) << 2)
+        bits = (bits & 0x007F007F007F007F) | ((bits & 0x3F803F803F803F80) << 1)
+        return (bits | _EIGHT_BYTE_LONG).to_bytes(8, "little")
     out = bytearray()
     while zigzag >= 0x80:
         out.append((zigzag & 0x7F) | 0x80)

@@ -61,6 +61,18 @@ def test_the_envelope_is_encoded_as_fastavro_encodes_it(record: Record) -> None:
     assert encode_record(record) == encode_single_object(datum, envelope)
 
 
+@given(st.integers(-(2**8), 2**8))
+def test_longs_at_the_edges_of_eight_bytes_are_encoded_as_fastavro_encodes_them(near: int) -> None:
+    # An event time in µs takes eight bytes, which encode_record writes without a loop.
+    envelope = default_registry().named("millstream.Envelope")
+    for edge in (2**48, 2**55):  # zig-zag: the first and the last long of eight bytes
+        for value in (edge + near, -edge + near):
+            datum = {"key": "k", "value": b"v", "timestamp": value, "record_id": RID}
+            assert encode_record(Record("k", b"v", value, RID)) == encode_single_object(
+                datum, envelope
+            )
+
+
 def _fastavro_record(data: bytes) -> Record | None:
     """What fastavro's generic reader makes of ``data``: the record, or ``None``."""
     try:
