@@ -172,7 +172,7 @@ from millstream.engine.records import (
 from millstream.engine.state import KeyChanges
 from millstream.engine.stores.cassandra import CassandraIntervalStore, create_schema
 from millstream.engine.topology import ComputationOptions, Topology
-from millstream.spark.metrics import ROUTING, BatchMetrics
+from millstream.spark.metrics import ROUTING, BatchMetrics, sum_steps
 from millstream.spark.runner import (
     AvailableNow,
     ProcessingTime,
@@ -1067,16 +1067,11 @@ def step_note(batches: Sequence[BatchMetrics]) -> str:
     """Where the batches' time went, step by step (``routing``, once a task, then each
     interval's :data:`~millstream.engine.protocol.STEPS`), summed over tasks and intervals:
     seconds, and in brackets the CPU seconds their threads ran (the rest they waited)."""
-    seconds: dict[str, float] = {}
-    cpu: dict[str, float] = {}
-    for batch in batches:
-        for step, took in batch.steps.items():
-            seconds[step] = seconds.get(step, 0.0) + took.seconds
-            cpu[step] = cpu.get(step, 0.0) + took.cpu_seconds
+    total = sum_steps(batch.steps for batch in batches)
     shown = [
-        f"{step} {seconds[step]:.2f} ({cpu[step]:.2f})"
+        f"{step} {total[step].seconds:.2f} ({total[step].cpu_seconds:.2f})"
         for step in (ROUTING, *STEPS)
-        if seconds.get(step, 0.0) >= 0.005
+        if step in total and total[step].seconds >= 0.005
     ]
     return "steps, s (CPU s), summed over tasks and intervals: " + ", ".join(shown or ["none"])
 

@@ -173,6 +173,9 @@ class StepTime:
     seconds: float
     cpu_seconds: float
 
+    def __add__(self, other: StepTime) -> StepTime:
+        return StepTime(self.seconds + other.seconds, self.cpu_seconds + other.cpu_seconds)
+
 
 @dataclass(frozen=True, slots=True)
 class Delivery:

@@ -85,7 +85,7 @@ from millstream.engine.deadletters import Origin
 from millstream.engine.errors import FencedError, PoisonRecordError
 from millstream.engine.fault_points import armed_faults, fault_point
 from millstream.engine.layout import IntervalLayout
-from millstream.engine.protocol import Delivery, Rejected, WorkerPool
+from millstream.engine.protocol import Delivery, Rejected, WorkerPool, thread_step_clock
 from millstream.engine.records import envelope_key
 from millstream.engine.routing import (
     decode_delivery,
@@ -452,7 +452,7 @@ def batch_task(
             }
         fault_point("executor.task", spec.name)
         faults = armed_faults("executor.record", spec.name)
-        routing_started, routing_cpu = time.monotonic(), time.thread_time()
+        routing_started, routing_cpu = thread_step_clock()
         task_of = batch.slots.task_of
         by_interval: dict[int, list[Delivery | Rejected]] = {
             interval: [] for interval in batch.ticks if task_of(interval) in tasks
@@ -478,7 +478,8 @@ def batch_task(
                 )
             if task_of(interval) in tasks:
                 by_interval.setdefault(interval, []).append(item)
-        routing = [time.monotonic() - routing_started, time.thread_time() - routing_cpu]
+        routed, routed_cpu = thread_step_clock()
+        routing = [routed - routing_started, routed_cpu - routing_cpu]
         resources = _resources(settings)
         # The intervals' round trips to Cassandra and Kafka overlap on the pool's threads.
         futures = [

@@ -26,6 +26,7 @@ __all__ = [
     "ResultRow",
     "describe",
     "interval_counts",
+    "sum_steps",
     "summarize",
     "totals",
 ]
@@ -292,23 +293,28 @@ def summarize(
     """A batch's metrics from its interval rows (:data:`RESULT_SCHEMA`); ``started`` is the
     batch's ``time.monotonic()`` start."""
     sums = dict.fromkeys(COUNTERS, 0)
-    steps: dict[str, StepTime] = {}
+    steps: list[dict[str, StepTime]] = []
     for row in rows:
         for name in COUNTERS:
             sums[name] += int(row[name])
-        for step, time_ in _steps(row).items():
-            before = steps.get(step, StepTime(0.0, 0.0))
-            steps[step] = StepTime(
-                before.seconds + time_.seconds, before.cpu_seconds + time_.cpu_seconds
-            )
+        steps.append(_steps(row))
     return BatchMetrics(
         computation=computation,
         batch_id=batch_id,
         seconds=time.monotonic() - started,
         failed_attempts=tuple(failures),
-        steps=steps,
+        steps=sum_steps(steps),
         **sums,
     )
+
+
+def sum_steps(steps: Iterable[Mapping[str, StepTime]]) -> dict[str, StepTime]:
+    """The times of ``steps`` (interval rows', or batches') summed step by step."""
+    total: dict[str, StepTime] = {}
+    for each in steps:
+        for step, took in each.items():
+            total[step] = total[step] + took if step in total else took
+    return total
 
 
 def totals(batches: Iterable[BatchMetrics]) -> dict[str, ComputationMetrics]:
