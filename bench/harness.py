@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
@@ -504,15 +504,19 @@ def python_worker_cpu() -> dict[int, float]:
     return cpu
 
 
-def core_use(services: Mapping[str, int]) -> dict[str, float]:
-    """CPU seconds so far of everything a row runs on, by role: each of ``services`` (name to
-    pid: the local stack's Cassandra and Kafka), this process (the benchmark, and for Spark
-    rows the driver's Python side), and its descendants: the Spark JVM, the Spark Python
-    workers, and anything else (a peer's process, py-spy)."""
-    use = {name: process_cpu(pid) or 0.0 for name, pid in services.items()}
-    use["bench+driver"] = process_cpu(os.getpid()) or 0.0
-    for role in ("Spark JVM", "Python workers", "others"):
-        use[role] = 0.0
+CoreUse = dict[tuple[str, int], float]
+"""CPU seconds so far of each process a row runs on, by (role, pid): :func:`core_use`."""
+
+_DESCENDANT_ROLES: Final = ("Spark JVM", "Python workers", "others")
+
+
+def core_use(services: Mapping[str, int]) -> CoreUse:
+    """CPU seconds so far of everything a row runs on, by role and pid: each of ``services``
+    (name to pid: the local stack's Cassandra and Kafka), this process (the benchmark, and for
+    Spark rows the driver's Python side), and its descendants: the Spark JVM, the Spark
+    Python workers, and anything else (a peer's process, py-spy)."""
+    use = {(name, pid): process_cpu(pid) or 0.0 for name, pid in services.items()}
+    use["bench+driver", os.getpid()] = process_cpu(os.getpid()) or 0.0
     for pid, command in _descendants().items():
         role = (
             "Python workers"
@@ -521,19 +525,39 @@ def core_use(services: Mapping[str, int]) -> dict[str, float]:
             if command.split(b"\0", 1)[0].endswith(b"java")
             else "others"
         )
-        use[role] += process_cpu(pid) or 0.0
+        use[role, pid] = process_cpu(pid) or 0.0
     return use
 
 
-def core_note(before: Mapping[str, float], after: Mapping[str, float], seconds: float) -> str:
+def role_use(before: CoreUse, after: CoreUse) -> dict[str, float]:
+    """CPU seconds each role used between two readings of :func:`core_use`: a process counts
+    from its first reading (from zero if it started since); one that ended between them is
+    missed, never counted against its role."""
+    used: dict[str, float] = {}
+    for role, _ in after:
+        if role not in _DESCENDANT_ROLES:
+            used.setdefault(role, 0.0)
+    used.update(dict.fromkeys(_DESCENDANT_ROLES, 0.0))
+    for (role, pid), cpu in after.items():
+        used[role] += cpu - before.get((role, pid), 0.0)
+    return used
+
+
+def core_note(before: CoreUse, after: CoreUse, seconds: float) -> str:
     """Where the machine's cores went in a window: each role's cores busy on average (CPU
     seconds over wall seconds), and what is left of the machine's cores."""
-    busy = {role: (after[role] - before.get(role, 0.0)) / seconds for role in after}
-    # A process that started in the window (a peer, a Python worker) counts from zero; one
-    # that ended in it is missed, so "idle" can overstate.
+    busy = {role: cpu / seconds for role, cpu in role_use(before, after).items()}
+    # A process that ended in the window is missed (a peer that exited), so "idle" can
+    # overstate.
     parts = ", ".join(f"{role} {cores:.2f}" for role, cores in busy.items() if cores >= 0.005)
     idle = (os.cpu_count() or 1) - sum(busy.values())
     return f"cores busy over {seconds:.1f} s: {parts}; idle {max(idle, 0.0):.2f}"
+
+
+def cpu_seconds(before: CoreUse, after: CoreUse) -> float:
+    """The CPU seconds every process of :func:`core_use` used between two readings (see
+    :func:`role_use`)."""
+    return sum(role_use(before, after).values())
 
 
 def cpu_note(before: dict[int, float], after: dict[int, float], seconds: float) -> str:

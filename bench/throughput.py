@@ -136,6 +136,7 @@ from bench.harness import (
     core_note,
     core_use,
     cpu_note,
+    cpu_seconds,
     create_topic_pair,
     delete_topics_containing,
     drop_keyspace,
@@ -356,6 +357,9 @@ class RunResult:
     error: str | None = None
     latency: dict[float, list[float]] = field(default_factory=dict)  # rate → ms samples
     notes: list[str] = field(default_factory=list)
+    # CPU seconds of everything the row ran on while it drained the backlog (start-up
+    # included): the services, this process, Spark's JVM and Python workers, a peer.
+    cpu_s: float | None = None
 
 
 @dataclass
@@ -409,6 +413,10 @@ class ProcessHandle:
             self._result = json.loads(lines[-1])
         first = self._result.get("first_record_at")
         return None if first is None else float(first)
+
+    def cpu_seconds(self) -> float:
+        """The peer's CPU seconds over its whole life, once it exited (0 before)."""
+        return 0.0 if self._life is None else self._life[0]
 
     def cpu_note(self) -> str:
         """The peer's CPU over its whole life (start-up included): its share of one core."""
@@ -1004,7 +1012,11 @@ def _start_and_drain(
         result.notes.append(cpu_note(cpu_before, python_worker_cpu(), done - started))
     if isinstance(run.handle, ProcessHandle):
         result.notes.append(run.handle.cpu_note())
-    result.notes.append(core_note(cores_before, core_use(bench.services), done - started))
+    cores_after = core_use(bench.services)
+    result.notes.append(core_note(cores_before, cores_after, done - started))
+    result.cpu_s = cpu_seconds(cores_before, cores_after)
+    if isinstance(run.handle, ProcessHandle):
+        result.cpu_s += run.handle.cpu_seconds()  # exited: core_use no longer sees it
     result.startup_s = first - started
 
 
@@ -1414,6 +1426,12 @@ def median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def cpu_per_record(results: list[RunResult], records: int) -> list[float]:
+    """Each run's CPU µs a record: a row's cost on the machine, steadier from run to run
+    than its records/s on a machine whose cores it saturates."""
+    return [r.cpu_s / records * 1e6 for r in results if r.cpu_s is not None and not r.error]
+
+
 def report(
     args: argparse.Namespace, runs: dict[str, list[RunResult]], large: LargeStateResult | None
 ) -> list[dict[str, Any]]:
@@ -1426,6 +1444,7 @@ def report(
         if value is not None:
             throughput[name] = value
         startups = [r.startup_s for r in results if r.startup_s is not None]
+        cpu = cpu_per_record(results, args.records)
         rows.append(
             {
                 "system": name,
@@ -1435,6 +1454,8 @@ def report(
                 "p50_ms": None,
                 "p95_ms": None,
                 "runs_records_per_s": rates,
+                "cpu_us_per_record": median(cpu),
+                "runs_cpu_us_per_record": cpu,
                 "startup_s": median(startups),
                 "check": "; ".join(sorted({r.check for r in results if r.check})) or None,
                 "error": "; ".join(r.error for r in results if r.error) or None,
@@ -1446,13 +1467,13 @@ def report(
         print(
             f"\nthroughput: a backlog of {args.records:,} records over {args.keys:,} keys, "
             f"{PARTITIONS} partitions; median of {args.runs} run(s); "
-            "x<peer> = records/s / the peer's"
+            "x<peer> = records/s / the peer's; CPU µs/rec: CPU of everything the row ran on "
+            "(services, driver, workers, peer) over the drain, start-up included, a record"
         )
         peers = [s for s in SYSTEMS if s.name in throughput]
         header = (
-            f"{'system':<18} {'guarantee':<14} {'records/s':>10} {'startup s':>9}  "
-            + " ".join(f"{'x' + p.short:>10}" for p in peers)
-            + "  check"
+            f"{'system':<18} {'guarantee':<14} {'records/s':>10} {'startup s':>9} "
+            f"{'CPU µs/rec':>10}  " + " ".join(f"{'x' + p.short:>10}" for p in peers) + "  check"
         )
         print(header)
         print("-" * len(header))
@@ -1464,8 +1485,10 @@ def report(
             )
             startup = f"{row['startup_s']:>9.1f}" if row["startup_s"] is not None else f"{'-':>9}"
             shown = f"{value:>10,.0f}" if value is not None else f"{'failed':>10}"
+            cost = row["cpu_us_per_record"]
+            used = f"{cost:>10.1f}" if cost is not None else f"{'-':>10}"
             print(
-                f"{row['system']:<18} {row['guarantee']:<14} {shown} {startup}  {cells}  "
+                f"{row['system']:<18} {row['guarantee']:<14} {shown} {startup} {used}  {cells}  "
                 f"{row['error'] or row['check']}"
             )
     rows.extend(latency_report(args, runs))
