@@ -1010,13 +1010,12 @@ def _start_and_drain(
     result.records_per_s, first, done = run.drain(bench.args.records)
     if system.on_spark:
         result.notes.append(cpu_note(cpu_before, python_worker_cpu(), done - started))
-    if isinstance(run.handle, ProcessHandle):
-        result.notes.append(run.handle.cpu_note())
     cores_after = core_use(bench.services)
-    result.notes.append(core_note(cores_before, cores_after, done - started))
     result.cpu_s = cpu_seconds(cores_before, cores_after)
     if isinstance(run.handle, ProcessHandle):
+        result.notes.append(run.handle.cpu_note())
         result.cpu_s += run.handle.cpu_seconds()  # exited: core_use no longer sees it
+    result.notes.append(core_note(cores_before, cores_after, done - started))
     result.startup_s = first - started
 
 
@@ -1427,8 +1426,8 @@ def median(values: list[float]) -> float | None:
 
 
 def cpu_per_record(results: list[RunResult], records: int) -> list[float]:
-    """Each run's CPU µs a record: a row's cost on the machine, steadier from run to run
-    than its records/s on a machine whose cores it saturates."""
+    """Each run's CPU µs a record: what a row's records cost the machine (over the runs
+    measured, it spread about as much as records/s)."""
     return [r.cpu_s / records * 1e6 for r in results if r.cpu_s is not None and not r.error]
 
 
