@@ -46,11 +46,11 @@ def connect(config: MillstreamConfig, keyspace: str | None = None) -> tuple[Clus
     )
     try:
         return cluster, cluster.connect(keyspace)
-    except NoHostAvailable as exc:
-        refused = refusal(config, exc)
+    except BaseException as exc:
+        cluster.shutdown()  # its threads: a starting process tries again (services.py)
+        refused = refusal(config, exc) if isinstance(exc, NoHostAvailable) else None
         if refused is None:
             raise
-        cluster.shutdown()
         raise refused from None  # the driver's errors would repeat for every contact point
 
 

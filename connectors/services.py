@@ -6,19 +6,29 @@ Cassandra's driver). :func:`reaching` turns such a failure into a
 :class:`~millstream.engine.errors.ServiceOutageError` that names the service, the address
 it was looked for at, and what to do, after trying to connect to each service
 (:func:`unreachable`); a failure while every service answers is raised as it was.
+
+A process starts through an outage as a running one works through it
+(:func:`start_through_outage`): one restarted while Kafka or Cassandra restarts too (its
+supervisor does not wait for the service) starts once the service is back instead of exiting,
+and every wait says which service does not answer and what to do, so that someone who has not
+started the stack learns it at once.
 """
 
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 from millstream.engine.config import MillstreamConfig, setting_name
 from millstream.engine.errors import ServiceOutageError
-from millstream.engine.outages import first_line, is_outage
+from millstream.engine.outages import Outage, first_line, is_outage
 
-__all__ = ["reaching", "unreachable"]
+__all__ = ["reaching", "start_through_outage", "unreachable"]
+
+_T = TypeVar("_T")
 
 _WHAT_TO_DO = (
     "Is it running? `millstream status` shows the local stack and `millstream up` starts it"
@@ -60,6 +70,28 @@ def reaching(config: MillstreamConfig) -> Iterator[None]:
             f"{' and '.join(down)} cannot be reached. {_WHAT_TO_DO}; services elsewhere are "
             f"set by {' and '.join(settings)}. (The error: {first_line(exc)})"
         ) from exc
+
+
+def start_through_outage(
+    config: MillstreamConfig,
+    what: str,
+    start: Callable[[], _T],
+    timeout: float,
+    *,
+    sleep: Callable[[float], object] = time.sleep,
+    monotonic: Callable[[], float] = time.monotonic,
+) -> _T:
+    """``start`` (a process's provisioning and connecting), tried until it succeeds while its
+    failures are outages, for up to ``timeout`` seconds: the outage timeout the process keeps
+    once it runs. Each wait is logged with what :func:`reaching` says about the failure (a
+    service that refuses connections: where it was looked for and what to do); past the
+    timeout, :class:`ServiceOutageError`. Any other failure is raised at once."""
+
+    def attempt() -> _T:
+        with reaching(config):
+            return start()
+
+    return Outage(what, timeout, sleep=sleep, monotonic=monotonic).retry(attempt)
 
 
 def _address(server: str) -> tuple[str, int]:

@@ -27,10 +27,12 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Any
 
+from cassandra.cluster import Cluster, Session
+
 from millstream.connectors import cassandra as cassandra_connector
 from millstream.connectors import kafka as kafka_connector
 from millstream.connectors.provisioning import provision
-from millstream.connectors.services import reaching
+from millstream.connectors.services import start_through_outage
 from millstream.engine.clock import Clock, SystemClock
 from millstream.engine.config import MillstreamConfig, RunSettings
 from millstream.engine.stores.cassandra import CassandraIntervalStore
@@ -74,9 +76,14 @@ def _connected(
     settings: RunSettings,
     clock: Clock,
 ) -> Iterator[InjectorProcess]:
-    with reaching(config):  # a service not running: say which, and what to do
+    def start() -> tuple[Cluster, Session]:
         provision(config, settings, streams=injector_streams(name, source, options))
-        cluster, session = cassandra_connector.connect(config)
+        return cassandra_connector.connect(config)
+
+    # Restarted while Kafka or Cassandra restarts: it starts once they are back.
+    cluster, session = start_through_outage(
+        config, f"injector {name!r} starting", start, options.outage_timeout
+    )
     try:
         store = CassandraIntervalStore(session, settings.keyspace, clock, table=settings.table)
         sink = kafka_connector.KafkaProductionSink(config)

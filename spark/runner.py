@@ -110,7 +110,7 @@ from millstream.connectors.kafka.hanging import (
 from millstream.connectors.kafka.stalls import stable_offsets
 from millstream.connectors.kafka.topics import when_ready
 from millstream.connectors.provisioning import provision
-from millstream.connectors.services import reaching
+from millstream.connectors.services import start_through_outage
 from millstream.engine.authority import WatermarkAuthority
 from millstream.engine.clock import Clock, SystemClock
 from millstream.engine.computation import Computation
@@ -383,12 +383,17 @@ class RunningTopology:
             )
             _log.info("serving Prometheus metrics at %s", self.metrics_server.url)
         try:
-            with reaching(self.config):  # a service not running: say which, and what to do
-                provision(
+            # Restarted while Kafka or Cassandra restarts: it starts once they are back.
+            start_through_outage(
+                self.config,
+                f"topology {self.topology.name!r} starting",
+                lambda: provision(
                     self.config,
                     self.settings,
                     streams=_streams(self.topology.computations.values()),
-                )
+                ),
+                self.settings.outage_timeout,
+            )
         except BaseException:
             if self.metrics_server is not None:
                 self.metrics_server.close()

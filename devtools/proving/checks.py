@@ -94,8 +94,10 @@ FENCED_WRITE = re.compile(r"^millstream\.engine\.errors\.FencedError: ")
 _UNKNOWN = re.compile(r"computation '[^']*' interval \d+: .*; reading it back$")
 # An outage wait (millstream.engine.outages), whichever service it names.
 _WAITING = re.compile(r": waiting for (Kafka|Cassandra)")
-# The injector's outage waits (its Outage names it "injector '<name>' process '<id>'").
+# The injector's outage waits (its Outage names it "injector '<name>' process '<id>'"), and
+# those of its start (connect_injector's: "injector '<name>' starting").
 _INJECTOR_WAITING = re.compile(r"injector '[^']*' process '[^']*': waiting for (Kafka|Cassandra)")
+_INJECTOR_STARTING = re.compile(r"injector '[^']*' starting: waiting for (Kafka|Cassandra)")
 # The check a plain read_committed consumer's duplicates count under (plain_exactly_once).
 PLAIN_DUPLICATES = "plain read_committed consumer saw duplicates"
 # The check the cassandra fault's durability probe counts under.
@@ -165,6 +167,7 @@ class NonVacuity:
     poison_pills_isolated: int = 0
     outage_waits: int = 0
     injector_outage_waits: int = 0
+    injector_start_waits: int = 0
     interval_changes: int = 0
     changes_finished_after_a_kill: int = 0
     hanging_aborted: int = 0
@@ -186,6 +189,7 @@ class NonVacuity:
             ("batch attempts failed and retried", self.failed_attempts),
             ("batch attempts that waited out an outage", self.outage_waits),
             ("injector steps that waited out an outage", self.injector_outage_waits),
+            ("injector starts that waited out an outage", self.injector_start_waits),
             ("key intervals split or merged", self.interval_changes),
             ("splits and merges a new driver finished", self.changes_finished_after_a_kill),
             ("hanging transactions aborted by the driver", self.hanging_aborted),
@@ -330,6 +334,7 @@ def check_run(
     _check_plain(config, outputs, names, result, plain_exactly_once)
     counts = _non_vacuity(batch_list, driver_logs, config, names)
     counts.injector_outage_waits = injector_outage_waits(injector_logs)
+    counts.injector_start_waits = injector_outage_waits(injector_logs, starting=True)
     return result, counts
 
 
@@ -388,15 +393,17 @@ def _check_plain(
         )
 
 
-def injector_outage_waits(logs: Iterable[Path]) -> int:
-    """The outage waits (:mod:`millstream.engine.outages`) the injector logged in ``logs``."""
+def injector_outage_waits(logs: Iterable[Path], *, starting: bool = False) -> int:
+    """The outage waits (:mod:`millstream.engine.outages`) the injector logged in ``logs``:
+    its steps', or with ``starting`` those of its starts."""
+    pattern = _INJECTOR_STARTING if starting else _INJECTOR_WAITING
     waits = 0
     for log in logs:
         try:
             text = log.read_text(errors="replace")
         except FileNotFoundError:
             continue
-        waits += sum(_INJECTOR_WAITING.search(line) is not None for line in text.splitlines())
+        waits += sum(pattern.search(line) is not None for line in text.splitlines())
     return waits
 
 

@@ -112,8 +112,8 @@ FAULTS: Final = {
     "driver-report": "kill -9 of the driver before it publishes a watermark report",
     "worker": "kill -9 of a Spark Python worker holding an interval's lease",
     "zombie": "SIGSTOP of the driver holding a lease; a new driver takes over; SIGCONT",
-    "kafka": "kill -9 of the Kafka broker, then restart",
-    "cassandra": "kill -9 of the Cassandra node, then restart",
+    "kafka": "kill -9 of the Kafka broker, the injector restarted meanwhile, then restart",
+    "cassandra": "kill -9 of the Cassandra node, the injector restarted meanwhile, then restart",
     "injector": "kill -9 of the injector, then restart from its checkpoint",
     "split": "kill -9 of the driver amid a split or merge of intervals (fenced, copied, retired)",
     "driver-transaction": "kill -9 of the driver while a task's productions are in an open "
@@ -862,7 +862,7 @@ class _Run:
         os.kill(pid, signal.SIGKILL)
         _wait_pid_gone(pid, 60)
         down, since = time.monotonic(), time.time()
-        went_on = ""
+        went_on = self._restart_injector()
         if self.replicated:
             # Two of three nodes left: the pipeline must go on committing meanwhile, on input
             # that keeps coming (it may have drained what it had while the node was stopped).
@@ -874,7 +874,7 @@ class _Run:
                 )
                 service.up()
                 return
-            went_on = "; batches committed meanwhile"
+            went_on += "; batches committed meanwhile"
         else:
             time.sleep(self.rng.uniform(1.0, 5.0))
         service.up()
@@ -886,6 +886,17 @@ class _Run:
             in_flight += f"; {survived} of {probe.acknowledged} acknowledged probe LWTs survived"
         outcome.applied = True
         outcome.detail = f"killed, back after {time.monotonic() - down:.0f} s{in_flight}{went_on}"
+
+    def _restart_injector(self) -> str:
+        """Kill the injector and start it again while a service is down, as a supervisor
+        restarts a process whose service restarts too: it must start once the service is
+        back (an exit would be unplanned, a failed check)."""
+        injector = self.injector
+        if injector.finished or injector.exited() is not None:
+            return ""
+        injector.kill_all()
+        injector.start()
+        return "; the injector restarted while it was down"
 
     def _outage_fault(self, fault: Fault, outcome: FaultOutcome) -> None:
         found = self._running_service(fault.kind.removesuffix("-outage"), outcome)

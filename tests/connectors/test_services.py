@@ -1,4 +1,5 @@
-"""A service not running as a run starts: an error that names it and says what to do."""
+"""A service not running as a run starts: waits, then an error, that name it and say what to
+do."""
 
 from __future__ import annotations
 
@@ -6,9 +7,10 @@ import socket
 
 import pytest
 
-from millstream.connectors.services import reaching, unreachable
+from millstream.connectors.services import reaching, start_through_outage, unreachable
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.errors import ServiceOutageError
+from tests.engine.test_outages import Clock
 
 pytestmark = pytest.mark.unit
 
@@ -64,3 +66,91 @@ def test_other_failures_and_outages_of_services_that_answer_go_through_as_they_a
             raise ValueError("a bug")
         with pytest.raises(TimeoutError, match="slow"), reaching(config):
             raise TimeoutError("slow")  # everything answers: not for this module to explain
+
+
+NO_HOST = "NoHostAvailable: ('Unable to connect to any servers', {})"
+
+
+def test_a_start_during_an_outage_waits_saying_what_to_do_and_starts_once_it_is_over(
+    listening: socket.socket, caplog: pytest.LogCaptureFixture
+) -> None:
+    cassandra = closed_port()
+    config = MillstreamConfig(
+        kafka_bootstrap=f"127.0.0.1:{listening.getsockname()[1]}", cassandra_port=cassandra
+    )
+    clock = Clock()
+    failures = [RuntimeError(NO_HOST), RuntimeError(NO_HOST)]
+
+    def start() -> str:
+        if failures:
+            raise failures.pop()
+        return "started"
+
+    caplog.set_level("WARNING", logger="millstream.engine.outages")
+    with listening:
+        started = start_through_outage(
+            config,
+            "injector 'a' starting",
+            start,
+            60.0,
+            sleep=clock.sleep,
+            monotonic=lambda: clock.now,
+        )
+    assert started == "started"
+    assert clock.slept == [0.5, 1.0]
+    waits = [m for m in caplog.messages if ": waiting for " in m]
+    assert len(waits) == 2
+    for wait in waits:
+        # From the first wait on: where the service was looked for, and what to do.
+        assert wait.startswith(
+            "injector 'a' starting: waiting for Cassandra (0 s so far): ServiceOutageError: "
+            f"Cassandra at 127.0.0.1:{cassandra} (connection refused) cannot be reached"
+        )
+        assert "`millstream up` starts it" in wait
+        assert "[cassandra] hosts" in wait
+
+
+def test_a_service_down_past_the_timeout_stops_the_start_naming_it(
+    listening: socket.socket,
+) -> None:
+    kafka = closed_port()
+    config = MillstreamConfig(
+        kafka_bootstrap=f"127.0.0.1:{kafka}", cassandra_port=listening.getsockname()[1]
+    )
+    clock = Clock()
+    attempts: list[float] = []
+
+    def start() -> None:
+        attempts.append(clock.now)
+        raise TimeoutError()  # what Kafka's admin client raises when nobody answers
+
+    with listening, pytest.raises(ServiceOutageError) as failed:
+        start_through_outage(
+            config,
+            "topology 't' starting",
+            start,
+            30.0,
+            sleep=clock.sleep,
+            monotonic=lambda: clock.now,
+        )
+    message = str(failed.value)
+    assert message.startswith("topology 't' starting: Kafka or Cassandra unreachable for 3")
+    assert f"Kafka at 127.0.0.1:{kafka} (connection refused) cannot be reached" in message
+    assert "`millstream up` starts it" in message
+    assert max(attempts) >= 30.0
+    assert max(clock.slept) == 5.0
+
+
+def test_a_start_that_fails_otherwise_is_not_waited_on() -> None:
+    port = closed_port()
+    config = MillstreamConfig(kafka_bootstrap=f"127.0.0.1:{port}", cassandra_port=port)
+    clock = Clock()
+
+    def start() -> None:
+        raise ValueError("a bug")
+
+    with pytest.raises(ValueError, match="a bug"):
+        start_through_outage(
+            config, "s", start, 60.0, sleep=clock.sleep, monotonic=lambda: clock.now
+        )
+    assert clock.slept == []

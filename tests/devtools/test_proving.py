@@ -18,6 +18,7 @@ from millstream.devtools.proving.checks import (
     STORE_WRITES_LOST,
     CheckResult,
     check_store_probes,
+    injector_outage_waits,
     open_transactions,
     plain_duplicates,
     read_plain,
@@ -234,6 +235,24 @@ def test_an_unplanned_exit_is_reported_by_the_line_naming_its_error() -> None:
     )
     assert Unplanned("driver", 1, log).error.startswith("confluent_kafka.error.KafkaException")
     assert Unplanned("driver", 1, "no error named\nlast line").error == "last line"
+
+
+@pytest.mark.unit
+def test_an_injectors_outage_waits_are_counted_apart_for_its_steps_and_its_starts(
+    tmp_path: Path,
+) -> None:
+    first, second = tmp_path / "injector-1.log", tmp_path / "injector-2.log"
+    first.write_text(
+        "2026-12-02 07:35:23,647 millstream.engine.outages: injector 'p_injector' process "
+        "'1a2b': waiting for Kafka (0 s so far): KafkaException: _TRANSPORT\n"
+        "2026-12-02 07:35:24,155 millstream.engine.outages: batch 3: waiting for Kafka\n"
+    )
+    second.write_text(
+        "2026-12-02 07:35:23,647 millstream.engine.outages: injector 'p_injector' starting: "
+        "waiting for Cassandra (0 s so far): ServiceOutageError: Cassandra at ...\n" * 2
+    )
+    assert injector_outage_waits([first, second]) == 1
+    assert injector_outage_waits([first, second, tmp_path / "none.log"], starting=True) == 2
 
 
 @pytest.mark.unit

@@ -37,6 +37,7 @@ from millstream.engine.topology import ComputationOptions, Topology
 from millstream.engine.watermarks import injector_source
 from millstream.injectors import (
     InjectorOptions,
+    InjectorProcess,
     LogFileSource,
     Poll,
     Position,
@@ -50,8 +51,10 @@ from millstream.spark.runner import (
     RunningTopology,
     run_topology,
 )
+from tests.forwarding import LateService
 from tests.injectors.logfile_app import parse
 from tests.spark.test_runner import read_topic
+from tests.waiting import wait_until
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -589,3 +592,68 @@ def test_an_injector_rides_out_a_frozen_kafka_broker(
         f"frozen at {frozen_at} records; {len(records) - total} repeats on the topic; "
         f"{elapsed:.0f} s"
     )
+
+
+def test_an_injector_started_while_cassandra_does_not_answer_starts_once_it_does(
+    services: MillstreamConfig,
+    cassandra_keyspace: Callable[[], str],
+    streams: StreamNames,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """As a supervisor restarts an injector while Cassandra restarts too: it waits, saying
+    where it looked for Cassandra, and starts once Cassandra answers."""
+    keyspace = cassandra_keyspace()
+    name = streams.new("late")
+    total = 50
+    caplog.set_level("WARNING", logger="millstream.engine.outages")
+    with LateService((services.cassandra_hosts[0], services.cassandra_port)) as cassandra:
+        config = replace(services, cassandra_port=cassandra.port)
+        source = Paced(name, total, per_poll=10, interval=0.01)
+        options = InjectorOptions(outage_timeout=120.0)
+        running: list[InjectorProcess] = []
+        stop = threading.Event()
+        failures: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                settings = run_settings(config, keyspace)
+                with connect_injector(config, name, source, options, settings) as injector:
+                    running.append(injector)
+                    injector.start()
+                    while not stop.is_set():
+                        injector.step()
+            except BaseException as exc:  # handed to the test thread, which raises it
+                failures.append(exc)
+                raise
+
+        def waits() -> list[str]:
+            return [m for m in caplog.messages if f"injector {name!r} starting: waiting" in m]
+
+        def not_failed() -> None:
+            assert not failures, f"the injector failed: {failures[0]!r}"
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        try:
+            wait_until(
+                "the injector to wait for Cassandra",
+                lambda: len(waits()) >= 2,
+                30.0,
+                meanwhile=not_failed,
+            )
+            assert not running, "the injector started without Cassandra"
+            cassandra.open()
+            wait_until(
+                lambda: f"the injector to send its records: {running}",
+                lambda: running and running[0].stats.emitted == total,
+                60.0,
+                meanwhile=not_failed,
+            )
+        finally:
+            stop.set()
+            thread.join(30)
+        not_failed()
+        assert cassandra.accepted > 0
+    assert f"Cassandra at 127.0.0.1:{cassandra.port} (connection refused)" in waits()[0]
+    values = sorted(int(r.value) for r in read_stream(services, name))
+    assert sorted(set(values)) == list(range(total))

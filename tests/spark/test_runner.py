@@ -58,6 +58,8 @@ from millstream.spark.runner import (
     Trigger,
     run_topology,
 )
+from tests.forwarding import LateService
+from tests.waiting import wait_until
 
 if TYPE_CHECKING:
     from cassandra.cluster import Session
@@ -1313,3 +1315,76 @@ def test_millstream_run_serves_prometheus_metrics_of_computations_and_injectors(
         with contextlib.suppress(ProcessLookupError):
             os.killpg(driver.pid, signal.SIGKILL)
         driver.wait(60)
+
+
+class Idle(Computation):
+    def process_record(self, ctx: Context, record: Record) -> None:
+        pass
+
+
+def test_a_topology_started_while_cassandra_does_not_answer_starts_once_it_does(
+    services: MillstreamConfig,
+    spark: SparkSession,
+    cassandra: Session,
+    cassandra_keyspace: Callable[[], str],
+    unique: Callable[[str], str],
+    caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
+) -> None:
+    """As a supervisor restarts a driver while Cassandra restarts too: its start waits,
+    saying where it looked for Cassandra, and provisions once Cassandra answers."""
+    name = unique("late")
+    topology = Topology(name, streams=[f"{name}-in"])
+    topology.add_computation("c", Idle(), inputs=[f"{name}-in"], outputs=[f"{name}-out"])
+    caplog.set_level("WARNING", logger="millstream.engine.outages")
+    try:
+        with LateService((services.cassandra_hosts[0], services.cassandra_port)) as late:
+            config = replace(services, cassandra_port=late.port)
+            settings = replace(
+                config.run, keyspace=cassandra_keyspace(), checkpoint_root=tmp_path / "c"
+            )
+            running = RunningTopology(
+                topology, config, settings, trigger=AvailableNow(), spark=spark
+            )
+            failures: list[BaseException] = []
+
+            def start() -> None:
+                try:
+                    running.start()
+                except BaseException as exc:  # handed to the test thread, which raises it
+                    failures.append(exc)
+                    raise
+
+            def waits() -> list[str]:
+                return [m for m in caplog.messages if f"{name!r} starting: waiting" in m]
+
+            def not_failed() -> None:
+                assert not failures, f"the start failed: {failures[0]!r}"
+
+            thread = threading.Thread(target=start, daemon=True)
+            thread.start()
+            try:
+                wait_until(
+                    "the start to wait for Cassandra",
+                    lambda: len(waits()) >= 2,
+                    30.0,
+                    meanwhile=not_failed,
+                )
+                assert thread.is_alive()
+                late.open()
+                thread.join(60)
+                assert not thread.is_alive(), "the start did not end once Cassandra answered"
+                not_failed()
+            finally:
+                running.stop()
+        assert f"Cassandra at 127.0.0.1:{late.port} (connection refused)" in waits()[0]
+        # Provisioned once Cassandra answered: its table and the streams' topics.
+        tables = cassandra.execute(
+            "SELECT table_name FROM system_schema.tables WHERE keyspace_name = %s",
+            [settings.keyspace],
+        )
+        assert settings.table in {row.table_name for row in tables}
+        topics = kafka_connector.admin_client(services).list_topics(timeout=10).topics
+        assert {f"{name}-in", f"{name}-out"} <= set(topics)
+    finally:
+        kafka_connector.delete_topics(services, sorted(topology.streams()))
