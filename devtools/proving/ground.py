@@ -292,7 +292,10 @@ class GroundReport:
 
     @property
     def passed(self) -> bool:
-        return self.checks.passed and all(o.applied for o in self.outcomes)
+        # An unplanned exit is a defect even when nothing was lost: a process gave up on
+        # what it should have waited out (its supervisor restarted it).
+        applied = all(o.applied for o in self.outcomes)
+        return self.checks.passed and applied and not self.unplanned
 
     def render(self) -> str:
         lines = [

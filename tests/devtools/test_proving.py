@@ -238,6 +238,17 @@ def test_an_unplanned_exit_is_reported_by_the_line_naming_its_error() -> None:
 
 
 @pytest.mark.unit
+def test_an_unplanned_exit_fails_a_run_that_lost_nothing(tmp_path: Path) -> None:
+    from millstream.devtools.proving.ground import Unplanned
+
+    report = GroundReport("r", 1, TIERS["ci"], tmp_path)
+    clean = report.passed
+    report.unplanned.append(Unplanned("injector", 1, "cassandra.cluster.NoHostAvailable: x"))
+    assert (clean, report.passed) == (True, False)
+    assert report.render().splitlines()[-1].startswith("FAILED")
+
+
+@pytest.mark.unit
 def test_an_injectors_outage_waits_are_counted_apart_for_its_steps_and_its_starts(
     tmp_path: Path,
 ) -> None:
