@@ -68,7 +68,8 @@ def reaching(config: MillstreamConfig) -> Iterator[None]:
             settings.append(setting_name("cassandra", "hosts", "port"))
         raise ServiceOutageError(
             f"{' and '.join(down)} cannot be reached. {_WHAT_TO_DO}; services elsewhere are "
-            f"set by {' and '.join(settings)}. (The error: {first_line(exc)})"
+            f"set by {' and '.join(settings)}. (The error: {first_line(exc)})",
+            down=tuple(down),
         ) from exc
 
 
@@ -83,15 +84,22 @@ def start_through_outage(
 ) -> _T:
     """``start`` (a process's provisioning and connecting), tried until it succeeds while its
     failures are outages, for up to ``timeout`` seconds: the outage timeout the process keeps
-    once it runs. Each wait is logged with what :func:`reaching` says about the failure (a
-    service that refuses connections: where it was looked for and what to do); past the
-    timeout, :class:`ServiceOutageError`. Any other failure is raised at once."""
-
-    def attempt() -> _T:
-        with reaching(config):
-            return start()
-
-    return Outage(what, timeout, sleep=sleep, monotonic=monotonic).retry(attempt)
+    once it runs. Each wait is logged, naming the services that do not answer and where they
+    were looked for (:func:`reaching`), the first one with what to do if they stopped; past
+    the timeout, :class:`ServiceOutageError`. Any other failure is raised at once."""
+    # The advice at the first wait: a process starting has no run of its own to go by.
+    outage = Outage(what, timeout, sleep=sleep, monotonic=monotonic, advise_after=0.0)
+    while True:
+        outage.attempting()
+        try:
+            with reaching(config):
+                return start()
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+            down = exc.down if isinstance(exc, ServiceOutageError) else ()
+            # A line the console shows whole: where, not the whole explanation.
+            outage.wait(exc, "; ".join(down) or None)
 
 
 def _address(server: str) -> tuple[str, int]:

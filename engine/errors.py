@@ -201,7 +201,14 @@ class WatermarkReportError(MillstreamError):
 class ServiceOutageError(MillstreamError):
     """Kafka or Cassandra stayed unreachable longer than the outage timeout
     (:mod:`millstream.engine.outages`), or did not answer as a run started
-    (:mod:`millstream.connectors.services`); the work that failed runs again on restart."""
+    (:mod:`millstream.connectors.services`); the work that failed runs again on restart.
+
+    ``down``: each service found not answering, as ``"Kafka at HOST:PORT (why)"``, when the
+    error was raised after looking (empty otherwise)."""
+
+    def __init__(self, message: str, *, down: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.down = down
 
 
 class CheckpointStorageError(MillstreamError):

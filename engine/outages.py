@@ -97,7 +97,11 @@ def is_outage(exc: BaseException) -> bool:
 
 def unreachable_service(exc: BaseException) -> str:
     """Which service an outage error speaks of: ``"Kafka"``, ``"Cassandra"``, or
-    ``"Kafka or Cassandra"`` when its text does not tell."""
+    ``"Kafka or Cassandra"`` when its text does not tell (``"Kafka and Cassandra"`` when
+    both were found not answering)."""
+    down = getattr(exc, "down", ())
+    if down:  # a ServiceOutageError raised after looking (millstream.connectors.services)
+        return " and ".join(service.partition(" at ")[0] for service in down)
     text = f"{' '.join(cls.__name__ for cls in type(exc).__mro__)} {exc}"
     kafka = any(marker in text for marker in _KAFKA_MARKERS)
     cassandra = any(marker in text for marker in _CASSANDRA_MARKERS)

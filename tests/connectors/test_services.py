@@ -10,6 +10,7 @@ import pytest
 from millstream.connectors.services import reaching, start_through_outage, unreachable
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.errors import ServiceOutageError
+from millstream.engine.outages import unreachable_service
 from tests.engine.test_outages import Clock
 
 pytestmark = pytest.mark.unit
@@ -52,8 +53,13 @@ def test_both_services_down_are_both_named() -> None:
     port = closed_port()
     config = MillstreamConfig(kafka_bootstrap=f"localhost:{port}", cassandra_port=port)
     both = r"^Kafka at .* and Cassandra at 127\.0\.0\.1"
-    with pytest.raises(ServiceOutageError, match=both), reaching(config):
+    with pytest.raises(ServiceOutageError, match=both) as failed, reaching(config):
         raise RuntimeError("NoHostAvailable: ('Unable to connect to any servers', {})")
+    assert failed.value.down == (
+        f"Kafka at localhost:{port} (connection refused)",
+        f"Cassandra at 127.0.0.1:{port} (connection refused)",
+    )
+    assert unreachable_service(failed.value) == "Kafka and Cassandra"
 
 
 def test_other_failures_and_outages_of_services_that_answer_go_through_as_they_are(
@@ -98,16 +104,14 @@ def test_a_start_during_an_outage_waits_saying_what_to_do_and_starts_once_it_is_
         )
     assert started == "started"
     assert clock.slept == [0.5, 1.0]
-    waits = [m for m in caplog.messages if ": waiting for " in m]
-    assert len(waits) == 2
-    for wait in waits:
-        # From the first wait on: where the service was looked for, and what to do.
-        assert wait.startswith(
-            "injector 'a' starting: waiting for Cassandra (0 s so far): ServiceOutageError: "
-            f"Cassandra at 127.0.0.1:{cassandra} (connection refused) cannot be reached"
-        )
-        assert "`millstream up` starts it" in wait
-        assert "[cassandra] hosts" in wait
+    first, second = (m for m in caplog.messages if ": waiting for " in m)
+    # Where the service was looked for, and at the first wait what to do.
+    where = f"Cassandra at 127.0.0.1:{cassandra} (connection refused)"
+    assert first == (
+        "injector 'a' starting: waiting for Cassandra (0 s so far; if it stopped, `millstream "
+        f"status` shows the local stack, `millstream up` starts it): {where}"
+    )
+    assert second == f"injector 'a' starting: waiting for Cassandra (0 s so far): {where}"
 
 
 def test_a_service_down_past_the_timeout_stops_the_start_naming_it(
@@ -134,9 +138,11 @@ def test_a_service_down_past_the_timeout_stops_the_start_naming_it(
             monotonic=lambda: clock.now,
         )
     message = str(failed.value)
-    assert message.startswith("topology 't' starting: Kafka or Cassandra unreachable for 3")
-    assert f"Kafka at 127.0.0.1:{kafka} (connection refused) cannot be reached" in message
+    assert message.startswith("topology 't' starting: Kafka unreachable for 3")
+    assert f"last error: Kafka at 127.0.0.1:{kafka} (connection refused). Bring Kafka" in message
     assert "`millstream up` starts it" in message
+    # What reaching() said, with the settings that point elsewhere, is its cause.
+    assert "[kafka] bootstrap" in str(failed.value.__cause__)
     assert max(attempts) >= 30.0
     assert max(clock.slept) == 5.0
 
