@@ -22,17 +22,18 @@ class LateService:
 
     def __init__(self, target: tuple[str, int]) -> None:
         self.target = target
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port: int = probe.getsockname()[1]
-        self._server: socket.socket | None = None
+        # Bound, not listening: the port is the test's alone and refuses connections.
+        self._server: socket.socket | None = socket.socket()
+        self._server.bind(("127.0.0.1", 0))
+        self.port: int = self._server.getsockname()[1]
         self._sockets: list[socket.socket] = []
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self.accepted = 0
 
     def open(self) -> None:
-        self._server = socket.create_server(("127.0.0.1", self.port))
+        assert self._server is not None, "closed"
+        self._server.listen()
         self._spawn(self._accept, self._server)
 
     def close(self) -> None:
