@@ -553,6 +553,8 @@ def test_the_ci_tier_loses_and_duplicates_nothing_under_a_fault_of_every_kind(
     if not EXTERNAL:
         assert provoked.unknown_outcomes >= 1, text
         assert provoked.outage_waits >= 1, text
+        # The injector restarted while a service was down waited for it as it started.
+        assert provoked.injector_start_waits >= 1, text
         # The kill of Cassandra came moments after LWTs it had acknowledged (none lost).
         assert report.checks.figures["LWTs acknowledged just before a Cassandra kill"] >= 1, text
     assert not report.unplanned, text
