@@ -3,15 +3,18 @@
 One loop for every test that polls: a condition asked again until it holds or a timeout
 passes, and a failure that says what was awaited. A condition that raises fails the test at
 once, unless the test names the exceptions that mean "not yet" (a node that is restarting).
+And one way to run a blocking call (an injector's loop, a topology's start) beside the test:
+:class:`InBackground`, whose failure the test thread raises.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
-__all__ = ["wait_until"]
+__all__ = ["InBackground", "wait_until"]
 
 _T = TypeVar("_T")
 
@@ -49,3 +52,32 @@ def wait_until(
             reason = f" (last: {last!r})" if last is not None else ""
             raise AssertionError(f"not within {timeout:g} s: {described}{reason}")
         time.sleep(every)
+
+
+class InBackground:
+    """``target()`` on a daemon thread of its own, started at once. What it raises is kept
+    for the test thread, where :meth:`check` raises it (``what`` names the call), and is
+    raised in the thread too, which pytest reports."""
+
+    def __init__(self, what: str, target: Callable[[], object]) -> None:
+        self.what = what
+        self.failures: list[BaseException] = []
+        self.thread = threading.Thread(target=self._run, args=(target,), daemon=True)
+        self.thread.start()
+
+    def _run(self, target: Callable[[], object]) -> None:
+        try:
+            target()
+        except BaseException as exc:
+            self.failures.append(exc)
+            raise
+
+    def check(self) -> None:
+        """Fail the test if the call failed."""
+        assert not self.failures, f"{self.what} failed: {self.failures[0]!r}"
+
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
+    def join(self, timeout: float) -> None:
+        self.thread.join(timeout)

@@ -54,7 +54,7 @@ from millstream.spark.runner import (
 from tests.forwarding import LateService
 from tests.injectors.logfile_app import parse
 from tests.spark.test_runner import read_topic
-from tests.waiting import wait_until
+from tests.waiting import InBackground, wait_until
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -406,17 +406,7 @@ def test_bad_lines_rotation_and_truncation_mid_run_lose_and_repeat_no_good_line(
     settings = run_settings(services, keyspace)
     started = time.monotonic()
     with connect_injector(services, name, source, options, settings) as injector:
-        failures: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                injector.run()
-            except BaseException as exc:  # handed to the test thread, which raises it
-                failures.append(exc)
-                raise
-
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
+        running = InBackground("the injector", injector.run)
         try:
 
             def wait_for(records: int, dead_letters: int) -> None:
@@ -425,7 +415,7 @@ def test_bad_lines_rotation_and_truncation_mid_run_lose_and_repeat_no_good_line(
                     message_count(services, name) < records
                     or message_count(services, f"{name}.dead-letters") < dead_letters
                 ):
-                    assert not failures, f"the injector failed: {failures[0]!r}"
+                    running.check()
                     assert time.monotonic() < deadline, f"stuck: {injector.stats}"
                     time.sleep(0.2)
 
@@ -447,11 +437,11 @@ def test_bad_lines_rotation_and_truncation_mid_run_lose_and_repeat_no_good_line(
             writer.every_kind_of_bad_line(log)
             writer.good_lines(log, 50)
             wait_for(len(writer.good), len(writer.bad))
-            assert thread.is_alive(), "the injector stopped"
+            assert running.alive(), "the injector stopped"
         finally:
             injector.stop()
-            thread.join(30)
-        assert not failures
+            running.join(30)
+        running.check()
         stats = injector.stats
     elapsed = time.monotonic() - started
 
@@ -545,39 +535,30 @@ def test_an_injector_rides_out_a_frozen_kafka_broker(
     settings = run_settings(services, cassandra_keyspace())
     started = time.monotonic()
     with connect_injector(services, name, source, options, settings) as injector:
-        failures: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                injector.run()
-            except BaseException as exc:  # handed to the test thread, which raises it
-                failures.append(exc)
-                raise
-
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
+        running = InBackground("the injector", injector.run)
         try:
             while injector.stats.emitted < 200:
-                assert not failures, f"the injector failed: {failures[0]!r}"
+                running.check()
                 assert time.monotonic() - started < 30, f"stuck: {injector.stats}"
                 time.sleep(0.1)
             os.kill(broker, signal.SIGSTOP)
             try:
                 # Longer than the Kafka clients' own 30 s timeouts: the injector must wait.
                 time.sleep(32)
-                assert thread.is_alive(), f"the injector stopped: {failures!r}"
+                running.check()
+                assert running.alive(), "the injector stopped"
             finally:
                 os.kill(broker, signal.SIGCONT)
             frozen_at = injector.stats.emitted
             while injector.stats.emitted < total:
-                assert not failures, f"the injector failed: {failures[0]!r}"
+                running.check()
                 assert time.monotonic() - started < 58, f"stuck: {injector.stats}"
                 time.sleep(0.1)
-            assert thread.is_alive(), "the injector stopped"
+            assert running.alive(), "the injector stopped"
         finally:
             injector.stop()
-            thread.join(30)
-        assert not failures
+            running.join(30)
+        running.check()
         stats = injector.stats
     elapsed = time.monotonic() - started
 
@@ -610,49 +591,40 @@ def test_an_injector_started_while_cassandra_does_not_answer_starts_once_it_does
         config = replace(services, cassandra_port=cassandra.port)
         source = Paced(name, total, per_poll=10, interval=0.01)
         options = InjectorOptions(outage_timeout=120.0)
-        running: list[InjectorProcess] = []
+        started: list[InjectorProcess] = []
         stop = threading.Event()
-        failures: list[BaseException] = []
 
         def run() -> None:
-            try:
-                settings = run_settings(config, keyspace)
-                with connect_injector(config, name, source, options, settings) as injector:
-                    running.append(injector)
-                    injector.start()
-                    while not stop.is_set():
-                        injector.step()
-            except BaseException as exc:  # handed to the test thread, which raises it
-                failures.append(exc)
-                raise
+            settings = run_settings(config, keyspace)
+            with connect_injector(config, name, source, options, settings) as injector:
+                started.append(injector)
+                injector.start()
+                while not stop.is_set():
+                    injector.step()
 
         def waits() -> list[str]:
             return [m for m in caplog.messages if f"injector {name!r} starting: waiting" in m]
 
-        def not_failed() -> None:
-            assert not failures, f"the injector failed: {failures[0]!r}"
-
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
+        running = InBackground("the injector", run)
         try:
             wait_until(
                 "the injector to wait for Cassandra",
                 lambda: len(waits()) >= 2,
                 30.0,
-                meanwhile=not_failed,
+                meanwhile=running.check,
             )
-            assert not running, "the injector started without Cassandra"
+            assert not started, "the injector started without Cassandra"
             cassandra.open()
             wait_until(
-                lambda: f"the injector to send its records: {running}",
-                lambda: running and running[0].stats.emitted == total,
+                lambda: f"the injector to send its records: {started}",
+                lambda: started and started[0].stats.emitted == total,
                 60.0,
-                meanwhile=not_failed,
+                meanwhile=running.check,
             )
         finally:
             stop.set()
-            thread.join(30)
-        not_failed()
+            running.join(30)
+        running.check()
         assert cassandra.accepted > 0
     assert f"Cassandra at 127.0.0.1:{cassandra.port} (connection refused)" in waits()[0]
     values = sorted(int(r.value) for r in read_stream(services, name))

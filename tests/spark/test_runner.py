@@ -17,7 +17,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -59,7 +58,7 @@ from millstream.spark.runner import (
     run_topology,
 )
 from tests.forwarding import LateService
-from tests.waiting import wait_until
+from tests.waiting import InBackground, wait_until
 
 if TYPE_CHECKING:
     from cassandra.cluster import Session
@@ -523,21 +522,14 @@ def test_a_task_whose_interval_was_taken_commits_nothing(
     produce(services, pipeline.searches, [encode_record(events(1)[0])])
     running = start(pipeline, services, spark, topology=topology)
     try:
-        failures: list[BaseException] = []
-
-        def process() -> None:
-            try:
-                running.process_available(timeout=240)
-            except BaseException as exc:
-                failures.append(exc)
-
-        worker = threading.Thread(target=process)
-        worker.start()
+        worker = InBackground("the batch", lambda: running.process_available(timeout=240))
         try:
             deadline = time.monotonic() + 120
             while not (tmp_path / "entered").exists():
                 assert time.monotonic() < deadline, "the task never reached user code"
-                assert worker.is_alive(), failures
+                running_batch = worker.alive()
+                worker.check()
+                assert running_batch, "the batch ended before its task reached user code"
                 time.sleep(0.1)
             # The task holds sequencer 1 and runs user code; a newer owner takes the interval.
             store = CassandraIntervalStore(cassandra, pipeline.keyspace, SystemClock())
@@ -545,8 +537,8 @@ def test_a_task_whose_interval_was_taken_commits_nothing(
         finally:
             (tmp_path / "gate").touch()
             worker.join(240)
-        assert not worker.is_alive()
-        assert not failures, failures
+        assert not worker.alive()
+        worker.check()
 
         (batch,) = running.batches(name)
         assert len(batch.failed_attempts) == 1
@@ -1346,35 +1338,23 @@ def test_a_topology_started_while_cassandra_does_not_answer_starts_once_it_does(
             running = RunningTopology(
                 topology, config, settings, trigger=AvailableNow(), spark=spark
             )
-            failures: list[BaseException] = []
-
-            def start() -> None:
-                try:
-                    running.start()
-                except BaseException as exc:  # handed to the test thread, which raises it
-                    failures.append(exc)
-                    raise
 
             def waits() -> list[str]:
                 return [m for m in caplog.messages if f"{name!r} starting: waiting" in m]
 
-            def not_failed() -> None:
-                assert not failures, f"the start failed: {failures[0]!r}"
-
-            thread = threading.Thread(target=start, daemon=True)
-            thread.start()
+            starting = InBackground("the start", running.start)
             try:
                 wait_until(
                     "the start to wait for Cassandra",
                     lambda: len(waits()) >= 2,
                     30.0,
-                    meanwhile=not_failed,
+                    meanwhile=starting.check,
                 )
-                assert thread.is_alive()
+                assert starting.alive()
                 late.open()
-                thread.join(60)
-                assert not thread.is_alive(), "the start did not end once Cassandra answered"
-                not_failed()
+                starting.join(60)
+                assert not starting.alive(), "the start did not end once Cassandra answered"
+                starting.check()
             finally:
                 running.stop()
         assert f"Cassandra at 127.0.0.1:{late.port} (connection refused)" in waits()[0]
