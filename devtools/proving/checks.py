@@ -94,8 +94,6 @@ FENCED_WRITE = re.compile(r"^millstream\.engine\.errors\.FencedError: ")
 _UNKNOWN = re.compile(r"computation '[^']*' interval \d+: .*; reading it back$")
 # An outage wait (millstream.engine.outages), whichever service it names.
 _WAITING = re.compile(r": waiting for (Kafka|Cassandra)")
-# Those of a driver's start (RunningTopology.start's: "topology '<name>' starting").
-_DRIVER_STARTING = re.compile(r"topology '[^']*' starting: waiting for (Kafka|Cassandra)")
 # The injector's outage waits (its Outage names it "injector '<name>' process '<id>'"), and
 # those of its start (connect_injector's: "injector '<name>' starting").
 _INJECTOR_WAITING = re.compile(r"injector '[^']*' process '[^']*': waiting for (Kafka|Cassandra)")
@@ -168,7 +166,6 @@ class NonVacuity:
     queries_taken_back: int = 0
     poison_pills_isolated: int = 0
     outage_waits: int = 0
-    driver_start_waits: int = 0
     injector_outage_waits: int = 0
     injector_start_waits: int = 0
     interval_changes: int = 0
@@ -191,7 +188,6 @@ class NonVacuity:
             ("unknown LWT outcomes resolved", self.unknown_outcomes),
             ("batch attempts failed and retried", self.failed_attempts),
             ("batch attempts that waited out an outage", self.outage_waits),
-            ("driver starts that waited out an outage", self.driver_start_waits),
             ("injector steps that waited out an outage", self.injector_outage_waits),
             ("injector starts that waited out an outage", self.injector_start_waits),
             ("key intervals split or merged", self.interval_changes),
@@ -677,9 +673,7 @@ def _non_vacuity(
         except FileNotFoundError:
             continue
         counts.failed_attempts += sum("failed, retrying" in line for line in lines)
-        starting = sum(_DRIVER_STARTING.search(line) is not None for line in lines)
-        counts.driver_start_waits += starting
-        counts.outage_waits += sum(_WAITING.search(line) is not None for line in lines) - starting
+        counts.outage_waits += sum(_WAITING.search(line) is not None for line in lines)
         logged_unknown += sum(_UNKNOWN.search(line) is not None for line in lines)
         counts.interval_changes += sum(_CHANGED.search(line) is not None for line in lines)
         counts.changes_finished_after_a_kill += sum(

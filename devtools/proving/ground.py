@@ -112,8 +112,8 @@ FAULTS: Final = {
     "driver-report": "kill -9 of the driver before it publishes a watermark report",
     "worker": "kill -9 of a Spark Python worker holding an interval's lease",
     "zombie": "SIGSTOP of the driver holding a lease; a new driver takes over; SIGCONT",
-    "kafka": "kill -9 of the Kafka broker, injector and driver restarted meanwhile, then restart",
-    "cassandra": "kill -9 of the Cassandra node, injector and driver restarted meanwhile, restart",
+    "kafka": "kill -9 of the Kafka broker, the injector restarted meanwhile, then restart",
+    "cassandra": "kill -9 of the Cassandra node, the injector restarted meanwhile, then restart",
     "injector": "kill -9 of the injector, then restart from its checkpoint",
     "split": "kill -9 of the driver amid a split or merge of intervals (fenced, copied, retired)",
     "driver-transaction": "kill -9 of the driver while a task's productions are in an open "
@@ -865,11 +865,7 @@ class _Run:
         os.kill(pid, signal.SIGKILL)
         _wait_pid_gone(pid, 60)
         down, since = time.monotonic(), time.time()
-        # Restarted while the service is down, as a supervisor restarts a process whose
-        # service restarts too: each must start once it is back (an exit is unplanned). The
-        # driver only on a single node: on three, the pipeline must commit meanwhile.
-        roles = [self.injector] if self.replicated else [self.injector, self.driver]
-        went_on = "".join(self._restart(role) for role in roles)
+        went_on = self._restart_injector()
         if self.replicated:
             # Two of three nodes left: the pipeline must go on committing meanwhile, on input
             # that keeps coming (it may have drained what it had while the node was stopped).
@@ -894,14 +890,16 @@ class _Run:
         outcome.applied = True
         outcome.detail = f"killed, back after {time.monotonic() - down:.0f} s{in_flight}{went_on}"
 
-    @staticmethod
-    def _restart(role: _Role) -> str:
-        """Kill ``role`` and start it again, if it is running; say so."""
-        if role.finished or role.exited() is not None:
+    def _restart_injector(self) -> str:
+        """Kill the injector and start it again while a service is down, as a supervisor
+        restarts a process whose service restarts too: it must start once the service is
+        back (an exit would be unplanned, a failed check)."""
+        injector = self.injector
+        if injector.finished or injector.exited() is not None:
             return ""
-        role.kill_all()
-        role.start()
-        return f"; the {role.role} restarted while it was down"
+        injector.kill_all()
+        injector.start()
+        return "; the injector restarted while it was down"
 
     def _outage_fault(self, fault: Fault, outcome: FaultOutcome) -> None:
         found = self._running_service(fault.kind.removesuffix("-outage"), outcome)
