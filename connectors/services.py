@@ -87,19 +87,14 @@ def start_through_outage(
     once it runs. Each wait is logged, naming the services that do not answer and where they
     were looked for (:func:`reaching`), the first one with what to do if they stopped; past
     the timeout, :class:`ServiceOutageError`. Any other failure is raised at once."""
+
+    def attempt() -> _T:
+        with reaching(config):
+            return start()
+
     # The advice at the first wait: a process starting has no run of its own to go by.
     outage = Outage(what, timeout, sleep=sleep, monotonic=monotonic, advise_after=0.0)
-    while True:
-        outage.attempting()
-        try:
-            with reaching(config):
-                return start()
-        except Exception as exc:
-            if not is_outage(exc):
-                raise
-            down = exc.down if isinstance(exc, ServiceOutageError) else ()
-            # A line the console shows whole: where, not the whole explanation.
-            outage.wait(exc, "; ".join(down) or None)
+    return outage.retry(attempt)
 
 
 def _address(server: str) -> tuple[str, int]:

@@ -157,9 +157,12 @@ class Outage:
     def wait(self, exc: BaseException, description: str | None = None) -> None:
         """Sleep before the next try; raise :class:`ServiceOutageError` once past the timeout.
 
-        ``description`` tells the error in the log and the message (default: its first line).
+        ``description`` tells the error in the log and the message (default: the services
+        a :class:`ServiceOutageError` found not answering, else its first line).
         """
-        told = description or first_line(exc)
+        # An error raised after looking (ServiceOutageError.down) is told by where: the
+        # services found not answering, in a line the console shows whole.
+        told = description or "; ".join(getattr(exc, "down", ())) or first_line(exc)
         service = unreachable_service(exc)
         now = self._monotonic()
         if self._since is None:
