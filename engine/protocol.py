@@ -54,18 +54,17 @@ come again and, being duplicates of whatever was committed, are harmless.
 from __future__ import annotations
 
 import bisect
+import enum
 import itertools
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence, Set
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
-from functools import partial
 from typing import Any, Final, TypeVar
 
 from millstream.engine.cache import StateCache
 from millstream.engine.clock import Clock
-from millstream.engine.computation import Computation
 from millstream.engine.context import Context
 from millstream.engine.deadletters import DeadLetter, Origin
 from millstream.engine.dedup import IdFilter, first_occurrences, unseen
@@ -96,6 +95,7 @@ from millstream.engine.records import (
     check_record_size,
     encode_record,
     production_record_id,
+    unchecked_record,
 )
 from millstream.engine.sequencer import Lease
 from millstream.engine.state import UNCHANGED, KeyChanges, effective_timers
@@ -203,6 +203,15 @@ class Rejected:
 
 
 _Input = TypeVar("_Input", Delivery, Rejected)
+_Cause = TypeVar("_Cause", Record, Deletion, Timer)  # what a call runs for
+
+
+class _NoChange(enum.Enum):
+    NO_CHANGE = "no change"
+
+
+# A tag the batch had not changed before a call changed it (undone by dropping it).
+_NO_CHANGE: Final = _NoChange.NO_CHANGE
 
 
 @dataclass
@@ -940,20 +949,37 @@ class _KeyRun:
 
     def _record(self, delivery: Delivery) -> None:
         record = delivery.record
-
-        def origin() -> Origin:  # only a dead letter needs it: not made for every record
-            return replace(delivery.origin, record_id=record.record_id, key=self.key)
-
         if self.spec.options.exactly_once:
             self.changes.dedup_ids.append(record.record_id)
         self.result.processed += 1
         try:
             check_event_time(record.timestamp)
         except AbsurdTimestampError as exc:
-            self._dead_letter(origin(), exc, _raw(record), record.record_id, self.watermark)
+            self._dead_letter(
+                _record_origin(delivery, self.key),
+                exc,
+                _raw(record),
+                record.record_id,
+                self.watermark,
+            )
             return
+        computation = self.spec.computation
         if isinstance(record, Deletion):
-            self._deletion(record, origin)
+            # Late or not, a deletion runs: it has no envelope for the late stream, and
+            # dropping it would keep what its producer deleted.
+            if record.timestamp < self.watermark:
+                self.result.late += 1
+            failure = self._call(
+                record.record_id, computation.process_deletion, record, record.timestamp
+            )
+            if failure is not None:
+                self._dead_letter(
+                    _record_origin(delivery, self.key),
+                    failure,
+                    b"",
+                    record.record_id,
+                    record.timestamp,
+                )
             return
         if record.timestamp < self.watermark:
             self.result.late += 1
@@ -963,30 +989,15 @@ class _KeyRun:
                 self.changes.productions.append(Production(late_stream, record))
                 if not self.spec.options.process_late:
                     return
-        computation = self.spec.computation
-        self._call(
-            record.record_id,
-            lambda ctx: computation.process_record(ctx, record),
-            origin,
-            lambda: encode_record(record),
-            record.timestamp,
-            self.watermark,
-        )
-
-    def _deletion(self, deletion: Deletion, origin: Callable[[], Origin]) -> None:
-        # Late or not, a deletion runs: it has no envelope for the late stream, and dropping
-        # it would keep what its producer deleted.
-        if deletion.timestamp < self.watermark:
-            self.result.late += 1
-        computation = self.spec.computation
-        self._call(
-            deletion.record_id,
-            lambda ctx: computation.process_deletion(ctx, deletion),
-            origin,
-            lambda: b"",
-            deletion.timestamp,
-            self.watermark,
-        )
+        failure = self._call(record.record_id, computation.process_record, record, record.timestamp)
+        if failure is not None:
+            self._dead_letter(
+                _record_origin(delivery, self.key),
+                failure,
+                encode_record(record),
+                record.record_id,
+                record.timestamp,
+            )
 
     def _fire_timers(self) -> None:
         computation = self.spec.computation
@@ -1004,41 +1015,46 @@ class _KeyRun:
                 self.changes.state = None
                 self.result.expired += 1
                 continue
-            self._call(
+            failure = self._call(
                 timer.identity,
-                _timer_hook(computation, timer),
-                partial(Origin, key=self.key, timer_tag=timer.tag, timer_timestamp=timer.timestamp),
-                lambda: b"",
+                computation.process_timer,
+                timer,
                 timer.timestamp,
                 self.timer_watermark,
             )
+            if failure is not None:
+                origin = Origin(key=self.key, timer_tag=timer.tag, timer_timestamp=timer.timestamp)
+                self._dead_letter(origin, failure, b"", timer.identity, timer.timestamp)
             self.result.fired_timers.append(timer)
 
     def _call(
         self,
         cause_id: bytes,
-        hook: Callable[[Context], None],
-        origin: Callable[[], Origin],
-        raw: Callable[[], bytes],
+        hook: Callable[[Context, _Cause], None],
+        cause: _Cause,
         timestamp: int,
-        watermark: int,
-    ) -> None:
-        context = _CallContext(self, cause_id, watermark)
+        watermark: int | None = None,
+    ) -> Exception | None:
+        """Run ``hook(context, cause)`` into the key's changes; if it raises, undo what it
+        changed and return the exception (the caller dead-letters the cause), so that one bad
+        record cannot stop the interval."""
+        context = _CallContext(self, cause_id, self.watermark if watermark is None else watermark)
         try:
-            hook(context)
+            hook(context, cause)
         except Exception as exc:
-            # User code failed: its changes are dropped and the input is kept as a dead letter,
-            # so one bad record cannot stop the interval.
-            self._dead_letter(origin(), exc, raw(), cause_id, timestamp)
-            return
-        call_changes = context.changes
+            context.undo()
+            return exc
         if not self.spec.options.strong_productions:
-            self.weak_outbox.extend((self.changes, p) for p in call_changes.productions)
-            call_changes.productions = []
-        self.changes.merge(call_changes)
+            made = self.changes.productions[context.productions_before :]
+            if made:
+                del self.changes.productions[context.productions_before :]
+                self.weak_outbox.extend((self.changes, p) for p in made)
         ttl = self.spec.options.state_ttl
-        if ttl is not None and call_changes.state is not UNCHANGED:
-            self._renew_ttl(call_changes.state, timestamp + ttl)
+        if ttl is not None and context.state_set:
+            state = self.changes.state
+            assert state is not UNCHANGED  # the call set or cleared it
+            self._renew_ttl(state, timestamp + ttl)
+        return None
 
     def _renew_ttl(self, state: bytes | None, expires: int) -> None:
         """Move the state's expiry to ``expires`` (never earlier: a late record's update does
@@ -1064,14 +1080,32 @@ class _KeyRun:
 
 
 class _CallContext(Context):
-    """The context of one call: reads see committed state under the key's pending changes."""
+    """The context of one call. It writes into the key's changes of the batch (reads see them
+    over the committed state), remembering what it replaced, so that a call that fails is
+    undone (:meth:`undo`) without every call making a change set of its own to merge."""
 
     def __init__(self, run: _KeyRun, cause_id: bytes, watermark: int) -> None:
         self._run = run
+        self._changes = changes = run.changes
         self._cause_id = cause_id
         self._watermark = watermark
         self._next_index = 0
-        self.changes = KeyChanges(run.key)
+        self.productions_before = len(changes.productions)
+        self._state_before = changes.state
+        self.state_set = False
+        # The key's timers as they were before this call, for each tag it set or deleted
+        # (_NO_CHANGE: the batch had not changed that tag).
+        self._timers_before: dict[str, Timer | _NoChange | None] | None = None
+
+    def undo(self) -> None:
+        changes = self._changes
+        changes.state = self._state_before
+        del changes.productions[self.productions_before :]
+        for tag, timer in (self._timers_before or {}).items():
+            if timer is _NO_CHANGE:
+                changes.timers.pop(tag, None)
+            else:
+                changes.timers[tag] = timer
 
     @property
     def key(self) -> str:
@@ -1086,10 +1120,8 @@ class _CallContext(Context):
         return self._run.worker._clock
 
     def get_state(self) -> bytes | None:
-        for layer in (self.changes, self._run.changes):
-            if layer.state is not UNCHANGED:
-                return layer.state
-        return self._run.committed_state
+        state = self._changes.state
+        return self._run.committed_state if state is UNCHANGED else state
 
     def set_state(self, value: bytes) -> None:
         if not isinstance(value, bytes):
@@ -1097,26 +1129,36 @@ class _CallContext(Context):
                 f"state must be bytes, got {type(value).__name__}; use ctx.state(codec) "
                 "for typed state"
             )
-        self.changes.state = value
+        self._changes.state = value
+        self.state_set = True
 
     def clear_state(self) -> None:
-        self.changes.state = None
+        self._changes.state = None
+        self.state_set = True
 
     def timer(self, tag: str) -> Timer | None:
-        for layer in (self.changes.timers, self._run.changes.timers):
-            if tag in layer:
-                return layer[tag]
+        timers = self._changes.timers
+        if tag in timers:
+            return timers[tag]
         return self._run.committed_timers.get(tag)
 
     def set_timer(
         self, tag: str, timestamp: int, domain: TimeDomain = TimeDomain.EVENT_TIME
     ) -> None:
         _check_tag(tag)
-        self.changes.timers[tag] = Timer(self.key, tag, timestamp, domain, self._cause_id)
+        self._set_timer(tag, Timer(self.key, tag, timestamp, domain, self._cause_id))
 
     def delete_timer(self, tag: str) -> None:
         _check_tag(tag)
-        self.changes.timers[tag] = None
+        self._set_timer(tag, None)
+
+    def _set_timer(self, tag: str, timer: Timer | None) -> None:
+        timers = self._changes.timers
+        if self._timers_before is None:
+            self._timers_before = {}
+        if tag not in self._timers_before:
+            self._timers_before[tag] = timers.get(tag, _NO_CHANGE)
+        timers[tag] = timer
 
     def produce(self, stream: str, value: bytes, timestamp: int, key: str | None = None) -> Record:
         spec = self._run.spec
@@ -1126,16 +1168,16 @@ class _CallContext(Context):
                 f"declared outputs {list(spec.outputs)}; declare it in the topology"
             )
         check_event_time(timestamp)
-        record = Record(
-            key=self.key if key is None else key,
-            value=value,
-            timestamp=timestamp,
-            record_id=production_record_id(spec.name, self._cause_id, self._next_index),
-        )
+        key = self._run.key if key is None else key
+        record_id = production_record_id(spec.name, self._cause_id, self._next_index)
+        if type(key) is str and type(value) is bytes and type(timestamp) is int:
+            record = unchecked_record(key, value, timestamp, record_id)
+        else:  # Record's checks say what is wrong (or take a subclass)
+            record = Record(key, value, timestamp, record_id)
         encoded = encode_record(record)
         check_record_size(encoded)
         self._next_index += 1
-        self.changes.productions.append(Production(stream, record, encoded, self._run.tag))
+        self._changes.productions.append(Production(stream, record, encoded, self._run.tag))
         return record
 
 
@@ -1165,8 +1207,9 @@ def _plausible(timestamp: int) -> int:
     return min(max(timestamp, MIN_EVENT_TIME), MAX_EVENT_TIME)
 
 
-def _timer_hook(computation: Computation, timer: Timer) -> Callable[[Context], None]:
-    return lambda ctx: computation.process_timer(ctx, timer)
+def _record_origin(delivery: Delivery, key: str) -> Origin:
+    """Where a record that became a dead letter came from (made only for dead letters)."""
+    return replace(delivery.origin, record_id=delivery.record.record_id, key=key)
 
 
 def _by_key(items: Iterable[_Input], key: Callable[[_Input], str]) -> dict[str, list[_Input]]:

@@ -36,7 +36,7 @@ from millstream.engine.records import (
     deletion_record_id,
     encode_record,
 )
-from millstream.engine.topology import ComputationSpec
+from millstream.engine.topology import ComputationSpec, KeyExtractor
 
 __all__ = [
     "decode_delivery",
@@ -50,10 +50,14 @@ __all__ = [
 ]
 
 
-def key_of(spec: ComputationSpec, stream: str, record: Record) -> str:
+def key_of(
+    spec: ComputationSpec, stream: str, record: Record, extractor: KeyExtractor | None = None
+) -> str:
     """The consumer's key of a record of ``stream``; raises what the extractor raised, or
-    ``TypeError`` if it returned no ``str``."""
-    key = spec.key_extractor(stream)(record)
+    ``TypeError`` if it returned no ``str``. ``extractor``: the stream's, when the caller
+    holds it (``spec.key_extractor(stream)``, looked up otherwise: a router keys every
+    message)."""
+    key = (extractor or spec.key_extractor(stream))(record)
     if not isinstance(key, str):
         raise TypeError(
             f"the key extractor of {spec.name!r} for stream {stream!r} returned "
@@ -63,7 +67,7 @@ def key_of(spec: ComputationSpec, stream: str, record: Record) -> str:
 
 
 def decode_delivery(
-    spec: ComputationSpec, stream: str, raw: bytes | None
+    spec: ComputationSpec, stream: str, raw: bytes | None, extractor: KeyExtractor | None = None
 ) -> tuple[Record | None, str | None, Exception | None]:
     """The record and the consumer's key of one message value of ``stream``, or why it
     cannot be delivered.
@@ -72,7 +76,8 @@ def decode_delivery(
     must not stop a partition). The record is returned whenever it decoded, to locate the
     dead letter by its record ID. A tombstone (``raw`` is ``None``) is a
     :class:`TombstoneError` here; a consumer that takes tombstones decodes them with
-    :func:`decode_tombstone`, which needs the message's key and position.
+    :func:`decode_tombstone`, which needs the message's key and position. ``extractor`` as
+    for :func:`key_of`.
     """
     if raw is None:
         return None, None, _tombstone_not_taken(spec, stream)
@@ -82,7 +87,7 @@ def decode_delivery(
     except Exception as exc:
         return None, None, exc
     try:
-        key = key_of(spec, stream, record)
+        key = key_of(spec, stream, record, extractor)
     except Exception as exc:
         return record, None, exc
     return record, key, None

@@ -81,7 +81,7 @@ from millstream.connectors.stream_reader import InputMessage, range_reader, read
 from millstream.engine.cache import StateCache
 from millstream.engine.clock import SystemClock
 from millstream.engine.config import MillstreamConfig
-from millstream.engine.deadletters import Origin
+from millstream.engine.deadletters import Origin, stream_origin
 from millstream.engine.errors import FencedError, PoisonRecordError
 from millstream.engine.fault_points import armed_faults, fault_point
 from millstream.engine.layout import IntervalLayout
@@ -355,6 +355,7 @@ def message_router(
     by_record_key = _keyed_by_record_key(spec)
     quarantined = dict(quarantine or {})
     takes_tombstones = spec.options.tombstones == "deliver"
+    extractors = {topic: spec.key_extractor(stream) for topic, stream in streams.items()}
 
     def rejected(
         origin: Origin, topic: str, value: bytes | None, error: Exception, timestamp: int
@@ -368,7 +369,7 @@ def message_router(
     def route(message: InputMessage) -> Routed:
         topic, partition, offset, kafka_ts, message_key, value = message
         stream = streams[topic]
-        origin = Origin(stream=stream, partition=partition, offset=offset)
+        origin = stream_origin(stream, partition, offset)
         # One test per message when nothing is quarantined.
         poison = quarantined.get(Position(topic, partition, offset)) if quarantined else None
         if poison is not None:
@@ -382,7 +383,7 @@ def message_router(
                 assert refused is not None
                 return reject_interval, Rejected(origin, b"", refused, kafka_ts)
             return interval_of_key(deletion.key), Delivery(deletion.key, deletion, origin)
-        record, key, error = decode_delivery(spec, stream, value)
+        record, key, error = decode_delivery(spec, stream, value, extractors[topic])
         if error is None:
             assert record is not None
             assert key is not None

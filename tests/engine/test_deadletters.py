@@ -8,6 +8,7 @@ from millstream.engine.deadletters import (
     decode_dead_letter,
     default_dead_letter_stream,
     encode_dead_letter,
+    stream_origin,
 )
 from millstream.engine.records import (
     check_record_size,
@@ -71,3 +72,14 @@ def test_cause_is_the_record_id_else_the_stream_position() -> None:
 
 def test_default_stream_name() -> None:
     assert default_dead_letter_stream("counter") == "counter.dead-letters"
+
+
+def test_a_stream_origin_is_the_origin_of_its_position() -> None:
+    made = stream_origin("in", 3, 17)
+    assert made == Origin(stream="in", partition=3, offset=17)
+    assert hash(made) == hash(Origin(stream="in", partition=3, offset=17))
+    assert made.record_id is None
+    assert made.key is None
+    assert made.timer_tag is None
+    assert made.timer_timestamp is None
+    assert made.cause_id() == injector_record_id("in", 3, 17)

@@ -770,6 +770,62 @@ def test_an_exception_in_user_code_dead_letters_the_record_atomically(
     assert commit.keys == ("k",)
 
 
+class Undone(Computation):
+    """Sets the record's value as state, timer ``t`` at its time, produces it; a value of
+    ``fail`` also sets ``v``, deletes ``w`` and clears the state, then raises; ``w`` sets ``w``.
+    ``seen``: the state and the timers each call saw as it began."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[bytes | None, list[str]]] = []
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        self.seen.append((ctx.get_state(), [t for t in "tvw" if ctx.timer(t) is not None]))
+        if record.value == b"w":
+            ctx.set_timer("w", FAR)
+            return
+        ctx.set_state(record.value)
+        ctx.set_timer("t", record.timestamp + FAR)
+        ctx.produce("out", record.value, record.timestamp)
+        if record.value == b"fail":
+            ctx.set_timer("v", FAR)
+            ctx.delete_timer("w")
+            ctx.clear_state()
+            raise RuntimeError("boom")
+
+
+FAR = 10**15  # a timer the batches' watermarks never reach
+
+
+def test_a_failing_call_is_undone_and_leaves_the_calls_before_it_in_the_batch(
+    workers: Workers, make_record: RecordFactory
+) -> None:
+    computation = Undone()
+    spec = workers.spec(computation)
+    worker = workers.worker(spec)
+    worker.process(deliver(make_record("k", b"w")), WM)
+    result = worker.process(
+        deliver(
+            make_record("k", b"a", timestamp=100),
+            make_record("k", b"fail", timestamp=200),
+            make_record("j", b"fail", timestamp=300),
+        ),
+        WM,
+    )
+
+    assert len(result.dead_letters) == 2
+    assert workers.store.states("comp") == {"k": b"a"}  # j had no state: it still has none
+    assert sorted((t.key, t.tag, t.timestamp) for t in workers.store.timers("comp")) == [
+        ("k", "t", 100 + FAR),
+        ("k", "w", FAR),
+    ]
+    assert [p.record.value for p in workers.sink.delivered("out")] == [b"a"]
+    # Each call saw the calls before it in the batch (keys in order: j, then k), and the
+    # next batch nothing of the one that failed.
+    assert computation.seen == [(None, []), (None, []), (None, ["w"]), (b"a", ["t", "w"])]
+    worker.process(deliver(make_record("k", b"b", timestamp=400)), WM)
+    assert computation.seen[-1] == (b"a", ["t", "w"])
+
+
 def test_a_dead_lettered_record_is_not_retried(
     workers: Workers, make_record: RecordFactory
 ) -> None:

@@ -345,9 +345,9 @@ def test_each_task_skips_the_records_of_the_others_undecoded_and_loses_none(
     decoded: list[bytes] = []
     real_decode = executor.decode_delivery
 
-    def counting(spec: ComputationSpec, stream: str, raw: bytes | None) -> Any:
+    def counting(spec: ComputationSpec, stream: str, raw: bytes | None, *extractor: Any) -> Any:
         decoded.append(cast(bytes, raw))
-        return real_decode(spec, stream, raw)
+        return real_decode(spec, stream, raw, *extractor)
 
     monkeypatch.setattr(executor, "decode_delivery", counting)
     results = run_batch(spec, sent, layout, tasks=4)
