@@ -23,7 +23,10 @@ def test_it_prints_each_step_in_microseconds_a_record(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr(sys, "argv", ["record_path.py", "--records", "200", "--runs", "1"])
+    tuned: list[int] = []
+    monkeypatch.setattr(record_path, "tune_collector", tuned.append)  # not this process's
     record_path.main()
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines[1:]] == ["floor", "routing", "protocol", "millstream"]
     assert all(float(line.split()[1]) > 0 for line in lines[1:])
+    assert tuned == [50_000]  # as a Spark Python worker's collector, by default
