@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence, Set
-from functools import partial
+from typing import cast
 
 from confluent_kafka import KafkaError, Message
 
@@ -35,23 +35,27 @@ class KafkaProductionSink:
     def send(self, productions: Sequence[Production], timeout: float) -> Set[bytes]:
         acknowledged: set[bytes] = set()
         deadline = time.monotonic() + timeout
+        # A delivery names its production by its envelope (which holds the record ID): one
+        # callback for all, not one made for each production.
+        record_ids: dict[bytes, bytes] = {}
 
-        def delivered(error: KafkaError | None, message: Message, record_id: bytes) -> None:
+        def delivered(error: KafkaError | None, message: Message) -> None:
+            record_id = record_ids[cast(bytes, message.value())]
             if error is None:
                 acknowledged.add(record_id)
             else:
                 _log.warning("production %s not delivered: %s", record_id.hex(), error)
 
+        produce = self._producer.produce
         for production in productions:
-            record = production.record
+            envelope = production.envelope
+            record_ids[envelope] = production.record_id
+            key = production.record.key.encode()
+            topic = stream_topic(production.stream)
             while True:
                 try:
-                    self._producer.produce(
-                        stream_topic(production.stream),
-                        key=record.key.encode(),
-                        value=production.envelope,
-                        on_delivery=partial(delivered, record_id=record.record_id),
-                    )
+                    # Positional: keywords cost the call half as much again.
+                    produce(topic, envelope, key, on_delivery=delivered)
                     break
                 except BufferError:
                     # The local queue is full: let deliveries drain it, unless time is up.
