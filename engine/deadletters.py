@@ -13,7 +13,6 @@ ID is derived from the computation and the failed cause, so a retry yields the s
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +27,7 @@ from millstream.engine.records import (
     injector_record_id,
     shipped_schema,
 )
+from millstream.engine.slots import slot_constructor
 
 __all__ = [
     "DEAD_LETTER_SCHEMA_NAME",
@@ -75,35 +75,13 @@ class Origin:
         return injector_record_id(self.stream, self.partition, self.offset)
 
 
-# A router makes an origin for every message; the generated __init__ of a frozen dataclass
-# (seven fields through object.__setattr__) costs twice as much as setting the slots straight.
-_new_object = object.__new__
-
-
-def _slot_setter(name: str) -> Callable[[Origin, object], None]:
-    setter: Callable[[Origin, object], None] = vars(Origin)[name].__set__
-    return setter
-
-
-_set_stream = _slot_setter("stream")
-_set_partition = _slot_setter("partition")
-_set_offset = _slot_setter("offset")
-_set_record_id = _slot_setter("record_id")
-_set_key = _slot_setter("key")
-_set_timer_tag = _slot_setter("timer_tag")
-_set_timer_timestamp = _slot_setter("timer_timestamp")
+_make_origin = slot_constructor(Origin)
 
 
 def stream_origin(stream: str, partition: int, offset: int) -> Origin:
-    """``Origin(stream=stream, partition=partition, offset=offset)``, made faster."""
-    origin = _new_object(Origin)
-    _set_stream(origin, stream)
-    _set_partition(origin, partition)
-    _set_offset(origin, offset)
-    _set_record_id(origin, None)
-    _set_key(origin, None)
-    _set_timer_tag(origin, None)
-    _set_timer_timestamp(origin, None)
+    """``Origin(stream=stream, partition=partition, offset=offset)``, made at a third of the
+    cost (:mod:`~millstream.engine.slots`): a router makes one for every message."""
+    origin: Origin = _make_origin(stream, partition, offset, None, None, None, None)
     return origin
 
 

@@ -98,6 +98,7 @@ from millstream.engine.records import (
     unchecked_record,
 )
 from millstream.engine.sequencer import Lease
+from millstream.engine.slots import slot_constructor
 from millstream.engine.state import UNCHANGED, KeyChanges, effective_timers
 from millstream.engine.store import NO_FLOOR, IntervalStore, KeySnapshot, NextTimers, TimerFloor
 from millstream.engine.timers import (
@@ -121,6 +122,7 @@ __all__ = [
     "StepClock",
     "StepTime",
     "WorkerPool",
+    "make_delivery",
     "thread_step_clock",
 ]
 
@@ -186,6 +188,14 @@ class Delivery:
     key: str
     record: Record | Deletion
     origin: Origin = field(default_factory=Origin)
+
+
+make_delivery: Callable[[str, Record | Deletion, Origin], Delivery] = slot_constructor(Delivery)
+"""``make_delivery(key, record, origin)``: ``Delivery(key, record, origin)`` at about half the
+cost (:mod:`~millstream.engine.slots`), for a router, which makes one for every message."""
+_make_production: Callable[[str, Record, bytes | None, CommitTag | None], Production] = (
+    slot_constructor(Production)
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -1177,7 +1187,7 @@ class _CallContext(Context):
         encoded = encode_record(record)
         check_record_size(encoded)
         self._next_index += 1
-        self._changes.productions.append(Production(stream, record, encoded, self._run.tag))
+        self._changes.productions.append(_make_production(stream, record, encoded, self._run.tag))
         return record
 
 

@@ -35,7 +35,7 @@ import hashlib
 import io
 import json
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from importlib import resources
@@ -50,6 +50,7 @@ from millstream.engine.errors import (
     OversizedRecordError,
     UnknownSchemaError,
 )
+from millstream.engine.slots import slot_constructor
 
 __all__ = [
     "ENVELOPE_SCHEMA_NAME",
@@ -130,20 +131,11 @@ class Record:
             )
 
 
-_new_object = object.__new__
-_set_field = object.__setattr__
-
-
-def unchecked_record(key: str, value: bytes, timestamp: int, record_id: bytes) -> Record:
-    """A :class:`Record` of fields the caller vouches for (the envelope's reader, the engine
-    after checking what user code gave it), made without :class:`Record`'s checks, which cost
-    as much as the rest of its making on every record a worker decodes or produces."""
-    record = _new_object(Record)
-    _set_field(record, "key", key)
-    _set_field(record, "value", value)
-    _set_field(record, "timestamp", timestamp)
-    _set_field(record, "record_id", record_id)
-    return record
+unchecked_record: Callable[[str, bytes, int, bytes], Record] = slot_constructor(Record)
+"""``unchecked_record(key, value, timestamp, record_id)``: a :class:`Record` of fields the
+caller vouches for (the envelope's reader, the engine after checking what user code gave
+it), made without :class:`Record`'s checks, which cost as much as the rest of its making on
+every record a worker decodes or produces."""
 
 
 @dataclass(frozen=True, slots=True)

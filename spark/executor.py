@@ -85,7 +85,13 @@ from millstream.engine.deadletters import Origin, stream_origin
 from millstream.engine.errors import FencedError, PoisonRecordError
 from millstream.engine.fault_points import armed_faults, fault_point
 from millstream.engine.layout import IntervalLayout
-from millstream.engine.protocol import Delivery, Rejected, WorkerPool, thread_step_clock
+from millstream.engine.protocol import (
+    Delivery,
+    Rejected,
+    WorkerPool,
+    make_delivery,
+    thread_step_clock,
+)
 from millstream.engine.records import envelope_key
 from millstream.engine.routing import (
     decode_delivery,
@@ -387,7 +393,7 @@ def message_router(
         if error is None:
             assert record is not None
             assert key is not None
-            return interval_of_key(key), Delivery(key, record, origin)
+            return interval_of_key(key), make_delivery(key, record, origin)
         if record is None:
             return rejected(origin, topic, value, error, kafka_ts)
         # Decoded, but the key extractor failed: the dead letter names the record.
