@@ -161,7 +161,7 @@ def unpack_productions(packed: bytes, tag: CommitTag | None = None) -> list[Prod
 
 def pack_dedup_ids(record_ids: Sequence[bytes]) -> bytes:
     """A dedup row's ``record``: the distinct IDs, 16 bytes each, one after the other."""
-    distinct = dict.fromkeys(bytes(record_id) for record_id in record_ids)
+    distinct = dict.fromkeys(map(bytes, record_ids))  # map: no generator frame per ID
     packed = b"".join(distinct)
     if len(packed) != RECORD_ID_BYTES * len(distinct):
         odd = next(i for i in distinct if len(i) != RECORD_ID_BYTES)
