@@ -965,13 +965,7 @@ class _KeyRun:
         try:
             check_event_time(record.timestamp)
         except AbsurdTimestampError as exc:
-            self._dead_letter(
-                _record_origin(delivery, self.key),
-                exc,
-                _raw(record),
-                record.record_id,
-                self.watermark,
-            )
+            self._record_failed(delivery, exc, self.watermark)
             return
         computation = self.spec.computation
         if isinstance(record, Deletion):
@@ -980,16 +974,14 @@ class _KeyRun:
             if record.timestamp < self.watermark:
                 self.result.late += 1
             failure = self._call(
-                record.record_id, computation.process_deletion, record, record.timestamp
+                record.record_id,
+                computation.process_deletion,
+                record,
+                record.timestamp,
+                self.watermark,
             )
             if failure is not None:
-                self._dead_letter(
-                    _record_origin(delivery, self.key),
-                    failure,
-                    b"",
-                    record.record_id,
-                    record.timestamp,
-                )
+                self._record_failed(delivery, failure, record.timestamp)
             return
         if record.timestamp < self.watermark:
             self.result.late += 1
@@ -999,15 +991,17 @@ class _KeyRun:
                 self.changes.productions.append(Production(late_stream, record))
                 if not self.spec.options.process_late:
                     return
-        failure = self._call(record.record_id, computation.process_record, record, record.timestamp)
+        failure = self._call(
+            record.record_id, computation.process_record, record, record.timestamp, self.watermark
+        )
         if failure is not None:
-            self._dead_letter(
-                _record_origin(delivery, self.key),
-                failure,
-                encode_record(record),
-                record.record_id,
-                record.timestamp,
-            )
+            self._record_failed(delivery, failure, record.timestamp)
+
+    def _record_failed(self, delivery: Delivery, error: Exception, timestamp: int) -> None:
+        """Keep a record or deletion as a dead letter (its origin made only then)."""
+        record = delivery.record
+        origin = replace(delivery.origin, record_id=record.record_id, key=self.key)
+        self._dead_letter(origin, error, _raw(record), record.record_id, timestamp)
 
     def _fire_timers(self) -> None:
         computation = self.spec.computation
@@ -1043,12 +1037,12 @@ class _KeyRun:
         hook: Callable[[Context, _Cause], None],
         cause: _Cause,
         timestamp: int,
-        watermark: int | None = None,
+        watermark: int,
     ) -> Exception | None:
         """Run ``hook(context, cause)`` into the key's changes; if it raises, undo what it
         changed and return the exception (the caller dead-letters the cause), so that one bad
         record cannot stop the interval."""
-        context = _CallContext(self, cause_id, self.watermark if watermark is None else watermark)
+        context = _CallContext(self, cause_id, watermark)
         try:
             hook(context, cause)
         except Exception as exc:
@@ -1215,11 +1209,6 @@ def _raw(item: Record | Deletion) -> bytes:
 
 def _plausible(timestamp: int) -> int:
     return min(max(timestamp, MIN_EVENT_TIME), MAX_EVENT_TIME)
-
-
-def _record_origin(delivery: Delivery, key: str) -> Origin:
-    """Where a record that became a dead letter came from (made only for dead letters)."""
-    return replace(delivery.origin, record_id=delivery.record.record_id, key=key)
 
 
 def _by_key(items: Iterable[_Input], key: Callable[[_Input], str]) -> dict[str, list[_Input]]:
