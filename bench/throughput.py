@@ -1494,6 +1494,7 @@ def report(
     rows.extend(view_cost_report(args, runs))
     if large is not None:
         rows.extend(large_report(args, large))
+    rows.extend(goals_report(rows))
     return rows
 
 
@@ -1708,6 +1709,132 @@ def large_report(args: argparse.Namespace, large: LargeStateResult) -> list[dict
     for note in large.notes:
         print(f"  {note}")
     return rows
+
+
+@dataclass(frozen=True)
+class Goal:
+    """One of issue 24's goals: ``measured`` over ``against`` (two rows' figure), at least
+    ``at_least`` or at most ``at_most``."""
+
+    text: str
+    measured: str
+    against: str
+    figure: str
+    at_least: float | None = None
+    at_most: float | None = None
+
+    def met(self, ratio: float) -> bool:
+        if self.at_least is not None:
+            return ratio >= self.at_least
+        assert self.at_most is not None
+        return ratio <= self.at_most
+
+    @property
+    def bound(self) -> str:
+        if self.at_least is not None:
+            return f">= x{self.at_least:.2f}"
+        return f"<= x{self.at_most:.2f}"
+
+
+def goals(rates: Sequence[float]) -> list[Goal]:
+    """Issue 24's goals that one run of this script can measure (the large-state one is
+    :func:`large_report`'s ratio)."""
+    listed = [
+        Goal(
+            "exactly-once at least as fast as Quix Streams' exactly-once",
+            "millstream-strong",
+            "quix",
+            "records_per_s",
+            at_least=1.0,
+        ),
+        Goal(
+            "weak productions within 1.2x of the bare Spark floor",
+            "millstream-weak",
+            "spark-floor",
+            "records_per_s",
+            at_least=1 / 1.2,
+        ),
+    ]
+    for rate in rates:
+        for figure, bound in (("p50_ms", 1.3), ("p95_ms", 1.5)):
+            listed.append(
+                Goal(
+                    f"latency {figure[:3]} at {rate:g} events/s within {bound}x of the floor's",
+                    f"latency/millstream-strong@{rate:g}",
+                    f"latency/spark-floor@{rate:g}",
+                    figure,
+                    at_most=bound,
+                )
+            )
+    return listed
+
+
+def goals_report(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Issue 24's goals as this run measured them, each met or not, for those whose two rows
+    the run has: a JSON row ``goals`` (none if the run measured no goal). A throughput goal
+    is also given round by round (the rounds alternate, and the machine's speed moves
+    between them more than between two rows of one round)."""
+    by_system = {row["system"]: row for row in rows}
+    rates = sorted({row["rate"] for row in rows if "rate" in row})
+    verdicts: list[dict[str, Any]] = []
+    for goal in goals(rates):
+        measured, against = by_system.get(goal.measured), by_system.get(goal.against)
+        if measured is None or against is None:
+            continue
+        mine, theirs = measured.get(goal.figure), against.get(goal.figure)
+        if not mine or not theirs:
+            continue
+        ratio = mine / theirs
+        rounds = [
+            a / b
+            for a, b in zip(
+                measured.get("runs_records_per_s") or [],
+                against.get("runs_records_per_s") or [],
+                strict=False,
+            )
+            if a and b
+        ]
+        verdicts.append(
+            {
+                "goal": goal.text,
+                "ratio": ratio,
+                "bound": goal.bound,
+                "met": goal.met(ratio),
+                "rounds": rounds,
+                "rounds_met": sum(goal.met(r) for r in rounds),
+            }
+        )
+    for large in rows:
+        ratio = large.get("ratio_to_1000_keys") if large["system"].startswith("large-") else None
+        if not ratio:
+            continue
+        verdicts.append(
+            {
+                "goal": f"a {LARGE_BATCH:,}-record batch on {large['interval_keys']:,} keys "
+                f"within 1.5x of one on {SMALL_KEYS:,}",
+                "ratio": ratio,
+                "bound": "<= x1.50",
+                "met": ratio <= 1.5,
+                "rounds": [],
+                "rounds_met": 0,
+            }
+        )
+    if not verdicts:
+        return []
+    print("\nissue 24's goals, in this run (ratios of medians; x: of the peer's figure)")
+    for verdict in verdicts:
+        rounds = verdict["rounds"]
+        by_round = (
+            f"; rounds: {', '.join(f'x{r:.2f}' for r in rounds)} "
+            f"({verdict['rounds_met']} of {len(rounds)} met)"
+            if len(rounds) > 1
+            else ""
+        )
+        print(
+            f"  {'met    ' if verdict['met'] else 'not met'}  {verdict['goal']}: "
+            f"x{verdict['ratio']:.2f} (goal {verdict['bound']}){by_round}"
+        )
+    return [{"system": "goals", "goals": verdicts}]
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:

@@ -1,5 +1,5 @@
-"""bench/throughput.py: the order of runs (rounds alternate direction, warm-ups are not counted)
-and what a row reports."""
+"""bench/throughput.py: the order of runs (rounds alternate direction, warm-ups are not counted),
+what a row reports, and issue 24's goals as a run measured them."""
 
 from __future__ import annotations
 
@@ -8,7 +8,14 @@ import argparse
 import pytest
 
 from bench.harness import cpu_seconds
-from bench.throughput import SYSTEMS, RunResult, cpu_per_record, report, run_order
+from bench.throughput import (
+    SYSTEMS,
+    RunResult,
+    cpu_per_record,
+    goals_report,
+    report,
+    run_order,
+)
 
 
 def _order(names: list[str], runs: int, warmup: int) -> list[tuple[int, str]]:
@@ -61,3 +68,64 @@ def test_a_row_reports_the_median_cpu_a_record_of_its_runs(
     table = capsys.readouterr().out
     assert "CPU µs/rec" in table
     assert "      25.0" in table
+
+
+def _throughput(system: str, *rounds: float) -> dict[str, object]:
+    return {
+        "system": system,
+        "records_per_s": sorted(rounds)[len(rounds) // 2],
+        "runs_records_per_s": list(rounds),
+    }
+
+
+def _latency(system: str, rate: float, p50: float, p95: float) -> dict[str, object]:
+    return {"system": f"latency/{system}@{rate:g}", "rate": rate, "p50_ms": p50, "p95_ms": p95}
+
+
+def test_each_goal_is_a_ratio_against_its_bound_met_or_not(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    rows = [
+        _throughput("spark-floor", 100.0, 140.0, 150.0),
+        _throughput("quix", 40.0, 38.0, 36.0),
+        _throughput("millstream-strong", 44.0, 37.0, 37.0),
+        _throughput("millstream-weak", 50.0, 55.0, 60.0),
+        _latency("spark-floor", 200, 1000.0, 1200.0),
+        _latency("millstream-strong", 200, 1300.0, 1900.0),
+    ]
+    (row,) = goals_report(rows)
+    verdicts = {v["goal"]: v for v in row["goals"]}
+    eo = verdicts["exactly-once at least as fast as Quix Streams' exactly-once"]
+    assert eo["ratio"] == pytest.approx(37.0 / 38.0)
+    assert not eo["met"]
+    assert eo["rounds"] == pytest.approx([44 / 40, 37 / 38, 37 / 36])
+    assert eo["rounds_met"] == 2
+    weak = verdicts["weak productions within 1.2x of the bare Spark floor"]
+    assert (weak["ratio"], weak["met"]) == (pytest.approx(55 / 140), False)
+    p50 = verdicts["latency p50 at 200 events/s within 1.3x of the floor's"]
+    assert (p50["ratio"], p50["met"]) == (pytest.approx(1.3), True)  # the bound itself is met
+    p95 = verdicts["latency p95 at 200 events/s within 1.5x of the floor's"]
+    assert (p95["ratio"], p95["met"]) == (pytest.approx(1900 / 1200), False)
+    printed = capsys.readouterr().out
+    assert "not met  exactly-once at least as fast as Quix Streams' exactly-once: x0.97" in printed
+    assert "rounds: x1.10, x0.97, x1.03 (2 of 3 met)" in printed
+    assert "met      latency p50 at 200 events/s" in printed
+
+
+def test_the_large_state_goal_is_the_large_intervals_ratio() -> None:
+    rows = [
+        {"system": "large-state/1000-keys", "interval_keys": 1000, "ratio_to_1000_keys": None},
+        {"system": "large-state/50000-keys", "interval_keys": 50000, "ratio_to_1000_keys": 1.6},
+    ]
+    (row,) = goals_report(rows)
+    (verdict,) = row["goals"]
+    assert verdict["goal"] == "a 1,000-record batch on 50,000 keys within 1.5x of one on 1,000"
+    assert (verdict["ratio"], verdict["met"]) == (1.6, False)
+
+
+def test_a_run_without_both_rows_of_a_goal_reports_none(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    rows = [_throughput("millstream-strong", 10.0), _throughput("spark-floor", 20.0)]
+    assert goals_report(rows) == []
+    assert capsys.readouterr().out == ""
