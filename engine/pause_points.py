@@ -12,9 +12,10 @@ reaches one to wait there:
    :data:`MAX_PARK_SECONDS`;
 3. meanwhile the harness acts on that pid (``kill -9``, ``SIGSTOP``), or releases it.
 
-A point is ``<place>.<computation>`` with the places in :data:`PLACES`. Unset (always, outside
-fault tests) a point costs one comparison. The variable is read once, at import: the Spark
-Python workers inherit it from the driver's environment in ``local`` mode.
+A point is ``<place>.<computation>`` (an injector's: ``<place>.<injector>``) with the places
+in :data:`PLACES`. Unset (always, outside fault tests) a point costs one comparison. The
+variable is read once, at import: the Spark Python workers inherit it from the driver's
+environment in ``local`` mode.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ PLACES: Final = {
     "rebalance.fence": "the driver, a split or merge journaled and its sources fenced",
     "rebalance.copy": "the driver, the sources' keys copied into the new intervals",
     "rebalance.retire": "the driver, the sources retired, before the layout is finished",
+    "injector.send": "an injector process, a poll's records read, before it sends them",
 }
 
 MAX_PARK_SECONDS: Final = 300.0

@@ -48,6 +48,7 @@ from millstream.engine.errors import (
     RecordError,
 )
 from millstream.engine.outages import DEFAULT_OUTAGE_TIMEOUT, Outage
+from millstream.engine.pause_points import pause_point
 from millstream.engine.productions import Production, ProductionSink
 from millstream.engine.records import (
     MAX_EVENT_TIME,
@@ -252,6 +253,8 @@ class InjectorProcess:
         self.stats.polls += 1
         productions = self._productions(poll)
         if productions:
+            # Read and not sent: where the proving ground freezes a service under the injector.
+            pause_point("injector.send", self.name)
             self._outage.retry(self._wait_for_downstream)
             self._send(productions)
         watermark = self.watermark

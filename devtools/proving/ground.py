@@ -911,25 +911,39 @@ class _Run:
             outcome.detail = "the injector was not running"
             return
         injector_pid, log = injector.pid, injector.logs[-1]
+        # The injector parks with input read and not sent yet (a pause point), and the service
+        # freezes under it: it must send (Kafka) and checkpoint (Cassandra) into the outage,
+        # which it has to wait out, as the driver does: no exit, no lost input. (Freezing an
+        # idle injector could catch it in a heartbeat, waiting on the service before it read
+        # anything, which would prove less.)
+        point = f"injector.send.{self.description.names.injector}"
+        at, release = self.pauses / f"at.{point}", self.pauses / f"release.{point}"
+        for stale in (at, release):
+            stale.unlink(missing_ok=True)
+        (self.pauses / f"arm.{point}").write_text("")
+        self.feed()
+        if not self.wait(self.fed(at.exists), 120, f"the injector at {point}"):
+            (self.pauses / f"arm.{point}").unlink(missing_ok=True)
+            outcome.detail = f"the injector did not reach {point} within 120 s"
+            return
+        parked_at = self.injected()
         waits = injector_outage_waits([log])
         os.kill(pid, signal.SIGSTOP)
         try:
-            # Input the injector has not read yet, let through once the service is frozen:
-            # it reads it and must send it (Kafka) and checkpoint it (Cassandra) into the
-            # outage, which it has to wait out, as the driver does: no exit, no lost input.
-            read_before = self.injected()
-            if not self.nudge():
-                self.nudge(into_last_step=True)
+            release.write_text("")
+            # More input meanwhile: read once the injector is through the outage.
+            self.feed()
             self.wait(lambda: False, OUTAGE_SECONDS, "")
-            read = self.injected() - read_before
+            read = self.injected() - parked_at
             rode_out = injector.pid == injector_pid and injector.exited() is None
         finally:
             os.kill(pid, signal.SIGCONT)
         waits = injector_outage_waits([log]) - waits
-        outcome.applied = rode_out and read > 0
+        outcome.applied = rode_out and waits > 0
         outcome.detail = (
+            f"the injector parked with input read and not sent (read up to {parked_at}); "
             f"stopped for {OUTAGE_SECONDS:.0f} s, then continued; the injector read {read} "
-            f"records during it, logged {waits} outage waits and "
+            f"records more during it, logged {waits} outage waits and "
             f"{'rode it out' if rode_out else 'did NOT ride it out (it exited)'}"
         )
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
+from millstream.engine import pause_points
 from millstream.engine.errors import (
     InjectorError,
     InjectorFencedError,
@@ -181,6 +184,33 @@ def test_an_idle_source_heartbeats_its_watermark() -> None:
     assert len(harness.reports()) == count + 1
     assert harness.reports()[-1].held_by == "heartbeat"
     assert harness.process.stats.heartbeats == 1
+
+
+def test_an_armed_pause_point_parks_the_injector_with_its_records_read_and_not_sent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Where the proving ground freezes Kafka or Cassandra under an injector (its outage faults).
+    monkeypatch.setattr(pause_points, "_DIRECTORY", str(tmp_path))
+    (tmp_path / "arm.injector.send.nums").touch()
+    harness = injector_harness("nums", Numbers())
+    harness.process.start()
+    stepping = threading.Thread(target=harness.process.step)
+    stepping.start()
+    try:
+        parked = tmp_path / "at.injector.send.nums"
+        for _ in range(500):
+            if parked.exists():
+                break
+            stepping.join(0.01)
+        assert parked.exists(), "the injector did not park"
+        assert harness.process.source.next == 3  # type: ignore[attr-defined]
+        assert harness.records("numbers") == []
+    finally:
+        (tmp_path / "release.injector.send.nums").touch()
+        stepping.join(10)
+    assert not stepping.is_alive()
+    assert values(harness.records("numbers")) == [0, 1, 2]
+    assert not (tmp_path / "arm.injector.send.nums").exists()  # claimed: parks once
 
 
 def test_bad_input_becomes_dead_letters_with_its_origin_and_the_injector_goes_on() -> None:
