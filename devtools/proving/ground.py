@@ -736,14 +736,17 @@ class _Run:
 
     def _park(self, fault: Fault) -> int | None:
         """Arm the fault's pause point and wait for a process to park there: its pid."""
-        point = f"{_place(fault)}.{fault.computation}"
+        return self._park_at(f"{_place(fault)}.{fault.computation}", split=fault.kind == "split")
+
+    def _park_at(self, point: str, split: bool = False) -> int | None:
+        """Arm pause point ``point`` and wait for a process to park there, input let through
+        meanwhile (for a ``split``, in pulses that change the load): its pid."""
         at = self.pauses / f"at.{point}"
         release = self.pauses / f"release.{point}"
         for stale in (at, release):
             stale.unlink(missing_ok=True)
         (self.pauses / f"arm.{point}").write_text("")
         # A split or merge follows a change of load: pulses of input, even at the end.
-        split = fault.kind == "split"
         pulses = [0]
 
         def nudge() -> None:
@@ -917,20 +920,14 @@ class _Run:
         # idle injector could catch it in a heartbeat, waiting on the service before it read
         # anything, which would prove less.)
         point = f"injector.send.{self.description.names.injector}"
-        at, release = self.pauses / f"at.{point}", self.pauses / f"release.{point}"
-        for stale in (at, release):
-            stale.unlink(missing_ok=True)
-        (self.pauses / f"arm.{point}").write_text("")
-        self.feed()
-        if not self.wait(self.fed(at.exists), 120, f"the injector at {point}"):
-            (self.pauses / f"arm.{point}").unlink(missing_ok=True)
+        if self._park_at(point) is None:
             outcome.detail = f"the injector did not reach {point} within 120 s"
             return
         parked_at = self.injected()
         waits = injector_outage_waits([log])
         os.kill(pid, signal.SIGSTOP)
         try:
-            release.write_text("")
+            (self.pauses / f"release.{point}").write_text("")
             # More input meanwhile: read once the injector is through the outage.
             self.feed()
             self.wait(lambda: False, OUTAGE_SECONDS, "")
