@@ -773,7 +773,10 @@ class _Run:
         return int(at.read_text())
 
     def _release(self, fault: Fault) -> None:
-        (self.pauses / f"release.{_place(fault)}.{fault.computation}").write_text("")
+        self._release_at(f"{_place(fault)}.{fault.computation}")
+
+    def _release_at(self, point: str) -> None:
+        (self.pauses / f"release.{point}").write_text("")
 
     def _paused_fault(self, fault: Fault, outcome: FaultOutcome) -> None:
         parked = self._park(fault)
@@ -927,7 +930,7 @@ class _Run:
         waits = injector_outage_waits([log])
         os.kill(pid, signal.SIGSTOP)
         try:
-            (self.pauses / f"release.{point}").write_text("")
+            self._release_at(point)
             # More input meanwhile: read once the injector is through the outage.
             self.feed()
             self.wait(lambda: False, OUTAGE_SECONDS, "")
