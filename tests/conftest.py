@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -176,6 +176,62 @@ def _machine_shared(request: pytest.FixtureRequest) -> Iterator[None]:
         return
     with _machine_lock(shared.directory, exclusive=False):
         yield
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A worker writes down the files of the modules marked ``exclusive`` it collected, for
+    the controller's scheduler (which sees test ids only, no markers)."""
+    shared = SharedStack.of_this_worker()
+    if shared is None or not hasattr(config, "workerinput"):
+        return
+    files = sorted({i.nodeid.split("::", 1)[0] for i in items if i.get_closest_marker("exclusive")})
+    worker = config.workerinput["workerid"]
+    writing = shared.directory / f"writing-exclusive-modules.{worker}"
+    writing.write_text("\n".join(files))
+    writing.rename(shared.directory / f"exclusive-modules.{worker}")  # whole or not at all
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile``, with the exclusive modules made one unit handed out first.
+
+    A module that has the machine to itself first waits for the test the other worker is
+    running to end, and the other worker stays idle until the module ends: run one after
+    another by one worker, the modules wait once, and they run while the other worker starts
+    the shared stack and gets through what it holds, so they leave the end of the run to
+    tests that share the machine.
+    """
+    shared = config.stash.get(_shared_stack, None)
+    if shared is None or config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    directory = shared.directory
+
+    class ExclusiveModulesFirst(LoadFileScheduling):  # type: ignore[misc]  # xdist is untyped
+        UNIT = "exclusive modules"
+        _files: set[str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return self.UNIT if path in self._exclusive() else path
+
+        def _exclusive(self) -> set[str]:
+            # Read once the workers' collections are in (the scheduler splits no sooner).
+            if self._files is None:
+                self._files = {
+                    line
+                    for written in directory.glob("exclusive-modules.gw*")
+                    for line in written.read_text().splitlines()
+                }
+            return self._files
+
+        def _assign_work_unit(self, node: Any) -> None:
+            if self.UNIT in self.workqueue:
+                self.workqueue.move_to_end(self.UNIT, last=False)
+            super()._assign_work_unit(node)
+
+    return ExclusiveModulesFirst(config, log)
 
 
 def _xdist_controller(config: pytest.Config) -> bool:
