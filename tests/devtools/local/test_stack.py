@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -110,6 +111,19 @@ def test_a_port_held_by_another_process_stops_up_before_anything_starts(tmp_path
             service.up()
     assert service.process.running_pid() is None
     assert not (tmp_path / "kafka" / "data").exists()
+
+
+@pytest.mark.unit
+def test_every_node_of_both_backends_stops_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stack = LocalStack(MillstreamConfig(home=tmp_path), print, nodes=3)
+    # Each stop returns only once all six are stopping: one backend after the other would
+    # break the barrier.
+    together = threading.Barrier(len(stack.services), timeout=10)
+    for service in stack.services:
+        monkeypatch.setattr(service, "down", lambda: together.wait() >= 0)
+    assert stack.down() == [True] * 6
 
 
 def test_a_node_that_fails_before_the_stop_is_raised_once_every_node_stopped(
