@@ -13,6 +13,7 @@ which outlives the workers, stops what they started (:class:`SharedStack`).
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import shutil
 import sys
@@ -169,37 +170,71 @@ def _machine_to_itself(request: pytest.FixtureRequest) -> Iterator[None]:
 
 @pytest.fixture(autouse=True)
 def _machine_shared(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Under two workers, every other test waits while an exclusive module runs."""
+    """Under two workers, every other integration test waits while an exclusive module runs
+    (a test without services goes on: it loads one core for a moment)."""
     shared = SharedStack.of_this_worker()
-    if shared is None or request.node.get_closest_marker("exclusive") is not None:
+    node = request.node
+    if (
+        shared is None
+        or node.get_closest_marker("exclusive") is not None
+        or node.get_closest_marker("integration") is None
+    ):
         yield
         return
     with _machine_lock(shared.directory, exclusive=False):
         yield
 
 
+def _file(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A worker writes down the files of the modules marked ``exclusive`` it collected, for
-    the controller's scheduler (which sees test ids only, no markers)."""
+    """A worker writes down, for the controller's scheduler (which sees test ids only, no
+    markers), the files of the modules marked ``exclusive`` (those asking for a warm stack
+    last) and the files without an integration test."""
+    # A test of the services must say so: under two workers, one that does not goes on while
+    # an exclusive module has the machine (and may be killing a service).
+    unmarked = [
+        item.nodeid
+        for item in items
+        if {"services", "start_stack"} & set(getattr(item, "fixturenames", ()))
+        and item.get_closest_marker("integration") is None
+    ]
+    if unmarked:
+        raise pytest.UsageError(
+            "tests that use the services are not marked integration: " + ", ".join(unmarked)
+        )
     shared = SharedStack.of_this_worker()
     if shared is None or not hasattr(config, "workerinput"):
         return
-    files = sorted({i.nodeid.split("::", 1)[0] for i in items if i.get_closest_marker("exclusive")})
+    exclusive: dict[str, int] = {}
+    integration: set[str] = set()
+    for item in items:
+        if (marker := item.get_closest_marker("exclusive")) is not None:
+            exclusive[_file(item)] = int(bool(marker.kwargs.get("warm_stack")))
+        if item.get_closest_marker("integration") is not None:
+            integration.add(_file(item))
+    unit = sorted({_file(item) for item in items} - integration)
     worker = config.workerinput["workerid"]
-    writing = shared.directory / f"writing-exclusive-modules.{worker}"
-    writing.write_text("\n".join(files))
-    writing.rename(shared.directory / f"exclusive-modules.{worker}")  # whole or not at all
+    writing = shared.directory / f"writing-files.{worker}"
+    writing.write_text(json.dumps({"exclusive": exclusive, "unit": unit}))
+    writing.rename(shared.directory / f"files.{worker}")  # whole or not at all
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """``--dist loadfile``, with the exclusive modules made one unit handed out first.
+    """``--dist loadfile``, with the exclusive modules made one unit handed out first, and the
+    files without an integration test next.
 
     A module that has the machine to itself first waits for the test the other worker is
-    running to end, and the other worker stays idle until the module ends: run one after
-    another by one worker, the modules wait once, and they run while the other worker starts
-    the shared stack and gets through what it holds, so they leave the end of the run to
-    tests that share the machine.
+    running to end, and the other worker's integration tests wait until the module ends
+    (:func:`_machine_to_itself`). Run one after another by one worker, the modules wait once;
+    handed out first, they run while the other worker gets through the tests that need no
+    service (which need no lock either), and they leave the end of the run to tests that
+    share the machine. A module marked ``exclusive(warm_stack=True)`` runs after the others,
+    on a stack they have warmed (the proving ground's CI tier takes a fifth longer on a
+    stack just started).
     """
     shared = config.stash.get(_shared_stack, None)
     if shared is None or config.getoption("dist") != "loadfile":
@@ -210,26 +245,39 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     class ExclusiveModulesFirst(LoadFileScheduling):  # type: ignore[misc]  # xdist is untyped
         UNIT = "exclusive modules"
-        _files: set[str] | None = None
+        _files: dict[str, Any] | None = None
+        _ordered = False
+
+        def _written(self) -> dict[str, Any]:
+            # Read once the workers' collections are in (the scheduler splits no sooner).
+            if self._files is None:
+                self._files = {"exclusive": {}, "unit": set()}
+                for written in directory.glob("files.gw*"):
+                    files = json.loads(written.read_text())
+                    self._files["exclusive"].update(files["exclusive"])
+                    self._files["unit"].update(files["unit"])
+            return self._files
 
         def _split_scope(self, nodeid: str) -> str:
             path = super()._split_scope(nodeid)
-            return self.UNIT if path in self._exclusive() else path
-
-        def _exclusive(self) -> set[str]:
-            # Read once the workers' collections are in (the scheduler splits no sooner).
-            if self._files is None:
-                self._files = {
-                    line
-                    for written in directory.glob("exclusive-modules.gw*")
-                    for line in written.read_text().splitlines()
-                }
-            return self._files
+            return self.UNIT if path in self._written()["exclusive"] else path
 
         def _assign_work_unit(self, node: Any) -> None:
-            if self.UNIT in self.workqueue:
-                self.workqueue.move_to_end(self.UNIT, last=False)
+            if not self._ordered:
+                self._ordered = True
+                self._order()
             super()._assign_work_unit(node)
+
+        def _order(self) -> None:
+            queue = self.workqueue
+            for scope in reversed([s for s in queue if s in self._written()["unit"]]):
+                queue.move_to_end(scope, last=False)  # after the exclusive unit, below
+            if self.UNIT in queue:
+                warm_last = self._written()["exclusive"]
+                tests = queue[self.UNIT]
+                order = sorted(tests, key=lambda nodeid: warm_last[nodeid.split("::", 1)[0]])
+                queue[self.UNIT] = {nodeid: tests[nodeid] for nodeid in order}
+                queue.move_to_end(self.UNIT, last=False)
 
     return ExclusiveModulesFirst(config, log)
 

@@ -51,8 +51,9 @@ from millstream.engine.watermarks import WatermarkReport
 from millstream.injectors.source import SourceRecord
 
 # Alone on the machine under scripts/test's two workers: the proving ground's runs load
-# both cores with drivers, injectors and faults.
-pytestmark = pytest.mark.exclusive
+# both cores with drivers, injectors and faults. After the other exclusive modules: its CI
+# tier takes a fifth longer on a stack just started.
+pytestmark = pytest.mark.exclusive(warm_stack=True)
 
 EXTERNAL = os.environ.get("MILLSTREAM_EXTERNAL_SERVICES") == "1"
 
