@@ -23,6 +23,7 @@ is (41 bytes).
 | ``millstream-notx`` | the same, ``transactional_productions=False`` | eo-millstream |
 | ``millstream-watched`` | ``millstream-strong``, three pages of its live view open | exactly-once |
 | ``millstream-viewed`` | the same, key intervals open, one page tailing a stream | exactly-once |
+| ``millstream-3-stages`` | ``millstream-strong``'s count, chained three times | exactly-once |
 | ``millstream-weak`` | weak productions, ``exactly_once=False`` | none |
 
 (``eo-millstream``: exactly-once for millstream's deduplicating readers, at-least-once for
@@ -45,13 +46,15 @@ notes give each Spark Python worker's CPU seconds while draining, and its share 
 loop, Quix, Bytewax, Pathway), their CPU over their whole life, start-up included.
 
 **Latency** (``--rates``, ``--latency-seconds`` at each): after its backlog, the
-``spark-floor``, ``millstream-strong``, ``millstream-notx``, ``millstream-watched`` and
-``millstream-viewed`` instances get paced input at each rate from the same injector (which
-reports its watermark after each poll); latency = the
-moment a ``read_committed`` reader of the output topic received the output minus the event's
-injection time (its event time, which both copy to their output): a transactional producer's
-records are visible only once its transaction commits, so their append time would flatter it.
-Same trigger (0.2 s) for all.
+``spark-floor``, ``millstream-strong``, ``millstream-notx``, ``millstream-watched``,
+``millstream-viewed`` and ``millstream-3-stages`` instances get paced input at each rate from
+the same injector (which reports its watermark after each poll); latency = the moment a
+``read_committed`` reader of the output topic received the output minus the event's injection
+time (its event time, which both copy to their output): a transactional producer's records are
+visible only once its transaction commits, so their append time would flatter it. Same trigger
+(0.2 s) for all. *A further stage*: the three-stage chain's p50 and p95 less
+``millstream-strong``'s (the same count, one stage), over two, against the floor's p50 (one
+batch of the floor, injection to output): issue 24 allows a stage at most that.
 
 **The live view's cost** (``millstream-watched``, ``millstream-viewed``): ``millstream-strong``
 again, with the view of its topology served as ``millstream run --ui-port`` serves it beside a
@@ -106,6 +109,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import itertools
 import json
 import os
 import random
@@ -156,6 +160,7 @@ from bench.kafka_peers import (
 )
 from bench.profiling import Profiler
 from millstream.connectors import cassandra as cassandra_connector
+from millstream.connectors import kafka as kafka_connector
 from millstream.devtools.local.stack import LocalStack
 from millstream.engine.clock import SystemClock
 from millstream.engine.codecs import IntCodec
@@ -199,6 +204,8 @@ PRELOAD_CHUNK = 50_000
 PRELOAD_BATCH_BYTES = 1024 * 1024
 VIEW_PAGES = 3
 VIEWED = ("millstream-watched", "millstream-viewed")  # the rows with the view's pages open
+STAGES = 3
+STAGED = f"millstream-{STAGES}-stages"  # millstream-strong's count, chained STAGES times over
 VIEW_PAGES_SCRIPT = Path(__file__).resolve().parent / "view_pages.py"
 
 
@@ -261,6 +268,13 @@ SYSTEMS = (
         "millstream-viewed",
         "ms-viewed",
         f"millstream-strong with the live view serving {VIEW_PAGES} open pages",
+        "exactly-once",
+        latency=True,
+    ),
+    System(
+        STAGED,
+        "ms-stages",
+        f"millstream-strong's count {STAGES} times over, each count's output the next's input",
         "exactly-once",
         latency=True,
     ),
@@ -826,7 +840,7 @@ def millstream_options(system: str, key_intervals: int | None = None) -> Computa
     """The row's options; ``key_intervals`` (``--key-intervals``) if given, else the
     default's."""
     intervals = ComputationOptions().key_intervals if key_intervals is None else key_intervals
-    if system in ("millstream-strong", *VIEWED):
+    if system in ("millstream-strong", STAGED, *VIEWED):
         # Strong productions, exactly-once, Kafka transactions.
         return ComputationOptions(key_intervals=intervals)
     if system == "millstream-notx":
@@ -839,13 +853,19 @@ def start_millstream(
 ) -> Handle:
     topology = Topology(f"tp_{topics.suffix}", streams=[topics.source])
     name = f"count_{topics.suffix}"
-    topology.add_computation(
-        name,
-        Count(topics.sink),
-        inputs=[topics.source],
-        outputs=[topics.sink],
-        options=millstream_options(system, bench.args.key_intervals),
-    )
+    # STAGED: stage n counts what stage n-1 produced, through a topic between them.
+    between = [f"tp_stage{n}_{topics.suffix}" for n in range(1, STAGES if system == STAGED else 1)]
+    if between:
+        kafka_connector.create_topics(config, between, partitions=PARTITIONS)
+    streams = [topics.source, *between, topics.sink]
+    for stage, (source, sink) in enumerate(itertools.pairwise(streams)):
+        topology.add_computation(
+            name if stage == 0 else f"{name}_{stage + 1}",
+            Count(sink),
+            inputs=[source],
+            outputs=[sink],
+            options=millstream_options(system, bench.args.key_intervals),
+        )
     settings = replace(
         config.run,
         keyspace=f"tp_{topics.suffix}",
@@ -1543,7 +1563,36 @@ def latency_report(
                 f"{rate:>9g} {system.name:<18} {shown} {len(samples):>7}  "
                 + (f"x{ratio:.2f}" if ratio is not None else "")
             )
+        if (stage := stage_latency(rows, rate)) is not None:
+            rows.append(stage)
+            print(
+                f"{rate:>9g} {'a further stage':<18} {stage['p50_ms']:>8.0f} "
+                f"{stage['p95_ms']:>8.0f}  ({STAGED} less millstream-strong, over {STAGES - 1})"
+            )
     return rows
+
+
+def stage_latency(rows: Sequence[dict[str, Any]], rate: float) -> dict[str, Any] | None:
+    """What each stage past the first adds to the latency at ``rate``: the STAGED row's p50
+    and p95 less millstream-strong's (the same count, one stage), over ``STAGES - 1``; None
+    unless the run measured both."""
+    by_system = {row["system"]: row for row in rows}
+    one = by_system.get(f"latency/millstream-strong@{rate:g}")
+    chained = by_system.get(f"latency/{STAGED}@{rate:g}")
+    if one is None or chained is None:
+        return None
+    added = {}
+    for figure in ("p50_ms", "p95_ms"):
+        if one[figure] is None or chained[figure] is None:
+            return None
+        added[figure] = (chained[figure] - one[figure]) / (STAGES - 1)
+    return {
+        "system": f"latency/a-further-stage@{rate:g}",
+        "guarantee": "exactly-once",
+        "records_per_s": None,
+        **added,
+        "rate": rate,
+    }
 
 
 def view_cost_report(
@@ -1769,6 +1818,16 @@ def goals(rows: Sequence[dict[str, Any]]) -> list[Goal]:
                     at_most=bound,
                 )
             )
+        listed.append(
+            Goal(
+                f"a further stage adds at most one floor batch at {rate:g} events/s (p50: "
+                f"{STAGED} less millstream-strong, over {STAGES - 1}, against the floor's)",
+                f"latency/a-further-stage@{rate:g}",
+                f"latency/spark-floor@{rate:g}",
+                "p50_ms",
+                at_most=1.0,
+            )
+        )
     listed += [
         Goal(
             f"a {LARGE_BATCH:,}-record batch on {row['interval_keys']:,} keys within 1.5x of "

@@ -9,12 +9,15 @@ import pytest
 
 from bench.harness import cpu_seconds
 from bench.throughput import (
+    STAGED,
+    STAGES,
     SYSTEMS,
     RunResult,
     cpu_per_record,
     goals_report,
     report,
     run_order,
+    stage_latency,
 )
 
 
@@ -110,6 +113,24 @@ def test_each_goal_is_a_ratio_against_its_bound_met_or_not(
     assert "not met  exactly-once at least as fast as Quix Streams' exactly-once: x0.97" in printed
     assert "rounds: x1.10, x0.97, x1.03 (2 of 3 met)" in printed
     assert "met      latency p50 at 200 events/s" in printed
+
+
+def test_a_further_stage_is_the_chains_latency_less_one_stages_against_the_floors() -> None:
+    rows = [
+        _latency("spark-floor", 200, 500.0, 700.0),
+        _latency("millstream-strong", 200, 600.0, 900.0),
+        _latency(STAGED, 200, 600.0 + (STAGES - 1) * 550.0, 900.0 + (STAGES - 1) * 400.0),
+    ]
+    stage = stage_latency(rows, 200)
+    assert stage is not None
+    assert (stage["p50_ms"], stage["p95_ms"]) == (pytest.approx(550.0), pytest.approx(400.0))
+    assert stage_latency(rows, 2000) is None  # that rate was not measured
+    (row,) = goals_report([*rows, stage])
+    verdicts = {v["goal"].split(" (")[0]: v for v in row["goals"]}
+    verdict = verdicts["a further stage adds at most one floor batch at 200 events/s"]
+    assert (verdict["ratio"], verdict["met"]) == (pytest.approx(1.1), False)
+    assert stage_latency(rows[:2], 200) is None  # no chain, no goal
+    assert len(goals_report(rows[:2])[0]["goals"]) == 2
 
 
 def test_the_large_state_goal_is_the_large_intervals_ratio() -> None:
