@@ -8,13 +8,14 @@ reported on the run's watermark topic, which only millstream reads); then each s
 and drains it as fast as it can. For every input record it writes one output record,
 carrying the key's new count, to a fresh 2-partition output topic. Peers read the same bytes,
 take the key from the Kafka message key, and write plain values of the size of millstream's
-outputs (42 bytes: the count, zero-padded); the two stateless floors forward each input as it
+outputs (42 bytes: the count, zero-padded); the stateless floors forward each input as it
 is (41 bytes).
 
 | row | what (txns: Kafka transactions per interval commit) | guarantee |
 |---|---|---|
 | ``kafka-loop`` | confluent-kafka consume→produce loop, no state | none |
 | ``spark-floor`` | Spark Kafka → ``foreachBatch`` → Kafka, no state | at-least-once |
+| ``spark-floor-3-stages`` | the floor's query, chained three times | at-least-once |
 | ``quix`` | Quix Streams 3, ``processing_guarantee="exactly-once"``, RocksDB | exactly-once |
 | ``bytewax`` | Bytewax 0.21, one worker, state in SQLite recovery partitions | at-least-once |
 | ``pathway`` | Pathway 0.33, two threads, input persisted to the filesystem | at-least-once |
@@ -46,15 +47,19 @@ notes give each Spark Python worker's CPU seconds while draining, and its share 
 loop, Quix, Bytewax, Pathway), their CPU over their whole life, start-up included.
 
 **Latency** (``--rates``, ``--latency-seconds`` at each): after its backlog, the
-``spark-floor``, ``millstream-strong``, ``millstream-notx``, ``millstream-watched``,
-``millstream-viewed`` and ``millstream-3-stages`` instances get paced input at each rate from
-the same injector (which reports its watermark after each poll); latency = the moment a
-``read_committed`` reader of the output topic received the output minus the event's injection
-time (its event time, which both copy to their output): a transactional producer's records are
-visible only once its transaction commits, so their append time would flatter it. Same trigger
-(0.2 s) for all. *A further stage*: the three-stage chain's p50 and p95 less
-``millstream-strong``'s (the same count, one stage), over two, against the floor's p50 (one
-batch of the floor, injection to output): issue 24 allows a stage at most that.
+``spark-floor``, ``spark-floor-3-stages``, ``millstream-strong``, ``millstream-notx``,
+``millstream-watched``, ``millstream-viewed`` and ``millstream-3-stages`` instances get paced
+input at each rate from the same injector (which reports its watermark after each poll);
+latency = the moment a ``read_committed`` reader of the output topic received the output
+minus the event's injection time (its event time, which both copy to their output): a
+transactional producer's records are visible only once its transaction commits, so their
+append time would flatter it. Same trigger (0.2 s) for all. *A further stage*: the
+three-stage chain's p50 and p95 less ``millstream-strong``'s (the same count, one stage), over
+two, against the floor's p50 (one batch of the floor, injection to output): issue 24 allows a
+stage at most that. *A further floor stage*: the same of ``spark-floor-3-stages`` against
+``spark-floor``, what a stage costs Spark itself when each is a query of its own, as
+millstream's are. For a pipeline's rows the notes give each computation's batches and where a
+batch's time went.
 
 **The live view's cost** (``millstream-watched``, ``millstream-viewed``): ``millstream-strong``
 again, with the view of its topology served as ``millstream run --ui-port`` serves it beside a
@@ -124,7 +129,7 @@ import tempfile
 import time
 import venv
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -206,6 +211,7 @@ VIEW_PAGES = 3
 VIEWED = ("millstream-watched", "millstream-viewed")  # the rows with the view's pages open
 STAGES = 3
 STAGED = f"millstream-{STAGES}-stages"  # millstream-strong's count, chained STAGES times over
+FLOOR_STAGED = f"spark-floor-{STAGES}-stages"  # the floor, chained as STAGED is
 VIEW_PAGES_SCRIPT = Path(__file__).resolve().parent / "view_pages.py"
 
 
@@ -269,6 +275,13 @@ SYSTEMS = (
         "ms-viewed",
         f"millstream-strong with the live view serving {VIEW_PAGES} open pages",
         "exactly-once",
+        latency=True,
+    ),
+    System(
+        FLOOR_STAGED,
+        "floor-stages",
+        f"the floor {STAGES} times over, each query's output the next's input",
+        "at-least-once",
         latency=True,
     ),
     System(
@@ -462,16 +475,23 @@ class ProcessHandle:
 class QueryHandle:
     """A plain Spark streaming query."""
 
-    def __init__(self, query: StreamingQuery, on_stop: Callable[[], None] | None = None) -> None:
-        self.query = query
+    def __init__(
+        self,
+        query: StreamingQuery,
+        on_stop: Callable[[], None] | None = None,
+        also: Sequence[StreamingQuery] = (),
+    ) -> None:
+        self.query = query  # the one that reads the input
         self.on_stop = on_stop
+        self.also = list(also)  # a pipeline's further queries
 
     def check(self) -> None:
-        if not self.query.isActive:
-            failure = self.query.exception()
-            if failure is not None:
-                raise failure
-            raise RuntimeError("the Spark query stopped")
+        for query in (self.query, *self.also):
+            if not query.isActive:
+                failure = query.exception()
+                if failure is not None:
+                    raise failure
+                raise RuntimeError("the Spark query stopped")
 
     def first_data_at(self) -> float | None:
         return await_first_batch(lambda: self.query, self.check)
@@ -481,7 +501,8 @@ class QueryHandle:
 
     def stop(self) -> None:
         try:
-            stop_query(self.query)
+            for query in (self.query, *self.also):
+                stop_query(query)
         finally:
             if self.on_stop is not None:
                 self.on_stop()
@@ -682,16 +703,26 @@ def start_peer(
     return ProcessHandle(peer, command, bench.root / f"{peer}-{topics.suffix}")
 
 
-def start_floor(bench: Bench, topics: Topics) -> Handle:
-    query = floor_query(
-        bench.spark(),
-        bench.config,
-        topics.source,
-        topics.sink,
-        str(bench.root / f"floor-{topics.suffix}"),
-        TRIGGER_SECONDS,
-    )
-    return QueryHandle(query)
+def start_floor(bench: Bench, topics: Topics, stages: int = 1) -> Handle:
+    """The floor's query; with ``stages`` > 1, that many, each forwarding the one before's
+    output (FLOOR_STAGED) through topics between them, as ``start_millstream`` chains its
+    counts."""
+    between = [f"tp_floorstage{n}_{topics.suffix}" for n in range(1, stages)]
+    if between:
+        kafka_connector.create_topics(bench.config, between, partitions=PARTITIONS)
+    streams = [topics.source, *between, topics.sink]
+    queries = [
+        floor_query(
+            bench.spark(),
+            bench.config,
+            source,
+            sink,
+            str(bench.root / f"floor-{topics.suffix}-{stage}"),
+            TRIGGER_SECONDS,
+        )
+        for stage, (source, sink) in enumerate(itertools.pairwise(streams))
+    ]
+    return QueryHandle(queries[0], also=queries[1:])
 
 
 def start_tws(bench: Bench, topics: Topics, work_us: float = 0.0) -> Handle:
@@ -1021,8 +1052,8 @@ def _start_and_drain(
     started = time.time()
     if system.name in ("kafka-loop", "quix", "bytewax", "pathway"):
         run.handle = start_peer(bench, run.topics, system.short, python)
-    elif system.name == "spark-floor":
-        run.handle = start_floor(bench, run.topics)
+    elif system.name in ("spark-floor", FLOOR_STAGED):
+        run.handle = start_floor(bench, run.topics, STAGES if system.name == FLOOR_STAGED else 1)
     elif system.name == "spark-tws":
         run.handle = start_tws(bench, run.topics)
     else:
@@ -1063,6 +1094,9 @@ def latency_phases(
         before = watcher.count()
         phase_start = time.time_ns() // 1_000
         cores_before = core_use(bench.services)
+        batches_before = (
+            len(handle.running.batches()) if isinstance(handle, MillstreamHandle) else 0
+        )
         inject_events(
             config,
             topics.source,
@@ -1080,6 +1114,7 @@ def latency_phases(
                 f"at {rate:g} events/s, "
                 + core_note(cores_before, core_use(bench.services), seconds)
                 + spark_phases(handle.spark_query(), phase_start / 1_000_000)
+                + stage_phases(handle, phase_start / 1_000_000, batches_before)
             )
         time.sleep(0.3)
         phase: list[float] = []
@@ -1131,12 +1166,68 @@ def spark_phases(query: StreamingQuery | None, since: float) -> str:
     return f"; Spark per batch (median ms over {len(batches)}): {steps}"
 
 
+def stage_phases(handle: Handle, since: float, batches_before: int) -> str:
+    """For a pipeline's row (a millstream row of more than one computation, or the floor's
+    chain): :func:`computation_phases` of each of its queries' batches triggered at or after
+    ``since`` (wall clock, s), and of the millstream batches recorded after the first
+    ``batches_before``; else ``""``."""
+    recorded: list[BatchMetrics] = []
+    if isinstance(handle, MillstreamHandle):
+        queries = handle.running.queries
+        recorded = handle.running.batches()[batches_before:]
+    elif isinstance(handle, QueryHandle):
+        chain = [handle.query, *handle.also]
+        queries = {f"stage {n}": query for n, query in enumerate(chain, start=1)}
+    else:
+        return ""
+    if len(queries) < 2:
+        return ""
+    triggers = {
+        name: [
+            p.durationMs.get("triggerExecution", 0)
+            for p in query.recentProgress
+            if datetime.fromisoformat(p.timestamp).timestamp() >= since
+        ]
+        for name, query in queries.items()
+    }
+    return computation_phases(triggers, recorded)
+
+
+def computation_phases(
+    triggers: Mapping[str, Sequence[float]], batches: Sequence[BatchMetrics]
+) -> str:
+    """``"; per computation: ..."``: for each computation (by name), its micro-batches and
+    their median ``triggerExecution`` (ms, Spark's; ``triggers``, as far as Spark's recent
+    progress reaches back), the batches that ran a job (millstream's), and each step's mean
+    ms a batch, summed over its tasks and intervals: where a stage of a pipeline spends the
+    batches a record waits through."""
+    parts = []
+    for name in sorted(triggers):
+        ran = [b for b in batches if b.computation == name]
+        total = sum_steps(b.steps for b in ran)
+        steps = ", ".join(
+            f"{step} {total[step].seconds / len(ran) * 1_000:.0f}"
+            for step in (ROUTING, *STEPS)
+            if step in total and total[step].seconds / len(ran) >= 0.0005
+        )
+        spark = triggers[name]
+        median = (
+            f"median {statistics.median(spark):.0f} ms" if spark else "none in Spark's progress"
+        )
+        jobs = f", {len(ran)} ran a job" if batches else ""
+        parts.append(
+            f"{name}: {len(spark)} batches, {median}{jobs}"
+            + (f" (steps, ms a batch: {steps})" if steps else "")
+        )
+    return "; per computation: " + " | ".join(parts) if parts else ""
+
+
 def check_outputs(
     system: System, messages: list[Any], records: int, key_of: Callable[[int], str]
 ) -> str:
     """ "ok", or what is wrong: each key of input ``0 .. records-1`` (``key_of``) counted
     1..n exactly once; for the floors, one output per input."""
-    if system.name in ("kafka-loop", "spark-floor"):
+    if system.name in ("kafka-loop", "spark-floor", FLOOR_STAGED):
         values = {m.value for m in messages}
         if len(messages) == records and len(values) == records:
             return "ok"
@@ -1491,7 +1582,7 @@ def report(
         )
         peers = [s for s in SYSTEMS if s.name in throughput]
         header = (
-            f"{'system':<18} {'guarantee':<14} {'records/s':>10} {'startup s':>9} "
+            f"{'system':<20} {'guarantee':<14} {'records/s':>10} {'startup s':>9} "
             f"{'CPU µs/rec':>10}  " + " ".join(f"{'x' + p.short:>10}" for p in peers) + "  check"
         )
         print(header)
@@ -1507,7 +1598,7 @@ def report(
             cost = row["cpu_us_per_record"]
             used = f"{cost:>10.1f}" if cost is not None else f"{'-':>10}"
             print(
-                f"{row['system']:<18} {row['guarantee']:<14} {shown} {startup} {used}  {cells}  "
+                f"{row['system']:<20} {row['guarantee']:<14} {shown} {startup} {used}  {cells}  "
                 f"{row['error'] or row['check']}"
             )
     rows.extend(latency_report(args, runs))
@@ -1530,7 +1621,7 @@ def latency_report(
         f"trigger {TRIGGER_SECONDS} s, "
         f"{args.latency_seconds:g} s at each rate"
     )
-    print(f"{'events/s':>9} {'system':<18} {'p50':>8} {'p95':>8} {'n':>7}  p50 / floor p50")
+    print(f"{'events/s':>9} {'system':<21} {'p50':>8} {'p95':>8} {'n':>7}  p50 / floor p50")
     for rate in args.rates:
         floor_p50: float | None = None
         for system in measured:
@@ -1560,25 +1651,39 @@ def latency_report(
                 else "      -        -"
             )
             print(
-                f"{rate:>9g} {system.name:<18} {shown} {len(samples):>7}  "
+                f"{rate:>9g} {system.name:<21} {shown} {len(samples):>7}  "
                 + (f"x{ratio:.2f}" if ratio is not None else "")
             )
-        if (stage := stage_latency(rows, rate)) is not None:
+        floor_stage = stage_latency(rows, rate, FLOOR_STAGED)
+        for chained, stage in ((FLOOR_STAGED, floor_stage), (STAGED, stage_latency(rows, rate))):
+            if stage is None:
+                continue
             rows.append(stage)
+            one = "spark-floor" if chained == FLOOR_STAGED else "millstream-strong"
+            than_floors = (
+                f", x{stage['p50_ms'] / floor_stage['p50_ms']:.2f} the floor's further stage"
+                if chained == STAGED and floor_stage is not None and floor_stage["p50_ms"] > 0
+                else ""
+            )
             print(
-                f"{rate:>9g} {'a further stage':<18} {stage['p50_ms']:>8.0f} "
-                f"{stage['p95_ms']:>8.0f}  ({STAGED} less millstream-strong, over {STAGES - 1})"
+                f"{rate:>9g} {stage['label']:<21} {stage['p50_ms']:>8.0f} "
+                f"{stage['p95_ms']:>8.0f}  ({chained} less {one}, over {STAGES - 1}"
+                f"{than_floors})"
             )
     return rows
 
 
-def stage_latency(rows: Sequence[dict[str, Any]], rate: float) -> dict[str, Any] | None:
-    """What each stage past the first adds to the latency at ``rate``: the STAGED row's p50
-    and p95 less millstream-strong's (the same count, one stage), over ``STAGES - 1``; None
-    unless the run measured both."""
+def stage_latency(
+    rows: Sequence[dict[str, Any]], rate: float, chained_system: str = STAGED
+) -> dict[str, Any] | None:
+    """What each stage past the first adds to the latency at ``rate``: the p50 and p95 of
+    ``chained_system`` (STAGED, or FLOOR_STAGED) less its one-stage row's
+    (millstream-strong's, or the floor's), over ``STAGES - 1``; None unless the run
+    measured both."""
+    floor = chained_system == FLOOR_STAGED
     by_system = {row["system"]: row for row in rows}
-    one = by_system.get(f"latency/millstream-strong@{rate:g}")
-    chained = by_system.get(f"latency/{STAGED}@{rate:g}")
+    one = by_system.get(f"latency/{'spark-floor' if floor else 'millstream-strong'}@{rate:g}")
+    chained = by_system.get(f"latency/{chained_system}@{rate:g}")
     if one is None or chained is None:
         return None
     added = {}
@@ -1586,9 +1691,11 @@ def stage_latency(rows: Sequence[dict[str, Any]], rate: float) -> dict[str, Any]
         if one[figure] is None or chained[figure] is None:
             return None
         added[figure] = (chained[figure] - one[figure]) / (STAGES - 1)
+    name = "a-further-floor-stage" if floor else "a-further-stage"
     return {
-        "system": f"latency/a-further-stage@{rate:g}",
-        "guarantee": "exactly-once",
+        "system": f"latency/{name}@{rate:g}",
+        "label": name.replace("-", " "),
+        "guarantee": BY_NAME[chained_system].guarantee,
         "records_per_s": None,
         **added,
         "rate": rate,

@@ -9,16 +9,20 @@ import pytest
 
 from bench.harness import cpu_seconds
 from bench.throughput import (
+    FLOOR_STAGED,
     STAGED,
     STAGES,
     SYSTEMS,
     RunResult,
+    computation_phases,
     cpu_per_record,
     goals_report,
     report,
     run_order,
     stage_latency,
 )
+from millstream.engine.protocol import StepTime
+from millstream.spark.metrics import ROUTING, BatchMetrics
 
 
 def _order(names: list[str], runs: int, warmup: int) -> list[tuple[int, str]]:
@@ -131,6 +135,44 @@ def test_a_further_stage_is_the_chains_latency_less_one_stages_against_the_floor
     assert (verdict["ratio"], verdict["met"]) == (pytest.approx(1.1), False)
     assert stage_latency(rows[:2], 200) is None  # no chain, no goal
     assert len(goals_report(rows[:2])[0]["goals"]) == 2
+
+
+def test_a_further_floor_stage_is_the_floor_chains_latency_less_the_floors() -> None:
+    rows = [
+        _latency("spark-floor", 200, 500.0, 700.0),
+        _latency(FLOOR_STAGED, 200, 500.0 + (STAGES - 1) * 300.0, 700.0 + (STAGES - 1) * 450.0),
+        _latency("millstream-strong", 200, 600.0, 900.0),
+    ]
+    stage = stage_latency(rows, 200, FLOOR_STAGED)
+    assert stage is not None
+    assert stage["system"] == "latency/a-further-floor-stage@200"
+    assert (stage["p50_ms"], stage["p95_ms"]) == (pytest.approx(300.0), pytest.approx(450.0))
+    assert stage_latency(rows, 200) is None  # millstream's chain did not run
+    # The goals hold millstream's stage against the floor's p50, not the floor's stage.
+    assert all("floor-stage" not in v["goal"] for v in goals_report(rows)[0]["goals"])
+
+
+def test_each_stage_of_a_pipeline_says_its_batches_and_where_a_batch_went() -> None:
+    def batch(computation: str, commit: float) -> BatchMetrics:
+        steps = {ROUTING: StepTime(0.02, 0.01), "commit": StepTime(commit, 0.01)}
+        return BatchMetrics(computation=computation, batch_id=0, steps=steps)
+
+    batches = [batch("count", 0.1), batch("count_2", 0.2), batch("count", 0.3)]
+    note = computation_phases(
+        {"count_2": [900.0], "count": [500.0, 700.0, 600.0], "count_3": []}, batches
+    )
+    assert note == (
+        "; per computation: "
+        "count: 3 batches, median 600 ms, 2 ran a job (steps, ms a batch: routing 20, commit 200)"
+        " | count_2: 1 batches, median 900 ms, 1 ran a job (steps, ms a batch: routing 20,"
+        " commit 200)"
+        " | count_3: 0 batches, none in Spark's progress, 0 ran a job"
+    )
+    assert computation_phases({}, batches) == ""
+    # The floor's chain: Spark's batches alone.
+    assert computation_phases({"stage 1": [300.0, 500.0]}, []) == (
+        "; per computation: stage 1: 2 batches, median 400 ms"
+    )
 
 
 def test_the_large_state_goal_is_the_large_intervals_ratio() -> None:
