@@ -14,7 +14,7 @@ import statistics
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
@@ -373,18 +373,38 @@ def floor_query(
     sink: str,
     checkpoint: str,
     trigger_seconds: float,
+    *,
+    further: Sequence[str] = (),
 ) -> StreamingQuery:
     """Spark alone: Kafka → ``foreachBatch`` → Kafka, copying each record's key and value and
-    doing nothing else (no state, at-least-once)."""
+    doing nothing else (no state, at-least-once).
+
+    ``further`` topics make the query a pipeline of its own: it reads ``source`` and every
+    topic of ``further`` but the last, and each batch forwards what it read of each to the
+    next one (``source`` to ``further[0]``, and so on), in one write (the Kafka sink's
+    ``topic`` column); the last of ``further`` is the pipeline's output, and ``sink`` is
+    then its first stage's."""
+    from pyspark.sql import functions as F  # noqa: N812  (pyspark's convention)
+
     connection = kafka_options(config)
+    streams = [source, sink, *further]
+    inputs = streams[:-1]
 
     def forward(batch: DataFrame, batch_id: int) -> None:
-        batch.select("key", "value").write.format("kafka").options(**connection).option(
-            "topic", sink
+        if not further:
+            batch.select("key", "value").write.format("kafka").options(**connection).option(
+                "topic", sink
+            ).save()
+            return
+        topic = F.lit(None).cast("string")
+        for stage, stream in enumerate(inputs):
+            topic = F.when(F.col("topic") == stream, F.lit(streams[stage + 1])).otherwise(topic)
+        batch.select("key", "value", topic.alias("topic")).write.format("kafka").options(
+            **connection
         ).save()
 
     return (
-        kafka_stream(spark, config, [source])
+        kafka_stream(spark, config, inputs)
         .writeStream.foreachBatch(forward)
         .option("checkpointLocation", checkpoint)
         .trigger(processingTime=f"{trigger_seconds} seconds")

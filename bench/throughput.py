@@ -16,6 +16,7 @@ is (41 bytes).
 | ``kafka-loop`` | confluent-kafka consume→produce loop, no state | none |
 | ``spark-floor`` | Spark Kafka → ``foreachBatch`` → Kafka, no state | at-least-once |
 | ``spark-floor-3-stages`` | the floor's query, chained three times | at-least-once |
+| ``spark-floor-3-in-one`` | those stages in one query (a batch forwards each) | at-least-once |
 | ``quix`` | Quix Streams 3, ``processing_guarantee="exactly-once"``, RocksDB | exactly-once |
 | ``bytewax`` | Bytewax 0.21, one worker, state in SQLite recovery partitions | at-least-once |
 | ``pathway`` | Pathway 0.33, two threads, input persisted to the filesystem | at-least-once |
@@ -58,8 +59,9 @@ three-stage chain's p50 and p95 less ``millstream-strong``'s (the same count, on
 two, against the floor's p50 (one batch of the floor, injection to output): issue 24 allows a
 stage at most that. *A further floor stage*: the same of ``spark-floor-3-stages`` against
 ``spark-floor``, what a stage costs Spark itself when each is a query of its own, as
-millstream's are. For a pipeline's rows the notes give each computation's batches and where a
-batch's time went.
+millstream's are; *a further fused stage*: the same of ``spark-floor-3-in-one``, the three
+stages in one query (a record waits a batch a stage). For a pipeline's rows the notes give
+each computation's batches and where a batch's time went.
 
 **The live view's cost** (``millstream-watched``, ``millstream-viewed``): ``millstream-strong``
 again, with the view of its topology served as ``millstream run --ui-port`` serves it beside a
@@ -212,6 +214,12 @@ VIEWED = ("millstream-watched", "millstream-viewed")  # the rows with the view's
 STAGES = 3
 STAGED = f"millstream-{STAGES}-stages"  # millstream-strong's count, chained STAGES times over
 FLOOR_STAGED = f"spark-floor-{STAGES}-stages"  # the floor, chained as STAGED is
+FLOOR_FUSED = f"spark-floor-{STAGES}-in-one"  # FLOOR_STAGED's stages in one query
+FURTHER_STAGE = {  # a pipeline's row: (its one-stage row, the name of what a stage adds)
+    STAGED: ("millstream-strong", "a-further-stage"),
+    FLOOR_STAGED: ("spark-floor", "a-further-floor-stage"),
+    FLOOR_FUSED: ("spark-floor", "a-further-fused-stage"),
+}
 VIEW_PAGES_SCRIPT = Path(__file__).resolve().parent / "view_pages.py"
 
 
@@ -281,6 +289,13 @@ SYSTEMS = (
         FLOOR_STAGED,
         "floor-stages",
         f"the floor {STAGES} times over, each query's output the next's input",
+        "at-least-once",
+        latency=True,
+    ),
+    System(
+        FLOOR_FUSED,
+        "floor-in-one",
+        f"the floor's {STAGES} stages in one query: a batch forwards each stage's input",
         "at-least-once",
         latency=True,
     ),
@@ -703,14 +718,26 @@ def start_peer(
     return ProcessHandle(peer, command, bench.root / f"{peer}-{topics.suffix}")
 
 
-def start_floor(bench: Bench, topics: Topics, stages: int = 1) -> Handle:
+def start_floor(bench: Bench, topics: Topics, stages: int = 1, *, fused: bool = False) -> Handle:
     """The floor's query; with ``stages`` > 1, that many, each forwarding the one before's
     output (FLOOR_STAGED) through topics between them, as ``start_millstream`` chains its
-    counts."""
+    counts; ``fused``: those stages in one query (FLOOR_FUSED)."""
     between = [f"tp_floorstage{n}_{topics.suffix}" for n in range(1, stages)]
     if between:
         kafka_connector.create_topics(bench.config, between, partitions=PARTITIONS)
     streams = [topics.source, *between, topics.sink]
+    if fused:
+        return QueryHandle(
+            floor_query(
+                bench.spark(),
+                bench.config,
+                topics.source,
+                streams[1],
+                str(bench.root / f"floor-{topics.suffix}"),
+                TRIGGER_SECONDS,
+                further=streams[2:],
+            )
+        )
     queries = [
         floor_query(
             bench.spark(),
@@ -1052,8 +1079,9 @@ def _start_and_drain(
     started = time.time()
     if system.name in ("kafka-loop", "quix", "bytewax", "pathway"):
         run.handle = start_peer(bench, run.topics, system.short, python)
-    elif system.name in ("spark-floor", FLOOR_STAGED):
-        run.handle = start_floor(bench, run.topics, STAGES if system.name == FLOOR_STAGED else 1)
+    elif system.name in ("spark-floor", FLOOR_STAGED, FLOOR_FUSED):
+        stages = 1 if system.name == "spark-floor" else STAGES
+        run.handle = start_floor(bench, run.topics, stages, fused=system.name == FLOOR_FUSED)
     elif system.name == "spark-tws":
         run.handle = start_tws(bench, run.topics)
     else:
@@ -1227,7 +1255,7 @@ def check_outputs(
 ) -> str:
     """ "ok", or what is wrong: each key of input ``0 .. records-1`` (``key_of``) counted
     1..n exactly once; for the floors, one output per input."""
-    if system.name in ("kafka-loop", "spark-floor", FLOOR_STAGED):
+    if system.name in ("kafka-loop", "spark-floor", FLOOR_STAGED, FLOOR_FUSED):
         values = {m.value for m in messages}
         if len(messages) == records and len(values) == records:
             return "ok"
@@ -1655,11 +1683,12 @@ def latency_report(
                 + (f"x{ratio:.2f}" if ratio is not None else "")
             )
         floor_stage = stage_latency(rows, rate, FLOOR_STAGED)
-        for chained, stage in ((FLOOR_STAGED, floor_stage), (STAGED, stage_latency(rows, rate))):
+        for chained in (FLOOR_STAGED, FLOOR_FUSED, STAGED):
+            stage = stage_latency(rows, rate, chained)
             if stage is None:
                 continue
             rows.append(stage)
-            one = "spark-floor" if chained == FLOOR_STAGED else "millstream-strong"
+            one = FURTHER_STAGE[chained][0]
             than_floors = (
                 f", x{stage['p50_ms'] / floor_stage['p50_ms']:.2f} the floor's further stage"
                 if chained == STAGED and floor_stage is not None and floor_stage["p50_ms"] > 0
@@ -1677,12 +1706,11 @@ def stage_latency(
     rows: Sequence[dict[str, Any]], rate: float, chained_system: str = STAGED
 ) -> dict[str, Any] | None:
     """What each stage past the first adds to the latency at ``rate``: the p50 and p95 of
-    ``chained_system`` (STAGED, or FLOOR_STAGED) less its one-stage row's
-    (millstream-strong's, or the floor's), over ``STAGES - 1``; None unless the run
-    measured both."""
-    floor = chained_system == FLOOR_STAGED
+    ``chained_system`` (one of FURTHER_STAGE) less its one-stage row's, over ``STAGES - 1``;
+    None unless the run measured both."""
+    one_stage, name = FURTHER_STAGE[chained_system]
     by_system = {row["system"]: row for row in rows}
-    one = by_system.get(f"latency/{'spark-floor' if floor else 'millstream-strong'}@{rate:g}")
+    one = by_system.get(f"latency/{one_stage}@{rate:g}")
     chained = by_system.get(f"latency/{chained_system}@{rate:g}")
     if one is None or chained is None:
         return None
@@ -1691,7 +1719,6 @@ def stage_latency(
         if one[figure] is None or chained[figure] is None:
             return None
         added[figure] = (chained[figure] - one[figure]) / (STAGES - 1)
-    name = "a-further-floor-stage" if floor else "a-further-stage"
     return {
         "system": f"latency/{name}@{rate:g}",
         "label": name.replace("-", " "),

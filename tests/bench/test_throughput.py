@@ -9,6 +9,7 @@ import pytest
 
 from bench.harness import cpu_seconds
 from bench.throughput import (
+    FLOOR_FUSED,
     FLOOR_STAGED,
     STAGED,
     STAGES,
@@ -147,6 +148,11 @@ def test_a_further_floor_stage_is_the_floor_chains_latency_less_the_floors() -> 
     assert stage is not None
     assert stage["system"] == "latency/a-further-floor-stage@200"
     assert (stage["p50_ms"], stage["p95_ms"]) == (pytest.approx(300.0), pytest.approx(450.0))
+    rows.append(_latency(FLOOR_FUSED, 200, 500.0 + (STAGES - 1) * 200.0, 900.0))
+    fused = stage_latency(rows, 200, FLOOR_FUSED)
+    assert fused is not None
+    assert fused["system"] == "latency/a-further-fused-stage@200"
+    assert (fused["p50_ms"], fused["p95_ms"]) == (pytest.approx(200.0), pytest.approx(100.0))
     assert stage_latency(rows, 200) is None  # millstream's chain did not run
     # The goals hold millstream's stage against the floor's p50, not the floor's stage.
     assert all("floor-stage" not in v["goal"] for v in goals_report(rows)[0]["goals"])
