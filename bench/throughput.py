@@ -216,9 +216,9 @@ STAGED = f"millstream-{STAGES}-stages"  # millstream-strong's count, chained STA
 FLOOR_STAGED = f"spark-floor-{STAGES}-stages"  # the floor, chained as STAGED is
 FLOOR_FUSED = f"spark-floor-{STAGES}-in-one"  # FLOOR_STAGED's stages in one query
 FURTHER_STAGE = {  # a pipeline's row: (its one-stage row, the name of what a stage adds)
-    STAGED: ("millstream-strong", "a-further-stage"),
     FLOOR_STAGED: ("spark-floor", "a-further-floor-stage"),
     FLOOR_FUSED: ("spark-floor", "a-further-fused-stage"),
+    STAGED: ("millstream-strong", "a-further-stage"),
 }
 VIEW_PAGES_SCRIPT = Path(__file__).resolve().parent / "view_pages.py"
 
@@ -498,10 +498,10 @@ class QueryHandle:
     ) -> None:
         self.query = query  # the one that reads the input
         self.on_stop = on_stop
-        self.also = list(also)  # a pipeline's further queries
+        self.chain = [query, *also]  # and a pipeline's further queries, in order
 
     def check(self) -> None:
-        for query in (self.query, *self.also):
+        for query in self.chain:
             if not query.isActive:
                 failure = query.exception()
                 if failure is not None:
@@ -516,7 +516,7 @@ class QueryHandle:
 
     def stop(self) -> None:
         try:
-            for query in (self.query, *self.also):
+            for query in self.chain:
                 stop_query(query)
         finally:
             if self.on_stop is not None:
@@ -1175,17 +1175,23 @@ SPARK_PHASES: Final = ("walCommit", "addBatch", "commitOffsets", "triggerExecuti
 log, running the batch (``foreachBatch``), writing the commit log, and all of it."""
 
 
+def durations_since(query: StreamingQuery, since: float) -> list[dict[str, int]]:
+    """The ``durationMs`` of ``query``'s batches triggered at or after ``since`` (wall
+    clock, s), as far as Spark's recent progress reaches back."""
+    return [
+        p.durationMs
+        for p in query.recentProgress
+        if datetime.fromisoformat(p.timestamp).timestamp() >= since
+    ]
+
+
 def spark_phases(query: StreamingQuery | None, since: float) -> str:
     """``"; Spark per batch (median ms over N): ..."`` for ``query``'s batches triggered
     at or after ``since`` (wall clock, s), or ``""``: where a batch's time went, Spark's own
     steps included."""
     if query is None:
         return ""
-    batches = [
-        p.durationMs
-        for p in query.recentProgress
-        if datetime.fromisoformat(p.timestamp).timestamp() >= since
-    ]
+    batches = durations_since(query, since)
     if not batches:
         return ""
     steps = ", ".join(
@@ -1204,18 +1210,13 @@ def stage_phases(handle: Handle, since: float, batches_before: int) -> str:
         queries = handle.running.queries
         recorded = handle.running.batches()[batches_before:]
     elif isinstance(handle, QueryHandle):
-        chain = [handle.query, *handle.also]
-        queries = {f"stage {n}": query for n, query in enumerate(chain, start=1)}
+        queries = {f"stage {n}": query for n, query in enumerate(handle.chain, start=1)}
     else:
         return ""
     if len(queries) < 2:
         return ""
     triggers = {
-        name: [
-            p.durationMs.get("triggerExecution", 0)
-            for p in query.recentProgress
-            if datetime.fromisoformat(p.timestamp).timestamp() >= since
-        ]
+        name: [d.get("triggerExecution", 0) for d in durations_since(query, since)]
         for name, query in queries.items()
     }
     return computation_phases(triggers, recorded)
@@ -1682,20 +1683,20 @@ def latency_report(
                 f"{rate:>9g} {system.name:<21} {shown} {len(samples):>7}  "
                 + (f"x{ratio:.2f}" if ratio is not None else "")
             )
-        floor_stage = stage_latency(rows, rate, FLOOR_STAGED)
-        for chained in (FLOOR_STAGED, FLOOR_FUSED, STAGED):
-            stage = stage_latency(rows, rate, chained)
+        stages = {chained: stage_latency(rows, rate, chained) for chained in FURTHER_STAGE}
+        floor_stage = stages[FLOOR_STAGED]
+        for chained, stage in stages.items():
             if stage is None:
                 continue
             rows.append(stage)
-            one = FURTHER_STAGE[chained][0]
+            one, name = FURTHER_STAGE[chained]
             than_floors = (
                 f", x{stage['p50_ms'] / floor_stage['p50_ms']:.2f} the floor's further stage"
                 if chained == STAGED and floor_stage is not None and floor_stage["p50_ms"] > 0
                 else ""
             )
             print(
-                f"{rate:>9g} {stage['label']:<21} {stage['p50_ms']:>8.0f} "
+                f"{rate:>9g} {name.replace('-', ' '):<21} {stage['p50_ms']:>8.0f} "
                 f"{stage['p95_ms']:>8.0f}  ({chained} less {one}, over {STAGES - 1}"
                 f"{than_floors})"
             )
@@ -1721,7 +1722,6 @@ def stage_latency(
         added[figure] = (chained[figure] - one[figure]) / (STAGES - 1)
     return {
         "system": f"latency/{name}@{rate:g}",
-        "label": name.replace("-", " "),
         "guarantee": BY_NAME[chained_system].guarantee,
         "records_per_s": None,
         **added,
