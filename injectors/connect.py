@@ -87,7 +87,9 @@ def _connected(
     try:
         store = CassandraIntervalStore(session, settings.keyspace, clock, table=settings.table)
         sink = kafka_connector.KafkaProductionSink(config)
-        channel = kafka_connector.KafkaWatermarkTopic(config)
+        # Not created again here, out of the outage's reach: provision created or checked it,
+        # and the first write (a retried step) makes sure of it once more.
+        channel = kafka_connector.KafkaWatermarkTopic(config, create=False)
         try:
             with ExitStack() as serving:
                 registry = None

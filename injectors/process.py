@@ -243,7 +243,7 @@ class InjectorProcess:
         self.source.open(checkpoint.position)
         self._started = True
         # Say at once where this process stands: a restarted one un-silences its streams.
-        self._report(heartbeat=False)
+        self._outage.retry(lambda: self._report(heartbeat=False))
 
     def step(self) -> None:
         """One poll: read, send, checkpoint, report (or heartbeat if idle)."""

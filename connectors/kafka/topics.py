@@ -97,7 +97,11 @@ def _result(admin: AdminClient, future: Future[None], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not future.done() and time.monotonic() < deadline:
         admin.poll(0.1)
-    future.result(timeout=max(0.0, deadline - time.monotonic()))
+    try:
+        future.result(timeout=max(0.0, deadline - time.monotonic()))
+    except TimeoutError:  # concurrent.futures' own since Python 3.11
+        # Bare, it would say only "TimeoutError" (what a process that gives up prints).
+        raise TimeoutError(f"Kafka did not answer an admin request within {timeout:g} s") from None
 
 
 def stream_topic(stream: str) -> str:

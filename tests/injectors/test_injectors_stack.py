@@ -629,3 +629,51 @@ def test_an_injector_started_while_cassandra_does_not_answer_starts_once_it_does
     assert f"Cassandra at 127.0.0.1:{cassandra.port} (connection refused)" in waits()[0]
     values = sorted(int(r.value) for r in read_stream(services, name))
     assert sorted(set(values)) == list(range(total))
+
+
+def test_an_injector_whose_kafka_stops_answering_as_it_connects_waits_it_out(
+    services: MillstreamConfig,
+    cassandra_keyspace: Callable[[], str],
+    streams: StreamNames,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A supervisor restarts an injector as a broker dies: provisioning went through, then
+    Kafka's admin requests time out (the watermark topic's check, the wake topics of its first
+    report). It waits them out instead of exiting with a bare TimeoutError."""
+    from millstream.connectors.kafka import topics
+    from millstream.connectors.provisioning import provision
+
+    keyspace = cassandra_keyspace()
+    name = streams.new("admin")
+    total = 20
+    unanswered = [0]  # admin requests to time out from now on
+    answer = topics._result
+
+    def result(*args: Any, **kwargs: Any) -> None:
+        if unanswered[0]:
+            unanswered[0] -= 1
+            raise TimeoutError("Kafka did not answer an admin request within 30 s")
+        answer(*args, **kwargs)
+
+    def provisioned(*args: Any, **kwargs: Any) -> None:
+        provision(*args, **kwargs)
+        unanswered[0] = 2  # provisioning went through: the broker goes away now
+
+    monkeypatch.setattr(topics, "_result", result)
+    monkeypatch.setattr("millstream.injectors.connect.provision", provisioned)
+    caplog.set_level("WARNING", logger="millstream.engine.outages")
+    source = Paced(name, total, per_poll=5, interval=0.01)
+    settings = run_settings(services, keyspace)
+    options = InjectorOptions(outage_timeout=60.0)  # past it, a clear failure
+    with connect_injector(services, name, source, options, settings) as injector:
+        injector.start()
+        deadline = time.monotonic() + 60
+        while injector.stats.emitted < total:
+            assert time.monotonic() < deadline, injector.stats
+            injector.step()
+    assert unanswered == [0]
+    waits = [m for m in caplog.messages if f"injector {name!r}" in m and "waiting for" in m]
+    assert len(waits) == 2, caplog.messages
+    values = sorted(int(r.value) for r in read_stream(services, name))
+    assert values == list(range(total))

@@ -183,3 +183,22 @@ def test_a_watermark_report_while_kafka_is_down_is_waited_out(
     assert len(waited) == 3
     assert len(harness.reports()) == reports + 1
     assert harness.reports()[-1].watermark == 3 * SECOND
+
+
+def test_the_report_a_starting_injector_makes_is_waited_out_while_kafka_does_not_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Restarted while a broker is down (a supervisor's restart): its first report, which may
+    create the streams' wake topics, times out as an admin request does, and is retried."""
+    harness = injector_harness("nums", Numbers(per_poll=3))
+    process, waited = waiting_process(harness)
+    channel = process.watermarks
+    reports = len(harness.reports())
+
+    def admin_timeout() -> TimeoutError:
+        return TimeoutError("Kafka did not answer an admin request within 30 s")
+
+    monkeypatch.setattr(channel, "publish", failing(2, admin_timeout, channel.publish))
+    process.start()
+    assert len(waited) == 2
+    assert len(harness.reports()) == reports + 1
