@@ -411,7 +411,7 @@ class RunningTopology:
             # Sweeping while the queries run (process_available sweeps during its rounds).
             self._sweeper.start()
             for spec in self._ordered():
-                self._start_query(spec)
+                self._start_query_through_outage(spec)
 
     def __enter__(self) -> RunningTopology:
         return self
@@ -504,7 +504,7 @@ class RunningTopology:
         for round_number in range(1, max_rounds + 1):
             before = self._input_count()
             for spec in self._ordered():
-                query = self._start_query(spec)
+                query = self._start_query_through_outage(spec)
                 remaining = max(1.0, deadline - time.monotonic())
                 finished = query.awaitTermination(math.ceil(remaining))
                 with self._lock:
@@ -664,7 +664,7 @@ class RunningTopology:
             _TAKE_BACKS,
             short_error(failure),
         )
-        self._start_query(spec)
+        self._start_query_through_outage(spec)
 
     def await_termination(self, poll: float = 1.0) -> None:
         """Block until every query stopped; raises the error of a failed one."""
@@ -703,7 +703,7 @@ class RunningTopology:
             self.config, self.settings, streams=_streams([spec]), store=False, watermark_topic=False
         )
         if isinstance(self.trigger, ProcessingTime) and self._prepared:
-            self._start_query(spec)
+            self._start_query_through_outage(spec)
         return spec
 
     def remove_computation(self, name: str) -> ComputationSpec:
@@ -911,6 +911,17 @@ class RunningTopology:
     def checkpoint(self, computation: str) -> Path:
         """Where the query of ``computation`` keeps its Kafka offsets."""
         return self.checkpoint_root / self.topology.name / computation
+
+    def _start_query_through_outage(self, spec: ComputationSpec) -> StreamingQuery:
+        """:meth:`_start_query`, waiting out Kafka or Cassandra not answering: a driver
+        restarted as a broker or a node dies gets through provisioning and then meets the
+        outage here (the wake topics, the end offsets, the layout store's session)."""
+        return start_through_outage(
+            self.config,
+            f"computation {spec.name!r} starting",
+            lambda: self._start_query(spec),
+            self.settings.outage_timeout,
+        )
 
     def _start_query(self, spec: ComputationSpec) -> StreamingQuery:
         with self._lock:

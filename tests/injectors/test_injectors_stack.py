@@ -51,6 +51,7 @@ from millstream.spark.runner import (
     RunningTopology,
     run_topology,
 )
+from tests.admin_timeouts import AdminTimeouts
 from tests.forwarding import LateService
 from tests.injectors.logfile_app import parse
 from tests.spark.test_runner import read_topic
@@ -641,27 +642,10 @@ def test_an_injector_whose_kafka_stops_answering_as_it_connects_waits_it_out(
     """A supervisor restarts an injector as a broker dies: provisioning went through, then
     Kafka's admin requests time out (the watermark topic's check, the wake topics of its first
     report). It waits them out instead of exiting with a bare TimeoutError."""
-    from millstream.connectors.kafka import topics
-    from millstream.connectors.provisioning import provision
-
     keyspace = cassandra_keyspace()
     name = streams.new("admin")
     total = 20
-    unanswered = [0]  # admin requests to time out from now on
-    answer = topics._result
-
-    def result(*args: Any, **kwargs: Any) -> None:
-        if unanswered[0]:
-            unanswered[0] -= 1
-            raise TimeoutError("Kafka did not answer an admin request within 30 s")
-        answer(*args, **kwargs)
-
-    def provisioned(*args: Any, **kwargs: Any) -> None:
-        provision(*args, **kwargs)
-        unanswered[0] = 2  # provisioning went through: the broker goes away now
-
-    monkeypatch.setattr(topics, "_result", result)
-    monkeypatch.setattr("millstream.injectors.connect.provision", provisioned)
+    timeouts = AdminTimeouts(monkeypatch, "millstream.injectors.connect")
     caplog.set_level("WARNING", logger="millstream.engine.outages")
     source = Paced(name, total, per_poll=5, interval=0.01)
     settings = run_settings(services, keyspace)
@@ -672,7 +656,7 @@ def test_an_injector_whose_kafka_stops_answering_as_it_connects_waits_it_out(
         while injector.stats.emitted < total:
             assert time.monotonic() < deadline, injector.stats
             injector.step()
-    assert unanswered == [0]
+    assert timeouts.left == 0
     waits = [m for m in caplog.messages if f"injector {name!r}" in m and "waiting for" in m]
     assert len(waits) == 2, caplog.messages
     values = sorted(int(r.value) for r in read_stream(services, name))

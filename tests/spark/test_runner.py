@@ -57,6 +57,7 @@ from millstream.spark.runner import (
     Trigger,
     run_topology,
 )
+from tests.admin_timeouts import AdminTimeouts
 from tests.forwarding import LateService
 from tests.waiting import InBackground, wait_until
 
@@ -1366,5 +1367,36 @@ def test_a_topology_started_while_cassandra_does_not_answer_starts_once_it_does(
         assert settings.table in {row.table_name for row in tables}
         topics = kafka_connector.admin_client(services).list_topics(timeout=10).topics
         assert {f"{name}-in", f"{name}-out"} <= set(topics)
+    finally:
+        kafka_connector.delete_topics(services, sorted(topology.streams()))
+
+
+def test_a_driver_whose_kafka_stops_answering_after_provisioning_starts_once_it_answers(
+    services: MillstreamConfig,
+    spark: SparkSession,
+    cassandra_keyspace: Callable[[], str],
+    unique: Callable[[str], str],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
+) -> None:
+    """As a supervisor restarts a driver while a broker dies: provisioning went through, then
+    Kafka's admin requests time out as the query starts (its wake topics). The start waits
+    them out instead of failing with a bare TimeoutError."""
+    name = unique("admin")
+    topology = Topology(name, streams=[f"{name}-in"])
+    topology.add_computation("c", Idle(), inputs=[f"{name}-in"], outputs=[f"{name}-out"])
+    timeouts = AdminTimeouts(monkeypatch, "millstream.spark.runner")
+    caplog.set_level("WARNING", logger="millstream.engine.outages")
+    settings = replace(services.run, keyspace=cassandra_keyspace(), checkpoint_root=tmp_path / "c")
+    try:
+        with RunningTopology(
+            topology, services, settings, trigger=ProcessingTime(0.2), spark=spark
+        ) as running:
+            running.start()
+            assert running.active_computations == ["c"]
+        assert timeouts.left == 0
+        waits = [m for m in caplog.messages if "computation 'c' starting: waiting" in m]
+        assert len(waits) == 2, caplog.messages
     finally:
         kafka_connector.delete_topics(services, sorted(topology.streams()))
