@@ -93,15 +93,20 @@ def delete_topics(config: MillstreamConfig, names: Sequence[str], timeout: float
 def _result(admin: AdminClient, future: Future[None], timeout: float) -> None:
     """``future.result(timeout)``, serving the admin client's error callback meanwhile: refused
     credentials then fail at once with a :class:`ConfigError` (see :func:`client_settings`),
-    not as a timeout."""
+    not as a timeout. No answer in time raises a ``KafkaException`` of ``_TIMED_OUT``."""
     deadline = time.monotonic() + timeout
     while not future.done() and time.monotonic() < deadline:
         admin.poll(0.1)
     try:
         future.result(timeout=max(0.0, deadline - time.monotonic()))
     except TimeoutError:  # concurrent.futures' own since Python 3.11
-        # Bare, it would say only "TimeoutError" (what a process that gives up prints).
-        raise TimeoutError(f"Kafka did not answer an admin request within {timeout:g} s") from None
+        # As librdkafka's own timeouts are: an outage that names Kafka (a bare TimeoutError
+        # says neither which service nor what it was asked).
+        raise KafkaException(
+            KafkaError(
+                KafkaError._TIMED_OUT, f"Kafka did not answer an admin request within {timeout:g} s"
+            )
+        ) from None
 
 
 def stream_topic(stream: str) -> str:

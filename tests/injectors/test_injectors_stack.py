@@ -641,7 +641,7 @@ def test_an_injector_whose_kafka_stops_answering_as_it_connects_waits_it_out(
 ) -> None:
     """A supervisor restarts an injector as a broker dies: provisioning went through, then
     Kafka's admin requests time out (the watermark topic's check, the wake topics of its first
-    report). It waits them out instead of exiting with a bare TimeoutError."""
+    report). It waits them out, saying it waits for Kafka, instead of exiting."""
     keyspace = cassandra_keyspace()
     name = streams.new("admin")
     total = 20
@@ -657,7 +657,7 @@ def test_an_injector_whose_kafka_stops_answering_as_it_connects_waits_it_out(
             assert time.monotonic() < deadline, injector.stats
             injector.step()
     assert timeouts.left == 0
-    waits = [m for m in caplog.messages if f"injector {name!r}" in m and "waiting for" in m]
+    waits = [m for m in caplog.messages if f"injector {name!r}" in m and "waiting for Kafka (" in m]
     assert len(waits) == 2, caplog.messages
     values = sorted(int(r.value) for r in read_stream(services, name))
     assert values == list(range(total))

@@ -195,8 +195,10 @@ def test_the_report_a_starting_injector_makes_is_waited_out_while_kafka_does_not
     channel = process.watermarks
     reports = len(harness.reports())
 
-    def admin_timeout() -> TimeoutError:
-        return TimeoutError("Kafka did not answer an admin request within 30 s")
+    def admin_timeout() -> KafkaException:
+        return KafkaException(
+            KafkaError(KafkaError._TIMED_OUT, "Kafka did not answer an admin request within 30 s")
+        )
 
     monkeypatch.setattr(channel, "publish", failing(2, admin_timeout, channel.publish))
     process.start()

@@ -1382,7 +1382,7 @@ def test_a_driver_whose_kafka_stops_answering_after_provisioning_starts_once_it_
 ) -> None:
     """As a supervisor restarts a driver while a broker dies: provisioning went through, then
     Kafka's admin requests time out as the query starts (its wake topics). The start waits
-    them out instead of failing with a bare TimeoutError."""
+    them out, saying it waits for Kafka, instead of failing."""
     name = unique("admin")
     topology = Topology(name, streams=[f"{name}-in"])
     topology.add_computation("c", Idle(), inputs=[f"{name}-in"], outputs=[f"{name}-out"])
@@ -1396,7 +1396,7 @@ def test_a_driver_whose_kafka_stops_answering_after_provisioning_starts_once_it_
             running.start()
             assert running.active_computations == ["c"]
         assert timeouts.left == 0
-        waits = [m for m in caplog.messages if "computation 'c' starting: waiting" in m]
+        waits = [m for m in caplog.messages if "computation 'c' starting: waiting for Kafka (" in m]
         assert len(waits) == 2, caplog.messages
     finally:
         kafka_connector.delete_topics(services, sorted(topology.streams()))
