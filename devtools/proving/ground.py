@@ -166,6 +166,8 @@ _PAUSES: Final = {
 }
 # The pause-point faults that kill the parked Spark Python worker (the others: the driver).
 _WORKER_KILLS: Final = ("worker", "worker-transaction")
+# Of an unplanned exit's traceback in the report (its log keeps the last 30 lines).
+_TRACEBACK_LINES: Final = 24
 _ERROR_LINE: Final = re.compile(r"^([\w.$]+\.)?\w*(Error|Exception)\b")
 _SPLIT_STEPS: Final = ("rebalance.fence", "rebalance.copy", "rebalance.retire")
 SPLIT_HOT_SHARE: Final = 0.8
@@ -275,6 +277,15 @@ class Unplanned:
         named = [line for line in lines if _ERROR_LINE.match(line)]
         return (named or lines[-1:] or [""])[-1]
 
+    @property
+    def traceback(self) -> list[str]:
+        """The log's last Python traceback, from its ``Traceback`` line on (at most
+        :data:`_TRACEBACK_LINES` lines, the last): where the process failed, shown in the
+        report because a CI machine keeps no run directory to read it in."""
+        lines = self.log.rstrip().splitlines()
+        starts = [n for n, line in enumerate(lines) if line.startswith("Traceback ")]
+        return lines[starts[-1] :][-_TRACEBACK_LINES:] if starts else []
+
 
 @dataclass
 class GroundReport:
@@ -324,6 +335,7 @@ class GroundReport:
             lines += ["", f"unplanned exits: {len(self.unplanned)}"]
             for exit in self.unplanned:
                 lines.append(f"  {exit.role} exited with {exit.code}: {exit.error[:300]}")
+                lines.extend(f"    {line[:300]}" for line in exit.traceback)
         if self.passed:
             lines += ["", "PASSED"]
         else:

@@ -239,6 +239,28 @@ def test_an_unplanned_exit_is_reported_by_the_line_naming_its_error() -> None:
 
 
 @pytest.mark.unit
+def test_an_unplanned_exit_shows_its_last_traceback_in_the_report(tmp_path: Path) -> None:
+    """A CI machine keeps no run directory: the report itself says where the process failed."""
+    from millstream.devtools.proving.ground import Unplanned
+
+    log = (
+        "2026-12-03 07:35:23,647 millstream.engine.outages: waiting for Kafka\n"
+        "Traceback (most recent call last):\n"
+        '  File "connect.py", line 90, in _connected\n'
+        "    channel = kafka_connector.KafkaWatermarkTopic(config)\n"
+        "TimeoutError\n"
+    )
+    exit = Unplanned("injector", 1, log)
+    assert exit.traceback == log.splitlines()[1:]
+    assert Unplanned("injector", 1, "no traceback\n").traceback == []
+    report = GroundReport("r", 1, TIERS["ci"], tmp_path)
+    report.unplanned.append(exit)
+    rendered = report.render().splitlines()
+    at = rendered.index("  injector exited with 1: TimeoutError")
+    assert rendered[at + 1 : at + 5] == [f"    {line}" for line in log.splitlines()[1:]]
+
+
+@pytest.mark.unit
 def test_an_unplanned_exit_fails_a_run_that_lost_nothing(tmp_path: Path) -> None:
     from millstream.devtools.proving.ground import Unplanned
 
