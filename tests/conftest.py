@@ -12,6 +12,7 @@ which outlives the workers, stops what they started (:class:`SharedStack`).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -134,6 +135,11 @@ class SharedStack:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
+# How many machine locks this worker holds (see _machine_lock): a stack started while it
+# holds one must not wait for another.
+_machine_locks_held = 0
+
+
 @contextmanager
 def _machine_lock(directory: Path, exclusive: bool) -> Iterator[None]:
     """The machine shared (``exclusive=False``) with the other worker's tests, or had alone.
@@ -147,13 +153,18 @@ def _machine_lock(directory: Path, exclusive: bool) -> Iterator[None]:
         (directory / "turnstile").open("w") as turnstile,
         (directory / "machine").open("w") as machine,
     ):
+        global _machine_locks_held
         fcntl.flock(turnstile, fcntl.LOCK_EX)
         if exclusive:
             fcntl.flock(machine, fcntl.LOCK_EX)
         else:
             fcntl.flock(machine, fcntl.LOCK_SH)
             fcntl.flock(turnstile, fcntl.LOCK_UN)
-        yield  # both released as the files close
+        _machine_locks_held += 1
+        try:
+            yield  # both released as the files close
+        finally:
+            _machine_locks_held -= 1
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -334,7 +345,16 @@ def services(pytestconfig: pytest.Config) -> Iterator[MillstreamConfig]:
         shared = SharedStack.of_this_worker()
         if shared is not None:
             capture = pytestconfig.pluginmanager.getplugin("capturemanager")
-            with capture.global_and_fixture_disabled():
+            # Started while an exclusive module of the other worker runs, the stack's JVMs
+            # would take the cores from its faults and timings (the replicated stack's
+            # proving ground): it waits for the machine, unless this worker holds it already
+            # (a fixture asking for the services in the middle of a test).
+            waiting = (
+                contextlib.nullcontext()
+                if _machine_locks_held
+                else _machine_lock(shared.directory, exclusive=False)
+            )
+            with waiting, capture.global_and_fixture_disabled():
                 shared.up(stack, _progress)
             yield config
             _delete_session_topics(config)
