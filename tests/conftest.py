@@ -31,6 +31,7 @@ import pytest
 from millstream.connectors import cassandra as cassandra_connector
 from millstream.connectors import kafka as kafka_connector
 from millstream.engine.config import MillstreamConfig, load_config
+from tests.watermark_topics import delete_watermark_topics
 
 if TYPE_CHECKING:
     from cassandra.cluster import Session
@@ -366,11 +367,7 @@ def services(pytestconfig: pytest.Config) -> Iterator[MillstreamConfig]:
 
 def _delete_session_topics(config: MillstreamConfig) -> None:
     """The session's watermark topic, its transaction marker topic and the wake topics."""
-    kafka_connector.delete_wake_topics(config)
-    kafka_connector.delete_topics(
-        config,
-        [config.kafka_watermark_topic, kafka_connector.transaction_marker_topic(config)],
-    )
+    delete_watermark_topics(config)
 
 
 @pytest.fixture

@@ -46,6 +46,7 @@ from millstream.engine.watermarks import (
     computation_source,
     injector_source,
 )
+from tests.watermark_topics import delete_watermark_topics
 
 if TYPE_CHECKING:
     from cassandra.cluster import Session
@@ -221,8 +222,7 @@ def watermarks(
     config = dataclasses.replace(services, kafka_watermark_topic=unique("watermarks"))
     kafka_connector.create_watermark_topic(config)
     yield config
-    kafka_connector.delete_wake_topics(config)
-    kafka_connector.delete_topics(services, [config.kafka_watermark_topic])
+    delete_watermark_topics(config)
 
 
 @pytest.fixture

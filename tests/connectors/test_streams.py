@@ -44,6 +44,7 @@ from millstream.engine.records import (
 )
 from millstream.engine.watermarks import WatermarkReport, injector_source
 from tests.waiting import wait_until
+from tests.watermark_topics import delete_watermark_topics
 
 NOW = 1_700_000_000_000_000  # 2023-11-14T22:13:20Z in µs
 NOW_ISO = "2023-11-14T22:13:20.000000Z"
@@ -505,8 +506,7 @@ def watermarks(
     """The services' configuration with a watermark topic of this test's own."""
     config = dataclasses.replace(services, kafka_watermark_topic=unique("watermarks"))
     yield config
-    kafka_connector.delete_wake_topics(config)
-    kafka_connector.delete_topics(services, [config.kafka_watermark_topic])
+    delete_watermark_topics(config)
 
 
 @pytest.mark.integration

@@ -16,6 +16,7 @@ import pytest
 
 from millstream.engine.watermark_topic import MemoryWatermarkTopic, WatermarkTopic
 from millstream.engine.watermarks import ExpectedSet, WatermarkReport, injector_source
+from tests.watermark_topics import delete_watermark_topics
 
 if TYPE_CHECKING:
     from millstream.engine.config import MillstreamConfig
@@ -52,8 +53,7 @@ def topics(request: pytest.FixtureRequest) -> Iterator[Topics]:
     finally:
         for opened in [writer, *readers]:
             opened.close()
-        kafka_connector.delete_wake_topics(config)
-        kafka_connector.delete_topics(services, [config.kafka_watermark_topic])
+        delete_watermark_topics(config)
 
 
 def report(process: str, watermark: int, sequence: int = 1) -> WatermarkReport:

@@ -43,6 +43,7 @@ from millstream.engine.watermarks import WatermarkReport
 from millstream.engine.watermarks.report import Offsets
 from tests.ui.conftest import ViewProcess
 from tests.waiting import wait_until
+from tests.watermark_topics import delete_watermark_topics
 
 pytestmark = pytest.mark.integration
 
@@ -60,7 +61,7 @@ def watermark_config(
     config = dataclasses.replace(services, kafka_watermark_topic=unique("ui_watermarks"))
     kafka_connector.KafkaWatermarkTopic(config).close()  # creates it, compacted
     yield config
-    kafka_connector.delete_topics(config, [config.kafka_watermark_topic])
+    delete_watermark_topics(config)
 
 
 def publish(config: MillstreamConfig, *reports: WatermarkReport) -> None:
@@ -576,7 +577,8 @@ def demo(
         write_intervals(cassandra, shown)
         yield shown
     finally:
-        kafka_connector.delete_topics(config, [config.kafka_watermark_topic, *streams.values()])
+        delete_watermark_topics(config)
+        kafka_connector.delete_topics(config, list(streams.values()))
 
 
 def advance(demo: Demo) -> None:

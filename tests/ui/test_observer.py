@@ -15,6 +15,7 @@ from millstream.engine.config import MillstreamConfig
 from millstream.engine.watermarks import WatermarkReport
 from millstream.ui import KafkaObserver
 from millstream.ui.observer import stream_topics
+from tests.watermark_topics import delete_watermark_topics
 
 S = 1_000_000
 
@@ -57,5 +58,4 @@ def test_an_observation_reads_the_latest_reports_and_every_streams_end(
         assert not any(t.startswith(config.kafka_watermark_topic) for t in observed.ends)
     finally:
         topic.close()
-        kafka_connector.delete_wake_topics(config)
-        kafka_connector.delete_topics(config, [config.kafka_watermark_topic])
+        delete_watermark_topics(config)

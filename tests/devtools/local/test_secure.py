@@ -49,6 +49,7 @@ from millstream.engine.watermarks import injector_source
 from millstream.spark.runner import AvailableNow, run_topology
 from millstream.spark.session import kafka_options
 from tests.devtools.local.test_cassandra_config import top_level_settings
+from tests.watermark_topics import delete_watermark_topics
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -339,8 +340,7 @@ def client(secure_stack: LocalStack) -> Iterator[MillstreamConfig]:
     """The secured stack's client config, with a watermark topic of this module's own."""
     config = replace(secure_stack.client_config(), kafka_watermark_topic=_unique("watermarks"))
     yield config
-    kafka_connector.delete_wake_topics(config)
-    kafka_connector.delete_topics(config, [config.kafka_watermark_topic])
+    delete_watermark_topics(config)
 
 
 @pytest.fixture
