@@ -19,8 +19,6 @@ class AdminTimeouts:
     many are still to."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, caller: str, count: int = 2) -> None:
-        from confluent_kafka import KafkaError, KafkaException
-
         from millstream.connectors.kafka import topics
         from millstream.connectors.provisioning import provision
 
@@ -30,12 +28,7 @@ class AdminTimeouts:
         def result(*args: Any, **kwargs: Any) -> None:
             if self.left:
                 self.left -= 1
-                # What topics._result raises when no answer came in time.
-                raise KafkaException(
-                    KafkaError(
-                        KafkaError._TIMED_OUT, "Kafka did not answer an admin request within 30 s"
-                    )
-                )
+                raise topics._admin_timeout(30.0)
             answer(*args, **kwargs)
 
         def provisioned(*args: Any, **kwargs: Any) -> None:

@@ -338,7 +338,7 @@ def services(pytestconfig: pytest.Config) -> Iterator[MillstreamConfig]:
         config = load_config()
         if os.environ.get("MILLSTREAM_EXTERNAL_SERVICES") == "1":
             yield config
-            _delete_session_topics(config)
+            delete_watermark_topics(config)
             return
         from millstream.devtools.local.stack import LocalStack
 
@@ -358,16 +358,11 @@ def services(pytestconfig: pytest.Config) -> Iterator[MillstreamConfig]:
             with waiting, capture.global_and_fixture_disabled():
                 shared.up(stack, _progress)
             yield config
-            _delete_session_topics(config)
+            delete_watermark_topics(config)
             return
         with running_stack(pytestconfig, stack, _progress):
             yield config
-            _delete_session_topics(config)
-
-
-def _delete_session_topics(config: MillstreamConfig) -> None:
-    """The session's watermark topic, its transaction marker topic and the wake topics."""
-    delete_watermark_topics(config)
+            delete_watermark_topics(config)
 
 
 @pytest.fixture

@@ -102,11 +102,16 @@ def _result(admin: AdminClient, future: Future[None], timeout: float) -> None:
     except TimeoutError:  # concurrent.futures' own since Python 3.11
         # As librdkafka's own timeouts are: an outage that names Kafka (a bare TimeoutError
         # says neither which service nor what it was asked).
-        raise KafkaException(
-            KafkaError(
-                KafkaError._TIMED_OUT, f"Kafka did not answer an admin request within {timeout:g} s"
-            )
-        ) from None
+        raise _admin_timeout(timeout) from None
+
+
+def _admin_timeout(timeout: float) -> KafkaException:
+    """What :func:`_result` raises for an admin request Kafka did not answer in ``timeout``."""
+    return KafkaException(
+        KafkaError(
+            KafkaError._TIMED_OUT, f"Kafka did not answer an admin request within {timeout:g} s"
+        )
+    )
 
 
 def stream_topic(stream: str) -> str:
