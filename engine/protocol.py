@@ -28,7 +28,9 @@ one batch of input at a time (a Spark micro-batch's share of the interval):
      watermark, wall time against the injected clock), each a call like a record's.
 
 5. **Weak productions** only: send them and wait ``weak_production_delay``; checkpoint the
-   stragglers.
+   stragglers. A large batch starts sending them while its later keys still run (every
+   :data:`WEAK_SEND_CHUNK` of them, on a thread of the batch's), so that this step waits
+   only for the last ones' acknowledgements, and downstream gets them as they are made.
 6. **Commit** every key's changes with the dedup IDs of its records, conditionally on the
    sequencer; one key's changes never split. An unknown outcome is resolved by reading the
    commit marker back before committing again what did not apply.
@@ -57,6 +59,7 @@ import bisect
 import enum
 import itertools
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence, Set
 from contextlib import AbstractContextManager, nullcontext
@@ -115,6 +118,7 @@ from millstream.engine.watermarks import IntervalProgress
 
 __all__ = [
     "STEPS",
+    "WEAK_SEND_CHUNK",
     "BatchResult",
     "Delivery",
     "IntervalWorker",
@@ -138,6 +142,11 @@ _MAX_COMMIT_ATTEMPTS = 5
 # committed 20 a key, 6 s if each was its key's only one.
 _FILTER_MOST_IDS = 1_000_000
 _FILTER_HEADROOM = 50_000
+
+WEAK_SEND_CHUNK: Final = 1024
+"""Weak productions a batch's keys make before the batch starts sending them, on a thread of
+its own, while its later keys run (step 5). A smaller batch sends them all once its keys have
+run, on the worker's thread, in one send."""
 
 
 STEPS: Final = (
@@ -421,9 +430,14 @@ class IntervalWorker:
         steps.end("resend")
         batch = self._gather(soft, inputs, timer_watermark, now, result)
         steps.end("reads")
-        changes, weak_outbox = self._run_keys(batch, (watermark, timer_watermark), now, result)
+        weak = _WeakSends(self._sink, self.spec.options.weak_production_delay)
+        try:
+            changes = self._run_keys(batch, (watermark, timer_watermark), now, result, weak)
+        except BaseException:
+            weak.abandon()
+            raise
         steps.end("user_code")
-        self._flush_weak(weak_outbox, result)
+        self._flush_weak(weak, result)
         steps.end("weak_sends")
         to_commit = self._tag(soft, changes)
         staging = self._stage(soft, to_commit)
@@ -512,12 +526,17 @@ class IntervalWorker:
         return _Batch(keys, records, rejected, due, committed, due_read_below)
 
     def _run_keys(
-        self, batch: _Batch, watermarks: tuple[int, int], now: int, result: BatchResult
-    ) -> tuple[dict[str, KeyChanges], list[tuple[KeyChanges, Production]]]:
+        self,
+        batch: _Batch,
+        watermarks: tuple[int, int],
+        now: int,
+        result: BatchResult,
+        weak: _WeakSends,
+    ) -> dict[str, KeyChanges]:
         """Step 4: the rejected input's dead letters, then each key's records and due timers,
-        in key order; returns every key's changes and the weak productions to send."""
+        in key order; returns every key's changes. The weak productions go to ``weak``, which
+        starts sending them once they make a chunk."""
         changes: dict[str, KeyChanges] = {}
-        weak_outbox: list[tuple[KeyChanges, Production]] = []
         for item in batch.rejected:
             self._reject(item, changes, result)
         stale = _stale_index_entries(batch.due, batch.committed)
@@ -532,20 +551,17 @@ class IntervalWorker:
                     watermarks,
                     now,
                     result,
-                    weak_outbox,
+                    weak.outbox,
                 ).run(batch.records.get(key, []))
-        return changes, weak_outbox
+                weak.key_done()
+        return changes
 
-    def _flush_weak(
-        self, weak_outbox: list[tuple[KeyChanges, Production]], result: BatchResult
-    ) -> None:
-        """Step 5: send the weak productions, waiting ``weak_production_delay``; those not
-        acknowledged by then join their key's changes, to be checkpointed."""
-        if weak_outbox:
-            acked = self._sink.send(
-                [p for _, p in weak_outbox], self.spec.options.weak_production_delay
-            )
-            for key_changes, production in weak_outbox:
+    def _flush_weak(self, weak: _WeakSends, result: BatchResult) -> None:
+        """Step 5: send the weak productions not sent yet, waiting ``weak_production_delay``;
+        those not acknowledged by then join their key's changes, to be checkpointed."""
+        if weak.outbox:
+            acked = weak.finish()
+            for key_changes, production in weak.outbox:
                 if production.record_id in acked:
                     result.acknowledged += 1
                 else:
@@ -919,6 +935,93 @@ class _Steps:
         seconds, cpu_seconds = now = self._clock()
         self.times[step] = StepTime(seconds - self._last[0], cpu_seconds - self._last[1])
         self._last = now
+
+
+class _WeakSends:
+    """Step 5's sends for one batch: its weak productions (:attr:`outbox`, each with the
+    changes of the key that made it, where it is checkpointed if not acknowledged in time).
+
+    Once the keys have made :data:`WEAK_SEND_CHUNK` productions not handed on yet, a thread
+    sends them (:meth:`key_done`) while the next keys run, one send at a time, in key order:
+    the sends' waits for acknowledgements then overlap user code instead of following it.
+    A chunk that comes back with a production unacknowledged (a slow or absent broker) stops
+    the thread: the rest go in :meth:`finish`'s one send, so after its keys ran a batch waits
+    at most twice ``weak_production_delay`` (the chunk in flight, then that send), and only
+    that once however many chunks it made.
+    """
+
+    def __init__(self, sink: ProductionSink, delay: float) -> None:
+        self.outbox: list[tuple[KeyChanges, Production]] = []
+        self._sink = sink
+        self._delay = delay
+        self._handed = 0  # outbox entries handed to the thread
+        self._queued: list[Production] = []  # handed, not sent yet
+        self._acked: set[bytes] = set()
+        self._error: BaseException | None = None
+        self._stopped = False  # the thread sends nothing more
+        self._closing = False  # no more chunks will come
+        self._ready = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def key_done(self) -> None:
+        """After a key's calls: hand the productions made since the last chunk to the thread,
+        if they make a chunk and the thread still sends."""
+        if self._stopped or len(self.outbox) - self._handed < WEAK_SEND_CHUNK:
+            return
+        chunk = [production for _, production in self.outbox[self._handed :]]
+        self._handed = len(self.outbox)
+        with self._ready:
+            self._queued.extend(chunk)
+            self._ready.notify()
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name="millstream-weak-sends", daemon=True
+            )
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._ready:
+                while not self._queued and not self._closing:
+                    self._ready.wait()
+                if self._stopped or not self._queued:
+                    return
+                chunk, self._queued = self._queued, []
+            try:
+                acked = self._sink.send(chunk, self._delay)
+            except BaseException as exc:  # raised by finish(), in the worker's thread
+                self._error = exc
+                self._stopped = True
+                return
+            self._acked.update(acked)
+            if any(production.record_id not in acked for production in chunk):
+                self._stopped = True
+                return
+
+    def finish(self) -> Set[bytes]:
+        """Wait for the thread's sends, then send what it did not in one send; the IDs of the
+        productions acknowledged. Raises what a send raised."""
+        if self._thread is not None:
+            with self._ready:
+                self._closing = True
+                self._ready.notify()
+            self._thread.join()
+            if self._error is not None:
+                raise self._error
+        rest = [*self._queued, *(production for _, production in self.outbox[self._handed :])]
+        self._queued = []
+        if rest:
+            self._acked.update(self._sink.send(rest, self._delay))
+        return self._acked
+
+    def abandon(self) -> None:
+        """The batch failed: the thread ends the send it is in and sends nothing more."""
+        if self._thread is not None:
+            with self._ready:
+                self._stopped = self._closing = True
+                self._queued = []
+                self._ready.notify()
+            self._thread.join()
 
 
 class _KeyRun:
