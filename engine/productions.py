@@ -110,6 +110,11 @@ class ProductionSink(Protocol):
     missing may or may not have been delivered; the engine keeps it pending and sends it again
     later, relying on consumers to deduplicate by record ID. Raising means nothing is known
     about any of them. Sending a production that was already delivered must be harmless.
+
+    A worker calls ``send`` one call at a time, but not always from one thread: a large batch
+    of weak productions is sent from a thread of the batch's while its later keys run
+    (:data:`~millstream.engine.protocol.WEAK_SEND_CHUNK`), and workers of several intervals
+    may share one sink.
     """
 
     def send(self, productions: Sequence[Production], timeout: float) -> Set[bytes]: ...
