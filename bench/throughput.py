@@ -1201,19 +1201,17 @@ def spark_phases(query: StreamingQuery | None, since: float) -> str:
 
 
 def stage_phases(handle: Handle, since: float, batches_before: int) -> str:
-    """For a pipeline's row (a millstream row of more than one computation, or the floor's
-    chain): :func:`computation_phases` of each of its queries' batches triggered at or after
-    ``since`` (wall clock, s), and of the millstream batches recorded after the first
-    ``batches_before``; else ``""``."""
+    """For a millstream row, or the floor's chain: :func:`computation_phases` of each of its
+    queries' batches triggered at or after ``since`` (wall clock, s), and of the millstream
+    batches recorded after the first ``batches_before`` (where a paced phase's batches
+    spend their time); else ``""``."""
     recorded: list[BatchMetrics] = []
     if isinstance(handle, MillstreamHandle):
         queries = handle.running.queries
         recorded = handle.running.batches()[batches_before:]
-    elif isinstance(handle, QueryHandle):
+    elif isinstance(handle, QueryHandle) and len(handle.chain) > 1:
         queries = {f"stage {n}": query for n, query in enumerate(handle.chain, start=1)}
     else:
-        return ""
-    if len(queries) < 2:
         return ""
     triggers = {
         name: [d.get("triggerExecution", 0) for d in durations_since(query, since)]
