@@ -147,6 +147,17 @@ class CountAndEmit(Computation):
         ctx.produce(self.stream, f"{ctx.key}={count}".encode(), record.timestamp)
 
 
+def counter(output: str, *, strong_productions: bool = True) -> ComputationSpec:
+    """:class:`CountAndEmit` to ``output`` as computation ``counter``, on one key interval."""
+    return ComputationSpec(
+        "counter",
+        CountAndEmit(output),
+        (InputStream("searches"),),
+        (output,),
+        ComputationOptions(key_intervals=1, strong_productions=strong_productions),
+    )
+
+
 class CrashingSink:
     """Passes sends through to Kafka, or not, then dies: a worker crash around the send."""
 
@@ -173,13 +184,7 @@ def test_strong_productions_survive_a_crash_and_are_deduplicated_downstream(
     keyspace = cassandra_keyspace()
     create_schema(cassandra, keyspace)
     output = kafka_topic()
-    spec = ComputationSpec(
-        "counter",
-        CountAndEmit(output),
-        (InputStream("searches"),),
-        (output,),
-        ComputationOptions(key_intervals=1),
-    )
+    spec = counter(output)
     keys = ["a", "b", "a", "c", "a", "b"]
     deliveries = [Delivery(key, _record(n, key)) for n, key in enumerate(keys)]
     clock = ManualClock(2_000_000)
@@ -232,13 +237,7 @@ def test_a_large_batch_of_weak_productions_arrives_whole_in_chunks_and_checkpoin
     keyspace = cassandra_keyspace()
     create_schema(cassandra, keyspace)
     output = kafka_topic(partitions=2)
-    spec = ComputationSpec(
-        "counter",
-        CountAndEmit(output),
-        (InputStream("searches"),),
-        (output,),
-        ComputationOptions(key_intervals=1, strong_productions=False),
-    )
+    spec = counter(output, strong_productions=False)
     keys = 3 * WEAK_SEND_CHUNK + 5
     deliveries = [Delivery(f"k{n:05}", _record(n, f"k{n:05}")) for n in range(keys)]
     clock = ManualClock(2_000_000)
