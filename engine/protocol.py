@@ -143,6 +143,11 @@ _MAX_COMMIT_ATTEMPTS = 5
 _FILTER_MOST_IDS = 1_000_000
 _FILTER_HEADROOM = 50_000
 
+# The most keys a worker that takes an interval over lists (IntervalStore.state_keys), so that
+# its batches read none the interval does not hold; an interval with more has its uncached
+# keys read, new ones too. On Cassandra, listing them takes at most three pages of rows.
+_KNOWN_KEYS_MOST = 10_000
+
 WEAK_SEND_CHUNK: Final = 1024
 """Weak productions a batch's keys make before the batch starts sending them, on a thread of
 its own, while its later keys run (step 5). A smaller batch sends them all once its keys have
@@ -301,6 +306,11 @@ class _SoftState:
     # yet, or "too many" when ``unfiltered``), then every commit's.
     ids: IdFilter | None = None
     unfiltered: bool = False
+    # Every key the interval holds state or timers of (listed as the worker took it over,
+    # then every commit's keys; None: not yet, or "too many" when ``unlisted``): a key not
+    # in it has nothing to read.
+    keys: set[str] | None = None
+    unlisted: bool = False
     # Transactional productions delivered whose rows the next commit deletes (paper 6.1.1:
     # cleaned up lazily, not by a write of their own).
     delivered: list[bytes] = field(default_factory=list)
@@ -706,8 +716,8 @@ class IntervalWorker:
     def _cached(
         self, soft: _SoftState, keys: list[str]
     ) -> tuple[dict[str, KeySnapshot], list[str]]:
-        """The committed state and timers of those of ``keys`` the cache holds, and the rest
-        (read in bulk with the batch's dedup lookups)."""
+        """The committed state and timers of those of ``keys`` the cache holds or the interval
+        does not (nothing), and the rest (read in bulk with the batch's dedup lookups)."""
         cache = self._cache
         committed: dict[str, KeySnapshot] = {}
         missing: list[str] = []
@@ -717,7 +727,23 @@ class IntervalWorker:
                 missing.append(key)
             else:
                 committed[key] = snapshot
+        if missing and (held := self._held_keys(soft)) is not None:
+            for key in missing:
+                if key not in held:
+                    committed[key] = KeySnapshot()
+            missing = [key for key in missing if key in held]
         return committed, missing
+
+    def _held_keys(self, soft: _SoftState) -> set[str] | None:
+        """Every key the interval holds state or timers of, listed the first time a batch of
+        this view of the interval asks; None if it holds too many."""
+        if soft.keys is None and not soft.unlisted:
+            listed = self._store.state_keys(soft.lease, _KNOWN_KEYS_MOST)
+            if listed is None:
+                soft.unlisted = True
+                return None
+            soft.keys = set(listed)
+        return soft.keys
 
     def _check_interval(self, key: str) -> None:
         actual = self.layout.interval_of(key)
@@ -802,6 +828,10 @@ class IntervalWorker:
         """Bring the soft state up to the commit: the keys' cache entries, the pending
         productions, and whether the interval's next timers must be read again."""
         after = dict(before)
+        if soft.keys is not None:
+            soft.keys.update(change.key for change in committed)
+            if len(soft.keys) > _KNOWN_KEYS_MOST:
+                soft.keys, soft.unlisted = None, True
         if soft.ids is not None:
             soft.ids.add([record_id for change in committed for record_id in change.dedup_ids])
             if soft.ids.full:

@@ -191,6 +191,13 @@ class IntervalStore(LayoutStore):
         than ``limit`` (read no further). What a worker that takes the interval over loads
         into its Bloom filter (:class:`~millstream.engine.dedup.IdFilter`)."""
 
+    def state_keys(self, lease: Lease, limit: int) -> Set[str] | None:
+        """Every key of the interval with state or timers, or ``None`` if it holds more than
+        ``limit`` (read no further). What a worker that takes the interval over loads once,
+        so that its batches read no key the interval does not hold: a key new to it has
+        nothing to read. This default knows nothing (``None``): every uncached key is read."""
+        return None
+
     @abstractmethod
     def read_keys(self, lease: Lease, keys: Collection[str]) -> dict[str, KeySnapshot]:
         """The committed state and timers of each of ``keys`` (a key with neither maps to an

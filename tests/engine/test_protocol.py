@@ -166,9 +166,15 @@ def test_duplicates_in_a_batch_and_across_batches_are_dropped(
 
 
 def test_a_batch_reads_its_keys_and_dedup_ids_in_one_bulk_read_each(
-    make_workers: WorkersFactory, clock: ManualClock, sink: TestingSink, make_record: RecordFactory
+    make_workers: WorkersFactory,
+    clock: ManualClock,
+    sink: TestingSink,
+    make_record: RecordFactory,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     store = CountingStore(clock)
+    # A store that does not list an interval's keys: every uncached key is read.
+    monkeypatch.setattr(store, "state_keys", lambda lease, limit: None)
     workers = make_workers(store, sink)
     spec = workers.spec(Appender(), options=ComputationOptions(key_intervals=1))
     worker = workers.worker(spec)
@@ -184,6 +190,46 @@ def test_a_batch_reads_its_keys_and_dedup_ids_in_one_bulk_read_each(
     assert result.unlooked == 3
     # The second batch read only the keys the cache did not hold, all at once.
     assert store.key_reads == [frozenset({"k"}), frozenset({"i", "j"})]
+
+
+def test_a_key_the_interval_does_not_hold_is_not_read(
+    make_workers: WorkersFactory, clock: ManualClock, sink: TestingSink, make_record: RecordFactory
+) -> None:
+    store = CountingStore(clock)
+    workers = make_workers(store, sink)
+    spec = workers.spec(Appender(), options=ComputationOptions(key_intervals=1))
+    workers.worker(spec).process(deliver(make_record("a", b"1"), make_record("b", b"2")), WM)
+    # The interval held no key: nothing was read.
+    assert store.key_reads == []
+    # A worker that takes it over lists its keys: a and b are read, c is new to it.
+    taker = workers.worker(spec)
+    taker.process(deliver(make_record("a", b"3"), make_record("c", b"4")), WM)
+    taker.process(deliver(make_record("b", b"5"), make_record("d", b"6")), WM)
+
+    assert store.key_reads == [frozenset({"a"}), frozenset({"b"})]
+    assert workers.state(spec) == {"a": ["1", "3"], "b": ["2", "5"], "c": ["4"], "d": ["6"]}
+
+
+def test_an_interval_grown_past_the_keys_a_worker_lists_has_its_new_keys_read(
+    make_workers: WorkersFactory,
+    clock: ManualClock,
+    sink: TestingSink,
+    make_record: RecordFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(protocol, "_KNOWN_KEYS_MOST", 2)
+    store = CountingStore(clock)
+    workers = make_workers(store, sink)
+    spec = workers.spec(Appender(), options=ComputationOptions(key_intervals=1))
+    worker = workers.worker(spec)
+    worker.process(deliver(*(make_record(key, b"1") for key in "abc")), WM)
+    assert store.key_reads == []
+    worker.process(deliver(make_record("d", b"2")), WM)
+    # Three keys committed: more than it lists, so it no longer knows d is new.
+    assert store.key_reads == [frozenset({"d"})]
+    # A worker taking over finds more keys than it lists: every uncached key is read.
+    workers.worker(spec).process(deliver(make_record("e", b"3")), WM)
+    assert store.key_reads == [frozenset({"d"}), frozenset({"e"})]
 
 
 def test_a_small_cache_evicts_keys_and_reads_them_again(
@@ -265,6 +311,8 @@ def test_a_batch_reads_its_uncached_keys_and_its_dedup_ids_in_one_call(
 ) -> None:
     spec = workers.spec(Appender())
     store = workers.store
+    # A store that does not list an interval's keys: every uncached key is read.
+    monkeypatch.setattr(store, "state_keys", lambda lease, limit: None)
     calls: list[tuple[list[str], dict[str, set[bytes]]]] = []
     read_batch = store.read_batch
 

@@ -195,6 +195,9 @@ class Statements:
         self.scan_dedup = self._prepare(
             f"SELECT key, item, expires, record FROM {name} {where} AND kind = 'dedup'"
         )
+        self.scan_keys = self._prepare(
+            f"SELECT key FROM {name} {where} AND kind IN ('state', 'timer')"
+        )
         self.scan_states = self._prepare(
             f"SELECT key, value FROM {name} {where} AND kind = 'state'"
         )

@@ -408,6 +408,17 @@ class CassandraIntervalStore(IntervalStore):
         found = list(itertools.islice(live, limit + 1))
         return found if len(found) <= limit else None
 
+    def state_keys(self, lease: Lease, limit: int) -> Set[str] | None:
+        """The keys of the interval's state and timer rows, a page of rows at a time, until
+        more than ``limit``."""
+        result = self._execute(self._statements.scan_keys, (lease.computation, lease.interval))
+        found: set[str] = set()
+        for row in result_rows(result):
+            found.add(row["key"])
+            if len(found) > limit:
+                return None
+        return found
+
     def holds(self, lease: Lease) -> bool:
         """One QUORUM read of the sequencer (no Paxos round): it sees every acquire that
         completed; one still in flight it may miss, which the lease's next conditional write

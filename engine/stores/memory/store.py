@@ -220,6 +220,12 @@ class MemoryIntervalStore(IntervalStore):
         found = partition.unexpired_ids(self.clock.now())
         return found if len(found) <= limit else None
 
+    def state_keys(self, lease: Lease, limit: int) -> Set[str] | None:
+        self._fault(FaultPoint.BEFORE_READ)
+        partition = self._partition(lease.computation, lease.interval)
+        found = partition.states.keys() | {key for key, tags in partition.timers.items() if tags}
+        return found if len(found) <= limit else None
+
     def read_keys(self, lease: Lease, keys: Collection[str]) -> dict[str, KeySnapshot]:
         self._fault(FaultPoint.BEFORE_READ)
         partition = self._partition(lease.computation, lease.interval)

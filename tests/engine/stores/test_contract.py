@@ -89,6 +89,29 @@ def test_dedup_ids_are_the_intervals_unexpired_ids_of_every_key_up_to_a_bound(
     assert store.dedup_ids(lease, 10) == []
 
 
+def test_state_keys_are_the_intervals_keys_with_state_or_timers_up_to_a_bound(
+    backend: Backend,
+) -> None:
+    store = backend.store()
+    lease = store.acquire("c", 0)
+    assert store.state_keys(lease, 10) == set()
+    timer = Timer("t", "x", 5, TimeDomain.EVENT_TIME, set_by=rid(7))
+    store.commit(
+        lease,
+        [
+            change("a"),
+            change("b", None, ids=(1,)),  # dedup IDs, no state: nothing to read
+            KeyChanges("t", timers={"x": timer}),
+            change("gone"),
+        ],
+        dedup_ttl=TTL,
+    )
+    store.commit(lease, [change("gone", None)], dedup_ttl=TTL)
+    assert store.state_keys(lease, 2) == {"a", "t"}
+    assert store.state_keys(lease, 1) is None  # more than the bound
+    assert store.state_keys(store.acquire("c", 1), 10) == set()  # another interval's are not
+
+
 def test_commit_applies_state_timers_dedup_ids_and_productions(backend: Backend) -> None:
     store = backend.store()
     lease = store.acquire("c", 0)
