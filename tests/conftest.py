@@ -247,6 +247,12 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     share the machine. A module marked ``exclusive(warm_stack=True)`` runs after the others,
     on a stack they have warmed (the proving ground's CI tier takes a fifth longer on a
     stack just started).
+
+    Tried and not kept (2026-12-03): only the proving ground exclusive, the replicated
+    stack's module and the Zeitgeist slice beside the other worker's integration tests. The
+    run took longer (1,588 against 1,546 s of pytest): two workers' integration tests fill
+    both cores, and the proving ground's tier, the Zeitgeist slice and the others' tests
+    each took a third to four fifths longer beside them.
     """
     shared = config.stash.get(_shared_stack, None)
     if shared is None or config.getoption("dist") != "loadfile":
