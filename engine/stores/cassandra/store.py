@@ -32,6 +32,9 @@ Rows a batch touches, and how it reads them (paper 6.1.1: the checkpoint is coal
 
 * **State and timers of the batch's keys**: one ``kind IN ('state', 'timer') AND key IN ?``
   query per :data:`_KEYS_PER_READ` keys, all in flight at once.
+* **The interval's keys**, once, by a worker that takes it over (``state_keys``): the ``key``
+  of every ``state`` and ``timer`` row, a page at a time, until more than the worker's bound
+  (10,000): a key the list lacks is not read.
 * **Dedup candidates**: one ``kind = 'dedup' AND key IN ?`` query per :data:`_KEYS_PER_READ`
   keys with candidate IDs, all in flight at once; it reads each key's dedup rows, one per
   commit of the key within the dedup TTL, each holding the IDs that commit processed (16
