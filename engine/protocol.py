@@ -727,12 +727,15 @@ class IntervalWorker:
                 missing.append(key)
             else:
                 committed[key] = snapshot
-        if missing and (held := self._held_keys(soft)) is not None:
-            for key in missing:
-                if key not in held:
-                    committed[key] = KeySnapshot()
-            missing = [key for key in missing if key in held]
-        return committed, missing
+        if not missing or (held := self._held_keys(soft)) is None:
+            return committed, missing
+        unread: list[str] = []
+        for key in missing:
+            if key in held:
+                unread.append(key)
+            else:
+                committed[key] = KeySnapshot()  # nothing to read: new to the interval
+        return committed, unread
 
     def _held_keys(self, soft: _SoftState) -> set[str] | None:
         """Every key the interval holds state or timers of, listed the first time a batch of

@@ -166,17 +166,13 @@ def test_duplicates_in_a_batch_and_across_batches_are_dropped(
 
 
 def test_a_batch_reads_its_keys_and_dedup_ids_in_one_bulk_read_each(
-    make_workers: WorkersFactory,
-    clock: ManualClock,
-    sink: TestingSink,
+    counted: tuple[CountingStore, Workers, ComputationSpec],
     make_record: RecordFactory,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    store = CountingStore(clock)
+    store, workers, spec = counted
     # A store that does not list an interval's keys: every uncached key is read.
     monkeypatch.setattr(store, "state_keys", lambda lease, limit: None)
-    workers = make_workers(store, sink)
-    spec = workers.spec(Appender(), options=ComputationOptions(key_intervals=1))
     worker = workers.worker(spec)
     seen = make_record("k", b"a")
     worker.process(deliver(seen), WM)
@@ -193,11 +189,9 @@ def test_a_batch_reads_its_keys_and_dedup_ids_in_one_bulk_read_each(
 
 
 def test_a_key_the_interval_does_not_hold_is_not_read(
-    make_workers: WorkersFactory, clock: ManualClock, sink: TestingSink, make_record: RecordFactory
+    counted: tuple[CountingStore, Workers, ComputationSpec], make_record: RecordFactory
 ) -> None:
-    store = CountingStore(clock)
-    workers = make_workers(store, sink)
-    spec = workers.spec(Appender(), options=ComputationOptions(key_intervals=1))
+    store, workers, spec = counted
     workers.worker(spec).process(deliver(make_record("a", b"1"), make_record("b", b"2")), WM)
     # The interval held no key: nothing was read.
     assert store.key_reads == []
@@ -211,16 +205,12 @@ def test_a_key_the_interval_does_not_hold_is_not_read(
 
 
 def test_an_interval_grown_past_the_keys_a_worker_lists_has_its_new_keys_read(
-    make_workers: WorkersFactory,
-    clock: ManualClock,
-    sink: TestingSink,
+    counted: tuple[CountingStore, Workers, ComputationSpec],
     make_record: RecordFactory,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(protocol, "_KNOWN_KEYS_MOST", 2)
-    store = CountingStore(clock)
-    workers = make_workers(store, sink)
-    spec = workers.spec(Appender(), options=ComputationOptions(key_intervals=1))
+    store, workers, spec = counted
     worker = workers.worker(spec)
     worker.process(deliver(*(make_record(key, b"1") for key in "abc")), WM)
     assert store.key_reads == []
