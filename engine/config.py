@@ -12,6 +12,8 @@ The TOML file and the variables name the same settings::
     [kafka]
     bootstrap = "broker1:9092,broker2:9092" # MILLSTREAM_KAFKA_BOOTSTRAP
     controller_port = 9093                  # MILLSTREAM_KAFKA_CONTROLLER_PORT (local stack only)
+    java_options = ["-XX:TieredStopAtLevel=1"]  # MILLSTREAM_KAFKA_JAVA_OPTIONS (local stack
+                                            #   only): added to each broker's JVM options
     watermark_topic = "millstream.watermarks"  # MILLSTREAM_KAFKA_WATERMARK_TOPIC
     replication = 3                         # MILLSTREAM_KAFKA_REPLICATION: replicas per topic
     security_protocol = "SASL_SSL"          # MILLSTREAM_KAFKA_SECURITY_PROTOCOL: PLAINTEXT
@@ -26,6 +28,8 @@ The TOML file and the variables name the same settings::
     hosts = ["cass1", "cass2"]              # MILLSTREAM_CASSANDRA_HOSTS (comma separated)
     port = 9042                             # MILLSTREAM_CASSANDRA_PORT
     storage_port = 7000                     # MILLSTREAM_CASSANDRA_STORAGE_PORT (local stack only)
+    java_options = ["-XX:TieredStopAtLevel=1"]  # MILLSTREAM_CASSANDRA_JAVA_OPTIONS (local
+                                            #   stack only): added to each node's JVM options
     replication = 3                         # MILLSTREAM_CASSANDRA_REPLICATION: per keyspace
     username = "millstream"                 # MILLSTREAM_CASSANDRA_USERNAME (PasswordAuthenticator)
     password = "..."                        # MILLSTREAM_CASSANDRA_PASSWORD (prefer the variable)
@@ -68,6 +72,7 @@ verifies servers against the system's trusted CAs.
 from __future__ import annotations
 
 import os
+import shlex
 import tomllib
 import warnings
 from collections.abc import Mapping
@@ -242,6 +247,9 @@ class MillstreamConfig:
     home: Path = field(default_factory=lambda: Path("~/.millstream").expanduser())
     kafka_bootstrap: str = f"{_LOOPBACK}:9092"
     kafka_controller_port: int = 9093
+    # Extra options of the local stack's JVMs, after its own (so they win). A short-lived
+    # stack, a test run's, starts in half the CPU with -XX:TieredStopAtLevel=1 (no C2 JIT).
+    kafka_java_options: tuple[str, ...] = ()
     # The compacted topic of low-watermark reports (see millstream.engine.watermarks).
     kafka_watermark_topic: str = "millstream.watermarks"
     # Replicas of every topic millstream creates (streams, dead letters, watermark, wake-ups);
@@ -255,6 +263,7 @@ class MillstreamConfig:
     cassandra_hosts: tuple[str, ...] = (_LOOPBACK,)
     cassandra_port: int = 9042
     cassandra_storage_port: int = 7000
+    cassandra_java_options: tuple[str, ...] = ()
     # The replication factor of the keyspaces millstream creates (SimpleStrategy); 3 lets the
     # store's QUORUM and SERIAL requests go on with one replica down.
     cassandra_replication: int = 1
@@ -438,6 +447,7 @@ def _from_toml(file: Path) -> dict[str, Any]:
         values["home"] = Path(str(doc["home"])).expanduser()
     _take(values, "kafka_bootstrap", kafka, "bootstrap", str)
     _take(values, "kafka_controller_port", kafka, "controller_port", int)
+    _take_options(values, "kafka_java_options", kafka, file)
     _take(values, "kafka_watermark_topic", kafka, "watermark_topic", str)
     _take(values, "kafka_replication", kafka, "replication", int)
     _take(values, "kafka_transaction_timeout", kafka, "transaction_timeout", float)
@@ -451,6 +461,7 @@ def _from_toml(file: Path) -> dict[str, Any]:
         values["cassandra_hosts"] = tuple(hosts) if isinstance(hosts, list) else _split(str(hosts))
     _take(values, "cassandra_port", cassandra, "port", int)
     _take(values, "cassandra_storage_port", cassandra, "storage_port", int)
+    _take_options(values, "cassandra_java_options", cassandra, file)
     _take(values, "cassandra_replication", cassandra, "replication", int)
     _take(values, "cassandra_username", cassandra, "username", str)
     _take(values, "cassandra_password", cassandra, "password", str)
@@ -541,17 +552,33 @@ def _take(
         values[key] = value
 
 
+def _take_options(values: dict[str, Any], key: str, table: Mapping[str, Any], file: Path) -> None:
+    """``java_options``: a list of strings, or one string split as a shell would."""
+    _take(values, key, table, "java_options", (list, str))
+    if key not in values:
+        return
+    raw = values[key]
+    if isinstance(raw, str):
+        values[key] = _java_options(raw)
+    elif all(isinstance(option, str) for option in raw):
+        values[key] = tuple(raw)
+    else:
+        raise ConfigError(f"setting 'java_options' in {file} must list strings, got {raw!r}")
+
+
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
     converters: dict[str, tuple[str, Any]] = {
         "MILLSTREAM_HOME": ("home", lambda v: Path(v).expanduser()),
         "MILLSTREAM_KAFKA_BOOTSTRAP": ("kafka_bootstrap", str),
         "MILLSTREAM_KAFKA_CONTROLLER_PORT": ("kafka_controller_port", int),
+        "MILLSTREAM_KAFKA_JAVA_OPTIONS": ("kafka_java_options", _java_options),
         "MILLSTREAM_KAFKA_WATERMARK_TOPIC": ("kafka_watermark_topic", str),
         "MILLSTREAM_KAFKA_REPLICATION": ("kafka_replication", int),
         "MILLSTREAM_KAFKA_TRANSACTION_TIMEOUT": ("kafka_transaction_timeout", float),
         "MILLSTREAM_CASSANDRA_HOSTS": ("cassandra_hosts", _split),
         "MILLSTREAM_CASSANDRA_PORT": ("cassandra_port", int),
         "MILLSTREAM_CASSANDRA_STORAGE_PORT": ("cassandra_storage_port", int),
+        "MILLSTREAM_CASSANDRA_JAVA_OPTIONS": ("cassandra_java_options", _java_options),
         "MILLSTREAM_CASSANDRA_REPLICATION": ("cassandra_replication", int),
         "MILLSTREAM_SPARK_MASTER": ("spark_master", str),
         "MILLSTREAM_SPARK_SHUFFLE_PARTITIONS": ("spark_shuffle_partitions", int),
@@ -610,6 +637,11 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
 
 def _split(raw: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in raw.split(",") if part.strip())
+
+
+def _java_options(raw: str) -> tuple[str, ...]:
+    """JVM options as a shell would split them (a quoted option may hold spaces)."""
+    return tuple(shlex.split(raw))
 
 
 def _counts(raw: str) -> dict[str, int]:

@@ -321,6 +321,7 @@ class CassandraService(LocalService):
             f"-Dcassandra.storagedir={self.root}",
             f"-Dcassandra.logdir={self._log_dir}",
             f"-Dlogback.configurationFile={self._conf_dir / 'logback.xml'}",
+            *self.config.cassandra_java_options,
         )
         jvm[jvm.index(f"-Xms{_HEAP}")] = f"-Xms{_INITIAL_HEAP}"
         return [*jvm, _MAIN_CLASS]

@@ -237,6 +237,7 @@ class KafkaService(LocalService):
             *_JVM_OPTIONS,
             f"-Dlog4j2.configurationFile={self._conf_dir / 'log4j2.properties'}",
             f"-Dkafka.logs.dir={self.root / 'logs'}",
+            *self.config.kafka_java_options,
         )
 
     def healthy(self) -> bool:

@@ -93,6 +93,35 @@ def test_environment_lists_and_booleans() -> None:
     assert config.home == Path("/tmp/ms")
 
 
+def test_the_local_stacks_java_options_come_from_a_list_a_string_or_the_environment(
+    tmp_path: Path,
+) -> None:
+    assert (MillstreamConfig().kafka_java_options, MillstreamConfig().cassandra_java_options) == (
+        (),
+        (),
+    )
+    file = tmp_path / "m.toml"
+    file.write_text(
+        '[kafka]\njava_options = ["-XX:TieredStopAtLevel=1", "-Da=b c"]\n'
+        "[cassandra]\njava_options = \"-Xss1m '-Dname=two words'\"\n"
+    )
+    config = load_config(environ={}, path=file)
+    assert config.kafka_java_options == ("-XX:TieredStopAtLevel=1", "-Da=b c")
+    assert config.cassandra_java_options == ("-Xss1m", "-Dname=two words")
+    config = load_config(
+        environ={"MILLSTREAM_CASSANDRA_JAVA_OPTIONS": "-XX:TieredStopAtLevel=1 -Dx='y z'"},
+        path=file,
+    )
+    assert config.cassandra_java_options == ("-XX:TieredStopAtLevel=1", "-Dx=y z")
+    assert config.kafka_java_options == ("-XX:TieredStopAtLevel=1", "-Da=b c")
+    file.write_text("[kafka]\njava_options = [1]\n")
+    with pytest.raises(ConfigError, match=r"java_options.*must list strings"):
+        load_config(environ={}, path=file)
+    file.write_text("[cassandra]\njava_options = 1\n")
+    with pytest.raises(ConfigError, match=r"java_options.*must be a list or str"):
+        load_config(environ={}, path=file)
+
+
 @pytest.mark.parametrize(
     ("environ", "message"),
     [

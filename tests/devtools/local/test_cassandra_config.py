@@ -241,6 +241,21 @@ def test_argv_sizes_the_heap_and_opens_no_jmx_port(
     assert "-XX:+AlwaysPreTouch" not in argv
 
 
+def test_argv_ends_with_the_configured_java_options(tmp_path: Path) -> None:
+    config = MillstreamConfig(
+        home=tmp_path / "home", cassandra_java_options=("-XX:TieredStopAtLevel=1", "-Da=b")
+    )
+    java = JavaRuntime(Path("/usr/bin/java"), 17)
+    artifacts = MavenArtifacts(tmp_path / "artifacts", lambda _: None)
+    service = CassandraService(config, java, artifacts, lambda _: None)
+    argv = service.argv(fake_classpath(tmp_path))
+    # Later JVM options win: after the node's own, only the classpath and main class.
+    assert argv[argv.index("-cp") - 2 : argv.index("-cp")] == ["-XX:TieredStopAtLevel=1", "-Da=b"]
+    assert "-XX:TieredStopAtLevel=1" not in make_service(tmp_path / "other").argv(
+        fake_classpath(tmp_path)
+    )
+
+
 def test_argv_without_jamm_says_what_to_do(service: CassandraService, tmp_path: Path) -> None:
     with pytest.raises(ServiceStartError, match=r"jamm-\*\.jar.*delete"):
         service.argv([tmp_path / "cassandra-all-5.0.9.jar"])

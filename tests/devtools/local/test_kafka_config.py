@@ -49,6 +49,15 @@ def test_command_line_carries_the_marker_and_main_class(tmp_path: Path) -> None:
     assert service.ports() == [("broker", 19092), ("controller", 19093)]
 
 
+def test_the_configured_java_options_come_last_so_they_win(tmp_path: Path) -> None:
+    config = MillstreamConfig(home=tmp_path, kafka_java_options=("-XX:TieredStopAtLevel=1",))
+    java = JavaRuntime(Path("/usr/bin/java"), 17)
+    service = KafkaService(config, java, MavenArtifacts(tmp_path / "artifacts", print), print)
+    argv = service.argv([Path("/m2/kafka_2.13-4.3.1.jar")])
+    assert argv.index("-XX:TieredStopAtLevel=1") == argv.index("-cp") - 1
+    assert "-XX:TieredStopAtLevel=1" not in _service(tmp_path).argv([Path("/m2/kafka.jar")])
+
+
 class _SlowCoordinatorAdmin:
     """An admin client whose brokers leave the first ``slow`` coordinator lookups unanswered
     (a future that times out), then answer with a fully replicated offsets topic."""
