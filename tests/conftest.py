@@ -31,6 +31,7 @@ import pytest
 from millstream.connectors import cassandra as cassandra_connector
 from millstream.connectors import kafka as kafka_connector
 from millstream.engine.config import MillstreamConfig, load_config
+from tests.jvm_options import SHORT_LIVED_JVM
 from tests.watermark_topics import delete_watermark_topics
 
 if TYPE_CHECKING:
@@ -309,23 +310,8 @@ def _xdist_controller(config: pytest.Config) -> bool:
 _shared_stack = pytest.StashKey[SharedStack]()
 
 
-# The JVMs a test run starts (the stack's Kafka and Cassandra, every Spark driver) live for
-# seconds to minutes: C2's compiles never pay back. With C1 alone, the stack came up in about
-# half the CPU (24 against 46 CPU-s) and the store's and Kafka's tests on it took a quarter less
-# (114-128 against 158-168 CPU-s); three runner tests took 66-75 against 89 CPU-s. Whatever
-# the environment already says wins (SPARK_SUBMIT_OPTS reaches the JVM of every driver that
-# spark-submit starts, in this process or in the CLI's).
-_SHORT_LIVED_JVMS = "-XX:TieredStopAtLevel=1"
-_JVM_OPTIONS_OF_THE_RUN = {
-    "MILLSTREAM_KAFKA_JAVA_OPTIONS": _SHORT_LIVED_JVMS,
-    "MILLSTREAM_CASSANDRA_JAVA_OPTIONS": _SHORT_LIVED_JVMS,
-    "SPARK_SUBMIT_OPTS": _SHORT_LIVED_JVMS,
-}
-
-
 def pytest_configure(config: pytest.Config) -> None:
-    for variable, options in _JVM_OPTIONS_OF_THE_RUN.items():
-        os.environ.setdefault(variable, options)  # the workers inherit it
+    os.environ.setdefault("SPARK_SUBMIT_OPTS", SHORT_LIVED_JVM)  # the workers inherit it
     if _xdist_controller(config) and os.environ.get("MILLSTREAM_EXTERNAL_SERVICES") != "1":
         config.stash[_shared_stack] = SharedStack.create()
 

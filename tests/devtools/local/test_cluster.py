@@ -54,6 +54,7 @@ from millstream.engine.stores.cassandra import (
     execute_schema_change,
 )
 from tests.devtools.local.test_cassandra_config import top_level_settings
+from tests.jvm_options import for_short_lived_services
 from tests.waiting import wait_until
 
 # Alone on the machine under scripts/test's two workers: the replicated stack's six JVMs
@@ -365,7 +366,7 @@ def cluster(
 ) -> Iterator[LocalCluster]:
     """The three-node stack, started unless it runs; what this module started is stopped,
     and a node that was running and a failed test left dead is brought back."""
-    stack = LocalCluster(load_config(), _progress)
+    stack = LocalCluster(for_short_lived_services(load_config()), _progress)
     with start_stack(stack, _progress):
         yield stack
 

@@ -49,6 +49,7 @@ from millstream.engine.watermarks import injector_source
 from millstream.spark.runner import AvailableNow, run_topology
 from millstream.spark.session import kafka_options
 from tests.devtools.local.test_cassandra_config import top_level_settings
+from tests.jvm_options import for_short_lived_services
 from tests.watermark_topics import delete_watermark_topics
 
 if TYPE_CHECKING:
@@ -330,7 +331,7 @@ def secure_stack(
     start_stack: Callable[[LocalStack, Callable[[str], None]], AbstractContextManager[None]],
 ) -> Iterator[LocalStack]:
     """The secured stack, started unless it runs; what this fixture started is stopped."""
-    stack = LocalStack(load_config(), _progress, secure=True)
+    stack = LocalStack(for_short_lived_services(load_config()), _progress, secure=True)
     with start_stack(stack, _progress):
         yield stack
 
