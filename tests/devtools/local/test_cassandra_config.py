@@ -32,9 +32,12 @@ NATIVE_PORT = 19142
 STORAGE_PORT = 17100
 
 
-def make_service(home: Path) -> CassandraService:
+def make_service(home: Path, java_options: tuple[str, ...] = ()) -> CassandraService:
     config = MillstreamConfig(
-        home=home, cassandra_port=NATIVE_PORT, cassandra_storage_port=STORAGE_PORT
+        home=home,
+        cassandra_port=NATIVE_PORT,
+        cassandra_storage_port=STORAGE_PORT,
+        cassandra_java_options=java_options,
     )
     java = JavaRuntime(Path("/usr/bin/java"), 17)
     artifacts = MavenArtifacts(home / "artifacts", lambda _: None)
@@ -242,12 +245,7 @@ def test_argv_sizes_the_heap_and_opens_no_jmx_port(
 
 
 def test_argv_ends_with_the_configured_java_options(tmp_path: Path) -> None:
-    config = MillstreamConfig(
-        home=tmp_path / "home", cassandra_java_options=("-XX:TieredStopAtLevel=1", "-Da=b")
-    )
-    java = JavaRuntime(Path("/usr/bin/java"), 17)
-    artifacts = MavenArtifacts(tmp_path / "artifacts", lambda _: None)
-    service = CassandraService(config, java, artifacts, lambda _: None)
+    service = make_service(tmp_path / "home", ("-XX:TieredStopAtLevel=1", "-Da=b"))
     argv = service.argv(fake_classpath(tmp_path))
     # Later JVM options win: after the node's own, only the classpath and main class.
     assert argv[argv.index("-cp") - 2 : argv.index("-cp")] == ["-XX:TieredStopAtLevel=1", "-Da=b"]

@@ -18,9 +18,12 @@ from millstream.engine.errors import ServiceStartError
 pytestmark = pytest.mark.unit
 
 
-def _service(tmp_path: Path) -> KafkaService:
+def _service(tmp_path: Path, java_options: tuple[str, ...] = ()) -> KafkaService:
     config = MillstreamConfig(
-        home=tmp_path, kafka_bootstrap="127.0.0.1:19092", kafka_controller_port=19093
+        home=tmp_path,
+        kafka_bootstrap="127.0.0.1:19092",
+        kafka_controller_port=19093,
+        kafka_java_options=java_options,
     )
     java = JavaRuntime(Path("/usr/bin/java"), 17)
     return KafkaService(config, java, MavenArtifacts(tmp_path / "artifacts", print), print)
@@ -50,10 +53,7 @@ def test_command_line_carries_the_marker_and_main_class(tmp_path: Path) -> None:
 
 
 def test_the_configured_java_options_come_last_so_they_win(tmp_path: Path) -> None:
-    config = MillstreamConfig(home=tmp_path, kafka_java_options=("-XX:TieredStopAtLevel=1",))
-    java = JavaRuntime(Path("/usr/bin/java"), 17)
-    service = KafkaService(config, java, MavenArtifacts(tmp_path / "artifacts", print), print)
-    argv = service.argv([Path("/m2/kafka_2.13-4.3.1.jar")])
+    argv = _service(tmp_path, ("-XX:TieredStopAtLevel=1",)).argv([Path("/m2/kafka.jar")])
     assert argv.index("-XX:TieredStopAtLevel=1") == argv.index("-cp") - 1
     assert "-XX:TieredStopAtLevel=1" not in _service(tmp_path).argv([Path("/m2/kafka.jar")])
 
