@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Literal, NamedTuple, NoReturn, Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -89,10 +89,17 @@ def range_reader(config: MillstreamConfig, **settings: str | int | bool) -> Cons
 
 
 def read_ranges(
-    reader: Consumer, ranges: Sequence[_Range], timeout: float = 30.0
+    reader: Consumer,
+    ranges: Sequence[_Range],
+    timeout: float = 30.0,
+    *,
+    skip: Callable[[str, bytes | None], bool] | None = None,
 ) -> Generator[InputMessage, None, None]:
     """The messages of ``ranges``, in offset order within each partition (partitions
     interleave), read with ``reader`` (:func:`range_reader`), which this assigns to them.
+    ``skip``, if given, is asked with each message's topic and value, and a message it
+    answers true for is not yielded (a Spark task passes over another task's records so,
+    without the cost of making them messages).
 
     An offset a transaction marker or an aborted transaction takes, or compaction emptied,
     yields nothing: a partition is done once the consumer's position reaches its range's
@@ -135,6 +142,9 @@ def read_ranges(
                 # Set on every consumed message (the stubs allow None); no cast(), which is a
                 # call per message at run time.
                 topic: str = message.topic()  # type: ignore[assignment]
+                value = message.value()
+                if skip is not None and skip(topic, value):
+                    continue  # wherever it is: a skipped message is never yielded
                 partition: int = message.partition()  # type: ignore[assignment]
                 offset: int = message.offset()  # type: ignore[assignment]
                 place = (topic, partition)
@@ -149,7 +159,7 @@ def read_ranges(
                     offset,
                     message.timestamp()[1] * 1000,
                     message.key(),
-                    message.value(),
+                    value,
                 )
             if messages:
                 deadline = time.monotonic() + timeout

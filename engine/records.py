@@ -73,6 +73,7 @@ __all__ = [
     "encode_record",
     "encode_single_object",
     "envelope_key",
+    "envelope_key_bytes",
     "injector_record_id",
     "production_record_id",
     "shipped_schema",
@@ -333,16 +334,29 @@ def envelope_key(data: bytes) -> str | None:
     is this: a reader can tell a record's key, and so where it goes, without the cost of
     decoding it (the Spark executor's tasks skip the records of other tasks so).
     """
+    key = envelope_key_bytes(data)
+    if key is None:
+        return None
+    try:
+        return key.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def envelope_key_bytes(data: bytes) -> bytes | None:
+    """:func:`envelope_key` before its UTF-8 decoding: the key's bytes, or ``None`` if
+    ``data`` does not begin as an envelope of the current version with a key in bounds.
+
+    Bytes that do not decode as UTF-8 are returned too (no record has that key). Equal keys
+    have equal bytes, so a reader can remember what it found for a key by these alone.
+    """
     header = _envelope_header()
     if not data.startswith(header):
         return None
     begins, ends = _read_length(data, len(header))
     if begins < 0:
         return None
-    try:
-        return data[begins:ends].decode("utf-8")
-    except UnicodeDecodeError:
-        return None
+    return data[begins:ends]
 
 
 @cache

@@ -70,7 +70,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Set
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from itertools import chain
@@ -92,7 +92,7 @@ from millstream.engine.protocol import (
     make_delivery,
     thread_step_clock,
 )
-from millstream.engine.records import envelope_key
+from millstream.engine.records import envelope_key, envelope_key_bytes
 from millstream.engine.routing import (
     decode_delivery,
     decode_tombstone,
@@ -113,6 +113,7 @@ __all__ = [
     "IntervalSlots",
     "Reader",
     "Routed",
+    "Skip",
     "TaskSettings",
     "batch_task",
     "claim_slot",
@@ -120,6 +121,7 @@ __all__ = [
     "decode_delivery",
     "message_router",
     "read_from_kafka",
+    "route_task",
     "tune_collector",
 ]
 
@@ -412,18 +414,24 @@ def _streams_by_topic(spec: ComputationSpec) -> dict[str, str]:
     return {stream_topic(i.stream): i.stream for i in spec.inputs}
 
 
-Reader = Callable[[TaskSettings, Sequence[OffsetRange]], Iterable[InputMessage]]
-"""How a task reads its batch's ranges: :func:`read_from_kafka`, or a test's own."""
+Skip = Callable[[str, bytes | None], bool]
+"""Whether a message (its topic and value) is surely another task's: a reader need not
+yield it (:func:`~millstream.connectors.stream_reader.read_ranges`'s ``skip``)."""
+
+Reader = Callable[[TaskSettings, Sequence[OffsetRange], Skip], Iterable[InputMessage]]
+"""How a task reads its batch's ranges but the messages ``skip`` answers true for:
+:func:`read_from_kafka`, or a test's own."""
 
 
 def read_from_kafka(
-    settings: TaskSettings, ranges: Sequence[OffsetRange]
+    settings: TaskSettings, ranges: Sequence[OffsetRange], skip: Skip
 ) -> Iterator[InputMessage]:
-    """The messages of ``ranges``, read with this process's consumer."""
+    """The messages of ``ranges`` but those ``skip`` refuses, read with this process's
+    consumer."""
     resources = _resources(settings)
     if resources.reader is None:
         resources.reader = range_reader(settings.config)
-    return read_ranges(resources.reader, ranges, _READ_TIMEOUT)
+    return read_ranges(resources.reader, ranges, _READ_TIMEOUT, skip=skip)
 
 
 def batch_task(
@@ -460,31 +468,9 @@ def batch_task(
         fault_point("executor.task", spec.name)
         faults = armed_faults("executor.record", spec.name)
         routing_started, routing_cpu = thread_step_clock()
-        task_of = batch.slots.task_of
-        by_interval: dict[int, list[Delivery | Rejected]] = {
-            interval: [] for interval in batch.ticks if task_of(interval) in tasks
-        }
-        route = message_router(spec, layout, batch.quarantine)
-        interval_of_key = layout.interval_lookup()
-        by_record_key = _keyed_by_record_key(spec)
-        for message in read(settings, batch.ranges):
-            # Another task's record is skipped undecoded when its key can be read as it is:
-            # each task would otherwise decode the whole batch.
-            keyed = None  # the interval of the envelope's key, when it can be read
-            if message.value is not None and message.topic in by_record_key:
-                key = envelope_key(message.value)
-                if key is not None:
-                    keyed = interval_of_key(key)
-                    if task_of(keyed) not in tasks:
-                        continue
-            interval, item = route(message)
-            if keyed is not None and interval != keyed:
-                raise RuntimeError(
-                    f"{message.topic}/{message.partition}@{message.offset} was routed to "
-                    f"interval {interval}, not to {keyed}, that of its envelope's key: a bug"
-                )
-            if task_of(interval) in tasks:
-                by_interval.setdefault(interval, []).append(item)
+        by_interval = route_task(
+            spec, layout, batch, tasks, lambda skip: read(settings, batch.ranges, skip)
+        )
         routed, routed_cpu = thread_step_clock()
         routing = [routed - routing_started, routed_cpu - routing_cpu]
         resources = _resources(settings)
@@ -517,6 +503,86 @@ def batch_task(
         yield from rows
 
     return run
+
+
+def route_task(
+    spec: ComputationSpec,
+    layout: IntervalLayout,
+    batch: BatchInput,
+    tasks: Set[int],
+    read: Callable[[Skip], Iterable[InputMessage]],
+) -> dict[int, list[Delivery | Rejected]]:
+    """The inputs of each interval of ``tasks`` (every interval of the batch's ticks among
+    them) among the messages ``read`` gives: routed (:func:`message_router`), in the order
+    read. ``read`` is told what to leave out: another task's records, when their envelope's
+    key says so (each task would otherwise decode the whole batch)."""
+    task_of = batch.slots.task_of
+    by_interval: dict[int, list[Delivery | Rejected]] = {
+        interval: [] for interval in batch.ticks if task_of(interval) in tasks
+    }
+    route = message_router(spec, layout, batch.quarantine)
+    keyed = _KeyedIntervals(spec, layout, lambda interval: task_of(interval) in tasks)
+    for message in read(keyed.foreign):
+        interval, item = route(message)
+        if task_of(interval) in tasks:
+            by_interval.setdefault(interval, []).append(item)
+        elif (known := keyed.interval_of(message.topic, message.value)) is not None:
+            # Kept for its envelope's key, which the other tasks skipped it for.
+            raise RuntimeError(
+                f"{message.topic}/{message.partition}@{message.offset} was routed to "
+                f"interval {interval}, another task's, not to {known}, that of its "
+                "envelope's key: a bug"
+            )
+    return by_interval
+
+
+class _KeyedIntervals:
+    """A task's view of a message's record told from its envelope's key bytes, undecoded,
+    in the topics keyed by the record's own key: its interval, and whether another task
+    works it (:meth:`foreign`, remembered by those bytes for up to :data:`_KEYS_REMEMBERED`
+    keys). ``owned``: whether this task works an interval."""
+
+    def __init__(
+        self, spec: ComputationSpec, layout: IntervalLayout, owned: Callable[[int], bool]
+    ) -> None:
+        self._topics = _keyed_by_record_key(spec)
+        self._interval_of_key = layout.interval_lookup()
+        self._owned = owned
+        self._foreign: dict[bytes, bool] = {}
+
+    def interval_of(self, topic: str, value: bytes | None) -> int | None:
+        """The interval of the record's key; ``None`` in another topic, or when the value
+        does not begin as an envelope with a key (routing says what it is then)."""
+        if value is None or topic not in self._topics:
+            return None
+        key = envelope_key_bytes(value)
+        return None if key is None else self._key_interval(key)
+
+    def foreign(self, topic: str, value: bytes | None) -> bool:
+        """The reader's ``skip``: the message is surely another task's."""
+        if value is None or topic not in self._topics:
+            return False
+        key = envelope_key_bytes(value)
+        if key is None:
+            return False
+        foreign = self._foreign.get(key)
+        if foreign is None:
+            interval = self._key_interval(key)
+            foreign = interval is not None and not self._owned(interval)
+            if len(self._foreign) >= _KEYS_REMEMBERED:
+                self._foreign.clear()
+            self._foreign[key] = foreign
+        return foreign
+
+    def _key_interval(self, key: bytes) -> int | None:
+        try:
+            text = key.decode("utf-8")
+        except UnicodeDecodeError:
+            return None  # no record's key: routing rejects the message
+        return self._interval_of_key(text)
+
+
+_KEYS_REMEMBERED: Final = 1 << 16
 
 
 def _run_interval(

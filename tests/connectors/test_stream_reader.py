@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import cast
 
 import pytest
 from confluent_kafka import TopicPartition
@@ -15,7 +16,7 @@ from millstream.connectors import read_stream
 from millstream.connectors.stream_reader import InputMessage, range_reader, read_ranges
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.errors import MillstreamError, RecordDecodeError
-from millstream.engine.records import Record, encode_record, injector_record_id
+from millstream.engine.records import Record, decode_record, encode_record, injector_record_id
 from millstream.spark.isolation import OffsetRange
 
 pytestmark = pytest.mark.integration
@@ -145,6 +146,24 @@ def test_ranges_are_read_exactly_across_gaps_and_transaction_markers(
         finally:
             reader.close()
         assert message == InputMessage(stream, 0, 9, 9_000, None, encode_record(record(9)))
+        # What skip refuses is left out, and the read still ends at each range's end.
+        asked: list[tuple[str, bytes | None]] = []
+
+        def odd(topic: str, value: bytes | None) -> bool:
+            asked.append((topic, value))
+            return value is not None and decode_record(value).value[-1] % 2 == 1  # v3, v5...
+
+        reader = range_reader(services)
+        try:
+            kept = list(read_ranges(reader, [OffsetRange(stream, 0, 2, 8)], skip=odd))
+        finally:
+            reader.close()
+        assert [(m.offset, decode_record(cast(bytes, m.value)).value) for m in kept] == [
+            (n, f"v{n}".encode()) for n in (2, 4, 6)
+        ]
+        # Asked of every message of the range (and of any read past its end), with its topic.
+        assert {value for _, value in asked} >= {encode_record(record(n)) for n in range(2, 8)}
+        assert {topic for topic, _ in asked} == {stream}
     finally:
         kafka_connector.delete_topics(services, [stream])
 

@@ -27,6 +27,7 @@ from millstream.engine.records import (
     encode_record,
     encode_single_object,
     envelope_key,
+    envelope_key_bytes,
     injector_record_id,
     production_record_id,
     timer_identity,
@@ -173,6 +174,20 @@ def test_a_key_that_decodes_is_the_key_envelope_key_reads(body: bytes) -> None:
     with contextlib.suppress(RecordDecodeError):
         assert envelope_key(header + body) == decode_record(header + body).key
     assert envelope_key(body) is None or body.startswith(header)
+
+
+@given(records)
+def test_an_envelopes_key_bytes_are_its_key_encoded(record: Record) -> None:
+    assert envelope_key_bytes(encode_record(record)) == record.key.encode("utf-8")
+
+
+def test_key_bytes_are_read_whatever_they_decode_to_and_nothing_else() -> None:
+    data = encode_record(Record("k", b"v", 1, RID))
+    assert envelope_key_bytes(data[:10] + b"\x04\xff\xfe") == b"\xff\xfe"  # not UTF-8
+    assert envelope_key_bytes(b"plain text") is None
+    assert envelope_key_bytes(data[:2] + bytes(8) + data[10:]) is None  # another schema
+    assert envelope_key_bytes(data[:10] + b"\x03") is None  # a negative length
+    assert envelope_key_bytes(data[:10] + b"\x06ab") is None  # a key past the end
 
 
 def test_no_key_is_read_from_what_is_not_the_current_envelope() -> None:

@@ -36,6 +36,7 @@ from millstream.spark import executor
 from millstream.spark.executor import (
     BatchInput,
     IntervalSlots,
+    Skip,
     TaskSettings,
     batch_task,
     claim_slot,
@@ -109,7 +110,8 @@ def run_batch(
 ) -> list[ResultRow]:
     """Every task of a batch of ``sent`` (read in one range), as Spark would run them; the
     rows of all of them. Checks that no interval ran in two tasks. With ``claims``, task
-    ``n`` runs in a process whose last slots are ``processes[n]``."""
+    ``n`` runs in a process whose last slots are ``processes[n]``. The reader leaves out
+    what a task says to skip, as Kafka's does."""
     layout = layout or IntervalLayout.initial(spec.options.key_intervals)
     batch = BatchInput(
         ranges=(OffsetRange("in", 0, 0, len(sent)),),
@@ -119,10 +121,12 @@ def run_batch(
         claims=None if claims is None else str(claims),
     )
 
-    def read(settings: TaskSettings, ranges: Sequence[OffsetRange]) -> list[InputMessage]:
+    def read(
+        settings: TaskSettings, ranges: Sequence[OffsetRange], skip: Skip
+    ) -> list[InputMessage]:
         assert settings == SETTINGS
         assert tuple(ranges) == batch.ranges
-        return sent
+        return [m for m in sent if not skip(m.topic, m.value)]
 
     results: list[ResultRow] = []
     for number in range(tasks):
@@ -359,6 +363,24 @@ def test_each_task_skips_the_records_of_the_others_undecoded_and_loses_none(
     assert (letter.origin.key, letter.error_type) == ("broken", "MalformedRecordError")
     by_interval = {row.interval: row for row in results}
     assert by_interval[layout.interval_of("broken")].counts.rejected == 1
+
+
+def test_a_record_kept_for_its_envelopes_key_and_routed_to_another_task_is_a_bug(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The other tasks skipped it for that key: a task that drops it would lose it."""
+    spec, layout = windows(2)
+    key = next(f"k{n}" for n in range(100) if layout.interval_of(f"k{n}") == 0)
+    sent = messages([record(key, 10, 1)])
+    real_router = executor.message_router
+
+    def misrouting(*args: Any) -> Any:
+        route = real_router(*args)
+        return lambda message: (1, route(message)[1])
+
+    monkeypatch.setattr(executor, "message_router", misrouting)
+    with pytest.raises(RuntimeError, match="routed to interval 1, another task's, not to 0"):
+        run_batch(spec, sent, layout, tasks=2)
 
 
 class Closable:
