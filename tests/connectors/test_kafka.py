@@ -102,6 +102,24 @@ def test_sent_productions_arrive_on_their_streams_topics(
     ]
 
 
+def test_a_production_the_broker_refuses_is_the_one_not_acknowledged(
+    services: MillstreamConfig, kafka_topic: Callable[..., str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """One send: the production the broker refuses is not acknowledged, the others are."""
+    # The broker refuses a topic's record batch whole: the refused production has its own.
+    small, plain = kafka_topic(config={"max.message.bytes": "1000"}), kafka_topic()
+    fine = [Production(plain, _record(n)) for n in range(3)]
+    too_large = Production(small, Record("k", b"x" * 2_000, 1, injector_record_id("big", 0, 0)))
+    sink = KafkaProductionSink(services)
+    try:
+        acknowledged = sink.send([fine[0], too_large, *fine[1:]], timeout=30)
+    finally:
+        sink.close(0)
+    assert acknowledged == {p.record_id for p in fine}
+    assert f"production {too_large.record_id.hex()} not delivered" in caplog.text
+    assert consume(services, plain, 3) == [p.record for p in fine]
+
+
 def test_a_stream_deleted_under_a_live_producer_is_not_created_again(
     services: MillstreamConfig, kafka_topic: Callable[..., str]
 ) -> None:
