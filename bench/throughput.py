@@ -21,7 +21,7 @@ is (41 bytes).
 | ``bytewax`` | Bytewax 0.21, one worker, state in SQLite recovery partitions | at-least-once |
 | ``pathway`` | Pathway 0.33, two threads, input persisted to the filesystem | at-least-once |
 | ``spark-tws`` | ``transformWithStateInPandas``, RocksDB state store, Kafka sink | at-least-once |
-| ``millstream-strong`` | strong productions, exactly-once, 16 intervals, txns | exactly-once |
+| ``millstream-strong`` | strong productions, exactly-once, default intervals, txns | exactly-once |
 | ``millstream-notx`` | the same, ``transactional_productions=False`` | eo-millstream |
 | ``millstream-watched`` | ``millstream-strong``, three pages of its live view open | exactly-once |
 | ``millstream-viewed`` | the same, key intervals open, one page tailing a stream | exactly-once |
@@ -260,7 +260,7 @@ SYSTEMS = (
     System(
         "millstream-strong",
         "ms-strong",
-        "millstream, strong productions + exactly-once, 16 intervals",
+        "millstream, strong productions + exactly-once, the default key intervals",
         "exactly-once",
         latency=True,
     ),
