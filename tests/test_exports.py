@@ -5,6 +5,8 @@ import inspect
 import pkgutil
 import sys
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import ModuleType
 
 import pytest
@@ -15,12 +17,18 @@ from tests.test_packaging import installed_packages
 pytestmark = pytest.mark.unit
 
 
+@contextmanager
+def aliases_imported_quietly() -> Iterator[None]:
+    """Imports without the deprecated aliases' warnings (tests/spark/test_layout.py checks
+    that they warn)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        yield
+
+
 def public_modules() -> list[str]:
     names = installed_packages()
-    with warnings.catch_warnings():
-        # Walking imports each package, the deprecated aliases' too (they warn on import;
-        # tests/spark/test_layout.py checks that).
-        warnings.simplefilter("ignore", DeprecationWarning)
+    with aliases_imported_quietly():  # walking imports each package, the aliases' too
         for package in map(importlib.import_module, installed_packages()):
             prefix = f"{package.__name__}."
             names += [i.name for i in pkgutil.walk_packages(package.__path__, prefix)]
@@ -39,9 +47,7 @@ def defined_here(module: ModuleType) -> set[str]:
 
 @pytest.mark.parametrize("name", public_modules())
 def test_all_is_honest(name: str) -> None:
-    with warnings.catch_warnings():
-        # The deprecated aliases warn on import; tests/spark/test_layout.py checks that.
-        warnings.simplefilter("ignore", DeprecationWarning)
+    with aliases_imported_quietly():
         module = importlib.import_module(name)
     exported = getattr(module, "__all__", None)
     if exported is None:
