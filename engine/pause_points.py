@@ -40,9 +40,9 @@ PLACES: Final = {
     "executor.delivered": (
         "an interval task, its Kafka transaction committed, before it deletes the pending rows"
     ),
-    "rebalance.fence": "the driver, a split or merge journaled and its sources fenced",
+    "rebalance.fence": "the driver, a split or merge journaled and its sources retired",
     "rebalance.copy": "the driver, the sources' keys copied into the new intervals",
-    "rebalance.retire": "the driver, the sources retired, before the layout is finished",
+    "rebalance.purge": "the driver, the sources' rows purged, before the layout is finished",
     "injector.send": "an injector process, a poll's records read, before it sends them",
 }
 

@@ -12,18 +12,23 @@ them):
 2. **journal** (:func:`begin`): the change goes into the computation's layout by
    compare-and-set, with new interval IDs. From here on it is rolled forward, never back;
    a driver that finds a change in the layout finishes it before it runs a batch.
-3. **fence** the sources: acquire each one, which moves its sequencer past every lease a
-   task or zombie may hold, so nothing more lands in them.
+3. **fence** the sources: retire each one (acquire it, then move its sequencer to a value
+   no acquire passes), so no task or zombie holding a lease writes them again and none can
+   take them anew. Fencing by an acquire alone would not do: a zombie's worker starting a
+   batch acquires too, and whatever it then committed would miss the copy. A zombie that
+   acquires between this driver's acquire and its retire makes the retire fail; the next
+   attempt takes the source back.
 4. **copy**: every key of the sources, whole (state, timers, unexpired dedup IDs), and their
    pending productions, committed into the target that owns the key's hash now (under the
-   target's sequencer). Targets are new and no one routes to them yet, so doing it again
-   after a crash writes the same rows.
-5. **retire** the sources (their sequencer is set past any acquire, their rows deleted);
-   a source found retired means its copy had finished before.
+   target's sequencer). The sources' rows are final and no one routes to the targets yet,
+   so doing it again after a crash writes the same rows.
+5. **purge** the sources' rows.
 6. **finish**: the layout without the change, the targets in the sources' place.
 
 A kill at any step loses and duplicates nothing: before 2 nothing happened; from 2 to 6 the
-next driver repeats 3-6 from the journal, each idempotent; after 6 the change is done.
+next driver repeats 3-6 from the journal, each idempotent (a source found retired stays so,
+and a copy from a source purged in part writes a part of what it wrote before); after 6 the
+change is done.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from millstream.engine.store import IntervalStore
 __all__ = ["RebalancePolicy", "assign_slots", "begin", "finish_change", "load_shares", "plan"]
 
 _COMMIT_ATTEMPTS = 5
+_RETIRE_ATTEMPTS = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,48 +173,42 @@ def finish_change(
     change = layout.change
     if change is None:
         return layout
-    leases = []
-    copied = False
     for source in change.sources:
-        try:
-            leases.append(store.acquire(computation, source))
-        except RetiredIntervalError:
-            copied = True  # sources are retired only once the copy is complete
+        _retire(store, computation, source)
     pause_point("rebalance.fence", computation)
-    if not copied:
-        moved: dict[int, dict[str, KeyChanges]] = {target[0]: {} for target in change.targets}
-        # Pending productions belong to no key (a store exports them under the key ""): the
-        # first target delivers them all. Routed by the hash of "" (0), they had no target
-        # in a change away from the lowest hashes, and every driver failed finishing it.
-        pending: list[Production] = []
-        for lease in leases:
-            marker = None if delivered is None else delivered(computation, lease.interval)
-            for key_changes in store.export(lease):
-                # Untagged here: a tag names a commit of the source; _commit tags them anew.
-                pending.extend(
-                    replace(p, tag=None)
-                    for p in key_changes.productions
-                    if not delivered_by(p.tag, marker)
-                )
-                key_changes.productions = []
-                if not key_changes.is_empty():
-                    moved[change.target_of(key_changes.key)][key_changes.key] = key_changes
-        if pending:
-            first = moved[change.targets[0][0]]
-            first.setdefault("", KeyChanges("")).productions.extend(pending)
-        for target, changes in moved.items():
-            _commit(
-                store,
-                computation,
-                target,
-                list(changes.values()),
-                dedup_ttl,
-                tagged=delivered is not None,
+    moved: dict[int, dict[str, KeyChanges]] = {target[0]: {} for target in change.targets}
+    # Pending productions belong to no key (a store exports them under the key ""): the
+    # first target delivers them all. Routed by the hash of "" (0), they had no target
+    # in a change away from the lowest hashes, and every driver failed finishing it.
+    pending: list[Production] = []
+    for source in change.sources:
+        marker = None if delivered is None else delivered(computation, source)
+        for key_changes in store.export(computation, source):
+            # Untagged here: a tag names a commit of the source; _commit tags them anew.
+            pending.extend(
+                replace(p, tag=None)
+                for p in key_changes.productions
+                if not delivered_by(p.tag, marker)
             )
-        pause_point("rebalance.copy", computation)
-    for lease in leases:
-        store.retire(lease)
-    pause_point("rebalance.retire", computation)
+            key_changes.productions = []
+            if not key_changes.is_empty():
+                moved[change.target_of(key_changes.key)][key_changes.key] = key_changes
+    if pending:
+        first = moved[change.targets[0][0]]
+        first.setdefault("", KeyChanges("")).productions.extend(pending)
+    for target, changes in moved.items():
+        _commit(
+            store,
+            computation,
+            target,
+            list(changes.values()),
+            dedup_ttl,
+            tagged=delivered is not None,
+        )
+    pause_point("rebalance.copy", computation)
+    for source in change.sources:
+        store.purge(computation, source)
+    pause_point("rebalance.purge", computation)
     finished = layout.finish(now)
     if not store.write_layout(computation, finished, layout):
         raise FencedError(
@@ -216,6 +216,23 @@ def finish_change(
             f"{change.kind}; read it again"
         )
     return finished
+
+
+def _retire(store: IntervalStore, computation: str, source: int) -> None:
+    """Retire ``source`` (step 3), unless an earlier attempt at the change did."""
+    for attempt in range(_RETIRE_ATTEMPTS):
+        try:
+            lease = store.acquire(computation, source)
+        except RetiredIntervalError:
+            return
+        try:
+            store.retire(lease)
+            return
+        except FencedError:
+            # A zombie's worker acquired it in between (or another driver finishing the
+            # same change retired it): the next acquire fences the one, or says the other.
+            if attempt == _RETIRE_ATTEMPTS - 1:
+                raise
 
 
 def _commit(

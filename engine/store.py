@@ -309,18 +309,26 @@ class IntervalStore(LayoutStore):
         """Delete pending productions the sink acknowledged (conditional, like a commit)."""
 
     @abstractmethod
-    def export(self, lease: Lease) -> list[KeyChanges]:
+    def export(self, computation: str, interval: int) -> list[KeyChanges]:
         """Everything the interval holds, as change sets that recreate it: per key its state,
         timers and unexpired dedup IDs; the pending productions under the key ``""``.
         Committed to other intervals (by each key's new interval), they move the keys whole
         (:mod:`millstream.engine.rebalance`). Reads the whole interval; never on a batch's path.
+        Exported once retired, an interval's rows are final: nothing can write them any more.
         """
 
     @abstractmethod
     def retire(self, lease: Lease) -> None:
-        """Retire the interval for good, conditionally on the lease: no one can acquire it
-        again (:class:`~millstream.engine.errors.RetiredIntervalError`), so no write of a
-        worker that still thinks it owns it can land, and its rows are deleted."""
+        """Retire the interval for good, conditionally on the lease (``FencedError`` if
+        someone acquired it since): no one can acquire it again
+        (:class:`~millstream.engine.errors.RetiredIntervalError`), so no write of a worker
+        that still thinks it owns it can land. Its rows stay, frozen, for :meth:`export`,
+        until :meth:`purge`."""
+
+    @abstractmethod
+    def purge(self, computation: str, interval: int) -> None:
+        """Delete the rows of a retired interval (its keys copied elsewhere); ``FencedError``
+        if the interval is not retired. Deleting them again is harmless."""
 
 
 def split_batches(changes: Sequence[KeyChanges], max_batch_bytes: int) -> list[list[KeyChanges]]:

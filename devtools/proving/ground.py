@@ -72,12 +72,13 @@ from millstream.devtools.proving.workload import (
     rebalance_policy,
 )
 from millstream.engine import fault_points
+from millstream.engine.clock import SystemClock
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.errors import MillstreamError
 from millstream.engine.outages import Outage
 from millstream.engine.pause_points import ENVIRONMENT_VARIABLE
 from millstream.engine.records import injector_record_id
-from millstream.engine.stores.cassandra import execute_schema_change
+from millstream.engine.stores.cassandra import CassandraIntervalStore, execute_schema_change
 
 __all__ = [
     "CHECKPOINT_DISK",
@@ -115,7 +116,7 @@ FAULTS: Final = {
     "kafka": "kill -9 of the Kafka broker, the injector restarted meanwhile, then restart",
     "cassandra": "kill -9 of the Cassandra node, the injector restarted meanwhile, then restart",
     "injector": "kill -9 of the injector, then restart from its checkpoint",
-    "split": "kill -9 of the driver amid a split or merge of intervals (fenced, copied, retired)",
+    "split": "kill -9 of the driver amid a split or merge of intervals (retired, copied, purged)",
     "driver-transaction": "kill -9 of the driver while a task's productions are in an open "
     "Kafka transaction",
     "worker-transaction": "kill -9 of the Spark Python worker whose productions are in an open "
@@ -169,7 +170,7 @@ _WORKER_KILLS: Final = ("worker", "worker-transaction")
 # Of an unplanned exit's traceback in the report (its log keeps the last 30 lines).
 _TRACEBACK_LINES: Final = 24
 _ERROR_LINE: Final = re.compile(r"^([\w.$]+\.)?\w*(Error|Exception)\b")
-_SPLIT_STEPS: Final = ("rebalance.fence", "rebalance.copy", "rebalance.retire")
+_SPLIT_STEPS: Final = ("rebalance.fence", "rebalance.copy", "rebalance.purge")
 SPLIT_HOT_SHARE: Final = 0.8
 """The share of a run's records on one hash range's keys when it has the ``split`` fault."""
 
@@ -822,7 +823,26 @@ class _Run:
         since = time.time()
         self.driver.start()
         took_over = self.wait(self.ran_batch(since, fault.computation), 300, "the new driver")
-        self._release(fault)
+        cluster, session = cassandra_connector.connect(self.config)
+        try:
+            store = CassandraIntervalStore(session, self.description.names.keyspace, SystemClock())
+
+            def refused() -> int:
+                return sum(store.fenced(fault.computation).values())
+
+            before = refused()
+            self._release(fault)
+            # The parked worker wakes alone, and the rest of the zombie once the store has
+            # refused its commit. Woken together, a read that another of the zombie's tasks
+            # had in flight when it was stopped timed out as it woke (its request timer ran
+            # out meanwhile), failed the zombie's job, and Spark killed the parked task before
+            # its commit: the zombie was then stopped by its checkpoint's fence, and the
+            # store's fence, which this fault is for, went unexercised.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(parked, signal.SIGCONT)
+            self.wait(lambda: refused() > before, 60, "the store to refuse the parked commit")
+        finally:
+            cluster.shutdown()
         old.signal_all(signal.SIGCONT)
         log = old.logs[-1]
 

@@ -21,6 +21,7 @@ from millstream.engine.productions import CommitTag, Production
 from millstream.engine.protocol import Delivery, IntervalWorker
 from millstream.engine.rebalance import RebalancePolicy, begin, finish_change, plan
 from millstream.engine.records import Record, injector_record_id
+from millstream.engine.sequencer import Lease
 from millstream.engine.state import KeyChanges
 from millstream.engine.store import IntervalStore
 from millstream.engine.testing import SendOutcome, TestingSink
@@ -191,8 +192,7 @@ def _everything(store: IntervalStore, layout: IntervalLayout) -> Contents:
     dedup: set[tuple[str, bytes]] = set()
     productions: set[bytes] = set()
     for interval in layout.ids:
-        lease = store.acquire("counts", interval)
-        for changes in store.export(lease):
+        for changes in store.export("counts", interval):
             assert changes.key == "" or layout.interval_of(changes.key) == interval
             if isinstance(changes.state, bytes):
                 states[changes.key] = changes.state
@@ -206,9 +206,7 @@ class Crash(Exception):  # noqa: N818 - a kill -9, not an error
     pass
 
 
-@pytest.mark.parametrize(
-    "crash_at", [None, "rebalance.fence", "rebalance.copy", "rebalance.retire"]
-)
+@pytest.mark.parametrize("crash_at", [None, "rebalance.fence", "rebalance.copy", "rebalance.purge"])
 @pytest.mark.parametrize("kind", ["split 0", "split 1", "merge"])
 def test_a_change_killed_at_any_step_is_finished_by_the_next_driver_whole(
     backend: Backend, kind: str, crash_at: str | None, monkeypatch: pytest.MonkeyPatch
@@ -311,7 +309,7 @@ def test_an_exported_interval_recreates_its_keys(backend: Backend) -> None:
         ],
         dedup_ttl=60_000_000,
     )
-    exported = store.export(lease)
+    exported = store.export(lease.computation, lease.interval)
     assert [(c.key, c.state, c.timers, c.dedup_ids) for c in exported[:3]] == [
         ("a", b"1", {"t": timer}, [b"i" * 16]),
         ("b", b"2", {}, []),
@@ -321,9 +319,78 @@ def test_an_exported_interval_recreates_its_keys(backend: Backend) -> None:
     assert sorted((p.record_id, p.tag) for p in exported[3].productions) == sorted(
         [(pending.record_id, None), (tagged.record_id, CommitTag(lease.token, 1))]
     )
+    with pytest.raises(FencedError, match="not retired"):
+        store.purge("c", 0)  # a live interval's rows are never purged
     store.retire(lease)
     with pytest.raises(RetiredIntervalError):
         store.acquire("c", 0)
+    # Retired, the rows are final: not even the retiring lease writes them, and they stay
+    # for the copy until purged.
+    with pytest.raises(FencedError):
+        store.commit(lease, [KeyChanges("a", state=b"9")], dedup_ttl=60_000_000)
+    assert store.export("c", 0) == exported
+    store.purge("c", 0)
+    assert store.export("c", 0) == []
+    store.purge("c", 0)  # again: harmless
+    with pytest.raises(RetiredIntervalError):
+        store.acquire("c", 0)
+
+
+@pytest.mark.parametrize("when", ["before the retire", "after the fence"])
+def test_a_zombie_that_takes_a_source_amid_a_change_is_fenced_and_nothing_is_lost(
+    backend: Backend, when: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A zombie's worker starting a batch acquires its interval like anyone: between the
+    driver's acquire of a source and its retire, it takes the source and commits there;
+    once the source is retired, it is refused."""
+    store = backend.store()
+    sink = _unacknowledging()
+    layout = store.layout("counts", 2)
+    _run(store, backend.clock, layout, range(300), sink)
+    zombie = IntervalWorker(_spec(), 0, store=store, sink=sink, clock=backend.clock, layout=layout)
+    zombie_input = _deliveries(layout, range(300, 400))[0]
+    begun = layout.begin_split(0)
+    begin(store, "counts", layout, begun)
+    outcomes: list[str] = []
+
+    def zombie_batch() -> None:
+        try:
+            zombie.process(zombie_input, 0)
+            outcomes.append("committed")
+        except RetiredIntervalError:
+            outcomes.append("retired")
+
+    if when == "before the retire":
+        retire = store.retire
+
+        def taken_first(lease: Lease) -> None:
+            if not outcomes:
+                zombie_batch()
+            retire(lease)
+
+        monkeypatch.setattr(store, "retire", taken_first)
+    else:
+
+        def at(place: str, computation: str) -> None:
+            if place == "rebalance.fence":
+                zombie_batch()
+
+        monkeypatch.setattr(rebalance, "pause_point", at)
+    finished = finish_change(store, "counts", begun, dedup_ttl=60_000_000)
+    monkeypatch.undo()
+    assert outcomes == ["committed" if when == "before the retire" else "retired"]
+    assert store.read_layout("counts") == finished
+    zombie_ids = {d.record.record_id for d in zombie_input}
+    copied = _everything(store, finished)[2]
+    # What the zombie committed moved with the keys, or it committed nothing.
+    assert (zombie_ids <= {i for _, i in copied}) == (when == "before the retire")
+    with pytest.raises(FencedError):
+        zombie.process(zombie_input, 0)
+
+    _run(store, backend.clock, finished, range(250, 400), sink)
+    states = _everything(store, finished)[0]
+    expected = {key: len({n for n in range(400) if KEYS[n % len(KEYS)] == key}) for key in KEYS}
+    assert {k: COUNT.decode(v) for k, v in states.items()} == expected
 
 
 @pytest.mark.unit

@@ -700,9 +700,9 @@ class CassandraIntervalStore(IntervalStore):
                 found.setdefault(row["computation"], []).append(row["interval"])
         return {name: sorted(intervals) for name, intervals in found.items()}
 
-    def export(self, lease: Lease) -> list[KeyChanges]:
+    def export(self, computation: str, interval: int) -> list[KeyChanges]:
         statements = self._statements
-        partition = (lease.computation, lease.interval)
+        partition = (computation, interval)
         states, timers, productions, dedup = (
             self._session.execute_async(statement, partition, timeout=self.request_timeout)
             for statement in (
@@ -737,8 +737,7 @@ class CassandraIntervalStore(IntervalStore):
         return changes
 
     def retire(self, lease: Lease) -> None:
-        # The LWT fences every holder of an older lease and refuses every later acquire; the
-        # rows of a partition no one can write any more then go by plain range deletes.
+        # The LWT fences every holder of an older lease and refuses every later acquire.
         result = self._execute(
             self._statements.acquire_next,  # moving the sequencer to the retired value
             (RETIRED_SEQUENCER, _new_marker(), lease.computation, lease.interval, lease.token),
@@ -748,8 +747,17 @@ class CassandraIntervalStore(IntervalStore):
                 f"interval {lease.interval} of {lease.computation!r} was acquired by another "
                 f"worker before it could be retired (lease {lease.token})"
             )
+
+    def purge(self, computation: str, interval: int) -> None:
+        # The rows of a partition no one can write any more go by plain range deletes; the
+        # SERIAL read sees the retiring LWT, so no live interval's rows are ever deleted.
+        if self._serial_read(computation, interval)[0] != RETIRED_SEQUENCER:
+            raise FencedError(
+                f"interval {interval} of {computation!r} is not retired: only a retired "
+                "interval's rows are purged"
+            )
         for kind in _DATA_KINDS:
-            self._execute(self._statements.delete_kind, (lease.computation, lease.interval, kind))
+            self._execute(self._statements.delete_kind, (computation, interval, kind))
 
     def fenced(self, computation: str) -> dict[int, int]:
         """Per key interval of ``computation``, how many operations this table refused to

@@ -329,8 +329,8 @@ class MemoryIntervalStore(IntervalStore):
         partition.last_commit = self._marker()
         self._fault(FaultPoint.AFTER_DELETE)
 
-    def export(self, lease: Lease) -> list[KeyChanges]:
-        partition = self._partition(lease.computation, lease.interval)
+    def export(self, computation: str, interval: int) -> list[KeyChanges]:
+        partition = self._partition(computation, interval)
         now = self.clock.now()
         keys = sorted(partition.states.keys() | partition.timers.keys() | partition.dedup.keys())
         changes = [
@@ -350,6 +350,17 @@ class MemoryIntervalStore(IntervalStore):
     def retire(self, lease: Lease) -> None:
         partition = self._fenced(lease)
         partition.retired = True
+        # As on Cassandra, the sequencer moves on: not even the retiring lease writes again.
+        partition.sequencer += 1
+        partition.last_commit = self._marker()
+
+    def purge(self, computation: str, interval: int) -> None:
+        partition = self._partition(computation, interval)
+        if not partition.retired:
+            raise FencedError(
+                f"interval {interval} of {computation!r} is not retired: only a retired "
+                "interval's rows are purged"
+            )
         partition.states.clear()
         partition.timers.clear()
         partition.dedup.clear()
