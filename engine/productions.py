@@ -113,7 +113,7 @@ class ProductionSink(Protocol):
 
     A worker calls ``send`` one call at a time, but not always from one thread: a large batch
     of weak productions is sent from a thread of the batch's while its later keys run
-    (:data:`~millstream.engine.protocol.WEAK_SEND_CHUNK`), and workers of several intervals
+    (:data:`~millstream.engine.weak_productions.WEAK_SEND_CHUNK`), and workers of several intervals
     may share one sink.
     """
 

@@ -29,8 +29,9 @@ one batch of input at a time (a Spark micro-batch's share of the interval):
 
 5. **Weak productions** only: send them and wait ``weak_production_delay``; checkpoint the
    stragglers. A large batch starts sending them while its later keys still run (every
-   :data:`WEAK_SEND_CHUNK` of them, on a thread of the batch's), so that this step waits
-   only for the last ones' acknowledgements, and downstream gets them as they are made.
+   :data:`~millstream.engine.weak_productions.WEAK_SEND_CHUNK` of them, on a thread of the
+   batch's, :mod:`millstream.engine.weak_productions`), so that this step waits only for the
+   last ones' acknowledgements, and downstream gets them as they are made.
 6. **Commit** every key's changes with the dedup IDs of its records, conditionally on the
    sequencer; one key's changes never split. An unknown outcome is resolved by reading the
    commit marker back before committing again what did not apply.
@@ -56,24 +57,20 @@ come again and, being duplicates of whatever was committed, are harmless.
 from __future__ import annotations
 
 import bisect
-import enum
 import itertools
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence, Set
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
 from millstream.engine.cache import StateCache
+from millstream.engine.calls import KeyRun
 from millstream.engine.clock import Clock
-from millstream.engine.context import Context
 from millstream.engine.deadletters import DeadLetter, Origin
 from millstream.engine.dedup import IdFilter, first_occurrences, unseen
 from millstream.engine.errors import (
-    AbsurdTimestampError,
-    UndeclaredStreamError,
     UnknownOutcomeError,
 )
 from millstream.engine.layout import IntervalLayout
@@ -89,32 +86,20 @@ from millstream.engine.productions import (
     TransactionUnavailableError,
     delivered_by,
 )
-from millstream.engine.records import (
-    MAX_EVENT_TIME,
-    MIN_EVENT_TIME,
-    Deletion,
-    Record,
-    check_event_time,
-    check_record_size,
-    encode_record,
-    production_record_id,
-    unchecked_record,
-)
+from millstream.engine.records import Deletion, Record, clamp_event_time
 from millstream.engine.sequencer import Lease
 from millstream.engine.slots import slot_constructor
 from millstream.engine.state import UNCHANGED, KeyChanges, effective_timers
 from millstream.engine.store import NO_FLOOR, IntervalStore, KeySnapshot, NextTimers, TimerFloor
 from millstream.engine.timers import (
-    RESERVED_TAG_PREFIX,
-    STATE_TTL_TAG,
     TimeDomain,
     Timer,
     due_bound,
-    due_timers,
     is_due_at,
 )
 from millstream.engine.topology import ComputationSpec
 from millstream.engine.watermarks import IntervalProgress
+from millstream.engine.weak_productions import WEAK_SEND_CHUNK, WeakSends
 
 __all__ = [
     "STEPS",
@@ -125,7 +110,6 @@ __all__ = [
     "Rejected",
     "StepClock",
     "StepTime",
-    "WorkerPool",
     "make_delivery",
     "thread_step_clock",
 ]
@@ -147,12 +131,6 @@ _FILTER_HEADROOM = 50_000
 # its batches read none the interval does not hold; an interval with more has its uncached
 # keys read, new ones too. On Cassandra, listing them takes at most three pages of rows.
 _KNOWN_KEYS_MOST = 10_000
-
-WEAK_SEND_CHUNK: Final = 1024
-"""Weak productions a batch's keys make before the batch starts sending them, on a thread of
-its own, while its later keys run (step 5). A smaller batch sends them all once its keys have
-run, on the worker's thread, in one send."""
-
 
 STEPS: Final = (
     "lease",
@@ -207,9 +185,6 @@ class Delivery:
 make_delivery: Callable[[str, Record | Deletion, Origin], Delivery] = slot_constructor(Delivery)
 """``make_delivery(key, record, origin)``: ``Delivery(key, record, origin)`` at about half the
 cost (:mod:`~millstream.engine.slots`), for a router, which makes one for every message."""
-_make_production: Callable[[str, Record, bytes | None, CommitTag | None], Production] = (
-    slot_constructor(Production)
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,15 +202,6 @@ class Rejected:
 
 
 _Input = TypeVar("_Input", Delivery, Rejected)
-_Cause = TypeVar("_Cause", Record, Deletion, Timer)  # what a call runs for
-
-
-class _NoChange(enum.Enum):
-    NO_CHANGE = "no change"
-
-
-# A tag the batch had not changed before a call changed it (undone by dropping it).
-_NO_CHANGE: Final = _NoChange.NO_CHANGE
 
 
 @dataclass
@@ -440,7 +406,7 @@ class IntervalWorker:
         steps.end("resend")
         batch = self._gather(soft, inputs, timer_watermark, now, result)
         steps.end("reads")
-        weak = _WeakSends(self._sink, self.spec.options.weak_production_delay)
+        weak = WeakSends(self._sink, self.spec.options.weak_production_delay)
         try:
             changes = self._run_keys(batch, (watermark, timer_watermark), now, result, weak)
         except BaseException:
@@ -541,7 +507,7 @@ class IntervalWorker:
         watermarks: tuple[int, int],
         now: int,
         result: BatchResult,
-        weak: _WeakSends,
+        weak: WeakSends,
     ) -> dict[str, KeyChanges]:
         """Step 4: the rejected input's dead letters, then each key's records and due timers,
         in key order; returns every key's changes. The weak productions go to ``weak``, which
@@ -550,12 +516,15 @@ class IntervalWorker:
         for item in batch.rejected:
             self._reject(item, changes, result)
         stale = _stale_index_entries(batch.due, batch.committed)
+        spec, clock, tag = self.spec, self._clock, self._batch_tag
         with self._user_code:
             for key in batch.keys:
                 key_changes = changes.setdefault(key, KeyChanges(key))
                 key_changes.previous_timers.extend(stale.get(key, ()))
-                _KeyRun(
-                    self,
+                KeyRun(
+                    spec,
+                    clock,
+                    tag,
                     batch.committed[key],
                     key_changes,
                     watermarks,
@@ -566,7 +535,7 @@ class IntervalWorker:
                 weak.key_done()
         return changes
 
-    def _flush_weak(self, weak: _WeakSends, result: BatchResult) -> None:
+    def _flush_weak(self, weak: WeakSends, result: BatchResult) -> None:
         """Step 5: send the weak productions not sent yet, waiting ``weak_production_delay``;
         those not acknowledged by then join their key's changes, to be checkpointed."""
         if weak.outbox:
@@ -763,7 +732,9 @@ class IntervalWorker:
             self.spec.name, rejected.origin, rejected.error, rejected.raw
         )
         key = rejected.origin.key or ""
-        record = dead_letter.to_record(rejected.origin.cause_id(), _plausible(rejected.timestamp))
+        record = dead_letter.to_record(
+            rejected.origin.cause_id(), clamp_event_time(rejected.timestamp)
+        )
         key_changes = changes.setdefault(key, KeyChanges(key))
         key_changes.productions.append(Production(self.spec.dead_letter_stream, record))
         if self.spec.options.exactly_once:
@@ -970,357 +941,6 @@ class _Steps:
         self._last = now
 
 
-class _WeakSends:
-    """Step 5's sends for one batch: its weak productions (:attr:`outbox`, each with the
-    changes of the key that made it, where it is checkpointed if not acknowledged in time).
-
-    Once the keys have made :data:`WEAK_SEND_CHUNK` productions not handed on yet, a thread
-    sends them (:meth:`key_done`) while the next keys run, one send at a time, in key order:
-    the sends' waits for acknowledgements then overlap user code instead of following it.
-    A chunk that comes back with a production unacknowledged (a slow or absent broker) stops
-    the thread: the rest go in :meth:`finish`'s one send, so after its keys ran a batch waits
-    at most twice ``weak_production_delay`` (the chunk in flight, then that send), and only
-    that once however many chunks it made.
-    """
-
-    def __init__(self, sink: ProductionSink, delay: float) -> None:
-        self.outbox: list[tuple[KeyChanges, Production]] = []
-        self._sink = sink
-        self._delay = delay
-        self._handed = 0  # outbox entries handed to the thread
-        self._queued: list[Production] = []  # handed, not sent yet
-        self._acked: set[bytes] = set()
-        self._error: BaseException | None = None
-        self._stopped = False  # the thread sends nothing more
-        self._closing = False  # no more chunks will come
-        self._ready = threading.Condition()
-        self._thread: threading.Thread | None = None
-
-    def key_done(self) -> None:
-        """After a key's calls: hand the productions made since the last chunk to the thread,
-        if they make a chunk and the thread still sends."""
-        if self._stopped or len(self.outbox) - self._handed < WEAK_SEND_CHUNK:
-            return
-        chunk = [production for _, production in self.outbox[self._handed :]]
-        self._handed = len(self.outbox)
-        with self._ready:
-            self._queued.extend(chunk)
-            self._ready.notify()
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._run, name="millstream-weak-sends", daemon=True
-            )
-            self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            with self._ready:
-                while not self._queued and not self._closing:
-                    self._ready.wait()
-                if self._stopped or not self._queued:
-                    return
-                chunk, self._queued = self._queued, []
-            try:
-                acked = self._sink.send(chunk, self._delay)
-            except BaseException as exc:  # raised by finish(), in the worker's thread
-                self._error = exc
-                self._stopped = True
-                return
-            self._acked.update(acked)
-            if any(production.record_id not in acked for production in chunk):
-                self._stopped = True
-                return
-
-    def finish(self) -> Set[bytes]:
-        """Wait for the thread's sends, then send what it did not in one send; the IDs of the
-        productions acknowledged. Raises what a send raised."""
-        if self._thread is not None:
-            with self._ready:
-                self._closing = True
-                self._ready.notify()
-            self._thread.join()
-            if self._error is not None:
-                raise self._error
-        rest = [*self._queued, *(production for _, production in self.outbox[self._handed :])]
-        self._queued = []
-        if rest:
-            self._acked.update(self._sink.send(rest, self._delay))
-        return self._acked
-
-    def abandon(self) -> None:
-        """The batch failed: the thread ends the send it is in and sends nothing more."""
-        if self._thread is not None:
-            with self._ready:
-                self._stopped = self._closing = True
-                self._queued = []
-                self._ready.notify()
-            self._thread.join()
-
-
-class _KeyRun:
-    """The calls for one key in one batch, accumulating into the key's change set."""
-
-    def __init__(
-        self,
-        worker: IntervalWorker,
-        committed: KeySnapshot,
-        changes: KeyChanges,
-        watermarks: tuple[int, int],
-        now: int,
-        result: BatchResult,
-        weak_outbox: list[tuple[KeyChanges, Production]],
-    ) -> None:
-        self.worker = worker
-        self.spec = worker.spec
-        self.key = changes.key
-        self.changes = changes
-        # Records run under the watermark before the batch, timers under the one after it.
-        self.watermark, self.timer_watermark = watermarks
-        self.now = now
-        self.result = result
-        self.weak_outbox = weak_outbox
-        self.committed_state = committed.state
-        self.committed_timers = committed.timers
-        self.tag = worker._batch_tag
-
-    def run(self, fresh: list[Delivery]) -> None:
-        """Run the key's fresh (deduplicated) records, then its due timers."""
-        for delivery in fresh:
-            self._record(delivery)
-        self._fire_timers()
-        # The committed timers these changes replace or delete leave the store's index.
-        self.changes.previous_timers.extend(
-            timer for tag, timer in self.committed_timers.items() if tag in self.changes.timers
-        )
-
-    def _record(self, delivery: Delivery) -> None:
-        record = delivery.record
-        if self.spec.options.exactly_once:
-            self.changes.dedup_ids.append(record.record_id)
-        self.result.processed += 1
-        try:
-            check_event_time(record.timestamp)
-        except AbsurdTimestampError as exc:
-            self._record_failed(delivery, exc, self.watermark)
-            return
-        computation = self.spec.computation
-        if isinstance(record, Deletion):
-            # Late or not, a deletion runs: it has no envelope for the late stream, and
-            # dropping it would keep what its producer deleted.
-            if record.timestamp < self.watermark:
-                self.result.late += 1
-            failure = self._call(
-                record.record_id,
-                computation.process_deletion,
-                record,
-                record.timestamp,
-                self.watermark,
-            )
-            if failure is not None:
-                self._record_failed(delivery, failure, record.timestamp)
-            return
-        if record.timestamp < self.watermark:
-            self.result.late += 1
-            late_stream = self.spec.late_stream
-            if late_stream is not None:
-                # In the key's commit like any production: exactly once, as the record came.
-                self.changes.productions.append(Production(late_stream, record))
-                if not self.spec.options.process_late:
-                    return
-        failure = self._call(
-            record.record_id, computation.process_record, record, record.timestamp, self.watermark
-        )
-        if failure is not None:
-            self._record_failed(delivery, failure, record.timestamp)
-
-    def _record_failed(self, delivery: Delivery, error: Exception, timestamp: int) -> None:
-        """Keep a record or deletion as a dead letter (its origin made only then)."""
-        record = delivery.record
-        origin = replace(delivery.origin, record_id=record.record_id, key=self.key)
-        self._dead_letter(origin, error, _raw(record), record.record_id, timestamp)
-
-    def _fire_timers(self) -> None:
-        computation = self.spec.computation
-        for _ in range(self.spec.options.max_timer_firings_per_key):
-            timers = effective_timers(self.committed_timers, self.changes).values()
-            due = due_timers(timers, self.timer_watermark, self.now)
-            if not due:
-                return
-            timer = due[0]
-            # Deleted in the commit that holds its effects, even if the call fails.
-            self.changes.timers[timer.tag] = None
-            if timer.tag == STATE_TTL_TAG:
-                # The input watermark passed the state's last update plus its TTL: the
-                # state goes in this commit, and nothing of the key is left after it.
-                self.changes.state = None
-                self.result.expired += 1
-                continue
-            failure = self._call(
-                timer.identity,
-                computation.process_timer,
-                timer,
-                timer.timestamp,
-                self.timer_watermark,
-            )
-            if failure is not None:
-                origin = Origin(key=self.key, timer_tag=timer.tag, timer_timestamp=timer.timestamp)
-                self._dead_letter(origin, failure, b"", timer.identity, timer.timestamp)
-            self.result.fired_timers.append(timer)
-
-    def _call(
-        self,
-        cause_id: bytes,
-        hook: Callable[[Context, _Cause], None],
-        cause: _Cause,
-        timestamp: int,
-        watermark: int,
-    ) -> Exception | None:
-        """Run ``hook(context, cause)`` into the key's changes; if it raises, undo what it
-        changed and return the exception (the caller dead-letters the cause), so that one bad
-        record cannot stop the interval."""
-        context = _CallContext(self, cause_id, watermark)
-        try:
-            hook(context, cause)
-        except Exception as exc:
-            context.undo()
-            return exc
-        if not self.spec.options.strong_productions:
-            made = self.changes.productions[context.productions_before :]
-            if made:
-                del self.changes.productions[context.productions_before :]
-                self.weak_outbox.extend((self.changes, p) for p in made)
-        ttl = self.spec.options.state_ttl
-        if ttl is not None and context.state_set:
-            state = self.changes.state
-            assert state is not UNCHANGED  # the call set or cleared it
-            self._renew_ttl(state, timestamp + ttl)
-        return None
-
-    def _renew_ttl(self, state: bytes | None, expires: int) -> None:
-        """Move the state's expiry to ``expires`` (never earlier: a late record's update does
-        not shorten a newer one's), or drop it with the state."""
-        current = effective_timers(self.committed_timers, self.changes).get(STATE_TTL_TAG)
-        if state is None:
-            if current is not None:
-                self.changes.timers[STATE_TTL_TAG] = None
-            return
-        expires = min(max(expires, current.timestamp if current else expires), MAX_EVENT_TIME)
-        if current is None or current.timestamp != expires:
-            self.changes.timers[STATE_TTL_TAG] = Timer(
-                self.key, STATE_TTL_TAG, expires, TimeDomain.EVENT_TIME, b"state-ttl"
-            )
-
-    def _dead_letter(
-        self, origin: Origin, error: Exception, raw: bytes, cause_id: bytes, timestamp: int
-    ) -> None:
-        dead_letter = DeadLetter.from_error(self.spec.name, origin, error, raw)
-        record = dead_letter.to_record(cause_id, _plausible(timestamp))
-        self.changes.productions.append(Production(self.spec.dead_letter_stream, record))
-        self.result.dead_letters.append(dead_letter)
-
-
-class _CallContext(Context):
-    """The context of one call. It writes into the key's changes of the batch (reads see them
-    over the committed state), remembering what it replaced, so that a call that fails is
-    undone (:meth:`undo`) without every call making a change set of its own to merge."""
-
-    def __init__(self, run: _KeyRun, cause_id: bytes, watermark: int) -> None:
-        self._run = run
-        self._changes = changes = run.changes
-        self._cause_id = cause_id
-        self._watermark = watermark
-        self._next_index = 0
-        self.productions_before = len(changes.productions)
-        self._state_before = changes.state
-        self.state_set = False
-        # The key's timers as they were before this call, for each tag it set or deleted
-        # (_NO_CHANGE: the batch had not changed that tag).
-        self._timers_before: dict[str, Timer | _NoChange | None] | None = None
-
-    def undo(self) -> None:
-        changes = self._changes
-        changes.state = self._state_before
-        del changes.productions[self.productions_before :]
-        for tag, timer in (self._timers_before or {}).items():
-            if timer is _NO_CHANGE:
-                changes.timers.pop(tag, None)
-            else:
-                changes.timers[tag] = timer
-
-    @property
-    def key(self) -> str:
-        return self._run.key
-
-    @property
-    def input_low_watermark(self) -> int:
-        return self._watermark
-
-    @property
-    def clock(self) -> Clock:
-        return self._run.worker._clock
-
-    def get_state(self) -> bytes | None:
-        state = self._changes.state
-        return self._run.committed_state if state is UNCHANGED else state
-
-    def set_state(self, value: bytes) -> None:
-        if not isinstance(value, bytes):
-            raise TypeError(
-                f"state must be bytes, got {type(value).__name__}; use ctx.state(codec) "
-                "for typed state"
-            )
-        self._changes.state = value
-        self.state_set = True
-
-    def clear_state(self) -> None:
-        self._changes.state = None
-        self.state_set = True
-
-    def timer(self, tag: str) -> Timer | None:
-        timers = self._changes.timers
-        if tag in timers:
-            return timers[tag]
-        return self._run.committed_timers.get(tag)
-
-    def set_timer(
-        self, tag: str, timestamp: int, domain: TimeDomain = TimeDomain.EVENT_TIME
-    ) -> None:
-        _check_tag(tag)
-        self._set_timer(tag, Timer(self.key, tag, timestamp, domain, self._cause_id))
-
-    def delete_timer(self, tag: str) -> None:
-        _check_tag(tag)
-        self._set_timer(tag, None)
-
-    def _set_timer(self, tag: str, timer: Timer | None) -> None:
-        timers = self._changes.timers
-        if self._timers_before is None:
-            self._timers_before = {}
-        if tag not in self._timers_before:
-            self._timers_before[tag] = timers.get(tag, _NO_CHANGE)
-        timers[tag] = timer
-
-    def produce(self, stream: str, value: bytes, timestamp: int, key: str | None = None) -> Record:
-        spec = self._run.spec
-        if not spec.writes(stream):
-            raise UndeclaredStreamError(
-                f"computation {spec.name!r} produced to {stream!r}, which is not among its "
-                f"declared outputs {list(spec.outputs)}; declare it in the topology"
-            )
-        check_event_time(timestamp)
-        key = self._run.key if key is None else key
-        record_id = production_record_id(spec.name, self._cause_id, self._next_index)
-        if type(key) is str and type(value) is bytes and type(timestamp) is int:
-            record = unchecked_record(key, value, timestamp, record_id)
-        else:  # Record's checks say what is wrong (or take a subclass)
-            record = Record(key, value, timestamp, record_id)
-        encoded = encode_record(record)
-        check_record_size(encoded)
-        self._next_index += 1
-        self._changes.productions.append(_make_production(stream, record, encoded, self._run.tag))
-        return record
-
-
 def _marker(soft: _SoftState, productions: Sequence[Production]) -> CommitTag:
     """The marker of a transaction delivering ``productions``: the highest tag it delivers
     or the interval delivered before, so that it never goes back, even when a zombie's stale
@@ -1329,22 +949,6 @@ def _marker(soft: _SoftState, productions: Sequence[Production]) -> CommitTag:
         (t for t in (soft.marker, *(p.tag for p in productions)) if t is not None),
         default=CommitTag(soft.lease.token, 0),  # untagged productions only
     )
-
-
-def _check_tag(tag: str) -> None:
-    if isinstance(tag, str) and tag.startswith(RESERVED_TAG_PREFIX):
-        raise ValueError(
-            f"timer tag {tag!r}: tags starting with {RESERVED_TAG_PREFIX!r} are the engine's"
-        )
-
-
-def _raw(item: Record | Deletion) -> bytes:
-    """The bytes a dead letter keeps of an input: a record's envelope; a tombstone has none."""
-    return encode_record(item) if isinstance(item, Record) else b""
-
-
-def _plausible(timestamp: int) -> int:
-    return min(max(timestamp, MIN_EVENT_TIME), MAX_EVENT_TIME)
 
 
 def _by_key(items: Iterable[_Input], key: Callable[[_Input], str]) -> dict[str, list[_Input]]:
@@ -1429,67 +1033,3 @@ def _progress(soft: _SoftState, timers: NextTimers) -> IntervalProgress:
         next_wall_timer=timers.wall_time,
         pending=len(soft.pending),
     )
-
-
-class WorkerPool:
-    """The :class:`IntervalWorker` s of one process, made at first use and kept: a worker's
-    soft state is what saves its next batch on the interval a rescan (the sequencer tells
-    the worker whether it is still valid).
-
-    The workers share ``store``, ``sink``, ``clock``, and ``cache``, ``user_code`` and
-    ``transactions`` when given (see :class:`IntervalWorker`). A worker is keyed by ``run``
-    (a runtime's token for one declaration of the computation: a computation removed and
-    declared again never reuses the workers of the earlier one), the computation and the
-    interval.
-    """
-
-    def __init__(
-        self,
-        store: IntervalStore,
-        sink: ProductionSink,
-        clock: Clock,
-        *,
-        cache: StateCache | None = None,
-        user_code: AbstractContextManager[Any] | None = None,
-        transactions: TransactionalSink | None = None,
-    ) -> None:
-        self.store = store
-        self.sink = sink
-        self.clock = clock
-        self.cache = cache
-        self.user_code = user_code
-        self.transactions = transactions
-        self._workers: dict[tuple[str, str, int], IntervalWorker] = {}
-
-    def worker(
-        self,
-        spec: ComputationSpec,
-        interval: int,
-        layout: IntervalLayout | None = None,
-        *,
-        run: str = "",
-    ) -> tuple[IntervalWorker, bool]:
-        """The worker of ``spec``'s ``interval``, told the current ``layout`` (if given), and
-        whether it was made before (its soft state may be reused)."""
-        key = (run, spec.name, interval)
-        worker = self._workers.get(key)
-        if worker is None:
-            worker = IntervalWorker(
-                spec,
-                interval,
-                store=self.store,
-                sink=self.sink,
-                clock=self.clock,
-                cache=self.cache,
-                user_code=self.user_code,
-                layout=layout,
-                transactions=self.transactions,
-            )
-            self._workers[key] = worker
-            return worker, False
-        if layout is not None:
-            worker.layout = layout  # its own range is the same; the others may have split
-        return worker, True
-
-    def __len__(self) -> int:
-        return len(self._workers)

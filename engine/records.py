@@ -65,6 +65,7 @@ __all__ = [
     "SchemaRegistry",
     "check_event_time",
     "check_record_size",
+    "clamp_event_time",
     "dead_letter_record_id",
     "decode_record",
     "decode_single_object",
@@ -490,6 +491,12 @@ def check_record_size(data: bytes) -> None:
             f"encoded record is {len(data)} bytes, over the {MAX_RECORD_BYTES}-byte limit; "
             "keep large payloads elsewhere and produce a reference to them"
         )
+
+
+def clamp_event_time(timestamp: int) -> int:
+    """The event time nearest ``timestamp`` that :func:`check_event_time` accepts: what a
+    dead letter of an input with an absurd timestamp carries."""
+    return min(max(timestamp, MIN_EVENT_TIME), MAX_EVENT_TIME)
 
 
 def check_event_time(timestamp: int) -> None:

@@ -48,7 +48,7 @@ from millstream.engine.productions import (
     Production,
     TransactionUnavailableError,
 )
-from millstream.engine.protocol import Delivery, Rejected, WorkerPool
+from millstream.engine.protocol import Delivery, Rejected
 from millstream.engine.records import (
     MAX_EVENT_TIME,
     MIN_EVENT_TIME,
@@ -70,6 +70,7 @@ from millstream.engine.watermarks import (
     WatermarkReport,
     injector_source,
 )
+from millstream.engine.worker_pool import WorkerPool
 
 __all__ = [
     "END_OF_TIME",

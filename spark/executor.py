@@ -35,7 +35,7 @@ watermarks.
 (``spark.python.worker.reuse``, on by default), so each process keeps, at module level, one
 Cassandra session, one store, one Kafka producer per set of endpoints, and the
 ``IntervalWorker`` of every (computation run, interval) it has worked on (a
-:class:`~millstream.engine.protocol.WorkerPool`), sharing one
+:class:`~millstream.engine.worker_pool.WorkerPool`), sharing one
 :class:`~millstream.engine.cache.StateCache` bounded by ``config.executor_cache_bytes``. A
 worker's soft state (cached key state and timers, pending productions) is reused exactly when
 the sequencer says nobody else acquired the interval since this process's last batch on it
@@ -88,7 +88,6 @@ from millstream.engine.layout import IntervalLayout
 from millstream.engine.protocol import (
     Delivery,
     Rejected,
-    WorkerPool,
     make_delivery,
     thread_step_clock,
 )
@@ -100,6 +99,7 @@ from millstream.engine.routing import (
     rejected_interval,
 )
 from millstream.engine.topology import ComputationSpec, record_key
+from millstream.engine.worker_pool import WorkerPool
 from millstream.spark.isolation import OffsetRange, Position
 from millstream.spark.metrics import RESULT_SCHEMA, ROUTING, ResultRow, interval_counts
 

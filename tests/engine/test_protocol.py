@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Collection, Mapping, Sequence, Set
+from collections.abc import Collection, Mapping, Sequence, Set
 from typing import TYPE_CHECKING
 
 import pytest
@@ -10,23 +10,19 @@ from millstream.devtools.proving import checks
 from millstream.engine import protocol
 from millstream.engine.cache import StateCache
 from millstream.engine.clock import ManualClock
-from millstream.engine.codecs import JsonCodec
 from millstream.engine.computation import Computation
 from millstream.engine.context import Context
 from millstream.engine.deadletters import Origin, decode_dead_letter
 from millstream.engine.dedup import IdFilter
-from millstream.engine.errors import FencedError, MalformedRecordError, UnknownOutcomeError
+from millstream.engine.errors import FencedError, UnknownOutcomeError
 from millstream.engine.keys import key_interval
 from millstream.engine.outages import is_outage
 from millstream.engine.productions import Production
-from millstream.engine.protocol import STEPS, Delivery, IntervalWorker, Rejected, StepTime
+from millstream.engine.protocol import STEPS, Delivery, IntervalWorker, StepTime
 from millstream.engine.records import (
-    MAX_RECORD_BYTES,
     Deletion,
     Record,
-    dead_letter_record_id,
     deletion_record_id,
-    encode_record,
     injector_record_id,
     production_record_id,
 )
@@ -42,45 +38,12 @@ from millstream.engine.testing import SendOutcome, TestingSink
 from millstream.engine.timers import TimeDomain, Timer
 from millstream.engine.topology import ComputationOptions, ComputationSpec
 from millstream.engine.watermarks import IntervalProgress
+from tests.engine.appender import JSON, WM, Appender, deliver
 
 if TYPE_CHECKING:
     from tests.engine.conftest import RecordFactory, Workers, WorkersFactory
 
 pytestmark = pytest.mark.unit
-
-WM = 0
-JSON = JsonCodec()
-
-
-def deliver(*records: Record) -> list[Delivery | Rejected]:
-    return [Delivery(r.key, r) for r in records]
-
-
-class Appender(Computation):
-    """Appends each record's value to a JSON list in state and produces it to ``out``.
-
-    A value of ``b"boom"`` raises after changing state, to test that a failed call's changes
-    are dropped. Timers append ``"timer:<tag>"`` and produce it.
-    """
-
-    def __init__(self, *, timer_at: int | None = None) -> None:
-        self.timer_at = timer_at
-        self.timer_calls: list[Timer] = []
-
-    def process_record(self, ctx: Context, record: Record) -> None:
-        items = ctx.state(JSON)
-        items.set([*items.get([]), record.value.decode()])
-        ctx.produce("out", record.value, record.timestamp)
-        if self.timer_at is not None:
-            ctx.set_timer("t", self.timer_at)
-        if record.value == b"boom":
-            raise RuntimeError("boom")
-
-    def process_timer(self, ctx: Context, timer: Timer) -> None:
-        self.timer_calls.append(timer)
-        items = ctx.state(JSON)
-        items.set([*items.get([]), f"timer:{timer.tag}"])
-        ctx.produce("out", f"timer:{timer.tag}".encode(), timer.timestamp)
 
 
 class CountingStore(MemoryIntervalStore):
@@ -762,173 +725,6 @@ def test_weak_stragglers_are_checkpointed_and_resent(
     assert len(sink.delivered()) == 1
 
 
-WEAK = ComputationOptions(key_intervals=1, strong_productions=False)
-
-
-class GatedSink(TestingSink):
-    """A sink whose sends say when one began; ``hold`` keeps the next send from returning
-    until :meth:`release`; ``outcome`` as :class:`TestingSink`'s."""
-
-    def __init__(self, outcome: Callable[[Production], SendOutcome] | None = None) -> None:
-        super().__init__(outcome)
-        self.began = threading.Event()
-        self.hold = False
-        self._released = threading.Event()
-        self.sends: list[list[bytes]] = []
-
-    def send(self, productions: Sequence[Production], timeout: float) -> Set[bytes]:
-        self.sends.append([p.record.value for p in productions])
-        acked = super().send(productions, timeout)
-        self.began.set()
-        if self.hold:
-            self.hold = False
-            assert self._released.wait(10), "the test never released the send"
-        return acked
-
-    def release(self) -> None:
-        self._released.set()
-
-
-class WaitsForSend(Computation):
-    """Produces each record's value; at the key ``wait``, waits (at most 10 s) until the
-    sink began a send, and records whether it had."""
-
-    def __init__(self, sink: GatedSink, wait: str) -> None:
-        self.sink = sink
-        self.wait = wait
-        self.saw_a_send: bool | None = None
-
-    def process_record(self, ctx: Context, record: Record) -> None:
-        if record.key == self.wait:
-            self.saw_a_send = self.sink.began.wait(10)
-        ctx.produce("out", record.value, record.timestamp)
-
-
-def _weak_senders() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "millstream-weak-sends"]
-
-
-def _keys(make_record: RecordFactory, count: int) -> list[Delivery | Rejected]:
-    """One record for each of ``count`` keys: ``k<n>`` valued ``v<n>``."""
-    return deliver(*(make_record(f"k{n}", f"v{n}".encode()) for n in range(count)))
-
-
-@pytest.fixture
-def chunks_of_two(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A batch hands its weak productions on two at a time."""
-    monkeypatch.setattr(protocol, "WEAK_SEND_CHUNK", 2)
-
-
-def test_a_large_batch_sends_weak_productions_while_its_later_keys_run(
-    make_workers: WorkersFactory,
-    store: MemoryIntervalStore,
-    make_record: RecordFactory,
-    chunks_of_two: None,
-) -> None:
-    sink = GatedSink()
-    workers = make_workers(store, sink)
-    computation = WaitsForSend(sink, wait="k4")
-    spec = workers.spec(computation, options=WEAK)
-    result = workers.worker(spec).process(_keys(make_record, 6), WM)
-
-    assert computation.saw_a_send is True  # the first chunk left while k4 ran
-    assert sink.sends[0] == [b"v0", b"v1"]
-    assert [p.record.value for p in sink.delivered("out")] == [f"v{n}".encode() for n in range(6)]
-    assert result.acknowledged == 6
-    assert store.productions("comp") == []
-    assert _weak_senders() == []
-
-
-def test_a_small_batch_sends_its_weak_productions_once_its_keys_ran(
-    make_workers: WorkersFactory, store: MemoryIntervalStore, make_record: RecordFactory
-) -> None:
-    sink = GatedSink()
-    workers = make_workers(store, sink)
-    spec = workers.spec(Appender(), options=WEAK)
-    workers.worker(spec).process(_keys(make_record, 6), WM)
-
-    assert sink.sends == [[f"v{n}".encode() for n in range(6)]]
-
-
-def test_a_chunk_not_acknowledged_in_time_leaves_the_rest_to_one_send_after_the_keys(
-    make_workers: WorkersFactory,
-    store: MemoryIntervalStore,
-    make_record: RecordFactory,
-    chunks_of_two: None,
-) -> None:
-    lost = {b"v1"}
-    sink = GatedSink(
-        lambda p: SendOutcome.LOST if p.record.value in lost else SendOutcome.ACKNOWLEDGED
-    )
-    workers = make_workers(store, sink)
-    spec = workers.spec(WaitsForSend(sink, wait="k4"), options=WEAK)
-    worker = workers.worker(spec)
-    result = worker.process(_keys(make_record, 8), WM)
-
-    # The first chunk lost v1, so the thread sent nothing more: the rest left in one send
-    # once the keys had run; the straggler was checkpointed and sent again after the commit.
-    rest = [f"v{n}".encode() for n in range(2, 8)]
-    assert sink.sends == [[b"v0", b"v1"], rest, [b"v1"]]
-    assert result.acknowledged == 7
-    assert [p.record.value for p in store.productions("comp")] == [b"v1"]
-
-    lost.clear()
-    worker.process([], WM)
-    assert store.productions("comp") == []
-    assert sorted(p.record.value for p in sink.delivered("out")) == [
-        f"v{n}".encode() for n in range(8)
-    ]
-
-
-def test_a_chunk_send_that_raises_fails_the_batch_and_commits_nothing(
-    make_workers: WorkersFactory,
-    store: MemoryIntervalStore,
-    make_record: RecordFactory,
-    chunks_of_two: None,
-) -> None:
-
-    class BrokenSink(GatedSink):
-        def send(self, productions: Sequence[Production], timeout: float) -> Set[bytes]:
-            self.began.set()
-            raise ConnectionError("the broker went away")
-
-    sink = BrokenSink()
-    workers = make_workers(store, sink)
-    spec = workers.spec(WaitsForSend(sink, wait="k4"), options=WEAK)
-    with pytest.raises(ConnectionError, match="the broker went away"):
-        workers.worker(spec).process(_keys(make_record, 6), WM)
-
-    assert store.commit_log == []
-    assert _weak_senders() == []
-
-
-def test_a_batch_that_fails_while_a_chunk_is_sent_waits_for_that_send_and_sends_no_more(
-    make_workers: WorkersFactory,
-    store: MemoryIntervalStore,
-    make_record: RecordFactory,
-    chunks_of_two: None,
-) -> None:
-    sink = GatedSink()
-    sink.hold = True  # the first chunk's send does not return until released
-
-    class StopsTheBatch(WaitsForSend):
-        def process_record(self, ctx: Context, record: Record) -> None:
-            super().process_record(ctx, record)
-            if record.key == "k4":
-                # Released after this raised, so the batch must wait for the send.
-                threading.Timer(0.2, sink.release).start()
-                raise KeyboardInterrupt  # not an Exception: it fails the batch
-
-    workers = make_workers(store, sink)
-    spec = workers.spec(StopsTheBatch(sink, wait="k2"), options=WEAK)
-    with pytest.raises(KeyboardInterrupt):
-        workers.worker(spec).process(_keys(make_record, 6), WM)
-
-    assert _weak_senders() == []  # joined before the batch raised
-    assert sink.sends == [[b"v0", b"v1"]]  # k2 and k3's chunk was never sent
-    assert store.commit_log == []
-
-
 def test_a_fenced_delete_leaves_productions_for_the_new_owner(
     workers: Workers, make_record: RecordFactory
 ) -> None:
@@ -941,163 +737,6 @@ def test_a_fenced_delete_leaves_productions_for_the_new_owner(
     # The successor found the committed production and resent it; downstream dedups.
     assert [p.record.value for p in workers.sink.delivered()] == [b"a"]
     assert len(workers.sink.sent) == 2
-
-
-# -- dead letters -------------------------------------------------------------------------
-
-
-def test_an_exception_in_user_code_dead_letters_the_record_atomically(
-    workers: Workers, make_record: RecordFactory
-) -> None:
-    spec = workers.spec(Appender())
-    bad = make_record("k", b"boom", timestamp=7)
-    result = workers.worker(spec).process(
-        [
-            Delivery("k", bad, Origin(stream="in", partition=2, offset=9)),
-            *deliver(make_record("k", b"ok")),
-        ],
-        WM,
-    )
-
-    assert workers.state(spec) == {"k": ["ok"]}  # the failed call's state change is dropped
-    (letter,) = workers.sink.delivered("comp.dead-letters")
-    assert letter.record.record_id == dead_letter_record_id("comp", bad.record_id)
-    assert letter.record.timestamp == 7
-    dead = decode_dead_letter(letter.record.value)
-    assert dead == result.dead_letters[0]
-    assert dead.origin == Origin(
-        stream="in", partition=2, offset=9, record_id=bad.record_id, key="k"
-    )
-    assert (dead.error_type, dead.error_message) == ("RuntimeError", "boom")
-    assert dead.raw == encode_record(bad)
-    assert [p.record.value for p in workers.sink.delivered("out")] == [b"ok"]
-    (commit,) = workers.store.commit_log  # dead letter, dedup ID and state: one write
-    assert commit.keys == ("k",)
-
-
-class Undone(Computation):
-    """Sets the record's value as state, timer ``t`` at its time, produces it; a value of
-    ``fail`` also sets ``v``, deletes ``w`` and clears the state, then raises; ``w`` sets ``w``.
-    ``seen``: the state and the timers each call saw as it began."""
-
-    def __init__(self) -> None:
-        self.seen: list[tuple[bytes | None, list[str]]] = []
-
-    def process_record(self, ctx: Context, record: Record) -> None:
-        self.seen.append((ctx.get_state(), [t for t in "tvw" if ctx.timer(t) is not None]))
-        if record.value == b"w":
-            ctx.set_timer("w", FAR)
-            return
-        ctx.set_state(record.value)
-        ctx.set_timer("t", record.timestamp + FAR)
-        ctx.produce("out", record.value, record.timestamp)
-        if record.value == b"fail":
-            ctx.set_timer("v", FAR)
-            ctx.delete_timer("w")
-            ctx.clear_state()
-            raise RuntimeError("boom")
-
-
-FAR = 10**15  # a timer the batches' watermarks never reach
-
-
-def test_a_failing_call_is_undone_and_leaves_the_calls_before_it_in_the_batch(
-    workers: Workers, make_record: RecordFactory
-) -> None:
-    computation = Undone()
-    spec = workers.spec(computation)
-    worker = workers.worker(spec)
-    worker.process(deliver(make_record("k", b"w")), WM)
-    result = worker.process(
-        deliver(
-            make_record("k", b"a", timestamp=100),
-            make_record("k", b"fail", timestamp=200),
-            make_record("j", b"fail", timestamp=300),
-        ),
-        WM,
-    )
-
-    assert len(result.dead_letters) == 2
-    assert workers.store.states("comp") == {"k": b"a"}  # j had no state: it still has none
-    assert sorted((t.key, t.tag, t.timestamp) for t in workers.store.timers("comp")) == [
-        ("k", "t", 100 + FAR),
-        ("k", "w", FAR),
-    ]
-    assert [p.record.value for p in workers.sink.delivered("out")] == [b"a"]
-    # Each call saw the calls before it in the batch (keys in order: j, then k), and the
-    # next batch nothing of the one that failed.
-    assert computation.seen == [(None, []), (None, []), (None, ["w"]), (b"a", ["t", "w"])]
-    worker.process(deliver(make_record("k", b"b", timestamp=400)), WM)
-    assert computation.seen[-1] == (b"a", ["t", "w"])
-
-
-def test_a_dead_lettered_record_is_not_retried(
-    workers: Workers, make_record: RecordFactory
-) -> None:
-    spec = workers.spec(Appender())
-    worker = workers.worker(spec)
-    bad = make_record("k", b"boom")
-    worker.process(deliver(bad), WM)
-    assert worker.process(deliver(bad), WM).duplicates == 1
-    assert len(workers.sink.sent) == 1
-
-
-class Producer(Computation):
-    def __init__(self, stream: str, size: int = 1, timestamp: int = 1) -> None:
-        self.stream, self.size, self.timestamp = stream, size, timestamp
-
-    def process_record(self, ctx: Context, record: Record) -> None:
-        ctx.produce(self.stream, b"x" * self.size, self.timestamp)
-
-
-@pytest.mark.parametrize(
-    ("computation", "error"),
-    [
-        (Producer("undeclared"), "UndeclaredStreamError"),
-        (Producer("out", size=MAX_RECORD_BYTES), "OversizedRecordError"),
-        (Producer("out", timestamp=-1), "AbsurdTimestampError"),
-    ],
-)
-def test_bad_productions_dead_letter_the_input(
-    workers: Workers, make_record: RecordFactory, computation: Computation, error: str
-) -> None:
-    result = workers.worker(workers.spec(computation)).process(deliver(make_record("k")), WM)
-    assert [d.error_type for d in result.dead_letters] == [error]
-    assert workers.sink.delivered("out") == []
-
-
-def test_an_absurd_input_timestamp_is_dead_lettered_without_running_user_code(
-    workers: Workers, make_record: RecordFactory
-) -> None:
-    spec = workers.spec(Appender())
-    result = workers.worker(spec).process(deliver(make_record("k", b"a", timestamp=-5)), 42)
-    assert [d.error_type for d in result.dead_letters] == ["AbsurdTimestampError"]
-    assert workers.state(spec) == {}
-    (letter,) = workers.sink.delivered("comp.dead-letters")
-    assert letter.record.timestamp == 42
-
-
-def test_undecodable_input_becomes_a_dead_letter_identified_by_its_position(
-    workers: Workers,
-) -> None:
-    spec = workers.spec(Appender())
-    origin = Origin(stream="in", partition=1, offset=5)
-    rejected = Rejected(origin, b"\x00garbage", MalformedRecordError("bad marker"), 77)
-    first = workers.worker(spec).process([rejected, rejected], WM)  # delivered twice
-    replayed = workers.worker(spec).process([rejected], WM)  # a replayed batch, new owner
-
-    # Its position is its identity: dead-lettered and counted once, then a duplicate.
-    assert (len(first.dead_letters), first.duplicates) == (1, 1)
-    assert (len(replayed.dead_letters), replayed.duplicates) == (0, 1)
-    (letter,) = workers.sink.delivered("comp.dead-letters")
-    cause = injector_record_id("in", 1, 5)
-    assert letter.record.record_id == dead_letter_record_id("comp", cause)
-    dead = decode_dead_letter(letter.record.value)
-    assert (dead.error_type, dead.raw, dead.origin) == (
-        "MalformedRecordError",
-        b"\x00garbage",
-        origin,
-    )
 
 
 def test_a_delivery_for_another_interval_is_refused(

@@ -1,4 +1,4 @@
-"""A process's interval workers (protocol.WorkerPool): made once, reused with their cache."""
+"""A process's interval workers (worker_pool.WorkerPool): made once, reused with their cache."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ from millstream.engine.clock import ManualClock
 from millstream.engine.computation import Computation
 from millstream.engine.context import Context
 from millstream.engine.layout import IntervalLayout
-from millstream.engine.protocol import Delivery, WorkerPool
+from millstream.engine.protocol import Delivery
 from millstream.engine.records import Record, injector_record_id
 from millstream.engine.stores.memory.store import MemoryIntervalStore
 from millstream.engine.testing import TestingSink
 from millstream.engine.topology import ComputationOptions, Topology
+from millstream.engine.worker_pool import WorkerPool
 
 pytestmark = pytest.mark.unit
 

@@ -21,7 +21,7 @@ from millstream.engine.context import Context
 from millstream.engine.deadletters import DeadLetter, Origin, decode_dead_letter
 from millstream.engine.errors import FencedError
 from millstream.engine.layout import IntervalLayout
-from millstream.engine.protocol import STEPS, WorkerPool
+from millstream.engine.protocol import STEPS
 from millstream.engine.records import (
     Deletion,
     Record,
@@ -32,6 +32,7 @@ from millstream.engine.routing import rejected_interval
 from millstream.engine.stores.memory.store import MemoryIntervalStore
 from millstream.engine.testing import TestingSink
 from millstream.engine.topology import ComputationOptions, ComputationSpec, Topology
+from millstream.engine.worker_pool import WorkerPool
 from millstream.spark import executor
 from millstream.spark.executor import (
     BatchInput,
