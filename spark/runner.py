@@ -92,8 +92,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from contextlib import ExitStack
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from types import ModuleType, TracebackType
@@ -126,7 +125,6 @@ from millstream.engine.topology import (
     Topology,
 )
 from millstream.engine.watermarks import Hold
-from millstream.injectors.connect import connect_injector
 from millstream.injectors.process import InjectorOptions, InjectorProcess
 from millstream.injectors.source import Source
 from millstream.spark.batch import BatchHandler, short_error
@@ -142,6 +140,7 @@ from millstream.spark.driver_watermarks import (
     offsets_consumer,
 )
 from millstream.spark.executor import TaskSettings
+from millstream.spark.hosted_injectors import HostedInjectors
 from millstream.spark.metrics import (
     BatchMetrics,
     ComputationMetrics,
@@ -269,15 +268,6 @@ def run_topology(
     return running
 
 
-@dataclass
-class _HostedInjector:
-    """An injector process a running topology runs on a thread of its driver."""
-
-    process: InjectorProcess
-    thread: threading.Thread
-    failure: BaseException | None = None
-
-
 class RunningTopology:
     """A topology running on Spark: one streaming query per computation, and the injectors
     added to it (:meth:`add_injector`), stopped together by :meth:`stop` or at the end of a
@@ -343,9 +333,7 @@ class RunningTopology:
         # their interval workers across the query's restarts (AvailableNow rounds) by it.
         self._run_tokens: dict[str, str] = {}
         self._prepared = False
-        self._injectors: dict[str, _HostedInjector] = {}
-        # The injectors' connections, closed by stop().
-        self._injector_connections = ExitStack()
+        self._injectors = HostedInjectors(config, settings)
         # The driver's clock: wall-time timers due, alarms. Executors use their own.
         self.clock = clock or SystemClock()
         # Per computation, kept across its query's restarts like the run tokens.
@@ -427,7 +415,7 @@ class RunningTopology:
     def stop(self) -> None:
         """Stop the injectors added to it, then every query (a batch in progress is
         interrupted and replayed on restart)."""
-        self._stop_injectors()
+        self._injectors.stop()
         with self._lock:
             queries, self._queries = dict(self._queries), {}
             watermarks, self._watermarks = dict(self._watermarks), {}
@@ -607,12 +595,11 @@ class RunningTopology:
         :class:`~millstream.engine.errors.CheckpointStorageError` that says where and what
         to do, not pages of JVM stack.
         """
+        failure = self._injectors.failure()
+        if failure is not None:
+            raise failure
         with self._lock:
             queries = dict(self._queries)
-            injectors = list(self._injectors.values())
-        for hosted in injectors:
-            if hosted.failure is not None:
-                raise hosted.failure
         for name, query in queries.items():
             if not query.isActive:
                 failure = query.exception()
@@ -752,49 +739,12 @@ class RunningTopology:
         :meth:`raise_failure` and the ``await_*`` methods, as a query's is; it stops the
         injector alone. A restarted job resumes each injector from its checkpoint.
         """
-        with self._lock:
-            if name in self._injectors:
-                raise TopologyError(f"injector {name!r} already runs under this topology")
-        settings = replace(self.settings, metrics_port=0)
-        process = self._injector_connections.enter_context(
-            connect_injector(self.config, name, source, options, settings)
-        )
-        thread = threading.Thread(target=self._run_injector, args=(name,), name=f"injector-{name}")
-        hosted = _HostedInjector(process, thread)
-        with self._lock:
-            self._injectors[name] = hosted
-        thread.start()
-        return process
+        return self._injectors.add(name, source, options)
 
     @property
     def injectors(self) -> dict[str, InjectorProcess]:
         """The injector processes added to this topology, by name (stopped ones too)."""
-        with self._lock:
-            return {name: hosted.process for name, hosted in self._injectors.items()}
-
-    def _run_injector(self, name: str) -> None:
-        hosted = self._injectors[name]
-        try:
-            hosted.process.run(until_exhausted=True)
-        except BaseException as exc:  # raised on the caller's thread by raise_failure
-            _log.error("injector %r stopped with an error: %r", name, exc)
-            hosted.failure = exc
-
-    def _stop_injectors(self, timeout: float = 60.0) -> None:
-        with self._lock:
-            hosted = list(self._injectors.values())
-        for one in hosted:
-            one.process.stop()
-        deadline = time.monotonic() + timeout
-        for one in hosted:
-            one.thread.join(max(0.0, deadline - time.monotonic()))
-            if one.thread.is_alive():
-                _log.warning(
-                    "injector %r did not stop within %s s; closing its connections under it",
-                    one.process.name,
-                    timeout,
-                )
-        self._injector_connections.close()
+        return self._injectors.processes
 
     # -- watermarks ------------------------------------------------------------------------
 
