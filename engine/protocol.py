@@ -70,9 +70,7 @@ from millstream.engine.calls import KeyRun
 from millstream.engine.clock import Clock
 from millstream.engine.deadletters import DeadLetter, Origin
 from millstream.engine.dedup import IdFilter, first_occurrences, unseen
-from millstream.engine.errors import (
-    UnknownOutcomeError,
-)
+from millstream.engine.errors import UnknownOutcomeError
 from millstream.engine.layout import IntervalLayout
 from millstream.engine.outages import first_line, is_outage
 from millstream.engine.pause_points import pause_point

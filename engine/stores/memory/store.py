@@ -366,7 +366,6 @@ class MemoryIntervalStore(IntervalStore):
         partition.dedup.clear()
         partition.productions.clear()
         partition.index.clear()
-        partition.last_commit = self._marker()
 
     def read_layout(self, computation: str) -> IntervalLayout | None:
         return self._layouts.get(computation)
