@@ -56,7 +56,11 @@ class HostedInjectors:
         process = self._connections.enter_context(
             connect_injector(self._config, name, source, options, self._settings)
         )
-        thread = threading.Thread(target=self._run, args=(name,), name=f"injector-{name}")
+        # A daemon: an injector whose source ignores stop() is left behind by stop(), and
+        # must not then hold the driver's interpreter from exiting.
+        thread = threading.Thread(
+            target=self._run, args=(name,), name=f"injector-{name}", daemon=True
+        )
         with self._lock:
             self._hosted[name] = _Hosted(process, thread)
         thread.start()
@@ -76,7 +80,12 @@ class HostedInjectors:
 
     def stop(self, timeout: float = 60.0) -> None:
         """Stop every injector, wait up to ``timeout`` seconds for their threads, and close
-        their connections."""
+        their connections.
+
+        An injector whose thread is still running then (its source's ``poll`` ignoring its
+        timeout) is logged and left behind: its thread does not keep the process alive, and
+        what it read but did not checkpoint is read again by its next run.
+        """
         with self._lock:
             hosted = list(self._hosted.values())
         for one in hosted:
@@ -86,7 +95,8 @@ class HostedInjectors:
             one.thread.join(max(0.0, deadline - time.monotonic()))
             if one.thread.is_alive():
                 _log.warning(
-                    "injector %r did not stop within %s s; closing its connections under it",
+                    "injector %r did not stop within %s s; closing its connections under it "
+                    "and leaving its thread behind",
                     one.process.name,
                     timeout,
                 )

@@ -3,6 +3,9 @@ its error kept; the rest run until stopped."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -105,3 +108,66 @@ def test_a_failing_injector_stops_alone_and_its_error_is_kept(
     ours = {f"injector-{broken_name}", f"injector-{steady_name}"}
     assert not [t for t in threading.enumerate() if t.name in ours]
     assert set(injectors.processes) == {broken_name, steady_name}  # stopped ones stay listed
+
+
+# A driver whose injector's source never returns from poll (nor heeds stop()).
+_STUCK_DRIVER = textwrap.dedent(
+    """
+    import sys, threading
+    from dataclasses import replace
+    from millstream.engine.config import load_config
+    from millstream.injectors.source import Poll, Position, Source
+    from millstream.spark.hosted_injectors import HostedInjectors
+
+    class Stuck(Source):
+        def __init__(self, stream: str) -> None:
+            self.streams = (stream,)
+            self.polling = threading.Event()
+
+        def open(self, position: Position | None) -> None:
+            pass
+
+        def poll(self, timeout: float) -> Poll:
+            self.polling.set()
+            threading.Event().wait()
+            raise AssertionError("unreachable")
+
+    config = load_config()
+    injectors = HostedInjectors(config, replace(config.run, keyspace=sys.argv[1]))
+    source = Stuck(sys.argv[2])
+    injectors.add(sys.argv[2], source)
+    if not source.polling.wait(120):
+        sys.exit("the stuck injector never polled")
+    injectors.stop(timeout=1)
+    print("stopped", flush=True)
+    """
+)
+
+
+def test_an_injector_that_ignores_stop_does_not_keep_the_driver_from_exiting(
+    services: MillstreamConfig,
+    cassandra_keyspace: Callable[[], str],
+    unique: Callable[[str], str],
+) -> None:
+    name = unique("stuck")
+    driver = subprocess.Popen(
+        [sys.executable, "-c", _STUCK_DRIVER, cassandra_keyspace(), name],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert driver.stdout is not None
+        assert driver.stdout.readline() == "stopped\n"  # stop() returned
+        # The interpreter exits with the injector's thread still inside poll.
+        _, stderr = driver.communicate(timeout=60)
+        assert driver.returncode == 0, stderr[-3000:]
+        assert f"injector {name!r} did not stop within 1 s" in stderr
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+        kafka_connector.delete_topics(
+            services,
+            sorted(kafka_connector.stream_topic(t) for t in (name, f"{name}.dead-letters")),
+        )
