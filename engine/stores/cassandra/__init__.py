@@ -1,7 +1,8 @@
 """The Cassandra interval store: one partition per key interval, written only by LWTs.
 
 ``store`` holds :class:`CassandraIntervalStore` (its docstring maps the store onto the table),
-``schema`` the table's CQL and prepared statements, ``rows`` how rows encode the model.
+``chain`` how its writes are fenced and their unknown outcomes resolved, ``schema`` the
+table's CQL and prepared statements, ``rows`` how rows encode the model.
 """
 
 from millstream.engine.stores.cassandra.schema import (

@@ -66,13 +66,9 @@ Rules that make the contract hold:
   (or beat) the ballot timestamps of Paxos writes, and would not be ordered by the
   sequencer at all.
 * **Markers form a chain.** Each write names the ``last_commit`` it expects, so a write
-  with an unknown outcome can be *fenced* by the next one:
-  :meth:`~CassandraIntervalStore.was_applied` moves ``last_commit`` past the uncertain
-  write's predecessor, after which it can never apply, even if it is still queued on a
-  coordinator or in the network (a SERIAL read alone would let such a late write overtake
-  it: on the local node, 299 of 300 client-timed-out commits applied after a SERIAL read
-  on another connection had found them absent). The worker knows the head of its chain
-  (it set it), so the extra condition costs no round trip.
+  with an unknown outcome can be *fenced* by the next one (:mod:`.chain`, which also says
+  which errors leave an outcome unknown and how
+  :meth:`~CassandraIntervalStore.was_applied` resolves one).
 * **Consistency:** Paxos at ``SERIAL`` and its commit at ``QUORUM``; reads at ``QUORUM``;
   the sequencer reads at ``SERIAL``. With ``datacenter_local=True``
   these become ``LOCAL_SERIAL``/``LOCAL_QUORUM``: faster in a multi-datacenter cluster, but
@@ -98,16 +94,6 @@ Rules that make the contract hold:
   counts it from the current whole second, so a TTL of ``n`` lives between ``n - 1`` and
   ``n`` seconds. On a real clock (in step with the servers') the TTL thus never removes an
   ID before its ``expires``.
-* **Unknown outcomes:** a conditional write that fails in a way after which it may have
-  been (or may still be) applied raises
-  :class:`~millstream.engine.errors.UnknownOutcomeError`: a ``WriteTimeout`` of any write
-  type (Paxos phases report ``CAS``; a commit-phase timeout may report ``SIMPLE``), a
-  ``WriteFailure``, protocol v5's ``CAS_WRITE_UNKNOWN`` (0x1700, which this driver does not
-  name), a client-side ``OperationTimedOut``, a connection lost with the request in flight
-  and a coordinator ``ServerError``. The driver never retries these statements by itself
-  (their retry policy rethrows everything), so each error reaches this code exactly once.
-  Errors that prove the write was not attempted (``Unavailable``, ``NoHostAvailable``,
-  ``InvalidRequest``) propagate unchanged.
 
 Tombstones: deleted timers and acknowledged productions leave tombstones, and expired dedup
 IDs turn into them, until ``gc_grace_seconds`` (10 days by default) after which compaction
@@ -120,28 +106,17 @@ than it, or deleted timers could come back on a replica that missed the delete.
 from __future__ import annotations
 
 import itertools
-import logging
 import random
 import time
 import uuid
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence, Set
-from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
-from cassandra import ConsistencyLevel, OperationTimedOut, WriteFailure, WriteTimeout
+from cassandra import ConsistencyLevel
 from cassandra.cluster import ResponseFuture
-from cassandra.connection import ConnectionException
-from cassandra.policies import FallthroughRetryPolicy
-from cassandra.protocol import ErrorMessage, ServerError
-from cassandra.query import BatchStatement, BatchType
 
 from millstream.engine.clock import Clock
-from millstream.engine.errors import (
-    FencedError,
-    RetiredIntervalError,
-    StoreError,
-    UnknownOutcomeError,
-)
+from millstream.engine.errors import FencedError, RetiredIntervalError, StoreError
 from millstream.engine.layout import IntervalLayout
 from millstream.engine.productions import CommitTag, Production
 from millstream.engine.sequencer import INITIAL_SEQUENCER, Lease
@@ -156,11 +131,15 @@ from millstream.engine.store import (
     TimerFloor,
     split_batches,
 )
+from millstream.engine.stores.cassandra.chain import (
+    MarkerChains,
+    StoreStats,
+    is_uncertain,
+    new_marker,
+)
 from millstream.engine.stores.cassandra.rows import (
     TIMER_INDEX,
     TIMESTAMP_OFFSET,
-    Bound,
-    Row,
     change_rows,
     dedup_row_ids,
     dedup_ttl_seconds,
@@ -199,10 +178,6 @@ DEFAULT_ACQUIRE_ATTEMPTS: Final = 20
 # The native protocol counts a batch's statements in an unsigned short.
 MAX_BATCH_STATEMENTS: Final = 0xFFFF
 
-# Protocol v5 error code of CasWriteUnknownResultException; the Python driver surfaces it
-# as a bare ErrorMessage.
-_log = logging.getLogger(__name__)
-_CAS_WRITE_UNKNOWN = 0x1700
 # Keys (or record IDs) per SELECT ... IN: large enough that a batch needs few round trips,
 # small enough that one read stays cheap for the coordinator (about 68k keys/s at 200 here).
 _KEYS_PER_READ = 200
@@ -211,39 +186,11 @@ _T = TypeVar("_T")
 # Approximate bytes one production delete adds to a batch (row overhead plus a 16-byte ID),
 # so delete batches obey the same byte limit as commits.
 _DELETE_BYTES = 64
-# A commit that finds another head than expected under its own lease learns it and retries.
-_STALE_HEAD_ATTEMPTS = 3
 # The sequencer of a retired interval (split or merged away): no acquire moves past it.
 RETIRED_SEQUENCER = 2**63 - 1
 # The partition holding a computation's interval layout, one LWT-written row.
 _LAYOUT_INTERVAL = -1
 _DATA_KINDS = ("state", "timer", "timer_event", "timer_wall", "dedup", "production")
-
-
-@dataclass
-class StoreStats:
-    """Counters of the conditional writes one store instance sent (for tuning and benchmarks).
-
-    ``acquire_attempts`` above ``acquires`` means contention or uncertain acquires; ``batches``
-    counts every conditional batch sent by :meth:`~CassandraIntervalStore.commit` and
-    :meth:`~CassandraIntervalStore.delete_productions`, applied or not.
-    """
-
-    acquires: int = 0
-    acquire_attempts: int = 0
-    batches: int = 0
-    statements: int = 0
-    largest_batch_bytes: int = 0
-
-
-@dataclass
-class _Uncertain:
-    """A write whose outcome is unknown: its marker and the head it was chained on."""
-
-    token: int
-    marker: bytes
-    predecessor: bytes | None
-    outcome: bool | None = None  # set once a linearizable read or write shows it
 
 
 class CassandraIntervalStore(IntervalStore):
@@ -258,10 +205,9 @@ class CassandraIntervalStore(IntervalStore):
     contended or failing interval.
 
     One instance per worker (thread), and one per lease: the instance remembers the head of
-    each lease's marker chain and its latest uncertain write, which :meth:`was_applied`
-    needs to fence it. (Another instance writing with the same lease is detected and
-    followed, but then only a SERIAL read resolves its markers.) The driver session is
-    thread-safe and may be shared. All statements are prepared here, once.
+    each lease's marker chain and its latest uncertain write (:class:`.chain.MarkerChains`),
+    which :meth:`was_applied` needs to fence it. The driver session is thread-safe and may
+    be shared. All statements are prepared here, once.
 
     Give the session's ``Cluster`` ``sockopts=[(IPPROTO_TCP, TCP_NODELAY, 1)]``: the Python
     driver does not set it, and then every request over a few KB (most commits) waits about
@@ -298,10 +244,6 @@ class CassandraIntervalStore(IntervalStore):
         self._session = session
         self._name = f"{keyspace}.{table}"
         self._table_id: uuid.UUID | None = None
-        # Per interval: the token and last_commit ("head") this instance's writes chain on,
-        # and its latest write with an unknown outcome.
-        self._heads: dict[tuple[str, int], tuple[int, bytes | None]] = {}
-        self._uncertain: dict[tuple[str, int], _Uncertain] = {}
         # Per interval: the production rows (by item) and the IDs in them not yet acknowledged.
         self._production_rows: dict[tuple[str, int], dict[bytes, set[bytes]]] = {}
         if datacenter_local:
@@ -312,6 +254,15 @@ class CassandraIntervalStore(IntervalStore):
         else:
             self._serial, self._quorum = ConsistencyLevel.SERIAL, ConsistencyLevel.QUORUM
         self._statements = Statements(session, self._name, serial=self._serial, quorum=self._quorum)
+        self._chains = MarkerChains(
+            session,
+            self._name,
+            self._statements,
+            serial=self._serial,
+            quorum=self._quorum,
+            stats=self.stats,
+            timeout=lambda: self.request_timeout,
+        )
 
     # -- the contract ----------------------------------------------------------------------
 
@@ -334,7 +285,7 @@ class CassandraIntervalStore(IntervalStore):
         ):
             expected, valid = previous.token, True
         else:
-            expected, valid = self._serial_read(computation, interval)[0], False
+            expected, valid = self._chains.serial_read(computation, interval)[0], False
         last_error: BaseException | None = None
         self.stats.acquires += 1
         for attempt in range(self.acquire_attempts):
@@ -345,7 +296,7 @@ class CassandraIntervalStore(IntervalStore):
                 )
             self.stats.acquire_attempts += 1
             token = INITIAL_SEQUENCER + 1 if expected is None else expected + 1
-            head = _new_marker()
+            head = new_marker()
             try:
                 if expected is None:
                     result = self._execute(
@@ -356,19 +307,18 @@ class CassandraIntervalStore(IntervalStore):
                         statements.acquire_next, (token, head, computation, interval, expected)
                     )
             except Exception as exc:
-                if not _is_uncertain(exc):
+                if not is_uncertain(exc):
                     raise
                 last_error = exc
                 valid = False
                 _backoff(attempt)
-                expected = self._serial_read(computation, interval)[0]
+                expected = self._chains.serial_read(computation, interval)[0]
                 continue
             row = one_row(result)
             if row["[applied]"]:
-                # Anything this instance left uncertain on the interval is fenced for good.
-                self._uncertain.pop((computation, interval), None)
-                self._heads[(computation, interval)] = (token, head)
-                return Lease(computation, interval, token, cache_valid=valid, conflicts=attempt)
+                lease = Lease(computation, interval, token, cache_valid=valid, conflicts=attempt)
+                self._chains.started(lease, head)
+                return lease
             # Someone else moved the sequencer (or created the partition) first: their value
             # came back with the failed condition, so the next attempt needs no extra read.
             valid = False
@@ -538,7 +488,7 @@ class CassandraIntervalStore(IntervalStore):
             self._delete_rows(lease, done)
         for number, batch in enumerate(batches):
             expires = self.clock.now() + dedup_ttl
-            dedup_item = _new_marker()
+            dedup_item = new_marker()
             rows = [
                 row
                 for change in batch
@@ -554,7 +504,7 @@ class CassandraIntervalStore(IntervalStore):
                 # One row for all of the batch's productions of one commit (paper 6.1.1's
                 # coalesced checkpoint). Known before the write, so that deleting it later is
                 # possible whatever the outcome: deleting a row that never landed is harmless.
-                item = production_item(tag, _new_marker())
+                item = production_item(tag, new_marker())
                 rows.append(
                     (
                         self._statements.put_productions,
@@ -566,7 +516,7 @@ class CassandraIntervalStore(IntervalStore):
                 }
             delete = self._statements.delete_row
             rows += [(delete, (*partition, "production", "", item)) for item in folded]
-            self._write(
+            self._chains.write(
                 lease,
                 rows,
                 sum(change.approximate_size() for change in batch) + _DELETE_BYTES * len(folded),
@@ -576,57 +526,9 @@ class CassandraIntervalStore(IntervalStore):
             )
 
     def was_applied(self, lease: Lease, marker: bytes) -> bool:
-        """Resolve an unknown outcome, linearizably and for good.
-
-        For this instance's latest uncertain write it is one LWT that moves ``last_commit``
-        from the write's predecessor to a fresh marker: if it applies, the uncertain write
-        (conditional on that predecessor) had not applied and now never can, even if it is
-        still queued on a coordinator or in the network; if it does not, ``last_commit``
-        tells. A SERIAL read could not promise that: it only completes proposals already in
-        Paxos, and a request that has not reached Paxos yet (a client-side timeout, a lost
-        connection) may overtake it and apply afterwards. For any other marker, the answer
-        is a SERIAL read of ``last_commit``, exact for writes that can no longer be in flight.
-        """
-        partition = (lease.computation, lease.interval)
-        entry = self._uncertain.get(partition)
-        if entry is None or (entry.token, entry.marker) != (lease.token, marker):
-            sequencer, last_commit = self._serial_read(lease.computation, lease.interval)
-            self._check_fence(lease, sequencer)
-            self._learn(lease, last_commit)
-            return last_commit == marker
-        if entry.outcome is None:
-            resolution = _new_marker()
-            try:
-                result = self._execute(
-                    self._statements.guard,
-                    (resolution, lease.computation, lease.interval, lease.token, entry.predecessor),
-                )
-            except Exception as exc:
-                if not _is_uncertain(exc):
-                    raise
-                self._heads.pop(partition, None)
-                raise UnknownOutcomeError(
-                    f"resolving the outcome of a write to interval {lease.interval} of "
-                    f"{lease.computation!r} timed out too ({type(exc).__name__}: {exc}); call "
-                    "was_applied again with the same marker once Cassandra responds",
-                    marker=marker,
-                ) from exc
-            row = one_row(result)
-            if row["[applied]"]:
-                self._heads[partition] = (lease.token, resolution)
-                entry.outcome = False
-            else:
-                self._check_fence(lease, row.get("sequencer"))
-                self._learn(lease, row.get("last_commit"))
-                # Markers never repeat: once last_commit left the predecessor for anything
-                # but this write, this write's condition can never hold again.
-                entry.outcome = row.get("last_commit") == marker
-        else:
-            sequencer, last_commit = self._serial_read(lease.computation, lease.interval)
-            self._check_fence(lease, sequencer)
-            self._learn(lease, last_commit)
-        del self._uncertain[partition]
-        return entry.outcome
+        """Resolve an unknown outcome, linearizably and for good
+        (:meth:`.chain.MarkerChains.was_applied` says how)."""
+        return self._chains.was_applied(lease, marker)
 
     def delete_productions(self, lease: Lease, record_ids: Collection[bytes]) -> None:
         """Delete the production rows all of whose productions are now acknowledged.
@@ -663,7 +565,7 @@ class CassandraIntervalStore(IntervalStore):
         chunks = [done[start : start + per_batch] for start in range(0, len(done), per_batch)]
         delete = self._statements.delete_row
         for chunk in chunks or [[]]:
-            self._write(
+            self._chains.write(
                 lease,
                 [(delete, (*partition, "production", "", item)) for item in chunk],
                 _DELETE_BYTES * len(chunk),
@@ -685,7 +587,7 @@ class CassandraIntervalStore(IntervalStore):
 
     def sequencer(self, computation: str, interval: int) -> int | None:
         """The interval's current sequencer (SERIAL read); ``None`` if never acquired."""
-        return self._serial_read(computation, interval)[0]
+        return self._chains.serial_read(computation, interval)[0]
 
     def intervals(self) -> dict[str, list[int]]:
         """Every computation in the table with its acquired intervals, in order.
@@ -740,7 +642,7 @@ class CassandraIntervalStore(IntervalStore):
         # The LWT fences every holder of an older lease and refuses every later acquire.
         result = self._execute(
             self._statements.acquire_next,  # moving the sequencer to the retired value
-            (RETIRED_SEQUENCER, _new_marker(), lease.computation, lease.interval, lease.token),
+            (RETIRED_SEQUENCER, new_marker(), lease.computation, lease.interval, lease.token),
         )
         if not one_row(result)["[applied]"]:
             raise FencedError(
@@ -751,7 +653,7 @@ class CassandraIntervalStore(IntervalStore):
     def purge(self, computation: str, interval: int) -> None:
         # The rows of a partition no one can write any more go by plain range deletes; the
         # SERIAL read sees the retiring LWT, so no live interval's rows are ever deleted.
-        if self._serial_read(computation, interval)[0] != RETIRED_SEQUENCER:
+        if self._chains.serial_read(computation, interval)[0] != RETIRED_SEQUENCER:
             raise FencedError(
                 f"interval {interval} of {computation!r} is not retired: only a retired "
                 "interval's rows are purged"
@@ -787,134 +689,6 @@ class CassandraIntervalStore(IntervalStore):
         return bool(one_row(result)["[applied]"])
 
     # -- internals -------------------------------------------------------------------------
-
-    def _write(
-        self,
-        lease: Lease,
-        rows: list[Row],
-        approximate_bytes: int,
-        *,
-        what: str,
-        uncertain_keys: tuple[str, ...],
-        unattempted_keys: tuple[str, ...],
-    ) -> None:
-        """One conditional batch: ``rows`` behind the guard, chained on the known head."""
-        partition = (lease.computation, lease.interval)
-        stats = self.stats
-        for _ in range(_STALE_HEAD_ATTEMPTS):
-            predecessor = self._head(lease)
-            marker = _new_marker()
-            batch = BatchStatement(
-                batch_type=BatchType.UNLOGGED,  # one partition: atomic without the batchlog
-                retry_policy=FallthroughRetryPolicy(),
-                consistency_level=self._quorum,
-                serial_consistency_level=self._serial,
-            )
-            batch.add(
-                self._statements.guard,
-                (marker, lease.computation, lease.interval, lease.token, predecessor),
-            )
-            # The driver's own append, which its add calls once it has bound a row: bound
-            # rows skip the bind (their routing is the guard's, the one partition's).
-            append = batch._add_statement_and_params
-            for statement_row in rows:
-                if isinstance(statement_row, Bound):
-                    append(True, statement_row.statement.query_id, statement_row.values)
-                else:
-                    batch.add(*statement_row)
-            stats.batches += 1
-            stats.statements += len(batch)
-            stats.largest_batch_bytes = max(stats.largest_batch_bytes, approximate_bytes)
-            try:
-                result = self._session.execute(batch, timeout=self.request_timeout)
-            except Exception as exc:
-                if not _is_uncertain(exc):
-                    raise
-                self._heads.pop(partition, None)
-                self._uncertain[partition] = _Uncertain(lease.token, marker, predecessor)
-                raise UnknownOutcomeError(
-                    f"{what} to interval {lease.interval} of {lease.computation!r} in "
-                    f"{self._name} has an unknown outcome ({type(exc).__name__}: {exc}); it "
-                    "may have applied or may still apply. Resolve it with "
-                    "was_applied(lease, error.marker), then write again what did not apply",
-                    marker=marker,
-                    uncertain_keys=uncertain_keys,
-                    unattempted_keys=unattempted_keys,
-                ) from exc
-            row = one_row(result)
-            if row["[applied]"]:
-                self._heads[partition] = (lease.token, marker)
-                return
-            self._check_fence(lease, row.get("sequencer"))
-            # Same token, another head: a write this instance had not seen (its own uncertain
-            # write that landed, or another instance writing with the same lease).
-            self._learn(lease, row.get("last_commit"))
-        raise StoreError(
-            f"{what} to interval {lease.interval} of {lease.computation!r} in {self._name} "
-            f"lost {_STALE_HEAD_ATTEMPTS} times to other writes under the same lease: some "
-            "other store instance or process is writing with this lease. Use one store "
-            "instance per worker and do not share leases"
-        )
-
-    def _head(self, lease: Lease) -> bytes | None:
-        """The ``last_commit`` the next write of ``lease`` must find (SERIAL read if unknown)."""
-        known = self._heads.get((lease.computation, lease.interval))
-        if known is not None and known[0] == lease.token:
-            return known[1]
-        sequencer, last_commit = self._serial_read(lease.computation, lease.interval)
-        self._check_fence(lease, sequencer)
-        self._learn(lease, last_commit)
-        return last_commit
-
-    def _learn(self, lease: Lease, head: bytes | None) -> None:
-        """Record ``head`` as the lease's ``last_commit``, as read linearizably.
-
-        Finding the uncertain write's marker there settles it as applied; it must be noted
-        now, since the next write moves the head on and the marker is never seen again.
-        """
-        partition = (lease.computation, lease.interval)
-        self._heads[partition] = (lease.token, head)
-        entry = self._uncertain.get(partition)
-        if entry is not None and entry.token == lease.token and head == entry.marker:
-            entry.outcome = True
-
-    def _check_fence(self, lease: Lease, sequencer: int | None) -> None:
-        if sequencer == lease.token:
-            return
-        if sequencer is None:
-            raise FencedError(
-                f"interval {lease.interval} of {lease.computation!r} was never acquired in "
-                f"{self._name}, yet this lease claims token {lease.token}: it comes from "
-                "another keyspace or table. Acquire the interval from this store"
-            )
-        self._count_fence(lease)
-        raise FencedError(
-            f"interval {lease.interval} of {lease.computation!r} was acquired by another "
-            f"worker (sequencer {sequencer}, this lease {lease.token}); stop work on it and "
-            "drop its cached state"
-        )
-
-    def _count_fence(self, lease: Lease) -> None:
-        """Count the refusal in FENCES_TABLE, for people looking at the interval; the fence
-        itself stands whether or not the count lands."""
-        try:
-            self._execute(
-                self._statements.count_fence, (self._name, lease.computation, lease.interval)
-            )
-        except Exception as exc:  # the FencedError the caller raises next is what matters
-            _log.warning(
-                "could not count a fenced operation on interval %d of %r: %s",
-                lease.interval,
-                lease.computation,
-                exc,
-            )
-
-    def _serial_read(self, computation: str, interval: int) -> tuple[int | None, bytes | None]:
-        result = self._execute(self._statements.read_sequencer, (computation, interval))
-        rows = list(result_rows(result))
-        if not rows:
-            return None, None
-        return rows[0]["sequencer"], rows[0]["last_commit"]
 
     def _execute(self, statement: Any, parameters: tuple[Any, ...]) -> Any:
         return self._session.execute(statement, parameters, timeout=self.request_timeout)
@@ -952,15 +726,6 @@ def _snapshots(distinct: list[str], rows: Iterable[dict[str, Any]]) -> dict[str,
     return {key: KeySnapshot(states.get(key), timers.get(key, {})) for key in distinct}
 
 
-def _is_uncertain(exc: BaseException) -> bool:
-    """Whether a conditional write that raised ``exc`` may have applied, or may still."""
-    if isinstance(
-        exc, WriteTimeout | WriteFailure | OperationTimedOut | ConnectionException | ServerError
-    ):
-        return True
-    return isinstance(exc, ErrorMessage) and exc.code == _CAS_WRITE_UNKNOWN
-
-
 def _chunks(items: list[_T]) -> list[list[_T]]:
     """``items`` in lists of :data:`_KEYS_PER_READ`, for ``IN`` queries."""
     return [items[start : start + _KEYS_PER_READ] for start in range(0, len(items), _KEYS_PER_READ)]
@@ -987,11 +752,6 @@ def _room(batch: list[KeyChanges], deletes: list[bytes]) -> bool:
     """Whether a commit batch of ``batch`` can take ``deletes`` production rows besides."""
     statements = 1 + sum(row_count(change) for change in batch) + len(deletes)
     return statements <= MAX_BATCH_STATEMENTS and len(deletes) <= 1_000
-
-
-def _new_marker() -> bytes:
-    # Random, not a counter: markers must be unique across every worker that ever writes.
-    return uuid.uuid4().bytes
 
 
 def _backoff(attempt: int) -> None:
