@@ -15,15 +15,20 @@ One run, step by step:
    when every input watermark reached the end of time and everything was processed;
 5. the checks (:mod:`~millstream.devtools.proving.checks`) run on what the services hold.
 
-The faults (:data:`FAULTS`): the driver killed (``kill -9`` of its process group: the Python
-driver, its JVM and the Spark Python workers) at three moments the engine names as pause
-points (:mod:`millstream.engine.pause_points`), a Python worker killed while it holds an
-interval's lease, the driver stopped (``SIGSTOP``) with a lease in hand while a second driver
-takes over (the first is then continued, a zombie whose writes must be fenced), the Kafka
-broker and the Cassandra node killed and restarted, and the injector killed and restarted.
-And on the transactional path of strong productions (:data:`TRANSACTION_FAULTS`): the
-driver or the worker killed with productions in an open Kafka transaction, the driver killed
-after one committed, before the pending rows are deleted.
+The faults (:data:`~millstream.devtools.proving.faults.FAULTS`, drawn by
+:func:`~millstream.devtools.proving.faults.schedule`): the driver killed (``kill -9`` of its
+process group: the Python driver, its JVM and the Spark Python workers) at three moments the
+engine names as pause points (:mod:`millstream.engine.pause_points`), a Python worker killed
+while it holds an interval's lease, the driver stopped (``SIGSTOP``) with a lease in hand
+while a second driver takes over (the first is then continued, a zombie whose writes must be
+fenced), the Kafka broker and the Cassandra node killed and restarted, and the injector
+killed and restarted. And on the transactional path of strong productions
+(``TRANSACTION_FAULTS``): the driver or the worker killed with productions in an open Kafka
+transaction, the driver killed after one committed, before the pending rows are deleted.
+
+A run's processes are started and killed as process groups
+(:mod:`~millstream.devtools.proving.process_groups`); its result is a
+:class:`~millstream.devtools.proving.report.GroundReport`.
 
 A process that exits when no fault meant it to (a driver whose query failed while Kafka was
 down, say) is restarted and reported as an *unplanned exit*.
@@ -35,15 +40,13 @@ import contextlib
 import json
 import os
 import random
-import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -56,7 +59,7 @@ from millstream.connectors.kafka.hanging import SWEEP_SECONDS
 from millstream.connectors.kafka.stalls import stable_offsets
 from millstream.connectors.provisioning import provision
 from millstream.devtools.local.hanging_transactions import write_hanging_transaction
-from millstream.devtools.local.process import alive, log_tail
+from millstream.devtools.local.process import log_tail
 from millstream.devtools.proving.checks import (
     FENCED_WRITE,
     CheckResult,
@@ -64,7 +67,25 @@ from millstream.devtools.proving.checks import (
     check_run,
     injector_outage_waits,
 )
+from millstream.devtools.proving.faults import (
+    CRASHES,
+    FAULTS,
+    INPUT_FAULTS,
+    PAUSES,
+    RESOURCE_FAULTS,
+    SPLIT_HOT_SHARE,
+    TIERS,
+    TRANSACTION_FAULTS,
+    WORKER_KILLS,
+    Fault,
+    Tier,
+    pause_point,
+    run_kinds,
+    schedule,
+)
+from millstream.devtools.proving.process_groups import Role, dump_stacks, wait_pid_gone
 from millstream.devtools.proving.processes import GATE_FILE, RunDescription, read_batches
+from millstream.devtools.proving.report import FaultOutcome, GroundReport, Unplanned
 from millstream.devtools.proving.workload import (
     ExpectedOutcome,
     Workload,
@@ -107,41 +128,6 @@ __all__ = [
     "schedule",
 ]
 
-FAULTS: Final = {
-    "driver-batch": "kill -9 of the driver as a micro-batch starts",
-    "driver-send": "kill -9 of the driver between a commit and the send of its productions",
-    "driver-report": "kill -9 of the driver before it publishes a watermark report",
-    "worker": "kill -9 of a Spark Python worker holding an interval's lease",
-    "zombie": "SIGSTOP of the driver holding a lease; a new driver takes over; SIGCONT",
-    "kafka": "kill -9 of the Kafka broker, the injector restarted meanwhile, then restart",
-    "cassandra": "kill -9 of the Cassandra node, the injector restarted meanwhile, then restart",
-    "injector": "kill -9 of the injector, then restart from its checkpoint",
-    "split": "kill -9 of the driver amid a split or merge of intervals (retired, copied, purged)",
-    "driver-transaction": "kill -9 of the driver while a task's productions are in an open "
-    "Kafka transaction",
-    "worker-transaction": "kill -9 of the Spark Python worker whose productions are in an open "
-    "Kafka transaction",
-    "driver-delivered": "kill -9 of the driver after a task's Kafka transaction committed, "
-    "before its pending rows are deleted",
-    "kafka-outage": "the Kafka broker unreachable (SIGSTOP) for a minute, then SIGCONT",
-    "cassandra-outage": "the Cassandra node unreachable (SIGSTOP) for a minute, then SIGCONT",
-    "disk-full": "the disk under the driver's checkpoints full, then space again (needs root)",
-    "poison": "a record the engine fails on, and tombstones, among the input: dead letters",
-    "hanging": "a Kafka transaction no coordinator counts left open on tally's output stream "
-    "(what a broker's crash can leave): the driver must abort it",
-}
-
-# Resource faults: slow (an outage lasts a minute) or needing root (a tmpfs to fill).
-RESOURCE_FAULTS: Final = ("kafka-outage", "cassandra-outage", "disk-full")
-# Input faults: messages that must not stop a stream (each costs the batch's bisection), and a
-# transaction left hanging on an output stream (it waits for the driver's sweep, 30 s apart).
-INPUT_FAULTS: Final = ("poison", "hanging")
-# Crashes on the transactional path of strong productions (with the other crashes).
-TRANSACTION_FAULTS: Final = ("driver-transaction", "worker-transaction", "driver-delivered")
-# The crashes every tier runs; the CI tier leaves the resource and input faults out.
-CRASHES: Final = tuple(
-    kind for kind in FAULTS if kind not in RESOURCE_FAULTS and kind not in INPUT_FAULTS
-)
 # Tombstones the poison fault sends besides its poisoned record.
 _TOMBSTONES: Final = 3
 # What the poison fault sent, for the checks (the run directory's).
@@ -153,365 +139,10 @@ CHECKPOINT_DISK: Final = "256m"
 
 OUTAGE_SECONDS: Final = 60.0
 
-# Where each pause-point fault parks a process, and which computation it waits in.
-_PAUSES: Final = {
-    "driver-batch": "driver.batch",
-    "driver-send": "executor.send",
-    "driver-report": "driver.report",
-    "worker": "executor.commit",
-    "zombie": "executor.commit",
-    "split": "rebalance.copy",  # or the step the schedule names (Fault.place)
-    "driver-transaction": "executor.transaction",
-    "worker-transaction": "executor.transaction",
-    "driver-delivered": "executor.delivered",
-}
-# The pause-point faults that kill the parked Spark Python worker (the others: the driver).
-_WORKER_KILLS: Final = ("worker", "worker-transaction")
-# Of an unplanned exit's traceback in the report (its log keeps the last 30 lines).
-_TRACEBACK_LINES: Final = 24
-_ERROR_LINE: Final = re.compile(r"^([\w.$]+\.)?\w*(Error|Exception)\b")
-_SPLIT_STEPS: Final = ("rebalance.fence", "rebalance.copy", "rebalance.purge")
-SPLIT_HOT_SHARE: Final = 0.8
-"""The share of a run's records on one hash range's keys when it has the ``split`` fault."""
-
 
 # The Cassandra driver's default request timeout (Session.default_timeout), which the store
 # keeps: after it, a request to a stopped node is an unknown outcome.
 _CLIENT_TIMEOUT: Final = 10.0
-
-
-def _place(fault: Fault) -> str:
-    return fault.place or _PAUSES[fault.kind]
-
-
-@dataclass(frozen=True, slots=True)
-class Tier:
-    """A size of run: ``records`` over ``keys`` at ``rate`` per second, ``faults`` of each
-    kind."""
-
-    records: int
-    keys: int
-    rate: float
-    faults: int
-    kinds: tuple[str, ...] = tuple(FAULTS)
-    key_intervals: int = 4
-
-
-TIERS: Final = {
-    # driver-transaction kills in the span driver-send does (after the Cassandra commit,
-    # before the Kafka commit), only later in it: the CI tier runs it alone there.
-    # 6,000 records: each of its twelve input steps spans a whole 5 s window of event time,
-    # so every step closes one and the rollup has a batch for a fault to hit.
-    "ci": Tier(
-        records=6_000,
-        keys=20,
-        rate=150.0,
-        faults=1,
-        kinds=tuple(k for k in CRASHES if k != "driver-send"),
-    ),
-    "t1": Tier(records=100_000, keys=100, rate=2_000.0, faults=3),
-    # About ten minutes: the crashes, the full disk and the input faults, three of each.
-    "t2": Tier(
-        records=60_000,
-        keys=100,
-        rate=1_000.0,
-        faults=3,
-        kinds=(*CRASHES, "disk-full", *INPUT_FAULTS),
-    ),
-}
-
-
-@dataclass(frozen=True, slots=True)
-class Fault:
-    """One scheduled fault: its kind, the computation it aims at, the pause before it."""
-
-    kind: str
-    computation: str
-    delay: float
-    place: str = ""  # the pause point's place, when the kind has several
-
-
-def run_kinds(tier: Tier, kinds: tuple[str, ...] | None) -> tuple[str, ...]:
-    """The kinds a run schedules: ``kinds`` as named, else the tier's."""
-    return tier.kinds if kinds is None else kinds
-
-
-def schedule(seed: int, tier: Tier, kinds: tuple[str, ...] | None = None) -> list[Fault]:
-    """The seed's fault schedule: ``tier.faults`` of each kind (default: the tier's), in a
-    shuffled order."""
-    rng = random.Random(seed)
-    faults: list[Fault] = []
-    for kind in tier.kinds if kinds is None else kinds:
-        for _ in range(tier.faults):
-            computation = (
-                "tally"
-                if kind in ("driver-send", "zombie", "split", "poison", *TRANSACTION_FAULTS)
-                else rng.choice(("tally", "rollup"))
-            )
-            place = rng.choice(_SPLIT_STEPS) if kind == "split" else ""
-            faults.append(Fault(kind, computation, round(rng.uniform(0.5, 3.0), 2), place))
-    rng.shuffle(faults)
-    return faults
-
-
-@dataclass
-class FaultOutcome:
-    """What applying a fault did: whom it hit, what it saw, and whether it took effect."""
-
-    fault: Fault
-    target: str = ""
-    detail: str = ""
-    applied: bool = False
-    seconds: float = 0.0
-
-
-@dataclass
-class Unplanned:
-    role: str
-    code: int | None
-    log: str
-
-    @property
-    def error(self) -> str:
-        """The log's last line that names an error (a Python or Java one), else its last."""
-        lines = [line.strip() for line in self.log.strip().splitlines()]
-        named = [line for line in lines if _ERROR_LINE.match(line)]
-        return (named or lines[-1:] or [""])[-1]
-
-    @property
-    def traceback(self) -> list[str]:
-        """The log's last Python traceback, from its ``Traceback`` line on (at most
-        :data:`_TRACEBACK_LINES` lines, the last): where the process failed, shown in the
-        report because a CI machine keeps no run directory to read it in."""
-        lines = self.log.rstrip().splitlines()
-        starts = [n for n, line in enumerate(lines) if line.startswith("Traceback ")]
-        return lines[starts[-1] :][-_TRACEBACK_LINES:] if starts else []
-
-
-@dataclass
-class GroundReport:
-    """A run's result: faults, checks, non-vacuity counts and unplanned exits."""
-
-    run: str
-    seed: int
-    tier: Tier
-    directory: Path
-    outcomes: list[FaultOutcome] = field(default_factory=list)
-    unplanned: list[Unplanned] = field(default_factory=list)
-    checks: CheckResult = field(default_factory=CheckResult)
-    provoked: NonVacuity = field(default_factory=NonVacuity)
-    seconds: float = 0.0
-
-    @property
-    def passed(self) -> bool:
-        # An unplanned exit is a defect even when nothing was lost: a process gave up on
-        # what it should have waited out (its supervisor restarted it).
-        applied = all(o.applied for o in self.outcomes)
-        return self.checks.passed and applied and not self.unplanned
-
-    def render(self) -> str:
-        lines = [
-            f"proving ground run {self.run}: seed {self.seed}, {self.tier.records} records "
-            f"over {self.tier.keys} keys, {len(self.outcomes)} faults, {self.seconds:.0f} s",
-            "",
-            f"{'#':>3}  {'fault':<18} {'target':<22} {'s':>5}  result",
-        ]
-        for number, outcome in enumerate(self.outcomes, 1):
-            state = "applied" if outcome.applied else "NOT APPLIED"
-            lines.append(
-                f"{number:>3}  {outcome.fault.kind:<18} {outcome.target:<22} "
-                f"{outcome.seconds:>5.1f}  {state}: {outcome.detail}"
-            )
-        lines += ["", f"{'check':<46} count"]
-        for check, count in self.checks.counts.items():
-            lines.append(f"{check:<46} {count:>5}  {'ok' if count == 0 else 'FAILED'}")
-            lines.extend(f"      {example}" for example in self.checks.examples.get(check, []))
-        lines += ["", f"{'provoked (non-vacuity)':<46} count"]
-        lines.extend(f"{name:<46} {count:>5}" for name, count in self.provoked.rows())
-        if not any(count for _, count in self.provoked.rows()):
-            lines.append("the faults provoked none of these: the run proves little")
-        lines += ["", "figures"]
-        lines.extend(f"  {name}: {value}" for name, value in self.checks.figures.items())
-        if self.unplanned:
-            lines += ["", f"unplanned exits: {len(self.unplanned)}"]
-            for exit in self.unplanned:
-                lines.append(f"  {exit.role} exited with {exit.code}: {exit.error[:300]}")
-                lines.extend(f"    {line[:300]}" for line in exit.traceback)
-        if self.passed:
-            lines += ["", "PASSED"]
-        else:
-            lines += ["", f"FAILED (its logs, topics and keyspace are kept: {self.directory})"]
-        return "\n".join(lines)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "run": self.run,
-            "seed": self.seed,
-            "passed": self.passed,
-            "seconds": self.seconds,
-            "faults": [
-                {
-                    "kind": o.fault.kind,
-                    "computation": o.fault.computation,
-                    "target": o.target,
-                    "applied": o.applied,
-                    "detail": o.detail,
-                    "seconds": o.seconds,
-                }
-                for o in self.outcomes
-            ],
-            "checks": self.checks.counts,
-            "examples": self.checks.examples,
-            "figures": self.checks.figures,
-            "provoked": dict(self.provoked.rows()),
-            "unplanned": [{"role": u.role, "code": u.code} for u in self.unplanned],
-        }
-
-
-class _Role:
-    """One of the run's processes (driver or injector), restartable, in its own group."""
-
-    def __init__(self, role: str, directory: Path, env: dict[str, str]) -> None:
-        self.role = role
-        self.directory = directory
-        self.env = env
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.generation = 0
-        self.finished = False
-        self.held = False  # a fault stops it on purpose: no restart, no unplanned exit
-        self.logs: list[Path] = []
-
-    def start(self) -> None:
-        self.generation += 1
-        log = self.directory / f"{self.role}-{self.generation}.log"
-        self.logs.append(log)
-        with log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "millstream.devtools.proving.processes",
-                    self.role,
-                    str(self.directory),
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=self.env,
-                start_new_session=True,  # its own process group: its JVM and workers with it
-            )
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def exited(self) -> int | None:
-        return None if self.proc is None else self.proc.poll()
-
-    def members(self) -> set[int]:
-        """Every live process of the role: its process group, and the descendants that left
-        it (Spark starts its Python worker daemons in sessions of their own)."""
-        found = _descendants(self.pid) | _group(self.pid)
-        return {pid for pid in found if alive(pid)}
-
-    def signal_all(self, sig: signal.Signals) -> None:
-        """``sig`` to every member, by pid: the whole machine's share of the role at once."""
-        members = self.members()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pid, sig)
-        for pid in members:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-
-    def kill_all(self, timeout: float = 60.0) -> None:
-        """kill -9 every member and wait until none of them is left."""
-        members = self.members()
-        self.signal_all(signal.SIGKILL)
-        assert self.proc is not None
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout)
-        deadline = time.monotonic() + timeout
-        while any(alive(pid) for pid in members):
-            if time.monotonic() > deadline:
-                raise MillstreamError(
-                    f"{self.role} processes {sorted(p for p in members if alive(p))} still "
-                    f"alive {timeout} s after kill -9"
-                )
-            time.sleep(0.1)
-
-    def detach(self) -> _Role:
-        """A handle on the current process alone (a zombie-to-be), this one to start anew."""
-        old = _Role(self.role, self.directory, self.env)
-        old.proc, old.generation, old.logs = self.proc, self.generation, [self.logs[-1]]
-        self.proc = None
-        return old
-
-
-def dump_stacks(pids: set[int], path: Path) -> str:
-    """Where each of ``pids`` is, for a run that stopped making progress: every Python
-    process's threads by ``py-spy dump`` into ``path``, and every JVM's thread dump by
-    ``SIGQUIT`` (the JVM prints it to its own output, the role's log). What was dumped, in a
-    few words."""
-    spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
-    python, jvm = 0, 0
-    with path.open("a") as out:
-        for pid in sorted(pids):
-            try:
-                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue  # gone meanwhile
-            program = Path(argv[0].decode(errors="replace")).name
-            if program == "java":
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGQUIT)
-                jvm += 1
-            elif program.startswith("python") and spy is not None:
-                out.write(f"== pid {pid}: {b' '.join(argv).decode(errors='replace')}\n")
-                out.flush()
-                dumped = subprocess.run(
-                    [spy, "dump", "--pid", str(pid)],
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    timeout=60,
-                    check=False,
-                )
-                python += dumped.returncode == 0
-    spied = f"{python} Python stacks in {path}" if spy else "py-spy not installed"
-    return f"{spied}; {jvm} JVM thread dumps in the driver's log"
-
-
-def _stat(pid: int) -> list[str] | None:
-    """The fields of /proc/<pid>/stat after the command name (state, ppid, pgrp, ...)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def _processes() -> dict[int, list[str]]:
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (fields := _stat(int(entry.name))) is not None:
-            found[int(entry.name)] = fields
-    return found
-
-
-def _descendants(root: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for pid, fields in _processes().items():
-        children.setdefault(int(fields[1]), []).append(pid)
-    found, todo = {root}, [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
-def _group(pgid: int) -> set[int]:
-    return {pid for pid, fields in _processes().items() if int(fields[2]) == pgid}
 
 
 class _StoreProbe:
@@ -594,9 +225,9 @@ class _Run:
         env["JAVA_TOOL_OPTIONS"] = f"{tool_options} -Djava.io.tmpdir={scratch}".strip()
         self.poisoned: list[int] = []
         self.tombstones = 0
-        self.driver = _Role("driver", directory, env)
-        self.injector = _Role("injector", directory, env)
-        self.zombies: list[_Role] = []
+        self.driver = Role("driver", directory, env)
+        self.injector = Role("injector", directory, env)
+        self.zombies: list[Role] = []
         self.unplanned: list[Unplanned] = []
         self.rng = random.Random(description.workload.seed)
         self.gate = directory / GATE_FILE
@@ -721,7 +352,7 @@ class _Run:
         started = time.monotonic()
         time.sleep(fault.delay)
         kind = fault.kind
-        if kind in _PAUSES:
+        if kind in PAUSES:
             self._paused_fault(fault, outcome)
         elif kind in ("kafka", "cassandra"):
             self._service_fault(fault, outcome)
@@ -749,7 +380,9 @@ class _Run:
 
     def _park(self, fault: Fault) -> int | None:
         """Arm the fault's pause point and wait for a process to park there: its pid."""
-        return self._park_at(f"{_place(fault)}.{fault.computation}", split=fault.kind == "split")
+        return self._park_at(
+            f"{pause_point(fault)}.{fault.computation}", split=fault.kind == "split"
+        )
 
     def _park_at(self, point: str, split: bool = False) -> int | None:
         """Arm pause point ``point`` and wait for a process to park there, input let through
@@ -786,18 +419,18 @@ class _Run:
         return int(at.read_text())
 
     def _release(self, fault: Fault) -> None:
-        self._release_at(f"{_place(fault)}.{fault.computation}")
+        self._release_at(f"{pause_point(fault)}.{fault.computation}")
 
     def _release_at(self, point: str) -> None:
         (self.pauses / f"release.{point}").write_text("")
 
     def _paused_fault(self, fault: Fault, outcome: FaultOutcome) -> None:
         parked = self._park(fault)
-        point = f"{_place(fault)}.{fault.computation}"
+        point = f"{pause_point(fault)}.{fault.computation}"
         if parked is None:
             outcome.detail = f"no process reached {point} within 120 s"
             return
-        if fault.kind in _WORKER_KILLS:
+        if fault.kind in WORKER_KILLS:
             outcome.target = f"worker pid {parked}"
             with contextlib.suppress(ProcessLookupError):
                 os.kill(parked, signal.SIGKILL)
@@ -857,7 +490,7 @@ class _Run:
         old.kill_all()
         outcome.applied = took_over and was_fenced
         outcome.detail = (
-            f"parked pid {parked} at {_place(fault)}.{fault.computation}; new driver "
+            f"parked pid {parked} at {pause_point(fault)}.{fault.computation}; new driver "
             f"{'took over' if took_over else 'did NOT take over'}; zombie "
             f"{'fenced' if was_fenced else 'NOT seen fenced'}, then killed"
         )
@@ -901,7 +534,7 @@ class _Run:
                 self.wait(lambda: False, _CLIENT_TIMEOUT + 2.0, "")
                 in_flight = f"; a commit of pid {parked} in flight against the stopped node"
         os.kill(pid, signal.SIGKILL)
-        _wait_pid_gone(pid, 60)
+        wait_pid_gone(pid, 60)
         down, since = time.monotonic(), time.time()
         went_on = self._restart_injector()
         if self.replicated:
@@ -1117,12 +750,6 @@ def _mount_checkpoint_disk(directory: Path) -> Path:
             "leave the fault out with --faults"
         )
     return checkpoints
-
-
-def _wait_pid_gone(pid: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
 
 
 def run_config(config: MillstreamConfig, run: str) -> MillstreamConfig:

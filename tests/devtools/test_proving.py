@@ -87,18 +87,20 @@ def test_a_seed_gives_one_schedule_with_every_kind_the_tier_asks_for() -> None:
 
 @pytest.mark.unit
 def test_the_transaction_faults_park_at_the_engines_transaction_pause_points() -> None:
-    from millstream.devtools.proving.ground import _PAUSES, _WORKER_KILLS, _place
+    from millstream.devtools.proving.faults import PAUSES, WORKER_KILLS, pause_point
     from millstream.engine.pause_points import PLACES
 
-    places = {k: _place(f) for k, f in ((k, Fault(k, "tally", 0.0)) for k in TRANSACTION_FAULTS)}
+    places = {
+        k: pause_point(f) for k, f in ((k, Fault(k, "tally", 0.0)) for k in TRANSACTION_FAULTS)
+    }
     assert places == {
         "driver-transaction": "executor.transaction",
         "worker-transaction": "executor.transaction",
         "driver-delivered": "executor.delivered",
     }
-    assert set(_PAUSES.values()) <= PLACES.keys()
-    assert "worker-transaction" in _WORKER_KILLS
-    assert not {"driver-transaction", "driver-delivered"} & set(_WORKER_KILLS)
+    assert set(PAUSES.values()) <= PLACES.keys()
+    assert "worker-transaction" in WORKER_KILLS
+    assert not {"driver-transaction", "driver-delivered"} & set(WORKER_KILLS)
 
 
 @pytest.mark.unit
@@ -226,7 +228,7 @@ def test_a_split_faults_trickle_makes_every_interval_cold_and_keeps_the_last_rec
 
 @pytest.mark.unit
 def test_an_unplanned_exit_is_reported_by_the_line_naming_its_error() -> None:
-    from millstream.devtools.proving.ground import Unplanned
+    from millstream.devtools.proving.report import Unplanned
 
     log = (
         "Traceback (most recent call last):\n"
@@ -241,7 +243,7 @@ def test_an_unplanned_exit_is_reported_by_the_line_naming_its_error() -> None:
 @pytest.mark.unit
 def test_an_unplanned_exit_shows_its_last_traceback_in_the_report(tmp_path: Path) -> None:
     """A CI machine keeps no run directory: the report itself says where the process failed."""
-    from millstream.devtools.proving.ground import Unplanned
+    from millstream.devtools.proving.report import Unplanned
 
     log = (
         "2026-12-03 07:35:23,647 millstream.engine.outages: waiting for Kafka\n"
@@ -262,7 +264,7 @@ def test_an_unplanned_exit_shows_its_last_traceback_in_the_report(tmp_path: Path
 
 @pytest.mark.unit
 def test_an_unplanned_exit_fails_a_run_that_lost_nothing(tmp_path: Path) -> None:
-    from millstream.devtools.proving.ground import Unplanned
+    from millstream.devtools.proving.report import Unplanned
 
     report = GroundReport("r", 1, TIERS["ci"], tmp_path)
     clean = report.passed
@@ -297,7 +299,7 @@ def test_a_roles_members_include_descendants_that_left_its_process_group(tmp_pat
     import subprocess
 
     from millstream.devtools.local.process import alive
-    from millstream.devtools.proving.ground import _Role
+    from millstream.devtools.proving.process_groups import Role
 
     script = tmp_path / "tree.py"
     script.write_text(
@@ -307,7 +309,7 @@ def test_a_roles_members_include_descendants_that_left_its_process_group(tmp_pat
         "print(child.pid, flush=True)\n"
         "time.sleep(60)\n"
     )
-    role = _Role("driver", tmp_path, dict(os.environ))
+    role = Role("driver", tmp_path, dict(os.environ))
     role.proc = subprocess.Popen(
         [sys.executable, str(script)], stdout=subprocess.PIPE, start_new_session=True
     )
@@ -334,7 +336,7 @@ def test_a_stuck_runs_stacks_are_dumped_python_by_py_spy_and_the_jvm_to_its_log(
     import signal
     import subprocess
 
-    from millstream.devtools.proving.ground import dump_stacks
+    from millstream.devtools.proving.process_groups import dump_stacks
 
     (tmp_path / "Parked.java").write_text(
         "public class Parked { public static void main(String[] a) throws Exception {"
