@@ -25,6 +25,7 @@ from millstream.connectors import kafka as kafka_connector
 from millstream.engine.authority import WatermarkAuthority
 from millstream.engine.clock import Clock
 from millstream.engine.config import MillstreamConfig
+from millstream.engine.errors import TopologyError
 from millstream.engine.pause_points import pause_point
 from millstream.engine.topology import ComputationSpec, Topology
 from millstream.engine.watermark_topic import WatermarkTopic
@@ -33,6 +34,7 @@ from millstream.engine.watermarks import ComputationWatermarks, Offsets, Waterma
 __all__ = [
     "UNDELIVERED_RETRY_SECONDS",
     "DriverWatermarks",
+    "TopologyWatermarks",
     "WatermarkSnapshot",
     "offsets_consumer",
 ]
@@ -171,3 +173,76 @@ class DriverWatermarks:
             self._alarm.cancel()
         self.reader.close()
         self._offsets.close()
+
+
+class TopologyWatermarks:
+    """The :class:`DriverWatermarks` of every computation of one running topology, made as
+    each first runs and kept across its query's restarts. They share one publisher and one
+    :class:`~millstream.engine.authority.WatermarkAuthority` (one reader of the watermark
+    topic for the whole run, not one per query), closed with them by :meth:`close`; the
+    next computation to run after that opens new ones."""
+
+    def __init__(self, config: MillstreamConfig, topology: Topology, clock: Clock) -> None:
+        self._config = config
+        self._topology = topology
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._trackers: dict[str, DriverWatermarks] = {}
+        self._publisher: kafka_connector.KafkaWatermarkTopic | None = None
+        self._authority: WatermarkAuthority | None = None
+
+    def of(self, spec: ComputationSpec) -> DriverWatermarks:
+        """The computation's tracker, made at its first run."""
+        with self._lock:
+            tracker = self._trackers.get(spec.name)
+            if tracker is None:
+                if self._publisher is None:
+                    self._publisher = kafka_connector.KafkaWatermarkTopic(self._config)
+                if self._authority is None:
+                    self._authority = WatermarkAuthority(
+                        kafka_connector.KafkaWatermarkTopic(self._config, create=False)
+                    )
+                tracker = DriverWatermarks(
+                    self._config,
+                    self._topology,
+                    spec,
+                    self._publisher,
+                    self._clock,
+                    self._authority,
+                )
+                self._trackers[spec.name] = tracker
+            return tracker
+
+    def get(self, computation: str) -> DriverWatermarks:
+        """The tracker of a computation that has run."""
+        with self._lock:
+            tracker = self._trackers.get(computation)
+        if tracker is None:
+            raise TopologyError(f"computation {computation!r} has not run under this handle")
+        return tracker
+
+    def snapshots(self) -> dict[str, WatermarkSnapshot]:
+        """The watermarks of every computation that has run, as of their latest batches
+        (from any thread)."""
+        with self._lock:
+            trackers = dict(self._trackers)
+        return {name: tracker.snapshot() for name, tracker in trackers.items()}
+
+    def pop(self, computation: str) -> DriverWatermarks | None:
+        """Take a computation's tracker out (removed from the topology); the caller closes
+        it once its query stopped."""
+        with self._lock:
+            return self._trackers.pop(computation, None)
+
+    def close(self) -> None:
+        """Close every tracker, then the shared reader and publisher."""
+        with self._lock:
+            trackers, self._trackers = dict(self._trackers), {}
+            authority, self._authority = self._authority, None
+            publisher, self._publisher = self._publisher, None
+        for tracker in trackers.values():
+            tracker.close()
+        if authority is not None:
+            authority.close()
+        if publisher is not None:
+            publisher.close()

@@ -110,7 +110,6 @@ from millstream.connectors.kafka.stalls import stable_offsets
 from millstream.connectors.kafka.topics import when_ready
 from millstream.connectors.provisioning import provision
 from millstream.connectors.services import start_through_outage
-from millstream.engine.authority import WatermarkAuthority
 from millstream.engine.clock import Clock, SystemClock
 from millstream.engine.computation import Computation
 from millstream.engine.config import DEFAULT_KEYSPACE, MillstreamConfig, RunSettings
@@ -135,7 +134,7 @@ from millstream.spark.checkpoint import (
     lost_checkpoint_race,
 )
 from millstream.spark.driver_watermarks import (
-    DriverWatermarks,
+    TopologyWatermarks,
     WatermarkSnapshot,
     offsets_consumer,
 )
@@ -337,9 +336,7 @@ class RunningTopology:
         # The driver's clock: wall-time timers due, alarms. Executors use their own.
         self.clock = clock or SystemClock()
         # Per computation, kept across its query's restarts like the run tokens.
-        self._watermarks: dict[str, DriverWatermarks] = {}
-        self._publisher: kafka_connector.KafkaWatermarkTopic | None = None
-        self._authority: WatermarkAuthority | None = None
+        self._watermarks = TopologyWatermarks(config, topology, self.clock)
         # The driver's own Cassandra session, for interval layouts (made at first use).
         self._layout_store: tuple[Any, CassandraIntervalStore] | None = None
         self._layout_store_lock = threading.Lock()
@@ -418,9 +415,6 @@ class RunningTopology:
         self._injectors.stop()
         with self._lock:
             queries, self._queries = dict(self._queries), {}
-            watermarks, self._watermarks = dict(self._watermarks), {}
-            publisher, self._publisher = self._publisher, None
-            authority, self._authority = self._authority, None
             server, self.metrics_server = self.metrics_server, None
             sweeper, self._sweeper = self._sweeper, None
         if sweeper is not None:
@@ -431,12 +425,7 @@ class RunningTopology:
             layout_store, self._layout_store = self._layout_store, None
         if layout_store is not None:
             layout_store[0].shutdown()
-        for tracker in watermarks.values():
-            tracker.close()
-        if authority is not None:
-            authority.close()
-        if publisher is not None:
-            publisher.close()
+        self._watermarks.close()
         if server is not None:
             server.close()
 
@@ -700,7 +689,7 @@ class RunningTopology:
         with self._lock:
             query = self._queries.pop(name, None)
             self._run_tokens.pop(name, None)
-            tracker = self._watermarks.pop(name, None)
+        tracker = self._watermarks.pop(name)
         if query is not None:
             self._stop_query(name, query)
         if tracker is not None:
@@ -750,12 +739,12 @@ class RunningTopology:
 
     def input_watermark(self, computation: str) -> int:
         """The input low watermark of a running computation (µs), as of its latest batch."""
-        return self._tracker(computation).state.input.current
+        return self._watermarks.get(computation).state.input.current
 
     def explain(self, computation: str) -> list[str]:
         """What holds a computation's watermarks: per input stream the lowest source (or why
         it has none), then what holds its own watermark (its input or an interval)."""
-        state = self._tracker(computation).state
+        state = self._watermarks.get(computation).state
         lines = [str(hold) for hold in state.input.explain()]
         lines.append(f"{computation}: {state.watermark} held by {state.held_by}")
         return lines
@@ -771,43 +760,12 @@ class RunningTopology:
         return stored or IntervalLayout.initial(spec.options.key_intervals)
 
     def holds(self, computation: str) -> list[Hold]:
-        return self._tracker(computation).state.input.explain()
+        return self._watermarks.get(computation).state.input.explain()
 
     def watermark_snapshots(self) -> dict[str, WatermarkSnapshot]:
         """The watermarks of every computation that has run under this handle, as of their
         latest batches (from any thread)."""
-        with self._lock:
-            trackers = dict(self._watermarks)
-        return {name: tracker.snapshot() for name, tracker in trackers.items()}
-
-    def _tracker(self, computation: str) -> DriverWatermarks:
-        with self._lock:
-            tracker = self._watermarks.get(computation)
-        if tracker is None:
-            raise TopologyError(f"computation {computation!r} has not run under this handle")
-        return tracker
-
-    def _watermark_publisher(self) -> kafka_connector.KafkaWatermarkTopic:
-        with self._lock:
-            if self._publisher is None:
-                self._publisher = kafka_connector.KafkaWatermarkTopic(self.config)
-            return self._publisher
-
-    def _watermarks_of(self, spec: ComputationSpec) -> DriverWatermarks:
-        publisher = self._watermark_publisher()
-        with self._lock:
-            tracker = self._watermarks.get(spec.name)
-            if tracker is None:
-                if self._authority is None:
-                    # One reader of the watermark topic for the whole run, not one per query.
-                    self._authority = WatermarkAuthority(
-                        kafka_connector.KafkaWatermarkTopic(self.config, create=False)
-                    )
-                tracker = DriverWatermarks(
-                    self.config, self.topology, spec, publisher, self.clock, self._authority
-                )
-                self._watermarks[spec.name] = tracker
-            return tracker
+        return self._watermarks.snapshots()
 
     def _driver_store(self) -> CassandraIntervalStore:
         """The driver's store for layouts: its own session, not an executor's resources.
@@ -896,7 +854,7 @@ class RunningTopology:
         # Wake the query once it starts (after the starting offsets were taken), so that its
         # first batch runs every interval: a restarted computation learns its pending timers
         # and productions even when no input and no report comes.
-        watermarks = self._watermarks_of(spec)
+        watermarks = self._watermarks.of(spec)
         watermarks.topic.wake([alarm], f"start/{self.topology.name}/{spec.name}")
         from millstream.spark.session import kafka_stream
 

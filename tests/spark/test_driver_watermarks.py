@@ -1,6 +1,6 @@
 """The driver's watermark bookkeeping keeps a report it could not publish (Kafka down), and
 wakes its query again while productions are pending, also on the real stack once the input
-has ended."""
+has ended; a topology's computations share one reader and publisher of the topic."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from millstream.engine.clock import ManualClock, SystemClock
 from millstream.engine.computation import Computation
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.context import Context
+from millstream.engine.errors import TopologyError
 from millstream.engine.records import Record, decode_record, encode_record, injector_record_id
 from millstream.engine.stores.cassandra import CassandraIntervalStore
 from millstream.engine.topology import ComputationOptions, Topology
@@ -28,7 +29,7 @@ from millstream.engine.watermark_topic import MemoryWatermarkTopic
 from millstream.engine.watermarks import WatermarkReport
 from millstream.engine.watermarks.intervals import IntervalProgress
 from millstream.spark import driver_watermarks
-from millstream.spark.driver_watermarks import DriverWatermarks
+from millstream.spark.driver_watermarks import DriverWatermarks, TopologyWatermarks
 from millstream.spark.runner import ProcessingTime, run_topology
 from tests.spark.test_runner import BASE_TIME, produce, read_topic, register_by_value
 from tests.waiting import wait_until
@@ -227,3 +228,37 @@ def delivered(config: MillstreamConfig, stream: str) -> list[bytes]:
     """The values of every record a plain read_committed reader reads from ``stream`` (no
     deduplication), sorted."""
     return sorted(decode_record(value).value for _, _, value in read_topic(config, stream))
+
+
+@pytest.mark.integration
+def test_a_topologys_computations_share_one_reader_and_publisher_until_closed(
+    services: MillstreamConfig,
+) -> None:
+    topology = Topology("shared", streams=["in", "mid", "out"])
+    first = topology.add_computation("first", Forward("mid"), inputs=["in"], outputs=["mid"])
+    second = topology.add_computation("second", Forward(), inputs=["mid"], outputs=["out"])
+    watermarks = TopologyWatermarks(services, topology, SystemClock())
+    try:
+        with pytest.raises(TopologyError, match="has not run"):
+            watermarks.get("first")
+        one, two = watermarks.of(first), watermarks.of(second)
+        assert watermarks.of(first) is one  # kept across the query's restarts
+        assert watermarks.get("second") is two
+        assert one.authority is two.authority
+        assert one.topic is two.topic
+        assert set(watermarks.snapshots()) == {"first", "second"}
+
+        assert watermarks.pop("second") is two
+        two.close()
+        assert set(watermarks.snapshots()) == {"first"}
+        assert watermarks.pop("second") is None
+
+        watermarks.close()
+        assert watermarks.snapshots() == {}
+        with pytest.raises(TopologyError):
+            watermarks.get("first")
+        again = watermarks.of(first)  # a computation run after close: a reader of its own
+        assert again is not one
+        assert again.authority is not one.authority
+    finally:
+        watermarks.close()
