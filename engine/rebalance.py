@@ -21,7 +21,10 @@ them):
 4. **copy**: every key of the sources, whole (state, timers, unexpired dedup IDs), and their
    pending productions, committed into the target that owns the key's hash now (under the
    target's sequencer). The sources' rows are final and no one routes to the targets yet,
-   so doing it again after a crash writes the same rows.
+   so doing it again after a crash writes the same rows. A driver that finds, once it holds
+   a target, that the layout no longer journals the change stops there: it was stopped
+   since its export while another driver finished the change, and its rows are older than
+   the live target's.
 5. **purge** the sources' rows.
 6. **finish**: the layout without the change, the targets in the sources' place.
 
@@ -199,6 +202,7 @@ def finish_change(
     for target, changes in moved.items():
         _commit(
             store,
+            layout,
             computation,
             target,
             list(changes.values()),
@@ -237,6 +241,7 @@ def _retire(store: IntervalStore, computation: str, source: int) -> None:
 
 def _commit(
     store: IntervalStore,
+    layout: IntervalLayout,
     computation: str,
     interval: int,
     changes: list[KeyChanges],
@@ -244,10 +249,21 @@ def _commit(
     *,
     tagged: bool = False,
 ) -> None:
+    """Copy ``changes`` into target ``interval`` of ``layout``'s change (step 4)."""
     # Every row is a put into an interval no one else writes yet: an uncertain commit is
     # simply made again under a new lease.
     for attempt in range(_COMMIT_ATTEMPTS):
         lease = store.acquire(computation, interval)
+        # Unless another driver finished the change meanwhile (this one a zombie, stopped
+        # since its export): the target is live then, and these rows are older than its
+        # own. Read after the acquire, the layout is current: a worker that acquired the
+        # target after it, as the finished layout lets it, fences this lease.
+        if store.read_layout(computation) != layout:
+            raise FencedError(
+                f"the {layout.change.kind if layout.change else 'change'} of "
+                f"{computation!r} was finished by another driver while this one copied its "
+                "keys (this driver was stopped or cut off for long); read the layout again"
+            )
         if not changes:
             return
         # Copied pending productions are tagged as a commit of the target, below every

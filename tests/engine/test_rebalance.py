@@ -393,6 +393,41 @@ def test_a_zombie_that_takes_a_source_amid_a_change_is_fenced_and_nothing_is_los
     assert {k: COUNT.decode(v) for k, v in states.items()} == expected
 
 
+def test_a_driver_stopped_amid_a_copy_another_finished_copies_nothing_stale(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A driver stopped between exporting the sources and copying them (a zombie: a long
+    pause, SIGSTOP) while the next driver finishes the change and runs batches on the new
+    intervals: resumed, its copy of the sources' old rows must not land on the live
+    targets."""
+    store = backend.store()
+    sink = _unacknowledging()
+    layout = store.layout("counts", 2)
+    _run(store, backend.clock, layout, range(300), sink)
+    begun = layout.begin_split(0)
+    begin(store, "counts", layout, begun)
+    export = store.export
+    taken_over: list[IntervalLayout] = []
+
+    def stopped_after_export(computation: str, interval: int) -> list[KeyChanges]:
+        rows = export(computation, interval)
+        if not taken_over:  # the zombie stops here; the next driver takes over
+            monkeypatch.setattr(store, "export", export)
+            finished = finish_change(store, "counts", begun, dedup_ttl=60_000_000)
+            _run(store, backend.clock, finished, range(300, 400), sink)
+            taken_over.append(finished)
+        return rows
+
+    monkeypatch.setattr(store, "export", stopped_after_export)
+    with pytest.raises(FencedError, match="finished by another driver"):
+        finish_change(store, "counts", begun, dedup_ttl=60_000_000)
+    monkeypatch.undo()
+    assert store.read_layout("counts") == taken_over[0]
+    states = _everything(store, taken_over[0])[0]
+    expected = {key: len({n for n in range(400) if KEYS[n % len(KEYS)] == key}) for key in KEYS}
+    assert {k: COUNT.decode(v) for k, v in states.items()} == expected
+
+
 @pytest.mark.unit
 def test_slots_are_assigned_heaviest_first_to_the_lightest_slot() -> None:
     from millstream.engine.rebalance import assign_slots
