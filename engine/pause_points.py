@@ -41,6 +41,7 @@ PLACES: Final = {
         "an interval task, its Kafka transaction committed, before it deletes the pending rows"
     ),
     "rebalance.fence": "the driver, a split or merge journaled and its sources retired",
+    "rebalance.export": "the driver, the sources' keys exported, before it copies them",
     "rebalance.copy": "the driver, the sources' keys copied into the new intervals",
     "rebalance.purge": "the driver, the sources' rows purged, before the layout is finished",
     "injector.send": "an injector process, a poll's records read, before it sends them",

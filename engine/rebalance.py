@@ -39,6 +39,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
+from typing import Final
 
 from millstream.engine.errors import FencedError, RetiredIntervalError, UnknownOutcomeError
 from millstream.engine.layout import IntervalLayout
@@ -47,8 +48,18 @@ from millstream.engine.productions import CommitTag, Production, delivered_by
 from millstream.engine.state import KeyChanges
 from millstream.engine.store import IntervalStore
 
-__all__ = ["RebalancePolicy", "assign_slots", "begin", "finish_change", "load_shares", "plan"]
+__all__ = [
+    "FINISHED_ELSEWHERE",
+    "RebalancePolicy",
+    "assign_slots",
+    "begin",
+    "finish_change",
+    "load_shares",
+    "plan",
+]
 
+FINISHED_ELSEWHERE: Final = "finished by another driver"
+"""What the error of a driver that found its change finished by another mid-copy says."""
 _COMMIT_ATTEMPTS = 5
 _RETIRE_ATTEMPTS = 5
 
@@ -199,6 +210,7 @@ def finish_change(
     if pending:
         first = moved[change.targets[0][0]]
         first.setdefault("", KeyChanges("")).productions.extend(pending)
+    pause_point("rebalance.export", computation)
     for target, changes in moved.items():
         _commit(
             store,
@@ -261,8 +273,8 @@ def _commit(
         if store.read_layout(computation) != layout:
             raise FencedError(
                 f"the {layout.change.kind if layout.change else 'change'} of "
-                f"{computation!r} was finished by another driver while this one copied its "
-                "keys (this driver was stopped or cut off for long); read the layout again"
+                f"{computation!r} was {FINISHED_ELSEWHERE} while this one copied its keys "
+                "(this driver was stopped or cut off for long); read the layout again"
             )
         if not changes:
             return

@@ -13,6 +13,7 @@ __all__ = [
     "INPUT_FAULTS",
     "PAUSES",
     "RESOURCE_FAULTS",
+    "SPLITS",
     "SPLIT_HOT_SHARE",
     "SPLIT_STEPS",
     "TIERS",
@@ -35,6 +36,8 @@ FAULTS: Final = {
     "cassandra": "kill -9 of the Cassandra node, the injector restarted meanwhile, then restart",
     "injector": "kill -9 of the injector, then restart from its checkpoint",
     "split": "kill -9 of the driver amid a split or merge of intervals (retired, copied, purged)",
+    "split-zombie": "SIGSTOP of the driver amid a split or merge, its sources' keys exported; "
+    "a new driver finishes the change and runs on; SIGCONT",
     "driver-transaction": "kill -9 of the driver while a task's productions are in an open "
     "Kafka transaction",
     "worker-transaction": "kill -9 of the Spark Python worker whose productions are in an open "
@@ -69,15 +72,19 @@ PAUSES: Final = {
     "worker": "executor.commit",
     "zombie": "executor.commit",
     "split": "rebalance.copy",  # or the step the schedule names (Fault.place)
+    "split-zombie": "rebalance.export",
     "driver-transaction": "executor.transaction",
     "worker-transaction": "executor.transaction",
     "driver-delivered": "executor.delivered",
 }
 # The pause-point faults that kill the parked Spark Python worker (the others: the driver).
 WORKER_KILLS: Final = ("worker", "worker-transaction")
-SPLIT_STEPS: Final = ("rebalance.fence", "rebalance.copy", "rebalance.purge")
+SPLIT_STEPS: Final = ("rebalance.fence", "rebalance.export", "rebalance.copy", "rebalance.purge")
+# The faults that hit a split or merge: tally's intervals then split and merge by load.
+SPLITS: Final = ("split", "split-zombie")
 SPLIT_HOT_SHARE: Final = 0.8
-"""The share of a run's records on one hash range's keys when it has the ``split`` fault."""
+"""The share of a run's records on one hash range's keys when it has a fault of
+:data:`SPLITS`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +148,7 @@ def schedule(seed: int, tier: Tier, kinds: tuple[str, ...] | None = None) -> lis
         for _ in range(tier.faults):
             computation = (
                 "tally"
-                if kind in ("driver-send", "zombie", "split", "poison", *TRANSACTION_FAULTS)
+                if kind in ("driver-send", "zombie", *SPLITS, "poison", *TRANSACTION_FAULTS)
                 else rng.choice(("tally", "rollup"))
             )
             place = rng.choice(SPLIT_STEPS) if kind == "split" else ""

@@ -74,6 +74,7 @@ from millstream.devtools.proving.faults import (
     PAUSES,
     RESOURCE_FAULTS,
     SPLIT_HOT_SHARE,
+    SPLITS,
     TIERS,
     TRANSACTION_FAULTS,
     WORKER_KILLS,
@@ -98,6 +99,7 @@ from millstream.engine.config import MillstreamConfig
 from millstream.engine.errors import MillstreamError
 from millstream.engine.outages import Outage
 from millstream.engine.pause_points import ENVIRONMENT_VARIABLE
+from millstream.engine.rebalance import FINISHED_ELSEWHERE
 from millstream.engine.records import injector_record_id
 from millstream.engine.stores.cassandra import CassandraIntervalStore, execute_schema_change
 
@@ -381,7 +383,7 @@ class _Run:
     def _park(self, fault: Fault) -> int | None:
         """Arm the fault's pause point and wait for a process to park there: its pid."""
         return self._park_at(
-            f"{pause_point(fault)}.{fault.computation}", split=fault.kind == "split"
+            f"{pause_point(fault)}.{fault.computation}", split=fault.kind in SPLITS
         )
 
     def _park_at(self, point: str, split: bool = False) -> int | None:
@@ -441,6 +443,9 @@ class _Run:
         if fault.kind == "zombie":
             self._zombie(fault, parked, outcome)
             return
+        if fault.kind == "split-zombie":
+            self._split_zombie(fault, parked, outcome)
+            return
         outcome.target = f"driver group {self.driver.pid}"
         self.driver.kill_all()
         self._release(fault)
@@ -493,6 +498,44 @@ class _Run:
             f"parked pid {parked} at {pause_point(fault)}.{fault.computation}; new driver "
             f"{'took over' if took_over else 'did NOT take over'}; zombie "
             f"{'fenced' if was_fenced else 'NOT seen fenced'}, then killed"
+        )
+
+    def _split_zombie(self, fault: Fault, parked: int, outcome: FaultOutcome) -> None:
+        """The driver stopped with a change's sources exported: a new driver finishes the
+        change and processes records on the new intervals; the old one, continued, must not
+        copy the sources' old rows over them (the checks count what that would lose)."""
+        old = self.driver.detach()
+        outcome.target = f"driver group {old.pid}"
+        old.signal_all(signal.SIGSTOP)
+        self.zombies.append(old)
+        since = time.time()
+        self.driver.start()
+
+        def ran_on() -> bool:
+            # A batch with input after the change: the targets' keys moved on past the copy.
+            return any(
+                b["at"] >= since
+                and b["pid"] == self.driver.pid
+                and b["computation"] == fault.computation
+                and b["inputs"] > 0
+                for b in self.batches()
+            )
+
+        took_over = self.wait(self.fed(ran_on), 300, "the new driver's batch with input")
+        self._release(fault)
+        old.signal_all(signal.SIGCONT)
+        log = old.logs[-1]
+
+        def refused() -> bool:
+            return FINISHED_ELSEWHERE in log.read_text(errors="replace")
+
+        was_refused = self.wait(refused, 180, "the zombie's copy to be refused")
+        old.kill_all()
+        outcome.applied = took_over and was_refused
+        outcome.detail = (
+            f"stopped pid {parked} at {pause_point(fault)}.{fault.computation}; new driver "
+            f"{'ran on' if took_over else 'did NOT run on'}; the zombie's copy "
+            f"{'refused' if was_refused else 'NOT seen refused'}, then killed"
         )
 
     def _running_service(self, backend: str, outcome: FaultOutcome) -> tuple[Any, int] | None:
@@ -846,7 +889,7 @@ def prove(
     faults = schedule(seed, tier, kinds)
     # tally's intervals split and merge in a run that kills the driver amid a change, on
     # skewed input: most records on the keys of one hash range, as a hot spot makes them.
-    rebalance = any(fault.kind == "split" for fault in faults)
+    rebalance = any(fault.kind in SPLITS for fault in faults)
     workload = Workload(
         records=tier.records,
         keys=tier.keys,
