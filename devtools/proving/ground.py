@@ -85,7 +85,12 @@ from millstream.devtools.proving.faults import (
     schedule,
 )
 from millstream.devtools.proving.process_groups import Role, dump_stacks, wait_pid_gone
-from millstream.devtools.proving.processes import GATE_FILE, RunDescription, read_batches
+from millstream.devtools.proving.processes import (
+    GATE_FILE,
+    HOLD_LAYOUT,
+    RunDescription,
+    read_batches,
+)
 from millstream.devtools.proving.report import FaultOutcome, GroundReport, Unplanned
 from millstream.devtools.proving.workload import (
     ExpectedOutcome,
@@ -503,12 +508,19 @@ class _Run:
     def _split_zombie(self, fault: Fault, parked: int, outcome: FaultOutcome) -> None:
         """The driver stopped with a change's sources exported: a new driver finishes the
         change and processes records on the new intervals; the old one, continued, must not
-        copy the sources' old rows over them (the checks count what that would lose)."""
+        copy the sources' old rows over them (the checks count what that would lose).
+
+        The new driver plans no change of its own (:data:`HOLD_LAYOUT`): one that split a
+        target again would retire it, and the zombie's copy would then be refused by the
+        retired sequencer, whatever the copy checks. Once the zombie is gone, a driver that
+        rebalances again takes its place."""
         old = self.driver.detach()
         outcome.target = f"driver group {old.pid}"
         old.signal_all(signal.SIGSTOP)
         self.zombies.append(old)
         since = time.time()
+        environment = self.driver.env
+        self.driver.env = {**environment, HOLD_LAYOUT: "1"}
         self.driver.start()
 
         def ran_on() -> bool:
@@ -531,11 +543,15 @@ class _Run:
 
         was_refused = self.wait(refused, 180, "the zombie's copy to be refused")
         old.kill_all()
+        self.driver.kill_all()
+        self.driver.env = environment
+        self.driver.start()
         outcome.applied = took_over and was_refused
         outcome.detail = (
             f"stopped pid {parked} at {pause_point(fault)}.{fault.computation}; new driver "
             f"{'ran on' if took_over else 'did NOT run on'}; the zombie's copy "
-            f"{'refused' if was_refused else 'NOT seen refused'}, then killed"
+            f"{'refused' if was_refused else 'NOT seen refused'}, then killed; the new driver "
+            "restarted to rebalance again"
         )
 
     def _running_service(self, backend: str, outcome: FaultOutcome) -> tuple[Any, int] | None:

@@ -33,6 +33,7 @@ from millstream.engine.errors import MillstreamError
 __all__ = [
     "BATCHES_FILE",
     "GATE_FILE",
+    "HOLD_LAYOUT",
     "RUN_FILE",
     "RunDescription",
     "main",
@@ -44,6 +45,10 @@ __all__ = [
 RUN_FILE: Final = "run.json"
 BATCHES_FILE: Final = "batches.jsonl"
 GATE_FILE: Final = "gate"
+HOLD_LAYOUT: Final = "MILLSTREAM_PROVING_HOLD_LAYOUT"
+"""Set to ``1`` for a driver that finishes a split or merge it finds journaled but plans none
+of its own: the ``split-zombie`` fault's second driver, so that the intervals its stopped
+predecessor was copying into stay live until that one is continued."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +108,8 @@ def run_driver(directory: Path) -> int:
 
     run = RunDescription.read(directory)
     names = run.names
-    policy = rebalance_policy(run.workload) if run.rebalance else None
+    hold = os.environ.get(HOLD_LAYOUT) == "1"
+    policy = rebalance_policy(run.workload) if run.rebalance and not hold else None
     topology = proving_topology(names, run.workload, run.key_intervals, policy)
     log = (directory / BATCHES_FILE).open("a", encoding="utf-8")
     pid = os.getpid()
