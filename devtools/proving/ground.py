@@ -524,12 +524,14 @@ class _Run:
         self.driver.start()
 
         def ran_on() -> bool:
-            # A batch with input after the change: the targets' keys moved on past the copy.
+            # A batch that processed records after the change: the targets' keys moved on
+            # past the copy. (Its first batch replays the zombie's, whose records it drops
+            # as duplicates: a stale copy then would write what is there.)
             return any(
                 b["at"] >= since
                 and b["pid"] == self.driver.pid
                 and b["computation"] == fault.computation
-                and b["inputs"] > 0
+                and b["processed"] > 0
                 for b in self.batches()
             )
 
