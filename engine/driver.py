@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from dataclasses import dataclass, replace
+from typing import Final, Protocol, TypeVar
 
 from millstream.engine.clock import Clock
+from millstream.engine.errors import FencedError
 from millstream.engine.layout import IntervalLayout, LayoutChange
 from millstream.engine.productions import CommitTag
 from millstream.engine.rebalance import assign_slots, begin, finish_change, load_shares, plan
@@ -58,6 +59,10 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
+
+# A driver claims a rebalanced computation's layout once as it starts; each lost
+# compare-and-set means another driver changed the layout just then.
+_CLAIM_ATTEMPTS: Final = 5
 
 SPREAD_GAIN = 0.8
 """Intervals move between tasks only if that brings the busiest task's load under this share
@@ -264,8 +269,33 @@ class ComputationDriver:
         return self.layout
 
     def _current_layout(self) -> IntervalLayout:
-        """The computation's layout, a change a killed driver left journaled finished."""
+        """The computation's layout, a change a killed driver left journaled finished, and
+        claimed by this driver if its intervals split and merge.
+
+        The claim is a compare-and-set that moves the layout's version on. An earlier
+        driver of the computation, stopped rather than killed, planned on the layout it read
+        before: whatever change it journals from now on expects that layout and is refused,
+        so it cannot retire intervals this driver's tasks work on."""
         store = self.layout_store()
+        for _ in range(_CLAIM_ATTEMPTS):
+            layout = self._finished_layout(store)
+            if self.spec.options.rebalance is None:
+                break
+            claimed = replace(layout, version=layout.version + 1)
+            if store.write_layout(self.spec.name, claimed, layout):
+                layout = claimed
+                break
+        else:
+            raise FencedError(
+                f"the interval layout of {self.spec.name!r} changed {_CLAIM_ATTEMPTS} times "
+                "while this driver started: is another driver of the computation running?"
+            )
+        self.watermarks.intervals.track(layout.ids)
+        return layout
+
+    def _finished_layout(self, store: IntervalStore) -> IntervalLayout:
+        """The stored layout (the initial one written if none is), its journaled change
+        finished."""
         wanted = self.spec.options.key_intervals
         layout = store.layout(self.spec.name, wanted)
         if layout.is_initial and len(layout.ids) != wanted:
@@ -288,7 +318,6 @@ class ComputationDriver:
                 delivered=self.delivered,
                 now=self.clock.now(),
             )
-        self.watermarks.intervals.track(layout.ids)
         return layout
 
     def _spread(self, shares: Mapping[int, float]) -> None:

@@ -13,6 +13,7 @@ from millstream.engine.clock import ManualClock
 from millstream.engine.computation import Computation
 from millstream.engine.context import Context
 from millstream.engine.driver import ComputationDriver, IntervalOutcome
+from millstream.engine.errors import FencedError
 from millstream.engine.layout import IntervalLayout
 from millstream.engine.rebalance import RebalancePolicy
 from millstream.engine.records import MIN_EVENT_TIME, Record
@@ -179,9 +180,35 @@ def test_a_journaled_change_a_killed_driver_left_is_finished_at_the_first_batch(
     assert store.write_layout("count", begun, initial)  # journaled, then the driver died
     driver, _, _ = driver_of(ComputationOptions(key_intervals=2, rebalance=policy), store=store)
     plan = driver.begin({}, had_input=False)
-    assert plan.layout == begun.finish(at=1_000)  # by the new driver's clock
-    assert store.read_layout("count") == begun.finish(at=1_000)
+    finished = begun.finish(at=1_000)  # by the new driver's clock
+    # Then claimed by the new driver: the same layout, one version on.
+    assert plan.layout == replace(finished, version=finished.version + 1)
+    assert store.read_layout("count") == plan.layout
     assert driver.watermarks.intervals.ids == frozenset(plan.layout.ids)
+
+
+def test_a_driver_that_starts_claims_the_layout_so_a_stopped_one_journals_no_change() -> None:
+    policy = RebalancePolicy(split_records=10, max_intervals=4)
+    options = ComputationOptions(key_intervals=2, rebalance=policy)
+    stopped, _, store = driver_of(options, tasks=2)
+    stopped.begin({}, had_input=True)
+    stopped.absorb([idle(0, 30), idle(1, 1)])  # interval 0 is hot: its finish would split it
+    assert stopped.layout is not None
+    # Stopped here (a long pause) while another driver of the computation starts.
+    successor, _, _ = driver_of(options, tasks=2, store=store)
+    plan = successor.begin({}, had_input=False)
+    assert plan.layout.version == stopped.layout.version + 1
+    with pytest.raises(FencedError, match="changed under this driver"):
+        stopped.finish()  # continued: the split it planned on the old layout is refused
+    assert store.read_layout("count") == plan.layout
+    store.acquire("count", 0)  # not retired under the successor's tasks
+
+
+def test_a_driver_without_a_rebalance_policy_leaves_the_layout_as_it_is() -> None:
+    driver, _, store = driver_of(ComputationOptions(key_intervals=2))
+    plan = driver.begin({}, had_input=False)
+    assert plan.layout == IntervalLayout.initial(2)
+    assert store.read_layout("count") == plan.layout
 
 
 def test_the_layout_a_computation_first_ran_with_stays_and_a_new_count_is_logged(
