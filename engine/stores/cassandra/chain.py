@@ -192,7 +192,7 @@ class MarkerChains:
             if row["[applied]"]:
                 self._heads[partition] = (lease.token, marker)
                 return
-            self.check_fence(lease, row.get("sequencer"))
+            self._check_fence(lease, row.get("sequencer"))
             # Same token, another head: a write this instance had not seen (its own uncertain
             # write that landed, or another instance writing with the same lease).
             self._learn(lease, row.get("last_commit"))
@@ -218,10 +218,7 @@ class MarkerChains:
         partition = (lease.computation, lease.interval)
         entry = self._uncertain.get(partition)
         if entry is None or (entry.token, entry.marker) != (lease.token, marker):
-            sequencer, last_commit = self.serial_read(lease.computation, lease.interval)
-            self.check_fence(lease, sequencer)
-            self._learn(lease, last_commit)
-            return last_commit == marker
+            return self._read_head(lease) == marker
         if entry.outcome is None:
             resolution = new_marker()
             try:
@@ -244,15 +241,13 @@ class MarkerChains:
                 self._heads[partition] = (lease.token, resolution)
                 entry.outcome = False
             else:
-                self.check_fence(lease, row.get("sequencer"))
+                self._check_fence(lease, row.get("sequencer"))
                 self._learn(lease, row.get("last_commit"))
                 # Markers never repeat: once last_commit left the predecessor for anything
                 # but this write, this write's condition can never hold again.
                 entry.outcome = row.get("last_commit") == marker
         else:
-            sequencer, last_commit = self.serial_read(lease.computation, lease.interval)
-            self.check_fence(lease, sequencer)
-            self._learn(lease, last_commit)
+            self._read_head(lease)
         del self._uncertain[partition]
         return entry.outcome
 
@@ -265,7 +260,7 @@ class MarkerChains:
             return None, None
         return rows[0]["sequencer"], rows[0]["last_commit"]
 
-    def check_fence(self, lease: Lease, sequencer: int | None) -> None:
+    def _check_fence(self, lease: Lease, sequencer: int | None) -> None:
         """Raise :class:`~millstream.engine.errors.FencedError` unless ``sequencer`` is the
         lease's own token."""
         if sequencer == lease.token:
@@ -288,8 +283,13 @@ class MarkerChains:
         known = self._heads.get((lease.computation, lease.interval))
         if known is not None and known[0] == lease.token:
             return known[1]
+        return self._read_head(lease)
+
+    def _read_head(self, lease: Lease) -> bytes | None:
+        """The interval's ``last_commit`` by a SERIAL read, learned as the lease's head once
+        the sequencer shows the lease still holds the interval."""
         sequencer, last_commit = self.serial_read(lease.computation, lease.interval)
-        self.check_fence(lease, sequencer)
+        self._check_fence(lease, sequencer)
         self._learn(lease, last_commit)
         return last_commit
 
