@@ -341,12 +341,18 @@ class _Run:
     def batches(self) -> list[dict[str, Any]]:
         return read_batches(self.directory)
 
-    def ran_batch(self, since: float, computation: str | None = None) -> Callable[[], bool]:
+    def ran_batch(
+        self, since: float, computation: str | None = None, processed: bool = False
+    ) -> Callable[[], bool]:
+        """Whether the current driver ran a batch (of ``computation``; with ``processed``,
+        one whose records were not all duplicates) since ``since``."""
+
         def check() -> bool:
             return any(
                 b["at"] >= since
                 and b["pid"] == self.driver.pid
                 and computation in (None, b["computation"])
+                and (not processed or b["processed"] > 0)
                 for b in self.batches()
             )
 
@@ -458,11 +464,17 @@ class _Run:
         outcome.applied = True
         outcome.detail = f"killed at {point} (pid {parked} parked); driver restarted"
 
-    def _zombie(self, fault: Fault, parked: int, outcome: FaultOutcome) -> None:
+    def _stop_driver(self, outcome: FaultOutcome) -> Role:
+        """SIGSTOP of the driver's group, a zombie-to-be: its handle; the role's next start
+        is a new driver."""
         old = self.driver.detach()
         outcome.target = f"driver group {old.pid}"
         old.signal_all(signal.SIGSTOP)
         self.zombies.append(old)
+        return old
+
+    def _zombie(self, fault: Fault, parked: int, outcome: FaultOutcome) -> None:
+        old = self._stop_driver(outcome)
         since = time.time()
         self.driver.start()
         took_over = self.wait(self.ran_batch(since, fault.computation), 300, "the new driver")
@@ -514,27 +526,15 @@ class _Run:
         target again would retire it, and the zombie's copy would then be refused by the
         retired sequencer, whatever the copy checks. Once the zombie is gone, a driver that
         rebalances again takes its place."""
-        old = self.driver.detach()
-        outcome.target = f"driver group {old.pid}"
-        old.signal_all(signal.SIGSTOP)
-        self.zombies.append(old)
+        old = self._stop_driver(outcome)
         since = time.time()
         environment = self.driver.env
         self.driver.env = {**environment, HOLD_LAYOUT: "1"}
         self.driver.start()
-
-        def ran_on() -> bool:
-            # A batch that processed records after the change: the targets' keys moved on
-            # past the copy. (Its first batch replays the zombie's, whose records it drops
-            # as duplicates: a stale copy then would write what is there.)
-            return any(
-                b["at"] >= since
-                and b["pid"] == self.driver.pid
-                and b["computation"] == fault.computation
-                and b["processed"] > 0
-                for b in self.batches()
-            )
-
+        # A batch that processed records after the change: the targets' keys moved on past
+        # the copy. (Its first batch replays the zombie's, whose records it drops as
+        # duplicates: a stale copy then would write what is there.)
+        ran_on = self.ran_batch(since, fault.computation, processed=True)
         took_over = self.wait(self.fed(ran_on), 300, "the new driver's batch with input")
         self._release(fault)
         old.signal_all(signal.SIGCONT)
