@@ -94,12 +94,19 @@ def read_ranges(
     timeout: float = 30.0,
     *,
     skip: Callable[[str, bytes | None], bool] | None = None,
+    known_topics: set[str] | None = None,
 ) -> Generator[InputMessage, None, None]:
     """The messages of ``ranges``, in offset order within each partition (partitions
     interleave), read with ``reader`` (:func:`range_reader`), which this assigns to them.
     ``skip``, if given, is asked with each message's topic and value, and a message it
     answers true for is not yielded (a Spark task passes over another task's records so,
     without the cost of making them messages).
+
+    ``known_topics``: the topics whose metadata ``reader`` asked for before, which this adds
+    to; with ``None`` it asks for every topic of ``ranges``. A consumer learns of a topic
+    assigned to it only at its next scan of its topics, once a second, unless it asked for
+    the topic's metadata first: a reader made before the topic existed waited 0.8 to 1.0 s
+    to begin a read of 20,000 messages that then took 0.03 s.
 
     An offset a transaction marker or an aborted transaction takes, or compaction emptied,
     yields nothing: a partition is done once the consumer's position reaches its range's
@@ -117,6 +124,7 @@ def read_ranges(
         return
     left = {place: max(end for _, end in parts) for place, parts in spans.items()}
     gaps = {place: parts for place, parts in spans.items() if len(parts) > 1}
+    _learn_topics(reader, {topic for topic, _ in spans}, known_topics, timeout)
     reader.assign(
         [TopicPartition(t, p, min(start for start, _ in parts)) for (t, p), parts in spans.items()]
     )
@@ -176,6 +184,22 @@ def read_ranges(
                 )
     finally:
         reader.unassign()
+
+
+def _learn_topics(
+    reader: Consumer, topics: set[str], known: set[str] | None, timeout: float
+) -> None:
+    """Ask for the metadata of those of ``topics`` not in ``known`` (all with ``None``),
+    adding each the broker knows to ``known``."""
+    for topic in sorted(topics - known if known is not None else topics):
+        try:
+            metadata = reader.list_topics(topic, timeout=timeout).topics.get(topic)
+        except KafkaException as exc:
+            raise ServiceOutageError(
+                f"Kafka: asking for the metadata of {topic!r} failed within {timeout} s: {exc}"
+            ) from exc
+        if known is not None and metadata is not None and metadata.error is None:
+            known.add(topic)
 
 
 def read_stream(

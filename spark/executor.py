@@ -72,7 +72,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Set
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from itertools import chain
 from typing import TYPE_CHECKING, Any, Final
 
@@ -192,6 +192,8 @@ class _Resources:
     workers: WorkerPool
     threads: ThreadPoolExecutor
     reader: Any = None  # the consumer of the batches' ranges, made at the first read
+    # The topics whose metadata the reader asked for (read_ranges's known_topics).
+    reader_topics: set[str] = field(default_factory=set)
 
 
 _READ_TIMEOUT: Final = 30.0
@@ -431,7 +433,9 @@ def read_from_kafka(
     resources = _resources(settings)
     if resources.reader is None:
         resources.reader = range_reader(settings.config)
-    return read_ranges(resources.reader, ranges, _READ_TIMEOUT, skip=skip)
+    return read_ranges(
+        resources.reader, ranges, _READ_TIMEOUT, skip=skip, known_topics=resources.reader_topics
+    )
 
 
 def batch_task(

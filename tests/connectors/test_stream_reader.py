@@ -6,16 +6,16 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import cast
+from typing import Any, cast
 
 import pytest
-from confluent_kafka import TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from millstream.connectors import kafka as kafka_connector
 from millstream.connectors import read_stream
 from millstream.connectors.stream_reader import InputMessage, range_reader, read_ranges
 from millstream.engine.config import MillstreamConfig
-from millstream.engine.errors import MillstreamError, RecordDecodeError
+from millstream.engine.errors import MillstreamError, RecordDecodeError, ServiceOutageError
 from millstream.engine.records import Record, decode_record, encode_record, injector_record_id
 from millstream.spark.isolation import OffsetRange
 
@@ -186,3 +186,63 @@ def test_a_range_whose_messages_retention_removed_is_an_error_saying_so(
         assert read_back(services, [OffsetRange(stream, 0, 3, 5)]) == [(0, 3), (0, 4)]
     finally:
         kafka_connector.delete_topics(services, [stream])
+
+
+class CountingReader:
+    """A range reader that notes the topics whose metadata it is asked for."""
+
+    def __init__(self, reader: Consumer) -> None:
+        self.reader = reader
+        self.asked: list[str] = []
+
+    def list_topics(self, topic: str, timeout: float) -> Any:
+        self.asked.append(topic)
+        return self.reader.list_topics(topic, timeout=timeout)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.reader, name)
+
+
+def test_a_reader_asks_for_a_topics_metadata_before_its_first_read_of_it_only(
+    services: MillstreamConfig, unique: Callable[[str], str]
+) -> None:
+    # Told nothing, a consumer that read another topic before learns of the new one at its
+    # next scan, up to a second later (bench/range_reads.py measures it).
+    first, second = unique("known"), unique("new")
+    writer = kafka_connector.producer(services)
+    reader = CountingReader(range_reader(services))
+    try:
+        kafka_connector.create_topics(services, [first, second], partitions=1)
+        for topic in (first, second):
+            for n in range(3):
+                writer.produce(topic, value=encode_record(record(n)))
+        assert writer.flush(30) == 0
+        known: set[str] = set()
+        consumer = cast(Consumer, reader)
+
+        def offsets(topic: str, known_topics: set[str] | None) -> list[int]:
+            ranges = [OffsetRange(topic, 0, 0, 3)]
+            return [m.offset for m in read_ranges(consumer, ranges, known_topics=known_topics)]
+
+        assert offsets(first, known) == [0, 1, 2]
+        assert offsets(first, known) == [0, 1, 2]
+        assert offsets(second, known) == [0, 1, 2]
+        assert reader.asked == [first, second]
+        assert known == {first, second}
+        # Without a set of known topics, every read asks.
+        assert offsets(first, None) == [0, 1, 2]
+        assert reader.asked == [first, second, first]
+    finally:
+        reader.close()
+        kafka_connector.delete_topics(services, [first, second])
+
+
+class DownReader:
+    def list_topics(self, topic: str, timeout: float) -> Any:
+        raise KafkaException(KafkaError(KafkaError._TRANSPORT, "connection refused"))
+
+
+def test_a_reader_that_cannot_ask_for_a_topics_metadata_says_kafka_is_down() -> None:
+    reader = cast(Consumer, DownReader())
+    with pytest.raises(ServiceOutageError, match=r"metadata of 'events' failed .*refused"):
+        list(read_ranges(reader, [OffsetRange("events", 0, 0, 3)], timeout=1))
