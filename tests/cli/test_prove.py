@@ -1,5 +1,5 @@
 """``millstream prove``: its arguments, without services (the proving ground itself runs in
-``tests/devtools/test_proving.py``)."""
+``tests/devtools/proving/test_ground.py``)."""
 
 from __future__ import annotations
 
