@@ -1,12 +1,13 @@
 """The Python a record costs a millstream worker, against the least any Python consumer pays.
 
-    python bench/record_path.py [--records 100000] [--keys 10000] [--runs 5]
+    python bench/record_path.py [--records 100000] [--keys 10000] [--runs 5] [--weak]
 
 No services: what a Spark Python worker does with each message of a batch, in this process,
 on one thread, timed in CPU seconds (best of ``--runs``), so that changes of a few percent,
 which the end-to-end benchmark (``bench/throughput.py``) cannot tell from its noise, show.
 The workload is that benchmark's keyed count (one production per record, exactly-once,
-strong productions) on ``--records`` envelopes over ``--keys`` keys in one interval:
+strong productions, or with ``--weak`` weak ones) on ``--records`` envelopes over ``--keys``
+keys in one interval:
 
 * ``floor``: decode each envelope, count in a dict, encode the output's envelope with an ID
   derived from the input's: the least a Python consumer of these streams does per record;
@@ -91,13 +92,13 @@ def messages(records: int, keys: int) -> list[InputMessage]:
     ]
 
 
-def spec() -> ComputationSpec:
+def spec(strong: bool = True) -> ComputationSpec:
     return ComputationSpec(
         name="count",
         computation=Count(),
         inputs=(InputStream(STREAM),),
         outputs=(OUTPUT,),
-        options=ComputationOptions(key_intervals=1),
+        options=ComputationOptions(key_intervals=1, strong_productions=strong),
     )
 
 
@@ -122,11 +123,11 @@ def routing(batch: list[InputMessage]) -> list[Delivery | Rejected]:
     return [route(message)[1] for message in batch]
 
 
-def protocol(deliveries: list[Delivery | Rejected]) -> dict[str, int]:
+def protocol(deliveries: list[Delivery | Rejected], strong: bool = True) -> dict[str, int]:
     """The counts per key the batch committed."""
     clock = ManualClock(1_700_000_000_000_000)
     store = MemoryIntervalStore(clock)
-    worker = IntervalWorker(spec(), 0, store=store, sink=AcknowledgingSink(), clock=clock)
+    worker = IntervalWorker(spec(strong), 0, store=store, sink=AcknowledgingSink(), clock=clock)
     result = worker.process(deliveries, 0)
     if result.processed != len(deliveries):
         raise RuntimeError(f"processed {result.processed} of {len(deliveries)} records")
@@ -152,24 +153,26 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--keys", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=5, help="runs of each step (best shown)")
+    parser.add_argument("--weak", action="store_true", help="weak productions, not strong")
     args = parser.parse_args()
+    strong = not args.weak
     tune_collector(MillstreamConfig().executor_gc_threshold)
     batch = messages(args.records, args.keys)
     deliveries = routing(batch)
-    if protocol(deliveries) != floor(batch):
+    if protocol(deliveries, strong) != floor(batch):
         raise RuntimeError("the protocol's counts differ from the floor's")
     figures = cpu_seconds(
         {
             "floor": lambda: floor(batch),
             "routing": lambda: routing(batch),
-            "protocol": lambda: protocol(deliveries),
+            "protocol": lambda: protocol(deliveries, strong),
         },
         args.runs,
     )
     base = figures["floor"]
     print(
         f"record path: {args.records:,} records over {args.keys:,} keys, one interval, "
-        f"CPU µs a record, best of {args.runs}"
+        f"{'strong' if strong else 'weak'} productions, CPU µs a record, best of {args.runs}"
     )
     for name, seconds in figures.items():
         print(f"  {name:<10} {seconds / args.records * 1e6:7.2f}   x{seconds / base:.2f} floor")

@@ -205,10 +205,15 @@ class KeyRun:
             context.undo()
             return exc
         if not self.spec.options.strong_productions:
-            made = self.changes.productions[context.productions_before :]
-            if made:
-                del self.changes.productions[context.productions_before :]
-                self.weak_outbox.extend((self.changes, p) for p in made)
+            productions, before = self.changes.productions, context.productions_before
+            made = len(productions) - before
+            # The common call makes one production: no slice, no generator for it.
+            if made == 1:
+                self.weak_outbox.append((self.changes, productions.pop()))
+            elif made:
+                changes = self.changes
+                self.weak_outbox.extend([(changes, p) for p in productions[before:]])
+                del productions[before:]
         ttl = self.spec.options.state_ttl
         if ttl is not None and context.state_set:
             state = self.changes.state

@@ -194,3 +194,39 @@ def test_a_batch_that_fails_while_a_chunk_is_sent_waits_for_that_send_and_sends_
     assert _weak_senders() == []  # joined before the batch raised
     assert sink.sends == [[b"v0", b"v1"]]  # k2 and k3's chunk was never sent
     assert store.commit_log == []
+
+
+class ProducesValueTimes(Computation):
+    """Produces ``<key>-<n>`` for n below the record's value; a record valued ``fail``
+    produces, then raises (its production must go with the call)."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        if record.value == b"fail":
+            ctx.produce("out", b"undone", record.timestamp)
+            raise ValueError("fails after producing")
+        for n in range(int(record.value)):
+            ctx.produce("out", f"{record.key}-{n}".encode(), record.timestamp)
+
+
+def test_each_calls_weak_productions_leave_once_in_the_order_made_and_a_failed_calls_none(
+    make_workers: WorkersFactory, store: MemoryIntervalStore, make_record: RecordFactory
+) -> None:
+    sink = GatedSink()
+    workers = make_workers(store, sink)
+    spec = workers.spec(ProducesValueTimes(), options=WEAK)
+    inputs = deliver(
+        make_record("a", b"3"),
+        make_record("b", b"0"),
+        make_record("c", b"fail"),
+        make_record("d", b"1"),
+        make_record("a", b"2"),
+    )
+    result = workers.worker(spec).process(inputs, WM)
+
+    assert [p.record.value for p in sink.delivered("out")] == [
+        b"a-0", b"a-1", b"a-2", b"a-0", b"a-1", b"d-0",
+    ]  # fmt: skip
+    assert len(result.dead_letters) == 1
+    assert len(sink.delivered(spec.dead_letter_stream)) == 1
+    assert result.acknowledged == 7  # the six outputs and the dead letter
+    assert store.productions("comp") == []
