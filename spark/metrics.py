@@ -226,6 +226,8 @@ class BatchMetrics(MetricCounts):
     publishing reports. ``steps``: the time of each step of the batch
     (:data:`~millstream.engine.protocol.STEPS`, and :data:`ROUTING`), summed over its
     intervals (and tasks): the seconds they took and the CPU seconds their threads ran.
+    ``processed_intervals``: the key intervals that processed a record in the batch (one
+    not dropped as a duplicate), in order.
 
     Transactional computations only (:mod:`millstream.connectors.kafka.stalls`): ``stalls``
     counts the output partitions found stalled after this batch that were not before (a
@@ -248,6 +250,7 @@ class BatchMetrics(MetricCounts):
     stall_seconds: float = 0.0
     unstable_messages: int = 0
     steps: Mapping[str, StepTime] = field(default_factory=dict)
+    processed_intervals: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -294,16 +297,20 @@ def summarize(
     batch's ``time.monotonic()`` start."""
     sums = dict.fromkeys(COUNTERS, 0)
     steps: list[dict[str, StepTime]] = []
+    processed: set[int] = set()
     for row in rows:
         for name in COUNTERS:
             sums[name] += int(row[name])
         steps.append(_steps(row))
+        if int(row["processed"]) > 0:
+            processed.add(int(row["interval"]))
     return BatchMetrics(
         computation=computation,
         batch_id=batch_id,
         seconds=time.monotonic() - started,
         failed_attempts=tuple(failures),
         steps=sum_steps(steps),
+        processed_intervals=tuple(sorted(processed)),
         **sums,
     )
 

@@ -45,7 +45,7 @@ import signal
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
@@ -342,10 +342,15 @@ class _Run:
         return read_batches(self.directory)
 
     def ran_batch(
-        self, since: float, computation: str | None = None, processed: bool = False
+        self,
+        since: float,
+        computation: str | None = None,
+        processed: bool = False,
+        on: Collection[int] = (),
     ) -> Callable[[], bool]:
         """Whether the current driver ran a batch (of ``computation``; with ``processed``,
-        one whose records were not all duplicates) since ``since``."""
+        one whose records were not all duplicates; with ``on``, one that processed records
+        on one of those key intervals) since ``since``."""
 
         def check() -> bool:
             return any(
@@ -353,6 +358,7 @@ class _Run:
                 and b["pid"] == self.driver.pid
                 and computation in (None, b["computation"])
                 and (not processed or b["processed"] > 0)
+                and (not on or not set(on).isdisjoint(b.get("processed_intervals", ())))
                 for b in self.batches()
             )
 
@@ -527,15 +533,18 @@ class _Run:
         retired sequencer, whatever the copy checks. Once the zombie is gone, a driver that
         rebalances again takes its place."""
         old = self._stop_driver(outcome)
+        targets = self._journaled_targets(fault.computation)
         since = time.time()
         environment = self.driver.env
         self.driver.env = {**environment, HOLD_LAYOUT: "1"}
         self.driver.start()
-        # A batch that processed records after the change: the targets' keys moved on past
+        # A batch that processed records on the change's targets: their keys moved on past
         # the copy. (Its first batch replays the zombie's, whose records it drops as
         # duplicates: a stale copy then would write what is there.)
-        ran_on = self.ran_batch(since, fault.computation, processed=True)
-        took_over = self.wait(self.fed(ran_on), 300, "the new driver's batch with input")
+        ran_on = self.ran_batch(since, fault.computation, processed=True, on=targets)
+        took_over = bool(targets) and self.wait(
+            self.fed(ran_on), 300, "the new driver's batch with input on the change's targets"
+        )
         self._release(fault)
         old.signal_all(signal.SIGCONT)
         log = old.logs[-1]
@@ -551,10 +560,24 @@ class _Run:
         outcome.applied = took_over and was_refused
         outcome.detail = (
             f"stopped pid {parked} at {pause_point(fault)}.{fault.computation}; new driver "
-            f"{'ran on' if took_over else 'did NOT run on'}; the zombie's copy "
+            f"{'ran on' if took_over else 'did NOT run on'} the change's targets "
+            f"{', '.join(map(str, targets)) or '(none journaled)'}; the zombie's copy "
             f"{'refused' if was_refused else 'NOT seen refused'}, then killed; the new driver "
             "restarted to rebalance again"
         )
+
+    def _journaled_targets(self, computation: str) -> tuple[int, ...]:
+        """The target intervals of the change ``computation``'s layout journals (none if it
+        journals none)."""
+        cluster, session = cassandra_connector.connect(self.config)
+        try:
+            store = CassandraIntervalStore(session, self.description.names.keyspace, SystemClock())
+            layout = store.read_layout(computation)
+        finally:
+            cluster.shutdown()
+        if layout is None or layout.change is None:
+            return ()
+        return tuple(interval for interval, _, _ in layout.change.targets)
 
     def _running_service(self, backend: str, outcome: FaultOutcome) -> tuple[Any, int] | None:
         """One running node of ``backend`` (``kafka``, ``cassandra``; on a replicated stack

@@ -43,16 +43,16 @@ def test_interval_counts_say_rescan_or_cache_hit() -> None:
     assert interval_counts(0, 0, valid, cached=False).cache_hits == 0
 
 
-def row(**counts: int) -> dict[str, int]:
-    return dict.fromkeys(COUNTERS, 0) | {"intervals": 1} | counts
+def row(interval: int = 0, **counts: int) -> dict[str, int]:
+    return dict.fromkeys(COUNTERS, 0) | {"interval": interval, "intervals": 1} | counts
 
 
 def test_a_batch_sums_its_interval_rows() -> None:
-    metrics = summarize(
-        "count", 7, [row(inputs=3, processed=2), row(inputs=4, pending=1)], time.monotonic()
-    )
+    rows = [row(5, inputs=3, processed=2), row(2, inputs=4, pending=1), row(1, processed=1)]
+    metrics = summarize("count", 7, rows, time.monotonic())
     assert (metrics.computation, metrics.batch_id) == ("count", 7)
-    assert (metrics.inputs, metrics.processed, metrics.pending, metrics.intervals) == (7, 2, 1, 2)
+    assert (metrics.inputs, metrics.processed, metrics.pending, metrics.intervals) == (7, 3, 1, 3)
+    assert metrics.processed_intervals == (1, 5)  # in order; interval 2 processed nothing
     assert "inputs=7" in describe(metrics)
     assert "rescans" not in describe(metrics)
     assert "poison" not in describe(metrics)

@@ -4,11 +4,15 @@ and the gate a split fault trickles records through."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 
@@ -17,7 +21,7 @@ from millstream.devtools.proving import ground
 from millstream.devtools.proving.checks import PLAIN_DUPLICATES, read_plain
 from millstream.devtools.proving.faults import TIERS
 from millstream.devtools.proving.ground import discard, prove, recheck, run_config
-from millstream.devtools.proving.processes import RunDescription
+from millstream.devtools.proving.processes import BATCHES_FILE, RunDescription
 from millstream.devtools.proving.report import GroundReport
 from millstream.devtools.proving.workload import Workload, expected_outcome, rebalance_policy
 from millstream.engine.config import MillstreamConfig
@@ -64,6 +68,34 @@ def test_a_split_faults_trickle_makes_every_interval_cold_and_keeps_the_last_rec
     run.gate.write_text("999")
     run.trickle()
     assert int(run.gate.read_text()) == 999
+
+
+@pytest.mark.unit
+def test_a_batch_on_given_intervals_is_one_of_the_current_driver_that_processed_records_there(
+    tmp_path: Path,
+) -> None:
+    """What split-zombie waits for: the new driver's batch that processed records on the
+    targets of the change the stopped driver journaled."""
+    workload = Workload(records=100, keys=4, seed=1, rate=10.0)
+    description = RunDescription("r", workload, 4, 20_000, rebalance=True)
+    run = ground._Run(MillstreamConfig(), description, tmp_path, None, lambda _: None, {})
+    run.driver.proc = cast(subprocess.Popen[bytes], SimpleNamespace(pid=41))
+    # (pid, at, computation, processed, processed_intervals)
+    batches = [
+        (41, 5.0, "tally", 2, [7]),
+        (40, 20.0, "tally", 2, [7]),
+        (41, 20.0, "tally", 0, []),
+        (41, 21.0, "rollup", 1, [7]),
+        (41, 22.0, "tally", 3, [1]),
+    ]
+    names = ("pid", "at", "computation", "processed", "processed_intervals")
+    lines = [dict(zip(names, batch, strict=True)) for batch in batches]
+    (tmp_path / BATCHES_FILE).write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert run.ran_batch(10.0, "tally", processed=True)()
+    assert run.ran_batch(10.0, "tally", processed=True, on=(1, 5))()
+    # An earlier batch, another driver's, another computation's: none on interval 7.
+    assert not run.ran_batch(10.0, "tally", processed=True, on=(7,))()
+    assert run.ran_batch(0.0, "tally", processed=True, on=(7,))()
 
 
 @pytest.fixture(scope="module")
