@@ -102,6 +102,7 @@ from millstream.engine import fault_points
 from millstream.engine.clock import SystemClock
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.errors import MillstreamError
+from millstream.engine.keys import key_hash
 from millstream.engine.outages import Outage
 from millstream.engine.pause_points import ENVIRONMENT_VARIABLE
 from millstream.engine.rebalance import FINISHED_ELSEWHERE
@@ -533,18 +534,23 @@ class _Run:
         retired sequencer, whatever the copy checks. Once the zombie is gone, a driver that
         rebalances again takes its place."""
         old = self._stop_driver(outcome)
-        targets = self._journaled_targets(fault.computation)
+        targets = self._keyed_targets(fault.computation)
         since = time.time()
         environment = self.driver.env
         self.driver.env = {**environment, HOLD_LAYOUT: "1"}
         self.driver.start()
-        # A batch that processed records on the change's targets: their keys moved on past
+        # A batch that processed records after the change: the targets' keys moved on past
         # the copy. (Its first batch replays the zombie's, whose records it drops as
-        # duplicates: a stale copy then would write what is there.)
-        ran_on = self.ran_batch(since, fault.computation, processed=True, on=targets)
-        took_over = bool(targets) and self.wait(
-            self.fed(ran_on), 300, "the new driver's batch with input on the change's targets"
+        # duplicates: a stale copy then would write what is there.) Records on the targets
+        # themselves are what the copy would overwrite: waited for a while, and said, but
+        # a target's few keys may get no record from the input left.
+        ran_on_targets = bool(targets) and self.wait(
+            self.fed(self.ran_batch(since, fault.computation, processed=True, on=targets)),
+            _TARGETS_WAIT,
+            "",
         )
+        ran_on = self.ran_batch(since, fault.computation, processed=True)
+        took_over = self.wait(self.fed(ran_on), 300, "the new driver's batch with input")
         self._release(fault)
         old.signal_all(signal.SIGCONT)
         log = old.logs[-1]
@@ -558,17 +564,17 @@ class _Run:
         self.driver.env = environment
         self.driver.start()
         outcome.applied = took_over and was_refused
+        on_targets = _on_targets(targets, ran_on_targets)
         outcome.detail = (
             f"stopped pid {parked} at {pause_point(fault)}.{fault.computation}; new driver "
-            f"{'ran on' if took_over else 'did NOT run on'} the change's targets "
-            f"{', '.join(map(str, targets)) or '(none journaled)'}; the zombie's copy "
+            f"{'ran on' if took_over else 'did NOT run on'} ({on_targets}); the zombie's copy "
             f"{'refused' if was_refused else 'NOT seen refused'}, then killed; the new driver "
             "restarted to rebalance again"
         )
 
-    def _journaled_targets(self, computation: str) -> tuple[int, ...]:
-        """The target intervals of the change ``computation``'s layout journals (none if it
-        journals none)."""
+    def _keyed_targets(self, computation: str) -> tuple[int, ...]:
+        """The target intervals of the change ``computation``'s layout journals that own
+        keys of the workload (none if it journals no change)."""
         cluster, session = cassandra_connector.connect(self.config)
         try:
             store = CassandraIntervalStore(session, self.description.names.keyspace, SystemClock())
@@ -577,7 +583,15 @@ class _Run:
             cluster.shutdown()
         if layout is None or layout.change is None:
             return ()
-        return tuple(interval for interval, _, _ in layout.change.targets)
+        change = layout.change
+        workload = self.description.workload
+        keys = {workload.key(index) for index in range(workload.records)}
+        hashes = {key_hash(key) for key in keys}
+        return tuple(
+            interval
+            for interval, low, high in change.targets
+            if any(low <= h < high for h in hashes)
+        )
 
     def _running_service(self, backend: str, outcome: FaultOutcome) -> tuple[Any, int] | None:
         """One running node of ``backend`` (``kafka``, ``cassandra``; on a replicated stack
@@ -996,3 +1010,18 @@ def prove(
         if not keep and report.passed:
             discard(base_config, directory)
     return report
+
+
+_TARGETS_WAIT: Final = 60.0
+"""Seconds split-zombie waits for the new driver to process records on the change's targets
+(before it settles for records anywhere)."""
+
+
+def _on_targets(targets: tuple[int, ...], ran_on: bool) -> str:
+    """What split-zombie's detail says of the records on the change's targets."""
+    if not targets:
+        return "the change's targets hold none of the workload's keys"
+    named = ", ".join(map(str, targets))
+    if ran_on:
+        return f"records on the change's targets {named}"
+    return f"NO record on the change's targets {named} within {_TARGETS_WAIT:.0f} s"
