@@ -20,7 +20,6 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import NamedTuple
 
 if __package__ in (None, ""):  # run as a script: make `bench.*` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -31,31 +30,27 @@ from bench.harness import percentile, percentiles
 from millstream.connectors import kafka as kafka_connector
 from millstream.connectors.stream_reader import range_reader, read_ranges
 from millstream.engine.config import MillstreamConfig, load_config
+from millstream.spark.isolation import OffsetRange
 
 _PARTITIONS = 2
 
 
-class _Range(NamedTuple):
-    topic: str
-    partition: int
-    start: int
-    end: int
-
-
-def _fill(config: MillstreamConfig, topic: str, messages: int) -> list[_Range]:
+def _fill(config: MillstreamConfig, topic: str, messages: int) -> list[OffsetRange]:
     kafka_connector.create_topics(config, [topic], partitions=_PARTITIONS)
     writer = kafka_connector.producer(config)
     for n in range(messages):
         writer.produce(topic, value=b"x" * 40, partition=n % _PARTITIONS)
     if writer.flush(30) != 0:
         raise SystemExit(f"could not produce to {topic}")
-    return [_Range(topic, p, 0, len(range(p, messages, _PARTITIONS))) for p in range(_PARTITIONS)]
+    return [
+        OffsetRange(topic, p, 0, len(range(p, messages, _PARTITIONS))) for p in range(_PARTITIONS)
+    ]
 
 
 def _read(
     config: MillstreamConfig,
     way: str,
-    ranges: list[_Range],
+    ranges: list[OffsetRange],
     asking: Consumer,
     asking_known: set[str],
     told: Consumer,

@@ -102,7 +102,6 @@ from millstream.engine import fault_points
 from millstream.engine.clock import SystemClock
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.errors import MillstreamError
-from millstream.engine.keys import key_hash
 from millstream.engine.outages import Outage
 from millstream.engine.pause_points import ENVIRONMENT_VARIABLE
 from millstream.engine.rebalance import FINISHED_ELSEWHERE
@@ -583,15 +582,10 @@ class _Run:
             cluster.shutdown()
         if layout is None or layout.change is None:
             return ()
-        change = layout.change
         workload = self.description.workload
-        keys = {workload.key(index) for index in range(workload.records)}
-        hashes = {key_hash(key) for key in keys}
-        return tuple(
-            interval
-            for interval, low, high in change.targets
-            if any(low <= h < high for h in hashes)
-        )
+        finished = layout.finish()
+        owning = {finished.interval_of(workload.key(index)) for index in range(workload.records)}
+        return tuple(interval for interval, _, _ in layout.change.targets if interval in owning)
 
     def _running_service(self, backend: str, outcome: FaultOutcome) -> tuple[Any, int] | None:
         """One running node of ``backend`` (``kafka``, ``cassandra``; on a replicated stack
