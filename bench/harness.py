@@ -189,6 +189,7 @@ def inject_events(
             started = time.monotonic()
             while not source.done:
                 injector.step()
+            injector.flush()  # the last polls' checkpoint and report: a later phase resumes there
             return Injection(started, time.monotonic() - started, injector.stats)
         finally:
             source.close()

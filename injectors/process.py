@@ -13,6 +13,15 @@ Per poll, in this order (each step's crash is harmless to the next run):
 4. **Report** the source's low watermark on the watermark topic, covering the streams' end
    offsets, so no consumer applies it before it read the records it speaks for.
 
+Steps 3 and 4 run at most once per ``checkpoint_interval`` (and at once when the source is
+exhausted, on :meth:`InjectorProcess.flush` and when :meth:`InjectorProcess.run` stops): a
+source that trickles, one record a poll, would otherwise cost a Cassandra LWT, a Kafka offsets
+request and a report per record (at 200 records a second, about a core of a 2-core machine
+between Cassandra, Kafka and the process; ``bench/injector_cost.py``). Records still leave
+at their poll. A crash re-sends what was sent since the last checkpoint, which consumers drop
+by ID; the reported watermark is always the checkpointed one, so a restarted process, which
+resumes from its checkpoint, never reports less than its predecessor did.
+
 While the source is idle, the process re-reports its watermark every ``heartbeat`` µs: that
 gives downstream computations a batch in which to fire wall-time timers and lets an
 advancing idle watermark reach event-time timers.
@@ -75,6 +84,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
 __all__ = [
+    "DEFAULT_CHECKPOINT_INTERVAL",
     "InjectorOptions",
     "InjectorProcess",
     "InjectorStats",
@@ -87,6 +97,9 @@ _log = logging.getLogger(__name__)
 # Reports of one process are ordered by (sequencer, count): a restarted process's reports
 # always supersede those of any earlier copy, whatever that copy still sends.
 _SEQUENCE_SHIFT = 32
+DEFAULT_CHECKPOINT_INTERVAL = 100_000
+"""µs between an injector process's checkpoints while its source makes progress: ten LWTs
+and reports a second at most, and a restarted process re-sends at most 0.1 s of records."""
 
 
 def __getattr__(name: str) -> Any:
@@ -128,6 +141,7 @@ class InjectorOptions:
     max_future: int | None = None
     dead_letter_stream: str | None = None
     outage_timeout: float = DEFAULT_OUTAGE_TIMEOUT
+    checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL
 
     def __post_init__(self) -> None:
         if (
@@ -144,6 +158,10 @@ class InjectorOptions:
             raise InjectorError(f"skew_limit must be non-negative µs, got {self.skew_limit}")
         if self.max_future is not None and self.max_future < 0:
             raise InjectorError(f"max_future must be non-negative µs, got {self.max_future}")
+        if self.checkpoint_interval < 0:
+            raise InjectorError(
+                f"checkpoint_interval must be non-negative µs, got {self.checkpoint_interval}"
+            )
 
 
 @dataclass
@@ -209,6 +227,12 @@ class InjectorProcess:
         self.watermark = MIN_EVENT_TIME
         self.exhausted = False
         self._position: Position | None = None
+        # Progress past the checkpoint: sent and read, not yet checkpointed nor reported.
+        self._next_position: Position | None = None
+        self._next_watermark = MIN_EVENT_TIME
+        self._next_exhausted = False
+        self._sent_unreported = False
+        self._last_checkpoint: int | None = None
         self._started = False
         self._reports = 0
         self._last_report: int | None = None
@@ -237,8 +261,8 @@ class InjectorProcess:
         """Take over the checkpoint (fencing any earlier copy), join the expected set, and
         open the source where the checkpoint left it."""
         checkpoint = self._outage.retry(self.checkpoints.acquire)
-        self._position = checkpoint.position
-        self.watermark = checkpoint.watermark
+        self._position = self._next_position = checkpoint.position
+        self.watermark = self._next_watermark = checkpoint.watermark
         self._outage.retry(self._join_expected_set)
         self.source.open(checkpoint.position)
         self._started = True
@@ -246,10 +270,11 @@ class InjectorProcess:
         self._outage.retry(lambda: self._report(heartbeat=False))
 
     def step(self) -> None:
-        """One poll: read, send, checkpoint, report (or heartbeat if idle)."""
+        """One poll: read and send; then checkpoint and report if the checkpoint interval
+        has passed (or heartbeat if idle)."""
         if not self._started:
             raise InjectorError("start() the injector process before stepping it")
-        poll = self.source.poll(self.options.poll_timeout)
+        poll = self.source.poll(self._poll_timeout())
         self.stats.polls += 1
         productions = self._productions(poll)
         if productions:
@@ -257,34 +282,50 @@ class InjectorProcess:
             pause_point("injector.send", self.name)
             self._outage.retry(self._wait_for_downstream)
             self._send(productions)
-        watermark = self.watermark
+            self._sent_unreported = True
         if poll.exhausted:
-            watermark = MAX_EVENT_TIME
+            self._next_watermark = MAX_EVENT_TIME
         elif poll.watermark is not None:
-            watermark = max(watermark, min(poll.watermark, MAX_EVENT_TIME))
-        position = self._position if poll.position is None else poll.position
+            self._next_watermark = max(self._next_watermark, min(poll.watermark, MAX_EVENT_TIME))
+        if poll.position is not None:
+            self._next_position = poll.position
+        self._next_exhausted = poll.exhausted
+        if self._progress() and self._checkpoint_due():
+            self.flush()
+        elif not self._progress() and self._heartbeat_due():
+            self._outage.retry(lambda: self._report(heartbeat=True))
+
+    def flush(self) -> None:
+        """Checkpoint what was sent and report the watermark now, whatever the checkpoint
+        interval (a process that stops between polls calls it to leave nothing to re-send)."""
+        if not self._started:
+            raise InjectorError("start() the injector process before flushing it")
+        position, watermark = self._next_position, self._next_watermark
         if position != self._position or watermark != self.watermark:
             checkpoint = Checkpoint(position, watermark)
             self._outage.retry(lambda: self.checkpoints.save(checkpoint))
             self.stats.checkpoints += 1
             self._position = position
-        changed = watermark != self.watermark or bool(productions)
+        self._last_checkpoint = self.clock.now()
+        changed = watermark != self.watermark or self._sent_unreported
         self.watermark = watermark
-        self.exhausted = poll.exhausted
+        self.exhausted = self._next_exhausted
         if changed:
             self._outage.retry(lambda: self._report(heartbeat=False))
-        elif self._heartbeat_due():
-            self._outage.retry(lambda: self._report(heartbeat=True))
+            self._sent_unreported = False
 
     def run(self, *, until_exhausted: bool = False) -> InjectorStats:
         """Start, then step until :meth:`stop` (or, with ``until_exhausted``, until the
-        source says its input is complete); always closes the source."""
+        source says its input is complete), then checkpoint what was sent; always closes
+        the source."""
         try:
             self.start()
             while not self._stop.is_set():
                 self.step()
                 if until_exhausted and self.exhausted:
                     break
+            if self._progress():
+                self.flush()
             return self.stats
         finally:
             self.source.close()
@@ -409,6 +450,31 @@ class InjectorProcess:
         self._last_report = self.clock.now()
         self.stats.reports += 1
         self.stats.heartbeats += heartbeat
+
+    def _progress(self) -> bool:
+        """Whether anything was sent or read since the last checkpoint and report."""
+        return (
+            self._sent_unreported
+            or self._next_position != self._position
+            or self._next_watermark != self.watermark
+            or self._next_exhausted != self.exhausted
+        )
+
+    def _checkpoint_due(self) -> bool:
+        interval = self.options.checkpoint_interval
+        return (
+            self._next_exhausted
+            or self._last_checkpoint is None
+            or self.clock.now() - self._last_checkpoint >= interval
+        )
+
+    def _poll_timeout(self) -> float:
+        """A poll waits no longer than the checkpoint that progress made since is due."""
+        timeout = self.options.poll_timeout
+        if self._last_checkpoint is None or not self._progress():
+            return timeout
+        due = self._last_checkpoint + self.options.checkpoint_interval - self.clock.now()
+        return max(0.0, min(timeout, due / 1e6))
 
     def _heartbeat_due(self) -> bool:
         return (

@@ -138,7 +138,11 @@ def injector_harness(
     metrics: CollectorRegistry | None = None,
 ) -> InjectorHarness:
     """A harness whose process runs ``source`` as injector ``name`` (not started yet); see
-    the module docstring for ``metrics``."""
+    the module docstring for ``metrics``. Without ``options`` the process checkpoints and
+    reports after every step (``checkpoint_interval=0``), so a test sees each step's
+    effect at once; give options with an interval, and advance ``harness.clock``, to test
+    the injector as it runs in production."""
+    options = options or InjectorOptions(checkpoint_interval=0)
     clock = clock or ManualClock(1_000_000)
     store = MemoryIntervalStore(clock)
     sink = TestingSink()

@@ -31,7 +31,8 @@ from millstream.injectors import (
     SourceRecord,
     retire_process,
 )
-from millstream.injectors.testing import injector_harness
+from millstream.injectors.process import DEFAULT_CHECKPOINT_INTERVAL
+from millstream.injectors.testing import InjectorHarness, injector_harness
 
 pytestmark = pytest.mark.unit
 
@@ -171,6 +172,107 @@ def test_reports_of_a_restarted_process_supersede_its_predecessors() -> None:
     harness.restart(Numbers())
     assert all(r.sequence > before for r in harness.reports()[-1:])
     assert harness.reports()[-1].watermark == 3 * SECOND  # restored from the checkpoint
+
+
+INTERVAL = InjectorOptions(checkpoint_interval=DEFAULT_CHECKPOINT_INTERVAL)
+
+
+def checkpointed(harness: InjectorHarness) -> Position | None:
+    """Where a process of the harness's injector would resume."""
+    source = Numbers()
+    harness.new_process(source).start()
+    return source.opened_at
+
+
+def test_a_trickling_source_sends_at_each_poll_and_checkpoints_once_an_interval() -> None:
+    harness = injector_harness("nums", Numbers(per_poll=1), INTERVAL)
+    process = harness.process
+    process.start()
+    for _ in range(5):
+        process.step()
+    # Every poll's record left at once; only the first poll's was checkpointed and reported.
+    assert values(harness.records("numbers")) == [0, 1, 2, 3, 4]
+    assert process.stats.checkpoints == 1
+    assert process.watermark == 1 * SECOND
+    assert harness.reports()[-1].watermark == 1 * SECOND
+
+    harness.clock.advance(DEFAULT_CHECKPOINT_INTERVAL)
+    process.step()
+    assert process.stats.checkpoints == 2
+    report = harness.reports()[-1]
+    assert report.watermark == process.watermark == 6 * SECOND
+    assert report.offsets["numbers"] == {0: 6}  # it speaks for every record sent before it
+
+
+def test_a_crash_between_checkpoints_resends_with_the_same_ids_and_never_reports_less() -> None:
+    harness = injector_harness("nums", Numbers(per_poll=1), INTERVAL)
+    harness.process.start()
+    for _ in range(4):
+        harness.process.step()
+    last_reported = harness.reports()[-1].watermark
+
+    # A crash: records 1..3 were sent, the checkpoint still says 1.
+    source = Numbers(per_poll=1)
+    harness.restart(source)
+    assert source.opened_at == {"next": 1}
+    assert harness.reports()[-1].watermark >= last_reported
+    for _ in range(3):
+        harness.process.step()
+    sent = [p.record_id for p in harness.sink.sent if p.stream == "numbers"]
+    assert len(sent) == 7  # 1, 2 and 3 twice, with the same IDs
+    assert values(harness.records("numbers")) == [0, 1, 2, 3]
+
+
+def test_a_poll_waits_no_longer_than_the_next_checkpoint() -> None:
+    timeouts: list[float] = []
+
+    class Recorded(Numbers):
+        def poll(self, timeout: float) -> Poll:
+            timeouts.append(timeout)
+            return super().poll(timeout) if len(timeouts) < 3 else Poll()
+
+    options = InjectorOptions(checkpoint_interval=DEFAULT_CHECKPOINT_INTERVAL, poll_timeout=2.0)
+    harness = injector_harness("nums", Recorded(per_poll=1), options)
+    harness.process.start()
+    harness.process.step()  # checkpointed at once: the first progress
+    harness.process.step()  # progress, its checkpoint due in 0.1 s
+    harness.clock.advance(DEFAULT_CHECKPOINT_INTERVAL // 4)
+    harness.process.step()  # nothing read, so the checkpoint is 0.075 s away
+    assert timeouts == [2.0, 2.0, pytest.approx(0.075)]
+    assert harness.process.stats.checkpoints == 1
+    harness.clock.advance(DEFAULT_CHECKPOINT_INTERVAL)
+    harness.process.step()  # an empty poll still checkpoints what was sent before it
+    assert harness.process.stats.checkpoints == 2
+    assert checkpointed(harness) == {"next": 2}
+
+
+def test_an_exhausted_source_and_a_stopped_run_leave_nothing_to_resend() -> None:
+    harness = injector_harness("nums", Numbers(per_poll=1, stop_at=3), INTERVAL)
+    process = harness.process
+    process.start()
+    for _ in range(3):
+        process.step()
+    assert process.exhausted
+    assert checkpointed(harness) == {"next": 3}
+    assert harness.reports()[-1].watermark == MAX_EVENT_TIME
+
+    class StopsItself(Numbers):
+        def poll(self, timeout: float) -> Poll:
+            if self.next >= 5:
+                stopping.stop()
+            return super().poll(timeout)
+
+    other = injector_harness("more", StopsItself(per_poll=1), INTERVAL)
+    stopping = other.process
+    stats = stopping.run()
+    assert stats.polls == 6
+    assert checkpointed(other) == {"next": 6}  # the last poll's record too
+    assert other.reports()[-1].watermark == 6 * SECOND
+
+
+def test_checkpoint_interval_must_not_be_negative() -> None:
+    with pytest.raises(InjectorError, match="checkpoint_interval"):
+        InjectorOptions(checkpoint_interval=-1)
 
 
 def test_an_idle_source_heartbeats_its_watermark() -> None:
@@ -351,6 +453,7 @@ def test_expected_processes_hold_the_stream_until_each_reported() -> None:
     retired = retire_process(harness.channel, "nums", "1")
     assert retired.processes == ("0",)
     assert retired.retired == ("1",)
+    harness.clock.advance(DEFAULT_CHECKPOINT_INTERVAL)  # process 0's next checkpoint is due
     harness.process.step()
     assert watermark() == 6 * SECOND
     with pytest.raises(InjectorRetiredError):
