@@ -64,13 +64,20 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 __all__ = [
+    "WORKER_POOL_VARIABLE",
     "BatchHandler",
     "batch_offsets",
     "fence_checkpoint",
+    "in_worker_pool",
     "short_error",
 ]
 
 _log = logging.getLogger(__name__)
+
+WORKER_POOL_VARIABLE: Final = "MILLSTREAM_WORKER_POOL"
+"""The environment variable that gives a computation's tasks Python workers of their own
+(:func:`in_worker_pool`)."""
+_ENVIRONMENT_LOCK = threading.Lock()
 
 _ERROR_LINE: Final = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Fault)\b.*")
 
@@ -79,6 +86,36 @@ _SUB_RUN_TRIES: Final = 2
 _FENCES: Final = (FencedError.__name__, "RetiredIntervalError")
 _SUB_RUN: Final = "computation %r batch %d: sub-run on %s %s"
 _OFFSETS_TIMEOUT: Final = 30.0
+
+
+def in_worker_pool(rdd: RDD[object], pool: int) -> None:
+    """Have ``rdd``'s tasks run in Python workers of pool ``pool``.
+
+    Spark keeps one set of Python workers (one ``pyspark.daemon`` and its forks) for each
+    distinct environment of the functions it runs (``SparkEnv.createPythonWorker`` keys its
+    worker factories by executable, modules and environment variables), and hands a task
+    the worker idle longest. With the queries of a pipeline sharing one set, a
+    computation's two tasks often ran one after the other in the same worker while another
+    query's task held the other one: that worker then took over the share the other worker
+    had kept (:func:`.executor.claim_slot`), with its lease, its transactional producer and
+    its cached state, and the next batch took it back (per batch of a three-stage pipeline
+    at 200 events/s: 100 ms to resend, 100 ms to read; ``bench/throughput.py
+    --only millstream-3-stages``). A set of its own per computation keeps each share in
+    the worker that has it. The environment is read when the task's function is wrapped
+    for the JVM, so it is set for that moment only, under a lock: the handlers of a
+    topology's queries run on threads of their own.
+
+    The price: Spark stops a set's idle workers once the set had no task for a minute, so a
+    computation that had no batch for that long starts its next one in fresh workers (their
+    imports and connections, and a takeover of its intervals), where in the shared set it
+    might have found them warm."""
+    context = rdd.context
+    with _ENVIRONMENT_LOCK:
+        context.environment[WORKER_POOL_VARIABLE] = str(pool)
+        try:
+            rdd._jrdd  # noqa: B018  (the property wraps the function, with the environment)
+        finally:
+            del context.environment[WORKER_POOL_VARIABLE]
 
 
 class BatchHandler:
@@ -106,6 +143,10 @@ class BatchHandler:
     records alone, a batch fails the query with
     :class:`~millstream.engine.errors.PoisonIsolationError`.
 
+    In local mode the computation's tasks run in Python workers of their own, pool
+    ``worker_pool`` (:func:`in_worker_pool`; the runner numbers its computations' pools), or,
+    for pool 0 (a topology's first computation), in Spark's default set.
+
     What happens between batches (watermarks, ticks, rebalancing) is the model's
     :class:`~millstream.engine.driver.ComputationDriver`; the handler adds what is Spark's:
     the offset log, running and retrying the job, fencing a zombie driver, publishing.
@@ -127,8 +168,10 @@ class BatchHandler:
         driver: str | None = None,
         stopping: threading.Event | None = None,
         totals: ComputationMetrics | None = None,
+        worker_pool: int | None = None,
     ):
         self.spec = spec
+        self.worker_pool = worker_pool
         self.layout_store = layout_store
         self.spark = spark
         self.settings = settings
@@ -541,8 +584,11 @@ class BatchHandler:
         )
         if self._task_numbers is None:  # made once: each batch adds its own step to it
             self._task_numbers = self.spark.sparkContext.parallelize(range(self.tasks), self.tasks)
+        rdd = self._task_numbers.mapPartitionsWithIndex(task)
+        if self._claims is not None and self.worker_pool:
+            in_worker_pool(rdd, self.worker_pool)
         try:
-            collected = self._task_numbers.mapPartitionsWithIndex(task).collect()
+            collected = rdd.collect()
         finally:
             if claims is not None and claims.exists():
                 shutil.rmtree(claims)  # this job's alone: a retry claims in a fresh one

@@ -331,6 +331,10 @@ class RunningTopology:
         # Per computation, for as long as it stays in this handle's topology: executors keep
         # their interval workers across the query's restarts (AvailableNow rounds) by it.
         self._run_tokens: dict[str, str] = {}
+        # Each computation's own Python workers in local mode (BatchHandler's worker_pool):
+        # numbered from 0 within the topology, a removed computation's number reused; pool 0
+        # is Spark's default set, which every other job keeps warm.
+        self._worker_pools: dict[str, int] = {}
         self._prepared = False
         self._injectors = HostedInjectors(config, settings)
         # The driver's clock: wall-time timers due, alarms. Executors use their own.
@@ -689,6 +693,7 @@ class RunningTopology:
         with self._lock:
             query = self._queries.pop(name, None)
             self._run_tokens.pop(name, None)
+            self._worker_pools.pop(name, None)
         tracker = self._watermarks.pop(name)
         if query is not None:
             self._stop_query(name, query)
@@ -837,6 +842,12 @@ class RunningTopology:
             if running is not None and running.isActive:
                 raise TopologyError(f"computation {spec.name!r} is already running")
         token = self._run_tokens.setdefault(spec.name, uuid.uuid4().hex)
+        with self._lock:
+            pool = self._worker_pools.get(spec.name)
+            if pool is None:
+                taken = set(self._worker_pools.values())
+                pool = next(n for n in range(len(taken) + 1) if n not in taken)
+                self._worker_pools[spec.name] = pool
         keyspace, table = self.settings.keyspace, self.settings.table
         namespace = kafka_connector.store_namespace(keyspace, table, self._driver_store().table_id)
         settings = TaskSettings(self.config, keyspace, table, token, namespace)
@@ -884,6 +895,7 @@ class RunningTopology:
                     # A query started again (another round of AvailableNow, a restart) goes
                     # on counting from this driver's totals.
                     totals=self.metrics().get(spec.name),
+                    worker_pool=pool,
                 )
             )
             .option("checkpointLocation", str(self.checkpoint(spec.name)))

@@ -50,6 +50,7 @@ from millstream.engine.stores.cassandra import CassandraIntervalStore
 from millstream.engine.timers import TimeDomain, Timer
 from millstream.engine.topology import ComputationOptions, Topology
 from millstream.engine.watermarks import WatermarkReport, computation_source, injector_source
+from millstream.spark.batch import WORKER_POOL_VARIABLE
 from millstream.spark.runner import (
     AvailableNow,
     ProcessingTime,
@@ -655,6 +656,61 @@ def test_computations_are_added_and_removed_while_the_others_keep_running(
         # The removed computation's dead-letter stream, which the topology no longer names.
         copied_letters = default_dead_letter_stream(f"{pipeline.per_query}_copy")
         kafka_connector.delete_topics(services, [copied_letters])
+
+
+class WhereCounted(Computation):
+    """Keeps, per key, the Python worker pools and processes its records were processed in;
+    passes each record on to ``output`` if given."""
+
+    def __init__(self, output: str | None = None) -> None:
+        self.output = output
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        seen = ctx.state(JSON)
+        where: dict[str, list[Any]] = seen.get({"pools": [], "pids": []})
+        where["pools"] = sorted({*where["pools"], os.environ.get(WORKER_POOL_VARIABLE)})
+        where["pids"] = sorted({*where["pids"], os.getpid()})
+        seen.set(where)
+        if self.output is not None:
+            ctx.produce(self.output, record.value, record.timestamp)
+
+
+def test_each_computation_runs_in_python_workers_of_its_own(
+    services: MillstreamConfig, spark: SparkSession, cassandra: Session, pipeline: Pipeline
+) -> None:
+    topology = Topology(f"pools_{pipeline.suffix}", streams=[pipeline.searches])
+    options = ComputationOptions(key_intervals=INTERVALS)
+    by_user = {pipeline.searches: lambda record: json.loads(record.value)["user"]}
+    topology.add_computation(
+        pipeline.per_user, WhereCounted(pipeline.hits), inputs=by_user, outputs=[pipeline.hits],
+        options=options,
+    )  # fmt: skip
+    topology.add_computation(
+        pipeline.per_query,
+        WhereCounted(),
+        inputs={pipeline.hits: lambda record: json.loads(record.value)["query"]},
+        options=options,
+    )
+    kafka_connector.create_topics(services, [pipeline.searches], partitions=2)
+    produce(services, pipeline.searches, [encode_record(r) for r in events(40)])
+    running = start(pipeline, services, spark, topology=topology)
+    try:
+        running.process_available(timeout=300)
+    finally:
+        running.stop()
+
+    def where(computation: str) -> tuple[set[str | None], set[int]]:
+        found = states(cassandra, pipeline.keyspace, computation).values()
+        assert found, f"{computation} processed nothing"
+        return {p for f in found for p in f["pools"]}, {p for f in found for p in f["pids"]}
+
+    first_pools, first_processes = where(pipeline.per_user)
+    second_pools, second_processes = where(pipeline.per_query)
+    # Numbered in the topology's order (the first in Spark's default workers), and never a
+    # process of the other computation's.
+    assert (first_pools, second_pools) == ({None}, {"1"})
+    assert not first_processes & second_processes
+    assert WORKER_POOL_VARIABLE not in spark.sparkContext.environment
 
 
 def assert_counts_equal(session: Session, keyspace: str, left: str, right: str) -> None:
