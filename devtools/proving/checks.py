@@ -43,10 +43,10 @@ import re
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from millstream.connectors import cassandra as cassandra_connector
 from millstream.connectors import kafka as kafka_connector
@@ -73,8 +73,10 @@ __all__ = [
     "OPEN_TRANSACTIONS",
     "PLAIN_DUPLICATES",
     "STORE_WRITES_LOST",
+    "SUPERSEDED_BATCHES",
     "CheckResult",
     "NonVacuity",
+    "batch_watermark_regressions",
     "check_run",
     "check_store_probes",
     "injector_outage_waits",
@@ -98,6 +100,8 @@ _WAITING = re.compile(r": waiting for (Kafka|Cassandra)")
 # those of its start (connect_injector's: "injector '<name>' starting").
 _INJECTOR_WAITING = re.compile(r"injector '[^']*' process '[^']*': waiting for (Kafka|Cassandra)")
 _INJECTOR_STARTING = re.compile(r"injector '[^']*' starting: waiting for (Kafka|Cassandra)")
+# The figure of the batches the watermark check leaves out (batch_watermark_regressions).
+SUPERSEDED_BATCHES: Final = "zombie batches ended after a later driver ran past them"
 # The check a plain read_committed consumer's duplicates count under (plain_exactly_once).
 PLAIN_DUPLICATES = "plain read_committed consumer saw duplicates"
 # The check the cassandra fault's durability probe counts under.
@@ -629,18 +633,47 @@ def _check_watermarks(
         last[message.source] = (message.sequence, watermark)
     result.figures["watermark reports"] = reports
     result.figures["stale watermark reports (older sequence, ignored by readers)"] = stale
+    regressions, superseded = batch_watermark_regressions(batches)
+    for regression in regressions:
+        result.add("watermark regressions", 1, regression)
+    result.figures[SUPERSEDED_BATCHES] = superseded
+
+
+def batch_watermark_regressions(batches: Iterable[Mapping[str, Any]]) -> tuple[list[str], int]:
+    """The batches, in the order they ended, that ran under a lower input watermark than an
+    earlier batch of their computation; and how many batches were left out as a zombie's.
+
+    A driver stopped (the ``zombie`` fault: SIGSTOP) in the middle of a batch ends that
+    batch when it goes on, under the watermark it planned the batch with, after the driver
+    that took over ran that batch or a later one under a newer watermark. Such a batch is
+    not counted: its driver was superseded before it ended, so its writes were refused,
+    as readers ignore a zombie's late report of a batch its successor ran past. A driver
+    supersedes another if its first batch ended after the other's first batch; a batch of
+    a newer driver (a replay after a crash) always counts."""
+    ordered = sorted(batches, key=lambda b: b["at"])
+    first: dict[int, float] = {}
+    for batch in ordered:
+        first.setdefault(batch["pid"], batch["at"])
     seen: dict[str, int] = {}
-    for batch in sorted(batches, key=lambda b: b["at"]):
-        name = batch["computation"]
+    ran: dict[str, dict[int, int]] = {}  # computation: driver pid to its highest batch ID
+    regressions: list[str] = []
+    superseded = 0
+    for batch in ordered:
+        name, pid, number = batch["computation"], batch["pid"], batch["batch_id"]
+        drivers = ran.setdefault(name, {})
+        newer = [top for other, top in drivers.items() if first[other] > first[pid]]
+        drivers[pid] = max(drivers.get(pid, number), number)
+        if any(top >= number for top in newer):
+            superseded += 1
+            continue
         before = seen.get(name)
         if before is not None and batch["input_watermark"] < before:
-            result.add(
-                "watermark regressions",
-                1,
-                f"{name}: driver {batch['pid']} ran batch {batch['batch_id']} under input "
-                f"watermark {batch['input_watermark']} after {before}",
+            regressions.append(
+                f"{name}: driver {pid} ran batch {number} under input "
+                f"watermark {batch['input_watermark']} after {before}"
             )
         seen[name] = max(before or 0, batch["input_watermark"])
+    return regressions, superseded
 
 
 def _non_vacuity(

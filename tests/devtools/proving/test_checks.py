@@ -8,6 +8,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Producer
@@ -16,6 +17,7 @@ from millstream.connectors import kafka as kafka_connector
 from millstream.devtools.proving.checks import (
     STORE_WRITES_LOST,
     CheckResult,
+    batch_watermark_regressions,
     check_store_probes,
     injector_outage_waits,
     open_transactions,
@@ -43,6 +45,46 @@ def test_the_plain_reader_counts_byte_identical_messages_per_topic() -> None:
     assert found == {"windows": 2, "rollups": 1}
     assert sum(found.values()) == 3
     assert plain_duplicates(messages[3:6]) == {}
+
+
+def batch(at: float, pid: int, number: int, watermark: int, name: str = "rollup") -> dict[str, Any]:
+    return {"at": at, "pid": pid, "batch_id": number, "input_watermark": watermark,
+            "computation": name}  # fmt: skip
+
+
+@pytest.mark.unit
+def test_a_zombies_batch_ended_after_its_successor_ran_past_it_is_no_regression() -> None:
+    # Seed 97 of the t2 tier: driver 1 was stopped in the middle of batch 3, driver 2 took
+    # over and ran batches 3 and 4, then driver 1 went on and ended its batch 3.
+    zombie = [
+        batch(1.0, 1, 1, 100), batch(2.0, 1, 2, 200), batch(3.0, 2, 3, 300),
+        batch(4.0, 2, 4, 400), batch(5.0, 1, 3, 250), batch(6.0, 2, 5, 500),
+    ]  # fmt: skip
+    assert batch_watermark_regressions(zombie) == ([], 1)
+    # Its other computation's batches are not superseded by those of this one.
+    other = [*zombie, batch(5.5, 1, 3, 10, name="tally"), batch(5.6, 1, 4, 20, name="tally")]
+    assert batch_watermark_regressions(other) == ([], 1)
+
+
+@pytest.mark.unit
+def test_a_lower_watermark_in_one_driver_or_in_the_driver_that_took_over_is_a_regression() -> None:
+    within = [batch(1.0, 1, 1, 100), batch(2.0, 1, 2, 90)]
+    assert batch_watermark_regressions(within) == (
+        ["rollup: driver 1 ran batch 2 under input watermark 90 after 100"],
+        0,
+    )
+    # A newer driver replaying a batch the crashed one ran is never left out.
+    replayed = [batch(1.0, 1, 1, 100), batch(2.0, 1, 2, 200), batch(3.0, 2, 2, 150)]
+    assert batch_watermark_regressions(replayed) == (
+        ["rollup: driver 2 ran batch 2 under input watermark 150 after 200"],
+        0,
+    )
+    # Nor is a zombie's batch that no newer driver had reached when it ended.
+    ahead = [batch(1.0, 1, 1, 100), batch(2.0, 2, 1, 300), batch(3.0, 1, 2, 200)]
+    assert batch_watermark_regressions(ahead) == (
+        ["rollup: driver 1 ran batch 2 under input watermark 200 after 300"],
+        0,
+    )
 
 
 @pytest.mark.unit
