@@ -23,6 +23,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
 from millstream.connectors import cassandra as cassandra_connector
 from millstream.connectors import kafka as kafka_connector
+from millstream.devtools.local.stack import LocalStack
 from millstream.engine.clock import Clock, SystemClock
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.records import Record, decode_record, injector_record_id
@@ -529,6 +530,17 @@ CoreUse = dict[tuple[str, int], float]
 """CPU seconds so far of each process a row runs on, by (role, pid): :func:`core_use`."""
 
 _DESCENDANT_ROLES: Final = ("Spark JVM", "Python workers", "others")
+
+
+def stack_services(config: MillstreamConfig) -> dict[str, int]:
+    """The pids of the local stack's nodes running for ``config`` (none if the services run
+    elsewhere), by service name: what :func:`core_use` reads besides this process."""
+    stack = LocalStack(config, lambda _: None)
+    return {
+        service.name: pid
+        for service in stack.services
+        if (pid := service.process.running_pid()) is not None
+    }
 
 
 def core_use(services: Mapping[str, int]) -> CoreUse:

@@ -38,9 +38,14 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `bench.*` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.harness import GeneratedEvents, drop_keyspace, process_cpu, unique_suffix
+from bench.harness import (
+    GeneratedEvents,
+    drop_keyspace,
+    process_cpu,
+    stack_services,
+    unique_suffix,
+)
 from millstream.connectors import kafka as kafka_connector
-from millstream.devtools.local.stack import LocalStack
 from millstream.engine.config import MillstreamConfig, load_config
 from millstream.engine.records import Record, encode_record, injector_record_id
 from millstream.injectors.connect import connect_injector
@@ -109,15 +114,6 @@ def _run_way(config: MillstreamConfig, way: str, topic: str, rate: float, second
         drop_keyspace(config, settings.keyspace)
 
 
-def _services(config: MillstreamConfig) -> dict[str, int]:
-    stack = LocalStack(config, lambda _: None)
-    return {
-        service.name: pid
-        for service in stack.services
-        if (pid := service.process.running_pid()) is not None
-    }
-
-
 def _one_round(
     config: MillstreamConfig, way: str, rate: float, seconds: float, services: dict[str, int]
 ) -> dict[str, float]:
@@ -162,7 +158,7 @@ def main() -> None:
     if args.way is not None:
         _run_way(config, args.way, args.topic, args.rate, args.seconds)
         return
-    services = _services(config)
+    services = stack_services(config)
     if not services:
         raise SystemExit("no local stack running: start it with `millstream up`")
     rounds: dict[str, list[dict[str, float]]] = {way: [] for way in WAYS}

@@ -157,6 +157,7 @@ from bench.harness import (
     percentile,
     process_cpu,
     python_worker_cpu,
+    stack_services,
     unique_suffix,
 )
 from bench.kafka_peers import (
@@ -168,7 +169,6 @@ from bench.kafka_peers import (
 from bench.profiling import Profiler
 from millstream.connectors import cassandra as cassandra_connector
 from millstream.connectors import kafka as kafka_connector
-from millstream.devtools.local.stack import LocalStack
 from millstream.engine.clock import SystemClock
 from millstream.engine.codecs import IntCodec
 from millstream.engine.computation import Computation
@@ -368,12 +368,7 @@ class Bench:
         """The pids of the local stack's nodes this benchmark runs against (none if the
         services run elsewhere), for the cores each row's note accounts for."""
         if self._services is None:
-            stack = LocalStack(self.config, lambda _: None)
-            self._services = {
-                service.name: pid
-                for service in stack.services
-                if (pid := service.process.running_pid()) is not None
-            }
+            self._services = stack_services(self.config)
         return self._services
 
     def spark(self) -> SparkSession:

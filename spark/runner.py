@@ -841,13 +841,12 @@ class RunningTopology:
             running = self._queries.get(spec.name)
             if running is not None and running.isActive:
                 raise TopologyError(f"computation {spec.name!r} is already running")
-        token = self._run_tokens.setdefault(spec.name, uuid.uuid4().hex)
-        with self._lock:
             pool = self._worker_pools.get(spec.name)
             if pool is None:
                 taken = set(self._worker_pools.values())
                 pool = next(n for n in range(len(taken) + 1) if n not in taken)
                 self._worker_pools[spec.name] = pool
+        token = self._run_tokens.setdefault(spec.name, uuid.uuid4().hex)
         keyspace, table = self.settings.keyspace, self.settings.table
         namespace = kafka_connector.store_namespace(keyspace, table, self._driver_store().table_id)
         settings = TaskSettings(self.config, keyspace, table, token, namespace)
