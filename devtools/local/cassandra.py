@@ -189,6 +189,12 @@ class CassandraService(LocalService):
     profile = "cassandra"
     # 5-10 s on two cores (measured, first start included); the margin is for slow CI disks.
     start_timeout = 120.0
+    # Cassandra's idle request workers (its shared executor pool) look for work in timed
+    # sleeps of 10 us to 1 ms for some 10 ms after each task, and each stage a request passes
+    # through starts that again: at ten LWTs a second the node spent 10 ms of CPU on one (1.1
+    # ms back to back). Let the kernel end those sleeps up to 1 ms late: 2.7 ms, for at most
+    # about 1 ms more a request (bench/paced_lwts.py, docs/guides/local-stack.md).
+    timer_slack_ns = 1_000_000
     # What before_down read for down: the tables live just before the stop, and when.
     _live_tables: tuple[set[str], float] | None = None
 

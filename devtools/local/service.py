@@ -127,6 +127,9 @@ class LocalService(ABC):
     backend: str  # "kafka", "cassandra": names the node and its directory
     profile: str  # the POM profile holding its classpath
     start_timeout: float = 180.0
+    # The node's timer slack (:func:`~millstream.devtools.local.process.timer_slack`); None
+    # keeps the kernel's.
+    timer_slack_ns: int | None = None
 
     def __init__(
         self,
@@ -215,7 +218,12 @@ class LocalService(ABC):
 
         def start() -> tuple[subprocess.Popen[bytes], bool]:
             options, mapped = archive.jvm_options()
-            return self.process.start([argv[0], *options, *argv[1:]], cwd=self.root), mapped
+            return (
+                self.process.start(
+                    [argv[0], *options, *argv[1:]], cwd=self.root, slack_ns=self.timer_slack_ns
+                ),
+                mapped,
+            )
 
         proc, mapped = start()
         try:

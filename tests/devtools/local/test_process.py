@@ -3,6 +3,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ from millstream.devtools.local.process import (
     log_tail,
     port_accepts,
     threads_alive,
+    timer_slack,
 )
 from millstream.engine.errors import PortInUseError, ServiceStartError
 
@@ -86,6 +88,46 @@ def test_start_find_and_stop_by_pid(tmp_path: Path) -> None:
     assert service.running_pid() is None
     assert not service.pid_file.exists()
     assert not service.stop()
+
+
+def _own_slack() -> int:
+    return int(Path(f"/proc/{threading.get_native_id()}/timerslack_ns").read_text())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timer slack is Linux's")
+def test_a_service_started_with_a_timer_slack_has_it_in_every_thread(tmp_path: Path) -> None:
+    service = _service(tmp_path)
+    # The child reports its main thread's slack and that of a thread it starts afterwards
+    # (a JVM starts its threads after the exec).
+    script = (
+        "import threading, time\n"
+        "def slack(): return open(f'/proc/{threading.get_native_id()}/timerslack_ns').read()\n"
+        "seen = []\n"
+        "thread = threading.Thread(target=lambda: seen.append(slack()))\n"
+        "thread.start(); thread.join()\n"
+        "print('slack', int(slack()), int(seen[0]), flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    ours = _own_slack()
+    proc = service.start([sys.executable, "-c", script, service.marker], slack_ns=1_234_000)
+    try:
+        service.wait_healthy(proc, lambda: "slack" in log_tail(service.log_file), 20, print, 0.05)
+        assert "slack 1234000 1234000" in log_tail(service.log_file)
+    finally:
+        assert service.stop(timeout=10) is Stop.STOPPED
+    assert _own_slack() == ours  # the caller's thread has its own back
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timer slack is Linux's")
+def test_a_timer_slack_is_refused_below_a_nanosecond_and_none_changes_nothing() -> None:
+    ours = _own_slack()
+    with pytest.raises(ValueError, match="at least 1 ns"), timer_slack(0):
+        pass
+    with timer_slack(None):
+        assert _own_slack() == ours
+    with timer_slack(ours + 1000):
+        assert _own_slack() == ours + 1000
+    assert _own_slack() == ours
 
 
 def test_a_recycled_pid_is_not_taken_for_ours(tmp_path: Path) -> None:

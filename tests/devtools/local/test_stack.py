@@ -1,7 +1,10 @@
-"""The local stack as a user drives it: `millstream up/status`, reuse, Paxos v2, taken ports."""
+"""The local stack as a user drives it: `millstream up/status`, reuse, Paxos v2, timer slack,
+taken ports."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
 import subprocess
 import sys
@@ -16,6 +19,7 @@ from confluent_kafka import KafkaError, Producer
 
 from millstream.connectors.kafka import admin_client, delete_topics
 from millstream.connectors.maven import MavenArtifacts
+from millstream.devtools.local.cassandra import CassandraService
 from millstream.devtools.local.java import JavaRuntime
 from millstream.devtools.local.kafka import KafkaService
 from millstream.devtools.local.stack import LocalStack
@@ -92,6 +96,19 @@ def test_cassandra_runs_paxos_v2(cassandra: Session) -> None:
     ).one()
     assert row is not None
     assert row.value == "v2"
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timer slack is Linux's")
+def test_every_thread_of_the_cassandra_node_has_its_timer_slack(services: MillstreamConfig) -> None:
+    statuses = {status.name: status for status in LocalStack(services, print).status()}
+    pid = statuses["cassandra"].pid
+    assert pid is not None
+    slacks = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
+            slacks.add(int(Path(f"/proc/{tid}/timerslack_ns").read_text()))
+    assert slacks == {CassandraService.timer_slack_ns}
 
 
 @pytest.mark.unit
