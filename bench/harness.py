@@ -464,7 +464,13 @@ def _offsets(offsets: Any, topic: str) -> dict[str, int]:
     return dict((offsets or {}).get(topic, {}))
 
 
-_PYTHON_WORKER = b"pyspark.daemon"  # in the daemon's and its forked workers' command line
+# One of these in the daemon's and its forked workers' command line: Spark's own daemon, or
+# millstream's (millstream.spark.daemon), which a session of millstream's runs.
+_PYTHON_WORKERS = (b"pyspark.daemon", b"millstream.spark.daemon")
+
+
+def _python_worker(command: bytes) -> bool:
+    return any(module in command for module in _PYTHON_WORKERS)
 
 
 def _descendants() -> dict[int, bytes]:
@@ -497,12 +503,13 @@ def _descendants() -> dict[int, bytes]:
 def python_workers() -> list[int]:
     """The pids of the Spark Python workers this process started (and of their daemon).
 
-    Spark's Python workers are forked by ``pyspark.daemon``, a child of the JVM that pyspark
+    Spark's Python workers are forked by its Python daemon (``pyspark.daemon``, or
+    ``millstream.spark.daemon`` in millstream's session), a child of the JVM that pyspark
     started from this process; they are found among this process's descendants in /proc
     (Linux only; elsewhere the answer is empty). The JVM's own command line names pyspark
     too (its classpath), so they are told by the daemon's module name.
     """
-    return [pid for pid, command in _descendants().items() if _PYTHON_WORKER in command]
+    return [pid for pid, command in _descendants().items() if _python_worker(command)]
 
 
 def process_cpu(pid: int) -> float | None:
@@ -553,7 +560,7 @@ def core_use(services: Mapping[str, int]) -> CoreUse:
     for pid, command in _descendants().items():
         role = (
             "Python workers"
-            if _PYTHON_WORKER in command
+            if _python_worker(command)
             else "Spark JVM"
             if command.split(b"\0", 1)[0].endswith(b"java")
             else "others"

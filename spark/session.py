@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = [
     "LOCAL_CHECKPOINT_FS",
     "LOCAL_FS_ARTIFACT",
+    "PYTHON_DAEMON_MODULE",
     "SOURCE_OPTIONS",
     "kafka_options",
     "kafka_stream",
@@ -42,6 +43,9 @@ __all__ = [
     "spark_session",
 ]
 
+
+PYTHON_DAEMON_MODULE = "millstream.spark.daemon"
+"""Spark's ``spark.python.daemon.module`` in millstream's sessions (:mod:`.daemon`)."""
 
 LOCAL_FS_ARTIFACT = "hadoop-bare-naked-local-fs"
 """The pinned POM's artifact (profile ``spark-kafka``) of :data:`LOCAL_CHECKPOINT_FS`."""
@@ -92,6 +96,8 @@ def spark_conf(
         "spark.sql.streaming.stopGracefullyOnShutdown": "true",
         "spark.pyspark.python": sys.executable,
         "spark.pyspark.driver.python": sys.executable,
+        # Python workers forked with millstream's task modules already imported.
+        "spark.python.daemon.module": PYTHON_DAEMON_MODULE,
     }
     if config.spark_is_local:
         # Servers we start bind to loopback only; so does the local driver.

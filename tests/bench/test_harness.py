@@ -61,11 +61,12 @@ def test_python_workers_are_the_pyspark_daemons_processes_not_the_jvm_naming_pys
     # name tells Spark's Python workers.
     jvm_like = subprocess.Popen([sys.executable, "-c", BURN, "-cp", "site-packages/pyspark/conf"])
     worker_like = subprocess.Popen([sys.executable, "-c", BURN, "-m", "pyspark.daemon"])
+    ours_like = subprocess.Popen([sys.executable, "-c", BURN, "-m", "millstream.spark.daemon"])
     try:
-        assert worker_like.pid in python_workers()
+        assert {worker_like.pid, ours_like.pid} <= set(python_workers())
         assert jvm_like.pid not in python_workers()
     finally:
-        for child in (jvm_like, worker_like):
+        for child in (jvm_like, worker_like, ours_like):
             child.kill()  # by its own pid
             child.wait()
 
