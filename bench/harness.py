@@ -29,6 +29,7 @@ from millstream.engine.config import MillstreamConfig
 from millstream.engine.records import Record, decode_record, injector_record_id
 from millstream.injectors import InjectorStats, Poll, Position, Source, SourceRecord
 from millstream.injectors.connect import connect_injector
+from millstream.injectors.process import InjectorOptions
 from millstream.spark.session import kafka_options, kafka_stream
 
 if TYPE_CHECKING:
@@ -172,21 +173,27 @@ def inject_events(
     name: str | None = None,
     key_of: Callable[[int], str] = event_key,
     value_of: Callable[[bytes], bytes] = event_id_value,
+    options: InjectorOptions | None = None,
+    on_start: Callable[[], None] | None = None,
 ) -> Injection:
     """Runs injector ``name`` (default: the stream's name) over :class:`GeneratedEvents`
     until Kafka acknowledged them all; its checkpoint lives in ``keyspace`` (created if
     missing) and its dead letters on ``<name>.dead-letters``. Like every injector it reports
-    its watermark after each poll: harmless to consumers that ignore the watermark topic (the
-    floors and the peers), so every system reads input injected the same way. Calls for later
-    phases of one stream continue the numbering (``first``) with the same ``name``."""
+    its watermark as it checkpoints (``options``, default :class:`InjectorOptions`'s):
+    harmless to consumers that ignore the watermark topic (the floors and the peers), so every
+    system reads input injected the same way. Calls for later phases of one stream continue
+    the numbering (``first``) with the same ``name``. ``on_start`` is called once the
+    injector has started, just before its first poll."""
     name = name or stream
     source = GeneratedEvents(
         name, stream, count, rate, first=first, key_of=key_of, value_of=value_of
     )
     settings = replace(config.run, keyspace=keyspace)
-    with connect_injector(config, name, source, settings=settings) as injector:
+    with connect_injector(config, name, source, options, settings=settings) as injector:
         try:
             injector.start()
+            if on_start is not None:
+                on_start()
             started = time.monotonic()
             while not source.done:
                 injector.step()

@@ -32,7 +32,6 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import replace
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make `bench.*` importable
@@ -41,6 +40,7 @@ if __package__ in (None, ""):  # run as a script: make `bench.*` importable
 from bench.harness import (
     GeneratedEvents,
     drop_keyspace,
+    inject_events,
     process_cpu,
     stack_services,
     unique_suffix,
@@ -48,7 +48,6 @@ from bench.harness import (
 from millstream.connectors import kafka as kafka_connector
 from millstream.engine.config import MillstreamConfig, load_config
 from millstream.engine.records import Record, encode_record, injector_record_id
-from millstream.injectors.connect import connect_injector
 from millstream.injectors.process import InjectorOptions
 
 WAYS = ("producer", "injector, every poll", "injector")
@@ -70,8 +69,8 @@ def _run_way(config: MillstreamConfig, way: str, topic: str, rate: float, second
     all, with this process's CPU seconds then."""
     count = int(rate * seconds)
     name = f"bench_{uuid.uuid4().hex[:8]}"
-    source = GeneratedEvents(name, topic, count, rate)
     if way == "producer":
+        source = GeneratedEvents(name, topic, count, rate)
         source.open(None)
         producer = kafka_connector.producer(config)
         failed: list[str] = []
@@ -95,23 +94,26 @@ def _run_way(config: MillstreamConfig, way: str, topic: str, rate: float, second
         _say(cpu=_cpu(), events=count, wall=time.monotonic() - started, checkpoints=0)
         return
     options = InjectorOptions(checkpoint_interval=0) if way == "injector, every poll" else None
-    settings = replace(config.run, keyspace=f"injcost_{uuid.uuid4().hex[:8]}")
+    keyspace = f"injcost_{uuid.uuid4().hex[:8]}"
     try:
-        with connect_injector(config, name, source, options, settings=settings) as injector:
-            injector.start()
-            started = time.monotonic()
-            _say(cpu=_cpu())
-            while not source.done:
-                injector.step()
-            injector.flush()
-            _say(
-                cpu=_cpu(),
-                events=injector.stats.emitted,
-                wall=time.monotonic() - started,
-                checkpoints=injector.stats.checkpoints,
-            )
+        injection = inject_events(
+            config,
+            topic,
+            count,
+            rate,
+            keyspace=keyspace,
+            name=name,
+            options=options,
+            on_start=lambda: _say(cpu=_cpu()),
+        )
+        _say(
+            cpu=_cpu(),
+            events=injection.stats.emitted,
+            wall=injection.seconds,
+            checkpoints=injection.stats.checkpoints,
+        )
     finally:
-        drop_keyspace(config, settings.keyspace)
+        drop_keyspace(config, keyspace)
 
 
 def _one_round(
