@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import statistics
 import sys
 import time
@@ -30,18 +29,11 @@ if __package__ in (None, ""):  # run as a script: make `bench.*` importable
 
 from bench.harness import percentile, process_cpu, stack_services
 from millstream.connectors import cassandra as cassandra_connector
+from millstream.devtools.local.process import thread_timer_slacks
 from millstream.engine.clock import SystemClock
 from millstream.engine.config import load_config
 from millstream.engine.stores.cassandra import CassandraIntervalStore, create_schema
 from millstream.injectors.checkpoint import Checkpoint, CheckpointStore
-
-
-def _thread_slacks(pid: int) -> dict[int, int]:
-    slacks = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
-            slacks[int(tid)] = int(Path(f"/proc/{tid}/timerslack_ns").read_text())
-    return slacks
 
 
 @contextlib.contextmanager
@@ -50,7 +42,7 @@ def _slack(pid: int, nanoseconds: int | None) -> Iterator[None]:
     if nanoseconds is None:
         yield
         return
-    before = _thread_slacks(pid)
+    before = thread_timer_slacks(pid)
     for tid in before:
         with contextlib.suppress(FileNotFoundError):
             Path(f"/proc/{tid}/timerslack_ns").write_text(str(nanoseconds))
@@ -91,7 +83,7 @@ def main() -> None:
     pid = stack_services(config).get("cassandra")
     if pid is None:
         raise SystemExit("no local Cassandra running: start the stack with `millstream up`")
-    slacks = sorted(set(_thread_slacks(pid).values()))
+    slacks = sorted(set(thread_timer_slacks(pid).values()))
     print(f"the node's threads run with a timer slack of {', '.join(map(str, slacks))} ns")
     ways: list[tuple[str, int | None]] = [("as it runs", None)]
     if args.other_slack_ns is not None:

@@ -31,6 +31,7 @@ __all__ = [
     "check_ports_free",
     "log_tail",
     "port_accepts",
+    "thread_timer_slacks",
     "threads_alive",
     "timer_slack",
 ]
@@ -64,6 +65,15 @@ def timer_slack(nanoseconds: int | None) -> Iterator[None]:
         yield
     finally:
         libc.prctl(_PR_SET_TIMERSLACK, before, 0, 0, 0)
+
+
+def thread_timer_slacks(pid: int) -> dict[int, int]:
+    """The timer slack (ns) of each live thread of process ``pid``, by thread id (Linux)."""
+    slacks = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
+            slacks[int(tid)] = int(Path(f"/proc/{tid}/timerslack_ns").read_text())
+    return slacks
 
 
 def port_accepts(host: str, port: int, timeout: float = 0.5) -> bool:

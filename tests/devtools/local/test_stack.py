@@ -3,8 +3,6 @@ taken ports."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import socket
 import subprocess
 import sys
@@ -22,6 +20,7 @@ from millstream.connectors.maven import MavenArtifacts
 from millstream.devtools.local.cassandra import CassandraService
 from millstream.devtools.local.java import JavaRuntime
 from millstream.devtools.local.kafka import KafkaService
+from millstream.devtools.local.process import thread_timer_slacks
 from millstream.devtools.local.stack import LocalStack
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.errors import PortInUseError
@@ -104,11 +103,7 @@ def test_every_thread_of_the_cassandra_node_has_its_timer_slack(services: Millst
     statuses = {status.name: status for status in LocalStack(services, print).status()}
     pid = statuses["cassandra"].pid
     assert pid is not None
-    slacks = set()
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
-            slacks.add(int(Path(f"/proc/{tid}/timerslack_ns").read_text()))
-    assert slacks == {CassandraService.timer_slack_ns}
+    assert set(thread_timer_slacks(pid).values()) == {CassandraService.timer_slack_ns}
 
 
 @pytest.mark.unit
