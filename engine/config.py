@@ -63,6 +63,8 @@ The TOML file and the variables name the same settings::
     outage_timeout = 900.0                  # MILLSTREAM_RUN_OUTAGE_TIMEOUT (seconds)
     metrics_port = 9400                     # MILLSTREAM_RUN_METRICS_PORT (0, the default: off)
     metrics_address = "127.0.0.1"           # MILLSTREAM_RUN_METRICS_ADDRESS
+    one_query = false                       # MILLSTREAM_RUN_ONE_QUERY: the whole topology in
+                                            #   one streaming query (default: one each)
 
 Passwords are held as :class:`Secret`, whose repr and str are ``***``: a config can be
 logged, printed or put into an error message without showing them. Without ``ca_file``, TLS
@@ -167,6 +169,11 @@ class RunSettings:
       (:mod:`millstream.engine.outages`).
     - ``metrics_port``, ``metrics_address``: where a topology's driver (or a lone injector
       process) serves its Prometheus metrics, ``http://ADDRESS:PORT/metrics``; port 0: off.
+    - ``one_query``: run the topology's computations in one streaming query (one checkpoint,
+      ``<root>/<topology>/@topology``), each batch working every computation, instead of a
+      query each: a record then waits one batch for each stage of a pipeline, not the batch
+      the next query is running and one of its own. The set of computations is fixed while
+      it runs (see :class:`~millstream.spark.RunningTopology`).
     """
 
     keyspace: str = DEFAULT_KEYSPACE
@@ -180,6 +187,7 @@ class RunSettings:
     outage_timeout: float = DEFAULT_OUTAGE_TIMEOUT
     metrics_port: int = 0
     metrics_address: str = DEFAULT_METRICS_ADDRESS
+    one_query: bool = False
 
     def __post_init__(self) -> None:
         # A private copy: the caller's dict may change, this object may not.
@@ -493,7 +501,8 @@ def _run_from_toml(table: Mapping[str, Any]) -> dict[str, Any]:
         )
     for name in ("keyspace", "table", "metrics_address"):
         _take(run, name, table, name, str)
-    _take(run, "create_keyspace", table, "create_keyspace", bool)
+    for name in ("create_keyspace", "one_query"):
+        _take(run, name, table, name, bool)
     for name in ("partitions", "max_offsets_per_trigger", "batch_attempts", "metrics_port"):
         _take(run, name, table, name, int)
     if "outage_timeout" in table:
@@ -611,6 +620,7 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
         "outage_timeout": float,
         "metrics_port": int,
         "metrics_address": str,
+        "one_query": _boolean,
     }
     converters.update(
         (f"MILLSTREAM_RUN_{name.upper()}", (f"run.{name}", convert))

@@ -22,6 +22,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -66,6 +67,7 @@ if TYPE_CHECKING:
 __all__ = [
     "WORKER_POOL_VARIABLE",
     "BatchHandler",
+    "TopologyBatch",
     "batch_offsets",
     "fence_checkpoint",
     "in_worker_pool",
@@ -123,10 +125,13 @@ class BatchHandler:
 
     ``checkpoint`` is the query's checkpoint directory (its offset log tells each batch's
     range) and ``driver`` the id this driver claimed it with (:mod:`.checkpoint`): a batch
-    stops at once when another driver claimed it since. ``record`` receives the metrics of
-    every batch that ran anything. A batch whose attempt fails for another reason than an
-    outage is tried ``attempts`` times; an outage of Kafka or Cassandra
-    (:mod:`millstream.engine.outages`) is waited out, for up to ``outage_timeout`` seconds.
+    stops at once when another driver claimed it since. ``files`` is the computation's own
+    directory, for its quarantine and its tasks' claims: the checkpoint, unless the query is
+    a topology's (:class:`TopologyBatch`), whose checkpoint its computations share.
+    ``record`` receives the metrics of every batch that ran anything. A batch whose attempt
+    fails for another reason than an outage is tried ``attempts`` times; an outage of Kafka
+    or Cassandra (:mod:`millstream.engine.outages`) is waited out, for up to
+    ``outage_timeout`` seconds.
     ``layout_store`` gives the driver's own store (the runner's Cassandra session) for the
     layout: reading it, and splitting and merging intervals. ``stopping`` is set by whoever
     stops the query, before it does: the batch in progress then fails at once with the
@@ -169,8 +174,10 @@ class BatchHandler:
         stopping: threading.Event | None = None,
         totals: ComputationMetrics | None = None,
         worker_pool: int | None = None,
+        files: Path | None = None,
     ):
         self.spec = spec
+        files = files or checkpoint
         self.worker_pool = worker_pool
         self.layout_store = layout_store
         self.spark = spark
@@ -215,11 +222,11 @@ class BatchHandler:
         # Local mode (one machine): a job's tasks claim their shares in a directory they all
         # see, each the one its process worked last (executor.claim_slot).
         self._claims = (
-            checkpoint / "claims" if (spark.sparkContext.master or "").startswith("local") else None
+            files / "claims" if (spark.sparkContext.master or "").startswith("local") else None
         )
         self._slots_of: Mapping[int, int] | None = None  # the driver's spread they follow
         self._task_numbers: RDD[int] | None = None  # partition n: task n (see _run)
-        self.quarantine = Quarantine(checkpoint)
+        self.quarantine = Quarantine(files)
         self.quarantine.load()
 
     def _delivered(self, computation: str, interval: int) -> CommitTag | None:
@@ -593,6 +600,66 @@ class BatchHandler:
             if claims is not None and claims.exists():
                 shutil.rmtree(claims)  # this job's alone: a retry claims in a fresh one
         return [ResultRow.of(row) for row in collected]
+
+
+class TopologyBatch:
+    """The ``foreachBatch`` function of a topology's one query (``RunSettings.one_query``):
+    each computation's :class:`BatchHandler` on the batch, at once, a thread each.
+
+    Each handler reads its own topics' ranges from the shared offset log and runs its own
+    job, so a record a computation produced in one batch is read by its consumers in the
+    next: a pipeline's stage waits one batch, where a query per computation has a record
+    wait for the batch the next query is running and then for one of its own. The batch
+    ends when every handler has; if any failed, the batch fails with the first error (in the
+    computations' order) once the others are done, and the query stops, as a computation's
+    own query does: a restart replays the batch, in which what the others committed is
+    duplicates. The threads take the batch thread's Spark job properties
+    (``inheritable_thread_target``), so stopping the query cancels their jobs too.
+    """
+
+    def __init__(self, handlers: Sequence[BatchHandler]) -> None:
+        if not handlers:
+            raise TopologyError("a topology's query needs at least one computation")
+        self.handlers = tuple(handlers)
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        if len(self.handlers) == 1:
+            self.handlers[0](batch, batch_id)
+            return
+        from pyspark import inheritable_thread_target
+
+        errors: list[BaseException | None] = [None] * len(self.handlers)
+        inheriting = inheritable_thread_target(self.handlers[0].spark)
+
+        def run(n: int) -> None:
+            try:
+                self.handlers[n](batch, batch_id)
+            except BaseException as exc:  # raised below, on the query's thread
+                errors[n] = exc
+
+        threads = [
+            threading.Thread(
+                target=inheriting(partial(run, n)),
+                name=f"millstream-batch-{handler.spec.name}",
+                daemon=True,
+            )
+            for n, handler in enumerate(self.handlers)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        failed = [(h, e) for h, e in zip(self.handlers, errors, strict=True) if e is not None]
+        for handler, error in failed[1:]:
+            _log.error(
+                "computation %r batch %d failed too: %s",
+                handler.spec.name,
+                batch_id,
+                short_error(error),
+                exc_info=error,
+            )
+        if failed:
+            raise failed[0][1]
 
 
 class _BatchRun:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Final
 
@@ -31,14 +32,20 @@ from millstream.engine.errors import FencedError, TopologyError
 
 __all__ = [
     "CLAIM_FILE",
+    "MEMBERS_FILE",
+    "admit_members",
     "batch_offsets",
     "checkpoint_holder",
     "claim_checkpoint",
     "fence_checkpoint",
+    "latest_batch",
     "lost_checkpoint_race",
 ]
 
 CLAIM_FILE: Final = "millstream-driver"
+MEMBERS_FILE: Final = "millstream-computations"
+"""In the checkpoint of a topology's one query (``RunSettings.one_query``): the computations
+it ran last, as a JSON list."""
 
 # What a query's error says when another driver wrote or claimed its checkpoint: Spark's
 # fence (a second writer of one batch's log entry), or ours (:func:`fence_checkpoint`).
@@ -128,3 +135,48 @@ def batch_offsets(checkpoint: Path, batch_id: int) -> dict[str, dict[int, int]] 
         except (ValueError, AttributeError) as exc:
             raise TopologyError(f"cannot read Spark's offset log entry {file}: {exc}") from exc
     return offsets
+
+
+def latest_batch(checkpoint: Path) -> int | None:
+    """The id of the query's latest batch in its offset log (``None``: none yet)."""
+    try:
+        names = os.listdir(checkpoint / "offsets")
+    except FileNotFoundError:
+        return None
+    ids = [int(name) for name in names if name.isdigit()]
+    return max(ids) if ids else None
+
+
+def admit_members(checkpoint: Path, members: Mapping[str, Iterable[str]]) -> None:
+    """Record ``members`` (computation: its input topics) as the computations of the
+    topology query checkpointed in ``checkpoint``, or raise
+    :class:`~millstream.engine.errors.TopologyError` if one of them cannot join it.
+
+    The query's offset log is shared by its computations: a topic's offsets are where all of
+    them are. A computation new to the query would start a topic the query read before at
+    the query's offset, not at the topic's start, and miss what was read without it: refused.
+    One whose topics are all new to the query starts them at their earliest offsets, as
+    Spark's Kafka source starts a partition new to a checkpoint, and joins. A computation
+    taken out simply is not listed any more (coming back, it is new again).
+    """
+    latest = latest_batch(checkpoint)
+    if latest is not None:
+        read = batch_offsets(checkpoint, latest) or {}
+        try:
+            known = set(json.loads((checkpoint / MEMBERS_FILE).read_text(encoding="utf-8")))
+        except FileNotFoundError:
+            known = set()
+        for name, topics in sorted(members.items()):
+            shared = sorted(topic for topic in set(topics) if topic in read)
+            if name not in known and shared:
+                raise TopologyError(
+                    f"computation {name!r} cannot join the topology's one query "
+                    f"({checkpoint}): it did not run in it before, and the query has already "
+                    f"read {', '.join(shared)} past what {name!r} has seen. Run the topology "
+                    "with one_query = false, or give it a new checkpoint_root and keyspace to "
+                    "start over"
+                )
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    written = checkpoint / f".{MEMBERS_FILE}.{uuid.uuid4().hex}"
+    written.write_text(json.dumps(sorted(members)), encoding="utf-8")
+    os.replace(written, checkpoint / MEMBERS_FILE)

@@ -3,7 +3,11 @@
 One driver runs a topology. Each computation is one streaming query over the Kafka topics of
 its input streams, checkpointed under ``<checkpoint root>/<topology>/<computation>``
 (default root: ``config.home / "checkpoints"``), so computations start, stop and fail
-independently, and one can be added or removed while the others run. **Streams are Kafka
+independently, and one can be added or removed while the others run. With
+``RunSettings.one_query`` the whole topology is one query instead, checkpointed under
+``<checkpoint root>/<topology>/@topology``, each batch working every computation at once
+(:class:`~millstream.spark.batch.TopologyBatch`): a pipeline's stage then waits one batch,
+and the set of computations is fixed while it runs. **Streams are Kafka
 topics of the same name** (:func:`millstream.connectors.kafka.stream_topic`): stream
 ``searches`` is topic ``searches``, and a computation's dead letters go to
 ``<computation>.dead-letters`` unless its options name another stream.
@@ -91,7 +95,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -126,11 +130,14 @@ from millstream.engine.topology import (
 from millstream.engine.watermarks import Hold
 from millstream.injectors.process import InjectorOptions, InjectorProcess
 from millstream.injectors.source import Source
-from millstream.spark.batch import BatchHandler, short_error
+from millstream.spark.batch import BatchHandler, TopologyBatch, short_error
 from millstream.spark.checkpoint import (
+    MEMBERS_FILE,
+    admit_members,
     batch_offsets,
     checkpoint_holder,
     claim_checkpoint,
+    latest_batch,
     lost_checkpoint_race,
 )
 from millstream.spark.driver_watermarks import (
@@ -171,6 +178,10 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
+
+TOPOLOGY_QUERY: Final = "@topology"
+"""The directory of a topology's one query (``RunSettings.one_query``), beside its
+computations' own; no computation can be named so."""
 
 # How often in a row a driver restarts a query that lost its checkpoint to a zombie.
 _TAKE_BACKS: Final = 5
@@ -268,9 +279,9 @@ def run_topology(
 
 
 class RunningTopology:
-    """A topology running on Spark: one streaming query per computation, and the injectors
-    added to it (:meth:`add_injector`), stopped together by :meth:`stop` or at the end of a
-    ``with`` block.
+    """A topology running on Spark: one streaming query per computation (or one for all of
+    them, ``settings.one_query``), and the injectors added to it (:meth:`add_injector`),
+    stopped together by :meth:`stop` or at the end of a ``with`` block.
 
     ``settings`` (default ``config.run``) is the run's deployment
     (:class:`~millstream.engine.config.RunSettings`): :meth:`start` provisions its keyspace
@@ -399,8 +410,12 @@ class RunningTopology:
         if isinstance(self.trigger, ProcessingTime):
             # Sweeping while the queries run (process_available sweeps during its rounds).
             self._sweeper.start()
-            for spec in self._ordered():
-                self._start_query_through_outage(spec)
+            try:
+                for specs in self._query_groups():
+                    self._start_query_through_outage(specs)
+            except BaseException:
+                self.stop()  # the sweeper, the metrics server and the queries already started
+                raise
 
     def __enter__(self) -> RunningTopology:
         return self
@@ -423,7 +438,7 @@ class RunningTopology:
             sweeper, self._sweeper = self._sweeper, None
         if sweeper is not None:
             sweeper.stop()
-        for name, query in queries.items():
+        for name, query in _distinct(queries).items():
             self._stop_query(name, query)
         with self._layout_store_lock:
             layout_store, self._layout_store = self._layout_store, None
@@ -484,17 +499,18 @@ class RunningTopology:
         deadline = time.monotonic() + timeout
         for round_number in range(1, max_rounds + 1):
             before = self._input_count()
-            for spec in self._ordered():
-                query = self._start_query_through_outage(spec)
+            for specs in self._query_groups():
+                query = self._start_query_through_outage(specs)
                 remaining = max(1.0, deadline - time.monotonic())
                 finished = query.awaitTermination(math.ceil(remaining))
                 with self._lock:
-                    self._queries.pop(spec.name, None)
+                    for spec in specs:
+                        self._queries.pop(spec.name, None)
                 if not finished:
-                    self._stop_query(spec.name, query)
+                    self._stop_query(specs[0].name, query)
                     raise TimeoutError(
-                        f"computation {spec.name!r} had not processed its input after "
-                        f"{timeout} s; raise the timeout or look at its batch metrics"
+                        f"{_computations(specs)} had not processed the input after "
+                        f"{timeout} s; raise the timeout or look at the batch metrics"
                     )
                 failure = query.exception()
                 if failure is not None:
@@ -592,7 +608,7 @@ class RunningTopology:
         if failure is not None:
             raise failure
         with self._lock:
-            queries = dict(self._queries)
+            queries = _distinct(self._queries)
         for name, query in queries.items():
             if not query.isActive:
                 failure = query.exception()
@@ -627,8 +643,11 @@ class RunningTopology:
         with self._lock:
             taken = self._take_backs[name] = self._take_backs.get(name, 0) + 1
             spec = self.topology.computations.get(name)
-            self._queries.pop(name, None)
-        if spec is None:
+            # The computations of the query: all of them if the topology runs as one.
+            specs = self._ordered() if self.settings.one_query else [] if spec is None else [spec]
+            for other in specs:
+                self._queries.pop(other.name, None)
+        if not specs:
             return  # removed meanwhile
         if taken > _TAKE_BACKS:
             raise FencedError(
@@ -644,7 +663,7 @@ class RunningTopology:
             _TAKE_BACKS,
             short_error(failure),
         )
-        self._start_query_through_outage(spec)
+        self._start_query_through_outage(specs)
 
     def await_termination(self, poll: float = 1.0) -> None:
         """Block until every query stopped; raises the error of a failed one."""
@@ -669,7 +688,12 @@ class RunningTopology:
         options: ComputationOptions | None = None,
     ) -> ComputationSpec:
         """Add a computation while the others keep running; its query starts at once
-        (with a ProcessingTime trigger) from the earliest offsets, or its checkpoint."""
+        (with a ProcessingTime trigger) from the earliest offsets, or its checkpoint.
+
+        With ``RunSettings.one_query`` the topology's query would have to restart: refused
+        while it runs. Added while it does not, the computation joins the query when it starts
+        next, if none of its input topics was read by the query before."""
+        self._refuse_while_one_query_runs(f"add computation {name!r}")
         spec = self.topology.add_computation(
             name, computation, inputs=inputs, outputs=outputs, options=options
         )
@@ -682,13 +706,16 @@ class RunningTopology:
         provision(
             self.config, self.settings, streams=_streams([spec]), store=False, watermark_topic=False
         )
-        if isinstance(self.trigger, ProcessingTime) and self._prepared:
-            self._start_query_through_outage(spec)
+        running = isinstance(self.trigger, ProcessingTime) and self._prepared
+        if running and not self.settings.one_query:
+            self._start_query_through_outage([spec])
         return spec
 
     def remove_computation(self, name: str) -> ComputationSpec:
         """Stop a computation's query and take it out; its checkpoint and state are kept, so
-        adding it again later resumes where it stopped."""
+        adding it again later resumes where it stopped. With ``RunSettings.one_query``:
+        refused while the topology's query runs, as :meth:`add_computation` is."""
+        self._refuse_while_one_query_runs(f"remove computation {name!r}")
         spec = self.topology.remove_computation(name)
         with self._lock:
             query = self._queries.pop(name, None)
@@ -701,6 +728,14 @@ class RunningTopology:
             tracker.close()
         return spec
 
+    def _refuse_while_one_query_runs(self, change: str) -> None:
+        if self.settings.one_query and self.active_computations:
+            raise TopologyError(
+                f"cannot {change} while topology {self.topology.name!r} runs: its computations "
+                "run in one query (one_query = true), which a change restarts. Stop it, change "
+                "the topology and start it again"
+            )
+
     def _stop_query(self, name: str, query: StreamingQuery) -> None:
         with self._lock:
             stopping = self._stopping.pop(name, None)
@@ -710,7 +745,8 @@ class RunningTopology:
 
     @property
     def queries(self) -> dict[str, StreamingQuery]:
-        """The streaming query of each computation currently started, by computation name."""
+        """The streaming query of each computation currently started, by computation name
+        (with ``RunSettings.one_query``, the same query for all of them)."""
         with self._lock:
             return dict(self._queries)
 
@@ -822,52 +858,102 @@ class RunningTopology:
         return order
 
     def checkpoint(self, computation: str) -> Path:
-        """Where the query of ``computation`` keeps its Kafka offsets."""
+        """Where the query of ``computation`` keeps its Kafka offsets: its own directory,
+        ``<root>/<topology>/<computation>``, or with ``RunSettings.one_query`` the
+        topology's query's, ``<root>/<topology>/@topology``."""
+        if self.settings.one_query:
+            return self.checkpoint_root / self.topology.name / TOPOLOGY_QUERY
+        return self._files(computation)
+
+    def _files(self, computation: str) -> Path:
+        """The computation's own directory: its query's checkpoint, or with one query for
+        the topology its quarantine and its tasks' claims alone."""
         return self.checkpoint_root / self.topology.name / computation
 
-    def _start_query_through_outage(self, spec: ComputationSpec) -> StreamingQuery:
+    def _query_groups(self) -> list[list[ComputationSpec]]:
+        """The computations of each query to start, producers first: one query for all of
+        them (``RunSettings.one_query``), or one each."""
+        ordered = self._ordered()
+        if self.settings.one_query:
+            return [ordered] if ordered else []
+        return [[spec] for spec in ordered]
+
+    def _check_mode(self, specs: list[ComputationSpec]) -> None:
+        """Refuse to start ``specs`` in a query of the other kind than the one that ran
+        them: the new query would read every input again from the start."""
+        shared = self.checkpoint_root / self.topology.name / TOPOLOGY_QUERY
+        for spec in specs:
+            own = self._files(spec.name)
+            if self.settings.one_query and latest_batch(own) is not None:
+                ran, kind = own, "a query of its own (one_query = false)"
+            elif not self.settings.one_query and spec.name in _members(shared):
+                ran, kind = shared, "the topology's one query (one_query = true)"
+            else:
+                continue
+            raise TopologyError(
+                f"computation {spec.name!r} ran in {kind}, checkpointed in {ran}: a query of "
+                "the other kind would start its input from the beginning. Run it as it ran, "
+                "or give the topology a new checkpoint_root and keyspace to start over"
+            )
+
+    def _start_query_through_outage(self, specs: list[ComputationSpec]) -> StreamingQuery:
         """:meth:`_start_query`, waiting out Kafka or Cassandra not answering: a driver
         restarted as a broker or a node dies gets through provisioning and then meets the
         outage here (the wake topics, the end offsets, the layout store's session)."""
         return start_through_outage(
             self.config,
-            f"computation {spec.name!r} starting",
-            lambda: self._start_query(spec),
+            f"{_computations(specs)} starting",
+            lambda: self._start_query(specs),
             self.settings.outage_timeout,
         )
 
-    def _start_query(self, spec: ComputationSpec) -> StreamingQuery:
+    def _start_query(self, specs: list[ComputationSpec]) -> StreamingQuery:
+        """Start the query of ``specs``: one computation's, or the topology's one query."""
         with self._lock:
-            running = self._queries.get(spec.name)
-            if running is not None and running.isActive:
-                raise TopologyError(f"computation {spec.name!r} is already running")
-            pool = self._worker_pools.get(spec.name)
-            if pool is None:
-                taken = set(self._worker_pools.values())
-                pool = next(n for n in range(len(taken) + 1) if n not in taken)
-                self._worker_pools[spec.name] = pool
-        token = self._run_tokens.setdefault(spec.name, uuid.uuid4().hex)
-        keyspace, table = self.settings.keyspace, self.settings.table
-        namespace = kafka_connector.store_namespace(keyspace, table, self._driver_store().table_id)
-        settings = TaskSettings(self.config, keyspace, table, token, namespace)
+            for spec in specs:
+                running = self._queries.get(spec.name)
+                if running is not None and running.isActive:
+                    raise TopologyError(f"computation {spec.name!r} is already running")
+            pools = [self._worker_pool(spec.name) for spec in specs]
+        self._check_mode(specs)
+        checkpoint = self.checkpoint(specs[0].name)
+        topics = sorted(
+            {kafka_connector.stream_topic(i.stream) for spec in specs for i in spec.inputs}
+        )
+        alarms = [
+            kafka_connector.alarm_topic(self.config, self.topology.name, spec.name)
+            for spec in specs
+        ]
+        wakes = sorted(
+            {
+                kafka_connector.wake_topic(self.config, i.stream)
+                for spec in specs
+                for i in spec.inputs
+            }
+        )
+        wakes.extend(alarms)
+        kafka_connector.create_wake_topics(self.config, wakes)
+        if self.settings.one_query:
+            admit_members(
+                checkpoint,
+                {
+                    spec.name: [kafka_connector.stream_topic(i.stream) for i in spec.inputs]
+                    for spec in specs
+                },
+            )
+        claim_checkpoint(checkpoint, self.driver_id)
+        starting_offsets = self._starting_offsets(topics, wakes)
         stopping = threading.Event()
+        handlers = [
+            self._handler(spec, checkpoint, alarm, stopping, pool)
+            for spec, alarm, pool in zip(specs, alarms, pools, strict=True)
+        ]
         options: dict[str, str] = {}
         if self.settings.max_offsets_per_trigger is not None:
             options["maxOffsetsPerTrigger"] = str(self.settings.max_offsets_per_trigger)
-        topics = sorted({kafka_connector.stream_topic(i.stream) for i in spec.inputs})
-        alarm = kafka_connector.alarm_topic(self.config, self.topology.name, spec.name)
-        wakes = sorted({kafka_connector.wake_topic(self.config, i.stream) for i in spec.inputs})
-        wakes.append(alarm)
-        kafka_connector.create_wake_topics(self.config, wakes)
-        claim_checkpoint(self.checkpoint(spec.name), self.driver_id)
-        starting_offsets = self._starting_offsets(topics, wakes)
-        # Wake the query once it starts (after the starting offsets were taken), so that its
-        # first batch runs every interval: a restarted computation learns its pending timers
-        # and productions even when no input and no report comes.
-        watermarks = self._watermarks.of(spec)
-        watermarks.topic.wake([alarm], f"start/{self.topology.name}/{spec.name}")
         from millstream.spark.session import kafka_stream
 
+        label = TOPOLOGY_QUERY if self.settings.one_query else specs[0].name
         source = kafka_stream(
             self.spark,
             self.config,
@@ -876,28 +962,9 @@ class RunningTopology:
             options=options,
         )
         writer = (
-            source.writeStream.queryName(f"{self.topology.name}.{spec.name}.{uuid.uuid4().hex}")
-            .foreachBatch(
-                BatchHandler(
-                    spec,
-                    spark=self.spark,
-                    settings=settings,
-                    watermarks=watermarks,
-                    checkpoint=self.checkpoint(spec.name),
-                    attempts=self.settings.batch_attempts,
-                    outage_timeout=self.settings.outage_timeout,
-                    clock=self.clock,
-                    record=self._record,
-                    layout_store=self._driver_store,
-                    driver=self.driver_id,
-                    stopping=stopping,
-                    # A query started again (another round of AvailableNow, a restart) goes
-                    # on counting from this driver's totals.
-                    totals=self.metrics().get(spec.name),
-                    worker_pool=pool,
-                )
-            )
-            .option("checkpointLocation", str(self.checkpoint(spec.name)))
+            source.writeStream.queryName(f"{self.topology.name}.{label}.{uuid.uuid4().hex}")
+            .foreachBatch(handlers[0] if not self.settings.one_query else TopologyBatch(handlers))
+            .option("checkpointLocation", str(checkpoint))
         )
         if isinstance(self.trigger, AvailableNow):
             writer = writer.trigger(availableNow=True)
@@ -905,9 +972,56 @@ class RunningTopology:
             writer = writer.trigger(processingTime=f"{self.trigger.seconds} seconds")
         query = writer.start()
         with self._lock:
-            self._queries[spec.name] = query
-            self._stopping[spec.name] = stopping
+            for spec in specs:
+                self._queries[spec.name] = query
+                self._stopping[spec.name] = stopping
         return query
+
+    def _worker_pool(self, name: str) -> int:
+        """The number of ``name``'s own Python workers (under the lock): the lowest free."""
+        pool = self._worker_pools.get(name)
+        if pool is None:
+            taken = set(self._worker_pools.values())
+            pool = next(n for n in range(len(taken) + 1) if n not in taken)
+            self._worker_pools[name] = pool
+        return pool
+
+    def _handler(
+        self,
+        spec: ComputationSpec,
+        checkpoint: Path,
+        alarm: str,
+        stopping: threading.Event,
+        pool: int,
+    ) -> BatchHandler:
+        """The batch handler of ``spec`` in a query checkpointed in ``checkpoint``."""
+        token = self._run_tokens.setdefault(spec.name, uuid.uuid4().hex)
+        keyspace, table = self.settings.keyspace, self.settings.table
+        namespace = kafka_connector.store_namespace(keyspace, table, self._driver_store().table_id)
+        # Wake the query once it starts (after the starting offsets were taken), so that its
+        # first batch runs every interval: a restarted computation learns its pending timers
+        # and productions even when no input and no report comes.
+        watermarks = self._watermarks.of(spec)
+        watermarks.topic.wake([alarm], f"start/{self.topology.name}/{spec.name}")
+        return BatchHandler(
+            spec,
+            spark=self.spark,
+            settings=TaskSettings(self.config, keyspace, table, token, namespace),
+            watermarks=watermarks,
+            checkpoint=checkpoint,
+            files=self._files(spec.name),
+            attempts=self.settings.batch_attempts,
+            outage_timeout=self.settings.outage_timeout,
+            clock=self.clock,
+            record=self._record,
+            layout_store=self._driver_store,
+            driver=self.driver_id,
+            stopping=stopping,
+            # A query started again (another round of AvailableNow, a restart) goes on
+            # counting from this driver's totals.
+            totals=self.metrics().get(spec.name),
+            worker_pool=pool,
+        )
 
     def _starting_offsets(self, topics: list[str], wakes: list[str]) -> str:
         # Input from the beginning. Wake topics from their current end, as numbers (Spark
@@ -971,6 +1085,30 @@ class RunningTopology:
                         return None
             ends[name] = processed
         return ends
+
+
+def _distinct(queries: Mapping[str, StreamingQuery]) -> dict[str, StreamingQuery]:
+    """Each query once, under the first computation it runs (a topology's one query runs
+    all of them)."""
+    distinct: dict[str, StreamingQuery] = {}
+    for name, query in queries.items():
+        if not any(query is seen for seen in distinct.values()):
+            distinct[name] = query
+    return distinct
+
+
+def _computations(specs: Sequence[ComputationSpec]) -> str:
+    """``computation 'a'``, or ``computations 'a', 'b'`` (a topology's one query)."""
+    names = ", ".join(repr(spec.name) for spec in specs)
+    return f"computation {names}" if len(specs) == 1 else f"computations {names}"
+
+
+def _members(checkpoint: Path) -> list[str]:
+    """The computations a topology's one query ran last (none: it never ran)."""
+    try:
+        return list(json.loads((checkpoint / MEMBERS_FILE).read_text(encoding="utf-8")))
+    except FileNotFoundError:
+        return []
 
 
 def _streams(specs: Iterable[ComputationSpec]) -> set[str]:

@@ -168,6 +168,7 @@ def test_run_settings_come_from_the_run_table_then_the_environment(tmp_path: Pat
         "outage_timeout = 60\n"
         "metrics_port = 9400\n"
         'metrics_address = "0.0.0.0"\n'
+        "one_query = false\n"
     )
     config = load_config(
         environ={
@@ -175,6 +176,7 @@ def test_run_settings_come_from_the_run_table_then_the_environment(tmp_path: Pat
             "MILLSTREAM_RUN_KEYSPACE": "other",
             "MILLSTREAM_RUN_TOPIC_PARTITIONS": "clicks=3, searches=6",
             "MILLSTREAM_RUN_CREATE_KEYSPACE": "yes",
+            "MILLSTREAM_RUN_ONE_QUERY": "true",
         }
     )
     assert config.run == RunSettings(
@@ -189,6 +191,7 @@ def test_run_settings_come_from_the_run_table_then_the_environment(tmp_path: Pat
         outage_timeout=60.0,
         metrics_port=9400,
         metrics_address="0.0.0.0",
+        one_query=True,
     )
     assert config.run.partitions_of("searches") == 6
     assert config.run.partitions_of("counts") == 4
@@ -204,6 +207,7 @@ def test_run_settings_default_to_the_development_deployment(
     assert (run.keyspace, run.table, run.create_keyspace) == (DEFAULT_KEYSPACE, "intervals", True)
     assert (run.partitions, run.max_offsets_per_trigger, run.metrics_port) == (2, None, 0)
     assert run.checkpoints(tmp_path) == tmp_path / "checkpoints"
+    assert run.one_query is False  # a query per computation
 
 
 @pytest.mark.parametrize(
@@ -216,6 +220,7 @@ def test_run_settings_default_to_the_development_deployment(
         ({"MILLSTREAM_RUN_TOPIC_PARTITIONS": "searches=0"}, r"topic_partitions\['searches'\]"),
         ({"MILLSTREAM_RUN_METRICS_PORT": "70000"}, "metrics_port must be 0 to 65535"),
         ({"MILLSTREAM_RUN_CREATE_KEYSPACE": "maybe"}, "expected true or false"),
+        ({"MILLSTREAM_RUN_ONE_QUERY": "sometimes"}, "MILLSTREAM_RUN_ONE_QUERY"),
     ],
 )
 def test_bad_run_settings_say_what_is_wrong(environ: dict[str, str], message: str) -> None:

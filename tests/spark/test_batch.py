@@ -290,3 +290,48 @@ def test_more_records_failing_alone_than_a_batch_isolates_is_no_poison(
     with pytest.raises(PoisonIsolationError, match=f"more than {MAX_ISOLATED} of its 128"):
         _handler(tmp_path, runs, monkeypatch)._attempt(_batch_run())
     assert not (tmp_path / QUARANTINE_DIRECTORY).exists()
+
+
+class _Computation:
+    """A stand-in for a computation's batch handler in a topology's query."""
+
+    def __init__(self, name: str, meet: threading.Barrier, error: Exception | None) -> None:
+        self.spec = SimpleNamespace(name=name)
+        self.spark = None  # the session whose job properties a thread takes
+        self.meet = meet
+        self.error = error
+        self.ran: list[int] = []
+
+    def __call__(self, batch: object, batch_id: int) -> None:
+        self.meet.wait()  # passes only if every handler runs at once
+        self.ran.append(batch_id)
+        if self.error is not None:
+            raise self.error
+
+
+@pytest.mark.unit
+def test_a_topology_batch_runs_every_computation_at_once_and_fails_with_the_first_error(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import pyspark
+
+    from millstream.spark.batch import TopologyBatch
+
+    # Without a Spark job to cancel, the threads need no job properties of the batch's.
+    monkeypatch.setattr(pyspark, "inheritable_thread_target", lambda session: lambda target: target)
+    meet = threading.Barrier(3, timeout=10)
+    first = ValueError("count failed")
+    handlers = [
+        _Computation("count", meet, first),
+        _Computation("rank", meet, None),
+        _Computation("alert", meet, KeyError("alert failed")),
+    ]
+    batch = TopologyBatch(cast("list[BatchHandler]", handlers))
+    with pytest.raises(ValueError, match="count failed") as failed:
+        batch(cast("Any", None), 7)
+    assert failed.value is first  # the first computation's, once every one had finished
+    assert [handler.ran for handler in handlers] == [[7], [7], [7]]
+    assert "computation 'alert' batch 7 failed too: KeyError" in caplog.text
+    ok = [_Computation("count", threading.Barrier(1), None)]
+    TopologyBatch(cast("list[BatchHandler]", ok))(cast("Any", None), 8)
+    assert ok[0].ran == [8]

@@ -37,6 +37,7 @@ from millstream.engine.computation import Computation
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.context import Context
 from millstream.engine.deadletters import decode_dead_letter, default_dead_letter_stream
+from millstream.engine.errors import TopologyError
 from millstream.engine.keys import key_interval
 from millstream.engine.records import (
     MAX_RECORD_BYTES,
@@ -572,19 +573,25 @@ def wait_counted(
     running.await_idle(timeout=120)
 
 
+@pytest.mark.parametrize("one_query", [False, True], ids=["query-each", "one-query"])
 def test_a_driver_takes_its_checkpoint_back_from_a_zombie_and_a_superseded_driver_stops(
-    services: MillstreamConfig, spark: SparkSession, cassandra: Session, pipeline: Pipeline
+    services: MillstreamConfig,
+    spark: SparkSession,
+    cassandra: Session,
+    pipeline: Pipeline,
+    one_query: bool,
 ) -> None:
     """Found by the proving ground: a driver stopped for long (a zombie) came back after its
     successor started and wrote the next entry of a query's offset log first; Spark then
     failed the successor's query, and the successor exited. The driver that holds the
-    checkpoint restarts its query instead; a driver whose checkpoint was claimed stops."""
+    checkpoint restarts its query instead; a driver whose checkpoint was claimed stops. The
+    same holds for a topology run as one query (``one_query``)."""
     from millstream.engine.errors import FencedError
     from millstream.spark.checkpoint import claim_checkpoint
 
     lots = events(120, seed=2)
     kafka_connector.create_topics(services, [pipeline.searches], partitions=2)
-    running = start(pipeline, services, spark, trigger=ProcessingTime(0.5))
+    running = start(pipeline, services, spark, trigger=ProcessingTime(0.5), one_query=one_query)
     try:
         produce(services, pipeline.searches, [encode_record(r) for r in lots[:40]])
         wait_counted(running, cassandra, pipeline, 40)
@@ -609,6 +616,55 @@ def test_a_driver_takes_its_checkpoint_back_from_a_zombie_and_a_superseded_drive
         with pytest.raises(FencedError, match="driver elsewhere:1:successor took it over"):
             running.await_idle(timeout=120)  # stage 1 never catches up: its query stopped
         assert sum(states(cassandra, pipeline.keyspace, pipeline.per_user).values()) == 80
+    finally:
+        running.stop()
+
+
+def test_a_topology_in_one_query_counts_each_event_once_and_a_stage_waits_one_batch(
+    services: MillstreamConfig, spark: SparkSession, cassandra: Session, pipeline: Pipeline
+) -> None:
+    """Issue 24: with a query per computation, a record waits for the batch the next query
+    is running, then for one of its own; in the topology's one query, each batch works every
+    computation, and what one produced is read by its consumer in the next batch."""
+    distinct = events(300, seed=3)
+    repeated = distinct + distinct[::5]
+    kafka_connector.create_topics(services, [pipeline.searches], partitions=2)
+    produce(services, pipeline.searches, [encode_record(r) for r in repeated[:200]])
+    topology = pipeline.topology()
+    running = start(pipeline, services, spark, trigger=ProcessingTime(0.2), one_query=True)
+    try:
+        running.await_idle(timeout=300)
+        queries = running.queries
+        assert set(queries) == {pipeline.per_user, pipeline.per_query}
+        assert len({query.id for query in queries.values()}) == 1
+        first_input = {
+            name: min(batch.batch_id for batch in running.batches(name) if batch.inputs)
+            for name in queries
+        }
+        assert first_input[pipeline.per_query] == first_input[pipeline.per_user] + 1
+        # Its set of computations is the query's: no change while it runs.
+        with pytest.raises(TopologyError, match="run in one query"):
+            running.remove_computation(pipeline.per_query)
+        assert running.active_computations == sorted(queries)
+    finally:
+        running.stop()
+    shared = pipeline.checkpoints / topology.name / "@topology"
+    assert running.checkpoint(pipeline.per_user) == shared
+    assert (shared / "offsets").is_dir()
+    for name in queries:
+        assert not (pipeline.checkpoints / topology.name / name / "offsets").exists()
+
+    # A query per computation would start the input again from its beginning: refused.
+    with pytest.raises(TopologyError, match="ran in the topology's one query"):
+        start(pipeline, services, spark, trigger=ProcessingTime(0.2))
+    # Started again as it ran, it goes on where it stopped, each event counted once.
+    produce(services, pipeline.searches, [encode_record(r) for r in repeated[200:]])
+    running = start(pipeline, services, spark, trigger=ProcessingTime(0.2), one_query=True)
+    try:
+        running.await_idle(timeout=300)
+        assert_results(cassandra, pipeline, distinct)
+        totals = running.metrics()[pipeline.per_user]
+        assert totals.inputs == len(repeated) - 200  # this run read only what came since
     finally:
         running.stop()
 
@@ -1191,18 +1247,30 @@ class SlowCount(Computation):
         ctx.produce(self.output, b"counted", record.timestamp)
 
 
+@pytest.mark.parametrize("one_query", [False, True], ids=["query-each", "one-query"])
 def test_a_run_stopped_mid_batch_does_not_retry_the_cancelled_batch(
     services: MillstreamConfig,
     spark: SparkSession,
     pipeline: Pipeline,
     caplog: pytest.LogCaptureFixture,
+    one_query: bool,
 ) -> None:
-    topology = searches_to_hits(
-        pipeline, "slow", SlowCount(pipeline.hits), ComputationOptions(key_intervals=2)
-    )
+    options = ComputationOptions(key_intervals=2)
+    topology = searches_to_hits(pipeline, "slow", SlowCount(pipeline.hits), options)
+    if one_query:
+        # Two computations: the query's batch runs their jobs from threads of its own.
+        topology.add_computation(
+            pipeline.per_query,
+            SlowCount(pipeline.hits),
+            inputs=[pipeline.searches],
+            outputs=[pipeline.hits],
+            options=options,
+        )
     kafka_connector.create_topics(services, [pipeline.searches], partitions=1)
     produce(services, pipeline.searches, [encode_record(event) for event in events(200)])
-    running = start(pipeline, services, spark, topology, trigger=ProcessingTime(0.5))
+    running = start(
+        pipeline, services, spark, topology, trigger=ProcessingTime(0.5), one_query=one_query
+    )
     try:
         # 200 records at 50 ms each keep the first batch's interval tasks busy for seconds.
         deadline = time.monotonic() + 60
@@ -1215,9 +1283,12 @@ def test_a_run_stopped_mid_batch_does_not_retry_the_cancelled_batch(
     finally:
         with caplog.at_level(logging.INFO, logger="millstream.spark.batch"):
             running.stop()
-    # Spark cancelled the batch's job as the query stopped: no attempt was retried.
+    # Spark cancelled the batch's jobs as the query stopped (those its threads ran too): no
+    # attempt was retried, and no computation finished the batch.
     retried = [r.getMessage() for r in caplog.records if "retrying" in r.getMessage()]
     assert retried == []
+    assert running.batches() == []
+    assert spark.sparkContext.statusTracker().getActiveJobsIds() == []
 
 
 class ManyWindows(Computation):
