@@ -98,6 +98,10 @@ def spark_conf(
         "spark.pyspark.driver.python": sys.executable,
         # Python workers forked with millstream's task modules already imported.
         "spark.python.daemon.module": PYTHON_DAEMON_MODULE,
+        # The JVM and its Python workers talk over Unix domain sockets. Over TCP, a task's
+        # command and its input are two writes, and Nagle's algorithm holds the second until
+        # the worker's delayed ACK: up to 40 ms before a task can start (docs/benchmarks.md).
+        "spark.python.unix.domain.socket.enabled": "true",
     }
     if config.spark_is_local:
         # Servers we start bind to loopback only; so does the local driver.

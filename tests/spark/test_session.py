@@ -133,3 +133,33 @@ def test_the_local_session_checkpoints_through_the_pinned_file_system(
     assert commits == offsets
     # The logs' checksums are written beside them, as by Hadoop's own local file system.
     assert (checkpoint / "offsets" / f".{offsets[0]}.crc").exists()
+
+
+@pytest.mark.unit
+def test_python_workers_talk_over_unix_sockets_unless_the_settings_say_otherwise() -> None:
+    key = "spark.python.unix.domain.socket.enabled"
+    assert spark_conf(MillstreamConfig(), "app")[key] == "true"
+    assert spark_conf(MillstreamConfig(spark_conf={key: "false"}), "app")[key] == "false"
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc (Linux)")
+def test_a_python_worker_is_connected_to_the_jvm_over_a_unix_socket(spark: SparkSession) -> None:
+    def socket_families(_: object) -> list[str]:
+        import os
+        import socket
+
+        found = set()
+        for name in os.listdir("/proc/self/fd"):
+            try:
+                sock = socket.socket(fileno=int(name))
+            except OSError:
+                continue  # not a socket
+            try:
+                found.add(sock.family.name)
+            finally:
+                sock.detach()  # the descriptor stays the worker's
+        return sorted(found)
+
+    for families in spark.sparkContext.parallelize(range(2), 2).map(socket_families).collect():
+        assert "AF_UNIX" in families, families
