@@ -291,7 +291,8 @@ class RunningTopology:
     Kafka or Cassandra cannot be reached for up to ``outage_timeout`` seconds
     (:mod:`millstream.engine.outages`). Metrics of every batch are kept (:meth:`batches`,
     :meth:`metrics`) and passed to ``on_batch``, which runs on the driver thread of the
-    computation's query. ``clock`` (default: the system clock) decides when wall-time timers
+    computation's query (with ``one_query``, on the thread of the computation's part of the
+    batch: several at once). ``clock`` (default: the system clock) decides when wall-time timers
     are due on the driver.
 
     With ``settings.metrics_port`` (0: off), :meth:`start` serves the topology's Prometheus
