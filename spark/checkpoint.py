@@ -40,6 +40,7 @@ __all__ = [
     "fence_checkpoint",
     "latest_batch",
     "lost_checkpoint_race",
+    "query_members",
 ]
 
 CLAIM_FILE: Final = "millstream-driver"
@@ -147,6 +148,15 @@ def latest_batch(checkpoint: Path) -> int | None:
     return max(ids) if ids else None
 
 
+def query_members(checkpoint: Path) -> set[str]:
+    """The computations the topology query checkpointed in ``checkpoint`` ran last (none: it
+    never ran), as :func:`admit_members` recorded them."""
+    try:
+        return set(json.loads((checkpoint / MEMBERS_FILE).read_text(encoding="utf-8")))
+    except FileNotFoundError:
+        return set()
+
+
 def admit_members(checkpoint: Path, members: Mapping[str, Iterable[str]]) -> None:
     """Record ``members`` (computation: its input topics) as the computations of the
     topology query checkpointed in ``checkpoint``, or raise
@@ -162,10 +172,7 @@ def admit_members(checkpoint: Path, members: Mapping[str, Iterable[str]]) -> Non
     latest = latest_batch(checkpoint)
     if latest is not None:
         read = batch_offsets(checkpoint, latest) or {}
-        try:
-            known = set(json.loads((checkpoint / MEMBERS_FILE).read_text(encoding="utf-8")))
-        except FileNotFoundError:
-            known = set()
+        known = query_members(checkpoint)
         for name, topics in sorted(members.items()):
             shared = sorted(topic for topic in set(topics) if topic in read)
             if name not in known and shared:

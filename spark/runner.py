@@ -132,13 +132,13 @@ from millstream.injectors.process import InjectorOptions, InjectorProcess
 from millstream.injectors.source import Source
 from millstream.spark.batch import BatchHandler, TopologyBatch, short_error
 from millstream.spark.checkpoint import (
-    MEMBERS_FILE,
     admit_members,
     batch_offsets,
     checkpoint_holder,
     claim_checkpoint,
     latest_batch,
     lost_checkpoint_race,
+    query_members,
 )
 from millstream.spark.driver_watermarks import (
     TopologyWatermarks,
@@ -887,7 +887,7 @@ class RunningTopology:
             own = self._files(spec.name)
             if self.settings.one_query and latest_batch(own) is not None:
                 ran, kind = own, "a query of its own (one_query = false)"
-            elif not self.settings.one_query and spec.name in _members(shared):
+            elif not self.settings.one_query and spec.name in query_members(shared):
                 ran, kind = shared, "the topology's one query (one_query = true)"
             else:
                 continue
@@ -918,9 +918,12 @@ class RunningTopology:
             pools = [self._worker_pool(spec.name) for spec in specs]
         self._check_mode(specs)
         checkpoint = self.checkpoint(specs[0].name)
-        topics = sorted(
-            {kafka_connector.stream_topic(i.stream) for spec in specs for i in spec.inputs}
-        )
+        # Each computation's input topics, and the query's: all of theirs.
+        inputs = {
+            spec.name: sorted({kafka_connector.stream_topic(i.stream) for i in spec.inputs})
+            for spec in specs
+        }
+        topics = sorted({topic for read in inputs.values() for topic in read})
         alarms = [
             kafka_connector.alarm_topic(self.config, self.topology.name, spec.name)
             for spec in specs
@@ -935,13 +938,7 @@ class RunningTopology:
         wakes.extend(alarms)
         kafka_connector.create_wake_topics(self.config, wakes)
         if self.settings.one_query:
-            admit_members(
-                checkpoint,
-                {
-                    spec.name: [kafka_connector.stream_topic(i.stream) for i in spec.inputs]
-                    for spec in specs
-                },
-            )
+            admit_members(checkpoint, inputs)
         claim_checkpoint(checkpoint, self.driver_id)
         starting_offsets = self._starting_offsets(topics, wakes)
         stopping = threading.Event()
@@ -1102,14 +1099,6 @@ def _computations(specs: Sequence[ComputationSpec]) -> str:
     """``computation 'a'``, or ``computations 'a', 'b'`` (a topology's one query)."""
     names = ", ".join(repr(spec.name) for spec in specs)
     return f"computation {names}" if len(specs) == 1 else f"computations {names}"
-
-
-def _members(checkpoint: Path) -> list[str]:
-    """The computations a topology's one query ran last (none: it never ran)."""
-    try:
-        return list(json.loads((checkpoint / MEMBERS_FILE).read_text(encoding="utf-8")))
-    except FileNotFoundError:
-        return []
 
 
 def _streams(specs: Iterable[ComputationSpec]) -> set[str]:
