@@ -21,10 +21,11 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from millstream.connectors import kafka as kafka_connector
 from millstream.connectors.kafka import (
@@ -43,7 +44,13 @@ from millstream.engine.topology import ComputationSpec
 from millstream.engine.watermarks import Offsets, WatermarkReport
 from millstream.spark.checkpoint import batch_offsets, fence_checkpoint, lost_checkpoint_race
 from millstream.spark.driver_watermarks import DriverWatermarks, offsets_consumer
-from millstream.spark.executor import BatchInput, IntervalSlots, TaskSettings, batch_task
+from millstream.spark.executor import (
+    BatchInput,
+    BatchTask,
+    IntervalSlots,
+    TaskSettings,
+    batch_task,
+)
 from millstream.spark.isolation import (
     MAX_ISOLATED,
     OffsetRange,
@@ -68,6 +75,8 @@ __all__ = [
     "WORKER_POOL_VARIABLE",
     "BatchHandler",
     "TopologyBatch",
+    "TopologyJob",
+    "TopologyPartError",
     "batch_offsets",
     "fence_checkpoint",
     "in_worker_pool",
@@ -150,7 +159,8 @@ class BatchHandler:
 
     In local mode the computation's tasks run in Python workers of their own, pool
     ``worker_pool`` (:func:`in_worker_pool`; the runner numbers its computations' pools), or,
-    for pool 0 (a topology's first computation), in Spark's default set.
+    for pool 0 (a topology's first computation, and every computation of a topology's one
+    query), in Spark's default set.
 
     What happens between batches (watermarks, ticks, rebalancing) is the model's
     :class:`~millstream.engine.driver.ComputationDriver`; the handler adds what is Spark's:
@@ -228,6 +238,9 @@ class BatchHandler:
         self._task_numbers: RDD[int] | None = None  # partition n: task n (see _run)
         self.quarantine = Quarantine(files)
         self.quarantine.load()
+        # Set by the topology's query for one batch: the job that runs this computation's
+        # first attempt beside the other computations' (TopologyBatch).
+        self.shared_job: TopologyJob | None = None
 
     def _delivered(self, computation: str, interval: int) -> CommitTag | None:
         """The transaction marker of an interval a split or merge retires, its last owner's
@@ -256,7 +269,10 @@ class BatchHandler:
         plan = self.driver.begin(consumed, had_input=has_data, retry=outage.retry)
         bookkeeping = time.monotonic() - started
         batch_run = _BatchRun(batch_id, plan, has_data, outage, consumed, previous)
-        rows, failures = self._attempt(batch_run)
+        try:
+            rows, failures = self._attempt(batch_run)
+        finally:
+            self._leave_shared_job()
         self.driver.absorb(
             IntervalOutcome(
                 row.interval,
@@ -292,6 +308,12 @@ class BatchHandler:
         if metrics is None:
             return  # nothing ran (only watermark reports came): no metrics
         self._record_metrics(batch_run, metrics, started, bookkeeping)
+
+    def _leave_shared_job(self) -> None:
+        """Tell the topology's job this computation has no part in it (if it had none)."""
+        job, self.shared_job = self.shared_job, None
+        if job is not None:
+            job.leave(self.spec.name)
 
     def _consumed(
         self, batch_id: int
@@ -574,8 +596,11 @@ class BatchHandler:
         Kafka itself and working its share of the intervals (:func:`.executor.batch_task`),
         on an RDD of the task numbers. The batch's own DataFrame is never read: routing rows
         through Spark's shuffle cost a second stage, and each row two crossings between the
-        JVM and Python."""
+        JVM and Python. In a topology's query, a computation's first attempt at the whole
+        batch is its part of the batch's one job (:class:`TopologyJob`); retries and sub-runs
+        are jobs of its own."""
         ticks = tuple(plan.ticks) if not records else ()
+        whole = records is None
         if records is None:
             records = self._ranges(run) if run.has_data else []
         claims = None if self._claims is None else self._claims / uuid.uuid4().hex
@@ -589,6 +614,14 @@ class BatchHandler:
         task = batch_task(
             self.spec, self.settings, plan.watermark, plan.timer_watermark, plan.layout, batch
         )
+        if whole and self.shared_job is not None:
+            job, self.shared_job = self.shared_job, None
+            try:
+                collected = job.submit(self.spec.name, self.tasks, task)
+            finally:
+                if claims is not None and claims.exists():
+                    shutil.rmtree(claims)
+            return [ResultRow.of(row) for row in collected]
         if self._task_numbers is None:  # made once: each batch adds its own step to it
             self._task_numbers = self.spark.sparkContext.parallelize(range(self.tasks), self.tasks)
         rdd = self._task_numbers.mapPartitionsWithIndex(task)
@@ -604,16 +637,17 @@ class BatchHandler:
 
 class TopologyBatch:
     """The ``foreachBatch`` function of a topology's one query (``RunSettings.one_query``):
-    each computation's :class:`BatchHandler` on the batch, at once, a thread each.
+    each computation's :class:`BatchHandler` on the batch, at once, a thread each, and
+    their first attempts as one Spark job (:class:`TopologyJob`), run on the batch's thread.
 
-    Each handler reads its own topics' ranges from the shared offset log and runs its own
-    job, so a record a computation produced in one batch is read by its consumers in the
-    next: a pipeline's stage waits one batch, where a query per computation has a record
-    wait for the batch the next query is running and then for one of its own. The batch
-    ends when every handler has; if any failed, the batch fails with the first error (in the
-    computations' order) once the others are done, and the query stops, as a computation's
-    own query does: a restart replays the batch, in which what the others committed is
-    duplicates. The threads take the batch thread's Spark job properties
+    Each handler reads its own topics' ranges from the shared offset log, so a record a
+    computation produced in one batch is read by its consumers in the next: a pipeline's
+    stage waits one batch, where a query per computation has a record wait for the batch
+    the next query is running and then for one of its own. The batch ends when every
+    handler has; if any failed, the batch fails with the first error (in the computations'
+    order) once the others are done, and the query stops, as a computation's own query
+    does: a restart replays the batch, in which what the others committed is duplicates.
+    The threads take the batch thread's Spark job properties
     (``inheritable_thread_target``), so stopping the query cancels their jobs too.
     """
 
@@ -621,6 +655,7 @@ class TopologyBatch:
         if not handlers:
             raise TopologyError("a topology's query needs at least one computation")
         self.handlers = tuple(handlers)
+        self._numbers: dict[int, RDD[int]] = {}  # by width: each job adds its own step
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         if len(self.handlers) == 1:
@@ -630,12 +665,19 @@ class TopologyBatch:
 
         errors: list[BaseException | None] = [None] * len(self.handlers)
         inheriting = inheritable_thread_target(self.handlers[0].spark)
+        job = TopologyJob([handler.spec.name for handler in self.handlers])
+        for handler in self.handlers:
+            handler.shared_job = job
 
         def run(n: int) -> None:
+            handler = self.handlers[n]
             try:
-                self.handlers[n](batch, batch_id)
+                handler(batch, batch_id)
             except BaseException as exc:  # raised below, on the query's thread
                 errors[n] = exc
+            finally:
+                handler.shared_job = None
+                job.leave(handler.spec.name)  # if it had not (it failed before its part)
 
         threads = [
             threading.Thread(
@@ -647,8 +689,11 @@ class TopologyBatch:
         ]
         for thread in threads:
             thread.start()
-        for thread in threads:
-            thread.join()
+        try:
+            job.run(self._task_numbers)
+        finally:
+            for thread in threads:
+                thread.join()
         failed = [(h, e) for h, e in zip(self.handlers, errors, strict=True) if e is not None]
         for handler, error in failed[1:]:
             _log.error(
@@ -660,6 +705,122 @@ class TopologyBatch:
             )
         if failed:
             raise failed[0][1]
+
+    def _task_numbers(self, width: int) -> RDD[int]:
+        """An RDD of ``range(width)`` in ``width`` partitions: partition ``n`` is task ``n``."""
+        numbers = self._numbers.get(width)
+        if numbers is None:
+            spark = self.handlers[0].spark
+            numbers = spark.sparkContext.parallelize(range(width), width)
+            self._numbers[width] = numbers
+        return numbers
+
+
+class TopologyPartError(RuntimeError):
+    """A computation's part of a topology's job (:class:`TopologyJob`) raised: the message
+    holds the Python traceback from the executor, where the error was raised."""
+
+
+class _Part:
+    """A computation's part of a :class:`TopologyJob`: how many tasks it has, what each
+    runs (a :class:`~millstream.spark.executor.BatchTask`) and where its rows go."""
+
+    def __init__(
+        self,
+        computation: str,
+        tasks: int,
+        task: BatchTask,
+    ) -> None:
+        self.computation = computation
+        self.tasks = tasks
+        self.task = task
+        self.rows: Future[list[dict[str, Any]]] = Future()
+
+
+class TopologyJob:
+    """A batch of a topology's query as one Spark job: each computation's first attempt at
+    the batch is a part of it (:meth:`submit`), and task ``n`` works every computation's
+    share ``n``, in one Python worker (:func:`~.executor.topology_task`).
+
+    A job per computation made a three-stage pipeline's batch three jobs of two tasks each
+    on two cores: three waves, each task paying its start in a Python worker, and a stage's
+    latency waited for all of them. One job is one wave, its tasks as long as the parts'
+    work.
+
+    The job starts once every computation has submitted its part or left (:meth:`leave`:
+    it has nothing to run, or failed before its part); the batch's thread runs it
+    (:meth:`run`). A part that raises fails that computation's attempt alone: the error goes
+    back to its handler as :class:`TopologyPartError`, Python traceback and all, and the
+    handler retries in jobs of its own, as a computation's own query does; the other parts
+    are done. A job that fails as a whole (a Python worker lost, the query stopped) fails
+    every part with its error. ``computations``: the handlers that take part, by name.
+    """
+
+    def __init__(self, computations: Sequence[str]) -> None:
+        self._ready = threading.Condition()
+        self._waiting = set(computations)
+        self._parts: list[_Part] = []
+
+    def submit(
+        self,
+        computation: str,
+        tasks: int,
+        task: BatchTask,
+    ) -> list[dict[str, Any]]:
+        """Add ``computation``'s part (``tasks`` tasks, task ``n`` ``task.start(n)``) and wait
+        for its rows; raises what the part or the job raised."""
+        part = _Part(computation, tasks, task)
+        with self._ready:
+            if computation not in self._waiting:
+                raise RuntimeError(f"computation {computation!r} is no party to this job")
+            self._waiting.discard(computation)
+            self._parts.append(part)
+            self._ready.notify_all()
+        return part.rows.result()
+
+    def leave(self, computation: str) -> None:
+        """``computation`` has no part in the job (nothing if it submitted one)."""
+        with self._ready:
+            self._waiting.discard(computation)
+            self._ready.notify_all()
+
+    def run(self, task_numbers: Callable[[int], RDD[int]]) -> None:
+        """Once every computation submitted or left, run the parts as one job on
+        ``task_numbers(width)`` and hand each part its rows or its error."""
+        from millstream.spark.executor import topology_task
+
+        with self._ready:
+            self._ready.wait_for(lambda: not self._waiting)
+            parts = tuple(self._parts)
+        if not parts:
+            return
+        try:
+            width = max(part.tasks for part in parts)
+            function = topology_task(tuple((part.tasks, part.task) for part in parts))
+            collected = task_numbers(width).mapPartitionsWithIndex(function).collect()
+        except BaseException as exc:
+            for part in parts:
+                part.rows.set_exception(exc)
+            if isinstance(exc, Exception):
+                return  # each part's handler has it
+            raise
+        rows: list[list[dict[str, Any]]] = [[] for _ in parts]
+        errors: list[str | None] = [None] * len(parts)
+        for number, task, part_rows, error in collected:
+            if part_rows is None:
+                errors[number] = errors[number] or f"task {task}:\n{error}"
+            else:
+                rows[number].extend(part_rows)
+        for part, found, error in zip(parts, rows, errors, strict=True):
+            if error is None:
+                part.rows.set_result(found)
+            else:
+                part.rows.set_exception(
+                    TopologyPartError(
+                        f"computation {part.computation!r}, its part of the topology's job, "
+                        f"failed in {error}"
+                    )
+                )
 
 
 class _BatchRun:

@@ -70,6 +70,7 @@ import os
 import socket
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Set
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
@@ -110,6 +111,7 @@ __all__ = [
     "KEPT_ENDPOINTS",
     "RESULT_SCHEMA",
     "BatchInput",
+    "BatchTask",
     "IntervalSlots",
     "Reader",
     "Routed",
@@ -122,6 +124,7 @@ __all__ = [
     "message_router",
     "read_from_kafka",
     "route_task",
+    "topology_task",
     "tune_collector",
 ]
 
@@ -446,7 +449,14 @@ def batch_task(
     layout: IntervalLayout,
     batch: BatchInput,
     read: Reader = read_from_kafka,
-) -> Callable[[int, Iterable[object]], Iterator[dict[str, Any]]]:
+) -> BatchTask:
+    """The ``mapPartitionsWithIndex`` function of a batch's one Spark stage
+    (:class:`BatchTask`)."""
+    return BatchTask(spec, settings, watermark, timer_watermark, layout, batch, read)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchTask:
     """The ``mapPartitionsWithIndex`` function of a batch's one Spark stage: partition ``n``
     (of ``range(tasks)``, whose elements it ignores) is task ``n``, which reads the batch's
     ranges straight from Kafka, routes every message (:func:`message_router`) and keeps those
@@ -462,7 +472,22 @@ def batch_task(
     conversions and the collect).
     """
 
-    def run(index: int, _elements: Iterable[object]) -> Iterator[dict[str, Any]]:
+    spec: ComputationSpec
+    settings: TaskSettings
+    watermark: int
+    timer_watermark: int
+    layout: IntervalLayout
+    batch: BatchInput
+    read: Reader = read_from_kafka
+
+    def __call__(self, index: int, _elements: Iterable[object]) -> Iterator[dict[str, Any]]:
+        yield from self.start(index)()
+
+    def start(self, index: int) -> Callable[[], list[dict[str, Any]]]:
+        """Task ``index`` until its intervals run: its share claimed, its messages read and
+        routed, each interval's work handed to the process's interval threads. The function
+        returned waits for them and gives the rows (or raises)."""
+        spec, settings, batch = self.spec, self.settings, self.batch
         tasks = {index}
         if batch.claims is not None:
             # The shares this process worked before, where their caches and producers are.
@@ -473,7 +498,11 @@ def batch_task(
         faults = armed_faults("executor.record", spec.name)
         routing_started, routing_cpu = thread_step_clock()
         by_interval = route_task(
-            spec, layout, batch, tasks, lambda skip: read(settings, batch.ranges, skip)
+            spec,
+            self.layout,
+            batch,
+            tasks,
+            lambda skip: self.read(settings, batch.ranges, skip),
         )
         routed, routed_cpu = thread_step_clock()
         routing = [routed - routing_started, routed_cpu - routing_cpu]
@@ -487,24 +516,66 @@ def batch_task(
                 resources.workers,
                 interval,
                 inputs,
-                watermark,
-                timer_watermark,
-                layout,
+                self.watermark,
+                self.timer_watermark,
+                self.layout,
                 faults,
             )
             for interval, inputs in sorted(by_interval.items())
         ]
-        wait(futures)
-        # A fence is raised before any other interval's failure: it says this process's
-        # work was taken over, and the other failure may be one the same stop caused (a
-        # request timed out while the process was stopped), which would hide it.
-        for future in futures:
-            if isinstance(future.exception(), FencedError):
-                future.result()
-        rows = [future.result() for future in futures]  # raises the first failure
-        if rows:
-            rows[0]["steps"][ROUTING] = routing  # once a task, not once an interval
-        yield from rows
+
+        def rows() -> list[dict[str, Any]]:
+            wait(futures)
+            # A fence is raised before any other interval's failure: it says this process's
+            # work was taken over, and the other failure may be one the same stop caused (a
+            # request timed out while the process was stopped), which would hide it.
+            for future in futures:
+                if isinstance(future.exception(), FencedError):
+                    future.result()
+            done = [future.result() for future in futures]  # raises the first failure
+            if done:
+                done[0]["steps"][ROUTING] = routing  # once a task, not once an interval
+            return done
+
+        return rows
+
+
+def topology_task(
+    parts: Sequence[tuple[int, BatchTask]],
+) -> Callable[
+    [int, Iterable[object]],
+    Iterator[tuple[int, int, list[dict[str, Any]] | None, str | None]],
+]:
+    """The ``mapPartitionsWithIndex`` function of a topology's batch as one job
+    (:class:`~millstream.spark.batch.TopologyJob`): task ``n`` runs task ``n`` of each part
+    (its number of tasks and its :class:`BatchTask`) that has one, and yields per part
+    ``(part, n, rows, None)``, or ``(part, n, None, traceback)`` for a part that raised: its
+    computation's attempt failed, not the others'. The parts read and route one after
+    another (a Python worker has one Kafka reader), and their intervals run at once, on the
+    process's interval threads, so that the computations' round trips to Cassandra and
+    Kafka overlap."""
+
+    def run(
+        index: int, _elements: Iterable[object]
+    ) -> Iterator[tuple[int, int, list[dict[str, Any]] | None, str | None]]:
+        started: list[tuple[int, Callable[[], list[dict[str, Any]]] | None, str | None]] = []
+        for number, (tasks, task) in enumerate(parts):
+            if index >= tasks:
+                continue
+            try:
+                started.append((number, task.start(index), None))
+            except Exception:
+                started.append((number, None, traceback.format_exc()))
+        for number, rows, error in started:
+            if rows is None:
+                yield number, index, None, error
+                continue
+            try:
+                done = rows()
+            except Exception:
+                yield number, index, None, traceback.format_exc()
+            else:
+                yield number, index, done, None
 
     return run
 

@@ -915,7 +915,11 @@ class RunningTopology:
                 running = self._queries.get(spec.name)
                 if running is not None and running.isActive:
                     raise TopologyError(f"computation {spec.name!r} is already running")
-            pools = [self._worker_pool(spec.name) for spec in specs]
+            # A topology's batch is one job (TopologyJob), in Spark's default Python workers,
+            # where each computation's retries find the shares they worked.
+            pools = [
+                0 if self.settings.one_query else self._worker_pool(spec.name) for spec in specs
+            ]
         self._check_mode(specs)
         checkpoint = self.checkpoint(specs[0].name)
         # Each computation's input topics, and the query's: all of theirs.

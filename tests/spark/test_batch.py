@@ -335,3 +335,115 @@ def test_a_topology_batch_runs_every_computation_at_once_and_fails_with_the_firs
     ok = [_Computation("count", threading.Barrier(1), None)]
     TopologyBatch(cast("list[BatchHandler]", ok))(cast("Any", None), 8)
     assert ok[0].ran == [8]
+
+
+class _Task:
+    """A stand-in for a computation's :class:`~millstream.spark.executor.BatchTask`."""
+
+    def __init__(self, run: Any) -> None:
+        self.run = run
+
+    def start(self, index: int) -> Any:
+        return lambda: list(self.run(index))
+
+
+class _TaskNumbers:
+    """A stand-in for the RDD of a job's task numbers: runs each partition in turn."""
+
+    def __init__(self, fail: Exception | None = None) -> None:
+        self.jobs: list[int] = []  # each job's width
+        self.fail = fail
+
+    def __call__(self, width: int) -> _TaskNumbers:
+        self.width = width
+        return self
+
+    def mapPartitionsWithIndex(self, function: Any) -> _TaskNumbers:  # noqa: N802  (Spark's)
+        self.function = function
+        return self
+
+    def collect(self) -> list[Any]:
+        self.jobs.append(self.width)
+        if self.fail is not None:
+            raise self.fail
+        return [row for n in range(self.width) for row in self.function(n, iter([n]))]
+
+
+def _parts_of(
+    job: Any, parts: Mapping[str, tuple[int, Any]]
+) -> tuple[dict[str, Any], list[threading.Thread]]:
+    """Submit each of ``parts`` (name: tasks, function) to ``job`` on a thread of its own
+    and run the job: what each submission returned or raised."""
+    outcomes: dict[str, Any] = {}
+
+    def submit(name: str, tasks: int, function: Any) -> None:
+        try:
+            outcomes[name] = job.submit(name, tasks, function)
+        except Exception as exc:
+            outcomes[name] = exc
+
+    threads = [
+        threading.Thread(target=submit, args=(name, tasks, function))
+        for name, (tasks, function) in parts.items()
+    ]
+    for thread in threads:
+        thread.start()
+    return outcomes, threads
+
+
+@pytest.mark.unit
+def test_a_topology_job_runs_every_part_in_one_job_and_a_raising_part_fails_alone() -> None:
+    from millstream.spark.batch import TopologyJob, TopologyPartError
+
+    def rows(name: str) -> Any:
+        return _Task(lambda n: [{"computation": name, "task": n}])
+
+    def breaks(n: int) -> Any:
+        if n == 1:
+            raise ValueError("alert broke in task 1")
+        return [{"computation": "alert", "task": n}]
+
+    job = TopologyJob(["count", "rank", "alert", "idle"])
+    outcomes, threads = _parts_of(
+        job, {"count": (2, rows("count")), "rank": (1, rows("rank")), "alert": (2, _Task(breaks))}
+    )
+    job.leave("idle")  # nothing to run in this batch
+    numbers = _TaskNumbers()
+    job.run(cast(Any, numbers))
+    for thread in threads:
+        thread.join(timeout=10)
+    assert numbers.jobs == [2]  # one job, as wide as the widest part
+    assert outcomes["count"] == [{"computation": "count", "task": n} for n in (0, 1)]
+    assert outcomes["rank"] == [{"computation": "rank", "task": 0}]
+    failed = outcomes["alert"]
+    assert isinstance(failed, TopologyPartError)
+    assert "'alert'" in str(failed)
+    assert "task 1" in str(failed)
+    assert short_error(failed) == "TopologyPartError: ValueError: alert broke in task 1"
+    with pytest.raises(RuntimeError, match="no party to this job"):
+        job.submit("idle", 1, rows("idle"))
+
+
+@pytest.mark.unit
+def test_a_topology_job_failing_whole_fails_every_part_and_waits_for_every_computation() -> None:
+    from millstream.spark.batch import TopologyJob
+
+    job = TopologyJob(["count", "rank"])
+    outcomes, threads = _parts_of(job, {"count": (2, _Task(lambda n: []))})
+    lost = RuntimeError("Python worker exited unexpectedly (crashed)")
+    numbers = _TaskNumbers(fail=lost)
+    runner = threading.Thread(target=job.run, args=(numbers,))
+    runner.start()
+    runner.join(timeout=0.5)
+    assert runner.is_alive()  # 'rank' has neither submitted nor left
+    assert numbers.jobs == []
+    job.leave("rank")
+    runner.join(timeout=10)
+    for thread in threads:
+        thread.join(timeout=10)
+    assert numbers.jobs == [2]
+    assert outcomes["count"] is lost
+    nobody = TopologyJob(["count"])
+    nobody.leave("count")
+    nobody.run(cast(Any, numbers))  # no part: no job
+    assert numbers.jobs == [2]

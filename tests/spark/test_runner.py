@@ -642,6 +642,12 @@ def test_a_topology_in_one_query_counts_each_event_once_and_a_stage_waits_one_ba
             for name in queries
         }
         assert first_input[pipeline.per_query] == first_input[pipeline.per_user] + 1
+        # A batch is one Spark job, whichever of the computations had work in it (its
+        # TopologyJob): a job each made a batch as many waves of tasks.
+        worked = {batch.batch_id for name in queries for batch in running.batches(name)}
+        run_id = str(next(iter(queries.values())).runId)
+        jobs = spark.sparkContext.statusTracker().getJobIdsForGroup(run_id)
+        assert len(jobs) == len(worked) > 1
         # Its set of computations is the query's: no change while it runs.
         with pytest.raises(TopologyError, match="run in one query"):
             running.remove_computation(pipeline.per_query)
