@@ -31,10 +31,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         commands,
         "run",
         summary="run a topology on Spark Structured Streaming",
-        description="Run a topology on Spark Structured Streaming: one query per computation, "
-        "state in Cassandra, checkpoints on disk. MODULE is imported from the working "
-        "directory or PYTHONPATH; TOPOLOGY names a Topology in it, or a function that "
-        "returns one. Without --available-now it runs until stopped (Ctrl-C).",
+        description="Run a topology on Spark Structured Streaming: one query per computation "
+        "(or the whole topology in one, --one-query), state in Cassandra, checkpoints on "
+        "disk. MODULE is imported from the working directory or PYTHONPATH; TOPOLOGY names "
+        "a Topology in it, or a function that returns one. Without --available-now it runs "
+        "until stopped (Ctrl-C).",
     )
     parser.add_argument(
         "target",
@@ -78,6 +79,23 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         default=None,
         metavar="N",
         help="at most N records per micro-batch of each query (default: [run]'s, no limit)",
+    )
+    queries = parser.add_mutually_exclusive_group()
+    queries.add_argument(
+        "--one-query",
+        dest="one_query",
+        action="store_const",
+        const=True,
+        default=None,
+        help="run the whole topology as one streaming query: a pipeline's stage waits one "
+        "batch, and its computations are fixed while it runs (default: [run] one_query, off)",
+    )
+    queries.add_argument(
+        "--query-each",
+        dest="one_query",
+        action="store_const",
+        const=False,
+        help="one streaming query per computation (the default), whatever [run] one_query says",
     )
     parser.add_argument(
         "--no-create-keyspace",
@@ -124,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
         "partitions": args.partitions,
         "max_offsets_per_trigger": args.max_offsets_per_trigger,
         "create_keyspace": args.create_keyspace,
+        "one_query": args.one_query,
     }
     if args.metrics_port is not None:
         flags["metrics_address"], flags["metrics_port"] = listen_address(args.metrics_port)

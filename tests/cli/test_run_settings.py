@@ -76,6 +76,7 @@ def test_run_flags_override_the_run_table(monkeypatch: pytest.MonkeyPatch, tmp_p
             "--keyspace=from_flag",
             "--partitions=4",
             "--no-create-keyspace",
+            "--one-query",
             "--metrics-port=0.0.0.0:9400",
             f"--checkpoint-root={tmp_path / 'ckpt'}",
         ],
@@ -91,6 +92,7 @@ def test_run_flags_override_the_run_table(monkeypatch: pytest.MonkeyPatch, tmp_p
         max_offsets_per_trigger=500,
         metrics_port=9400,
         metrics_address="0.0.0.0",
+        one_query=True,
     )
 
 
@@ -101,3 +103,13 @@ def test_without_flags_the_run_table_holds(monkeypatch: pytest.MonkeyPatch, tmp_
     assert run([], monkeypatch, tmp_path) == RunSettings(
         keyspace="from_env", create_keyspace=False, metrics_port=9401
     )
+
+
+def test_query_each_overrides_a_topology_configured_in_one_query(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("MILLSTREAM_RUN_ONE_QUERY", "true")
+    assert run([], monkeypatch, tmp_path).one_query is True
+    assert run(["--query-each"], monkeypatch, tmp_path).one_query is False
+    with pytest.raises(SystemExit):  # one or the other
+        run(["--query-each", "--one-query"], monkeypatch, tmp_path)
