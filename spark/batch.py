@@ -272,7 +272,7 @@ class BatchHandler:
         try:
             rows, failures = self._attempt(batch_run)
         finally:
-            self._leave_shared_job()
+            self.leave_shared_job()  # the job need not wait for this batch's report
         self.driver.absorb(
             IntervalOutcome(
                 row.interval,
@@ -309,8 +309,9 @@ class BatchHandler:
             return  # nothing ran (only watermark reports came): no metrics
         self._record_metrics(batch_run, metrics, started, bookkeeping)
 
-    def _leave_shared_job(self) -> None:
-        """Tell the topology's job this computation has no part in it (if it had none)."""
+    def leave_shared_job(self) -> None:
+        """Tell the topology's job, if any, that this computation has no part in it (if it
+        submitted none)."""
         job, self.shared_job = self.shared_job, None
         if job is not None:
             job.leave(self.spec.name)
@@ -614,21 +615,19 @@ class BatchHandler:
         task = batch_task(
             self.spec, self.settings, plan.watermark, plan.timer_watermark, plan.layout, batch
         )
-        if whole and self.shared_job is not None:
-            job, self.shared_job = self.shared_job, None
-            try:
-                collected = job.submit(self.spec.name, self.tasks, task)
-            finally:
-                if claims is not None and claims.exists():
-                    shutil.rmtree(claims)
-            return [ResultRow.of(row) for row in collected]
-        if self._task_numbers is None:  # made once: each batch adds its own step to it
-            self._task_numbers = self.spark.sparkContext.parallelize(range(self.tasks), self.tasks)
-        rdd = self._task_numbers.mapPartitionsWithIndex(task)
-        if self._claims is not None and self.worker_pool:
-            in_worker_pool(rdd, self.worker_pool)
         try:
-            collected = rdd.collect()
+            if whole and self.shared_job is not None:
+                job, self.shared_job = self.shared_job, None
+                collected = job.submit(self.spec.name, self.tasks, task)
+            else:
+                if self._task_numbers is None:  # made once: each batch adds its own step
+                    self._task_numbers = self.spark.sparkContext.parallelize(
+                        range(self.tasks), self.tasks
+                    )
+                rdd = self._task_numbers.mapPartitionsWithIndex(task)
+                if self._claims is not None and self.worker_pool:
+                    in_worker_pool(rdd, self.worker_pool)
+                collected = rdd.collect()
         finally:
             if claims is not None and claims.exists():
                 shutil.rmtree(claims)  # this job's alone: a retry claims in a fresh one
@@ -676,8 +675,7 @@ class TopologyBatch:
             except BaseException as exc:  # raised below, on the query's thread
                 errors[n] = exc
             finally:
-                handler.shared_job = None
-                job.leave(handler.spec.name)  # if it had not (it failed before its part)
+                handler.leave_shared_job()  # if it had not (it failed before its part)
 
         threads = [
             threading.Thread(

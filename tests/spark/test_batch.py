@@ -301,6 +301,10 @@ class _Computation:
         self.meet = meet
         self.error = error
         self.ran: list[int] = []
+        self.shared_job: Any = None  # the batch's job, which it leaves as a handler does
+
+    def leave_shared_job(self) -> None:
+        BatchHandler.leave_shared_job(cast("BatchHandler", self))
 
     def __call__(self, batch: object, batch_id: int) -> None:
         self.meet.wait()  # passes only if every handler runs at once
