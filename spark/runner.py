@@ -622,12 +622,19 @@ class RunningTopology:
                 for cause in _STORAGE_FAILURES:
                     if cause in text:
                         raise CheckpointStorageError(
-                            f"computation {name!r} stopped: could not write its checkpoint "
-                            f"under {self.checkpoint(name)} ({cause}). Free space there (or "
-                            "fix its permissions) and restart the topology; nothing is lost, "
-                            "the batch runs again from the checkpoint"
+                            f"{self._stopped_by(name)} stopped: could not write the query's "
+                            f"checkpoint under {self.checkpoint(name)} ({cause}). Free space "
+                            "there (or fix its permissions) and restart the topology; nothing "
+                            "is lost, the batch runs again from the checkpoint"
                         ) from failure
                 raise failure
+
+    def _stopped_by(self, name: str) -> str:
+        """Whom a failure of ``name``'s query stops: that computation, or every computation
+        of a topology run as one query (a message naming one of them would mislead)."""
+        if self.settings.one_query:
+            return f"{_computations(self._ordered())} (the topology's one query)"
+        return f"computation {name!r}"
 
     def _take_back(self, name: str, failure: BaseException) -> None:
         """After another driver wrote ``name``'s checkpoint first: restart its query if this
@@ -637,9 +644,9 @@ class RunningTopology:
         holder = checkpoint_holder(checkpoint)
         if holder != self.driver_id:
             raise FencedError(
-                f"computation {name!r} stopped: driver {holder} took it over (its checkpoint "
-                f"{checkpoint}); this driver ({self.driver_id}) is a zombie, it was stopped or "
-                "cut off for long, and leaves the work to the other"
+                f"{self._stopped_by(name)} stopped: driver {holder} took the query over (its "
+                f"checkpoint {checkpoint}); this driver ({self.driver_id}) is a zombie, it was "
+                "stopped or cut off for long, and leaves the work to the other"
             ) from failure
         with self._lock:
             taken = self._take_backs[name] = self._take_backs.get(name, 0) + 1
@@ -652,8 +659,8 @@ class RunningTopology:
             return  # removed meanwhile
         if taken > _TAKE_BACKS:
             raise FencedError(
-                f"computation {name!r} lost its checkpoint {checkpoint} to another driver "
-                f"{taken} times in a row: is a second driver of topology "
+                f"{self._stopped_by(name)} lost the query's checkpoint {checkpoint} to another "
+                f"driver {taken} times in a row: is a second driver of topology "
                 f"{self.topology.name!r} running with this checkpoint root?"
             ) from failure
         _log.warning(

@@ -613,8 +613,19 @@ def test_a_driver_takes_its_checkpoint_back_from_a_zombie_and_a_superseded_drive
         # A successor claims the checkpoint: this driver is the zombie now, and stops.
         claim_checkpoint(checkpoint, "elsewhere:1:successor")
         produce(services, pipeline.searches, [encode_record(r) for r in lots[80:]])
-        with pytest.raises(FencedError, match="driver elsewhere:1:successor took it over"):
+        with pytest.raises(FencedError) as caught:
             running.await_idle(timeout=120)  # stage 1 never catches up: its query stopped
+        # It names what stopped: the computation, or every one of a topology's one query.
+        stopped, _, rest = str(caught.value).partition(" stopped: ")
+        assert rest.startswith("driver elsewhere:1:successor took the query over")
+        if one_query:
+            assert len(running.topology.computations) > 1
+            names = stopped.removeprefix("computations ").removesuffix(
+                " (the topology's one query)"
+            )
+            assert sorted(names.split(", ")) == sorted(map(repr, running.topology.computations))
+        else:
+            assert stopped == f"computation {pipeline.per_user!r}"
         assert sum(states(cassandra, pipeline.keyspace, pipeline.per_user).values()) == 80
     finally:
         running.stop()
