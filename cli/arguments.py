@@ -14,7 +14,14 @@ import os
 import textwrap
 from pathlib import Path
 
-__all__ = ["PlainHelp", "add_command", "path_here", "positive", "writable_file_here"]
+__all__ = [
+    "PlainHelp",
+    "add_command",
+    "add_query_mode",
+    "path_here",
+    "positive",
+    "writable_file_here",
+]
 
 
 class PlainHelp(argparse.HelpFormatter):
@@ -50,6 +57,27 @@ def add_command(
     opens its own ``--help``."""
     return commands.add_parser(
         name, help=summary, description=description, formatter_class=PlainHelp
+    )
+
+
+def add_query_mode(parser: argparse.ArgumentParser, *, one_query: str) -> None:
+    """``--one-query`` / ``--query-each`` into ``one_query`` (``None``: neither given, the
+    configuration's ``[run] one_query`` decides); ``one_query`` says what the first does."""
+    queries = parser.add_mutually_exclusive_group()
+    queries.add_argument(
+        "--one-query",
+        dest="one_query",
+        action="store_const",
+        const=True,
+        default=None,
+        help=f"{one_query} (default: [run] one_query, off)",
+    )
+    queries.add_argument(
+        "--query-each",
+        dest="one_query",
+        action="store_const",
+        const=False,
+        help="one streaming query per computation (the default), whatever [run] one_query says",
     )
 
 

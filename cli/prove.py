@@ -12,7 +12,7 @@ import json
 import sys
 import time
 
-from millstream.cli.arguments import add_command, positive, writable_file_here
+from millstream.cli.arguments import add_command, add_query_mode, positive, writable_file_here
 
 __all__ = ["register", "run"]
 
@@ -66,6 +66,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "transactional output stream twice (byte-identical: a re-send); the counts are "
         "reported either way (default: on)",
     )
+    add_query_mode(
+        parser,
+        one_query="run the workload's topology as one streaming query (RunSettings.one_query), "
+        "as millstream run --one-query does",
+    )
     parser.add_argument(
         "--keep", action="store_true", help="keep the run's topics, keyspace and directory"
     )
@@ -109,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
             progress=progress,
             environment=stack.client_environment(),
             plain_exactly_once=args.plain_exactly_once,
+            one_query=args.one_query,
         )
         print(report.render(), flush=True)
         reports.append(report)

@@ -17,7 +17,7 @@ import dataclasses
 import sys
 from typing import TYPE_CHECKING
 
-from millstream.cli.arguments import add_command, path_here, positive
+from millstream.cli.arguments import add_command, add_query_mode, path_here, positive
 
 if TYPE_CHECKING:
     from millstream.engine.config import MillstreamConfig
@@ -80,22 +80,10 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         metavar="N",
         help="at most N records per micro-batch of each query (default: [run]'s, no limit)",
     )
-    queries = parser.add_mutually_exclusive_group()
-    queries.add_argument(
-        "--one-query",
-        dest="one_query",
-        action="store_const",
-        const=True,
-        default=None,
-        help="run the whole topology as one streaming query: a pipeline's stage waits one "
-        "batch, and its computations are fixed while it runs (default: [run] one_query, off)",
-    )
-    queries.add_argument(
-        "--query-each",
-        dest="one_query",
-        action="store_const",
-        const=False,
-        help="one streaming query per computation (the default), whatever [run] one_query says",
+    add_query_mode(
+        parser,
+        one_query="run the whole topology as one streaming query: a pipeline's stage waits one "
+        "batch, and its computations are fixed while it runs",
     )
     parser.add_argument(
         "--no-create-keyspace",

@@ -128,6 +128,7 @@ __all__ = [
     "discard",
     "dump_stacks",
     "prove",
+    "query_mode",
     "read_store_probes",
     "recheck",
     "run_config",
@@ -904,6 +905,17 @@ def recheck(
     )
 
 
+def query_mode(
+    config: MillstreamConfig, environment: Mapping[str, str], one_query: bool | None
+) -> tuple[dict[str, str], bool]:
+    """The environment of a run's processes with ``one_query`` in it (the driver reads its
+    run settings from its environment, :func:`~millstream.engine.config.load_config`), and
+    whether the topology runs as one query: ``one_query``, or ``config``'s if ``None``."""
+    if one_query is None:
+        return dict(environment), config.run.one_query
+    return {**environment, "MILLSTREAM_RUN_ONE_QUERY": "true" if one_query else "false"}, one_query
+
+
 def prove(
     config: MillstreamConfig,
     tier: Tier,
@@ -916,6 +928,7 @@ def prove(
     progress: Callable[[str], None] = lambda _: None,
     environment: Mapping[str, str] | None = None,
     plain_exactly_once: bool = True,
+    one_query: bool | None = None,
 ) -> GroundReport:
     """One run of the proving ground; see the module docstring. ``services`` are the local
     stack's (:attr:`~millstream.devtools.local.stack.LocalStack.services`): the Kafka and
@@ -925,8 +938,10 @@ def prove(
     they differ from what the environment says). ``keep`` leaves the run's topics, keyspace
     and directory for inspection. ``plain_exactly_once`` fails a run whose output streams a
     plain read_committed Kafka consumer reads a message of twice (their counts are reported
-    either way; off for a topology whose productions are not transactional)."""
-    environment = environment or {}
+    either way; off for a topology whose productions are not transactional). ``one_query``
+    runs the topology as one streaming query, or a query per computation (``None``: as
+    ``config.run.one_query`` says); the report names which."""
+    environment, one_query = query_mode(config, environment or {}, one_query)
     unknown = set(kinds or ()) - FAULTS.keys()
     if unknown:
         raise MillstreamError(f"unknown faults {sorted(unknown)}; known: {', '.join(FAULTS)}")
@@ -948,7 +963,7 @@ def prove(
     )
     description = RunDescription(run_name, workload, tier.key_intervals, 20_000, rebalance)
     description.write(directory)
-    report = GroundReport(run_name, seed, tier, directory)
+    report = GroundReport(run_name, seed, tier, directory, one_query=one_query)
     started = time.monotonic()
     run = _Run(config, description, directory, services, progress, environment)
     steps = len(faults) + 1

@@ -60,6 +60,7 @@ class GroundReport:
     seed: int
     tier: Tier
     directory: Path
+    one_query: bool = False  # the topology ran as one streaming query
     outcomes: list[FaultOutcome] = field(default_factory=list)
     unplanned: list[Unplanned] = field(default_factory=list)
     checks: CheckResult = field(default_factory=CheckResult)
@@ -77,6 +78,7 @@ class GroundReport:
         lines = [
             f"proving ground run {self.run}: seed {self.seed}, {self.tier.records} records "
             f"over {self.tier.keys} keys, {len(self.outcomes)} faults, {self.seconds:.0f} s",
+            "the topology in one query" if self.one_query else "a query per computation",
             "",
             f"{'#':>3}  {'fault':<18} {'target':<22} {'s':>5}  result",
         ]
@@ -111,6 +113,7 @@ class GroundReport:
         return {
             "run": self.run,
             "seed": self.seed,
+            "one_query": self.one_query,
             "passed": self.passed,
             "seconds": self.seconds,
             "faults": [

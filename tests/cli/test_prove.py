@@ -14,16 +14,22 @@ from millstream.cli import prove as prove_command
 pytestmark = pytest.mark.unit
 
 
-def test_the_report_file_is_taken_from_where_the_command_runs(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    seen: list[argparse.Namespace] = []
+@pytest.fixture
+def seen(monkeypatch: pytest.MonkeyPatch) -> list[argparse.Namespace]:
+    """The arguments of each run the command starts (none is started for real)."""
+    started: list[argparse.Namespace] = []
 
     def run(args: argparse.Namespace) -> int:
-        seen.append(args)
+        started.append(args)
         return 0
 
     monkeypatch.setattr(prove_command, "run", run)
+    return started
+
+
+def test_the_report_file_is_taken_from_where_the_command_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seen: list[argparse.Namespace]
+) -> None:
     (tmp_path / "reports").mkdir()
     monkeypatch.chdir(tmp_path)
     assert cli.main(["prove", "--json", "reports/soak.json"]) == 0
@@ -42,3 +48,23 @@ def test_a_report_file_in_a_missing_directory_is_refused_before_the_run(
         f"argument --json: directory {str(tmp_path / 'reports')!r} does not exist"
         in capsys.readouterr().err
     )
+
+
+@pytest.mark.parametrize(
+    ("flags", "one_query"), [([], None), (["--one-query"], True), (["--query-each"], False)]
+)
+def test_the_way_the_topology_runs_is_left_to_the_configuration_unless_a_flag_says(
+    seen: list[argparse.Namespace], flags: list[str], one_query: bool | None
+) -> None:
+    assert cli.main(["prove", *flags]) == 0
+    assert seen[0].one_query is one_query
+
+
+def test_one_query_and_query_each_are_refused_together(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(prove_command, "run", lambda args: pytest.fail("the run started"))
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["prove", "--one-query", "--query-each"])
+    assert refused.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err

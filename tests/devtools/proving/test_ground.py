@@ -20,11 +20,11 @@ from millstream.connectors import kafka as kafka_connector
 from millstream.devtools.proving import ground
 from millstream.devtools.proving.checks import PLAIN_DUPLICATES, read_plain
 from millstream.devtools.proving.faults import TIERS
-from millstream.devtools.proving.ground import discard, prove, recheck, run_config
+from millstream.devtools.proving.ground import discard, prove, query_mode, recheck, run_config
 from millstream.devtools.proving.processes import BATCHES_FILE, RunDescription
 from millstream.devtools.proving.report import GroundReport
 from millstream.devtools.proving.workload import Workload, expected_outcome, rebalance_policy
-from millstream.engine.config import MillstreamConfig
+from millstream.engine.config import MillstreamConfig, RunSettings, load_config
 from millstream.engine.productions import Production
 from millstream.engine.records import Record
 from millstream.engine.watermarks import WatermarkReport
@@ -45,6 +45,20 @@ def _services(config: MillstreamConfig) -> list[object]:
     from millstream.devtools.local.stack import LocalStack
 
     return list(LocalStack(config, _progress).services)
+
+
+@pytest.mark.unit
+def test_a_run_tells_its_driver_how_to_run_the_topology_and_says_which() -> None:
+    config = MillstreamConfig()
+    assert query_mode(config, {"A": "1"}, None) == ({"A": "1"}, False)
+    configured = MillstreamConfig(run=RunSettings(one_query=True))
+    assert query_mode(configured, {}, None) == ({}, True)
+    for one_query in (True, False):
+        environment, said = query_mode(configured, {"A": "1"}, one_query)
+        assert said is one_query
+        assert environment["A"] == "1"
+        # What the driver's load_config makes of the environment it is given.
+        assert load_config(environment, Path(os.devnull)).run.one_query is one_query
 
 
 @pytest.mark.unit

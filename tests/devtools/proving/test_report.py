@@ -49,3 +49,12 @@ def test_an_unplanned_exit_fails_a_run_that_lost_nothing(tmp_path: Path) -> None
     report.unplanned.append(Unplanned("injector", 1, "cassandra.cluster.NoHostAvailable: x"))
     assert (clean, report.passed) == (True, False)
     assert report.render().splitlines()[-1].startswith("FAILED")
+
+
+@pytest.mark.unit
+def test_a_report_says_how_the_topology_ran(tmp_path: Path) -> None:
+    each = GroundReport("r", 1, TIERS["ci"], tmp_path)
+    one = GroundReport("r", 1, TIERS["ci"], tmp_path, one_query=True)
+    assert each.render().splitlines()[1] == "a query per computation"
+    assert one.render().splitlines()[1] == "the topology in one query"
+    assert (each.to_json()["one_query"], one.to_json()["one_query"]) == (False, True)
