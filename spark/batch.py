@@ -611,6 +611,11 @@ class BatchHandler:
             slots=self._task_slots(),
             quarantine=quarantine,
             claims=None if claims is None else str(claims),
+            ends={
+                (topic, partition): end
+                for topic in self.data_topics
+                for partition, end in run.consumed.get(topic, {}).items()
+            },
         )
         task = batch_task(
             self.spec, self.settings, plan.watermark, plan.timer_watermark, plan.layout, batch

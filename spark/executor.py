@@ -53,6 +53,22 @@ first task of a process freezes what it holds by then (its imported modules and 
 later collection scans them) and sets the youngest generation's threshold to
 ``config.executor_gc_threshold`` (:func:`tune_collector`).
 
+**A pipeline in one query.** In a topology's one query (``RunSettings.one_query``) a batch is
+one Spark job whose task ``n`` works share ``n`` of every computation
+(:func:`topology_task`), upstream first: the computations whose inputs no other computation of
+the job writes run first, all at once, then those they write to, and so on. A part that runs
+after a part of the same task that wrote to its input topics reads those topics past the
+batch's planned end, up to what is committed at that moment (their last stable offsets,
+:func:`committed_ends_from_kafka`): the records its upstream just made, in this task and in
+any other whose transaction has committed. So a pipeline's record passes every stage in the
+batch that read it, as MillWheel hands a production to its consumer, where it would
+otherwise wait a batch a stage. Each interval that ran remembers, in its process, how far it
+read ahead (by the computation's run token, interval and stream partition: an interval ID
+never changes its key range); the next batch's planned ranges hold those records again, and
+each interval leaves out the ones below its mark, running only if something is left (or it
+has a tick). Nothing depends on the marks for exactly-once: a record read again elsewhere (a
+retried task, another process, a restarted driver) is a duplicate its dedup ID drops.
+
 **Failures.** Whatever the worker raises (``FencedError``, an unresolved unknown outcome, a
 store or Kafka outage) fails the task: the interval's commit either applied completely for a
 key or not at all, the worker forgets its soft state, and the driver re-runs the batch
@@ -157,6 +173,9 @@ class BatchInput:
     """A directory of this job's own that every task sees (local mode: one machine), where
     each task claims the share its process worked in the computation's last batch
     (:func:`claim_slot`); ``None``: task ``n`` works share ``n``."""
+    ends: Mapping[tuple[str, int], int] = field(default_factory=dict)
+    """The batch's planned end of every partition of the computation's data topics, by
+    (topic, partition), empty ranges included: where a read ahead of the batch begins."""
 
 
 _HOST: Final = socket.gethostname()
@@ -195,6 +214,10 @@ class _Resources:
     workers: WorkerPool
     threads: ThreadPoolExecutor
     reader: Any = None  # the consumer of the batches' ranges, made at the first read
+    admin: Any = None  # the Kafka admin client of read-ahead's end offsets, made at first use
+    # How far each interval read its topics past a batch's planned end (see the module
+    # docstring): (run token, computation, interval) -> {(stream, partition): end offset}.
+    read_ahead: dict[tuple[str, str, int], dict[tuple[str, int], int]] = field(default_factory=dict)
     # The topics whose metadata the reader asked for (read_ranges's known_topics).
     reader_topics: set[str] = field(default_factory=set)
 
@@ -427,6 +450,10 @@ Reader = Callable[[TaskSettings, Sequence[OffsetRange], Skip], Iterable[InputMes
 """How a task reads its batch's ranges but the messages ``skip`` answers true for:
 :func:`read_from_kafka`, or a test's own."""
 
+EndOffsets = Callable[[TaskSettings, Sequence[tuple[str, int]]], Mapping[tuple[str, int], int]]
+"""The offsets up to which topic partitions hold committed records now, by (topic,
+partition): :func:`committed_ends_from_kafka`, or a test's own."""
+
 
 def read_from_kafka(
     settings: TaskSettings, ranges: Sequence[OffsetRange], skip: Skip
@@ -441,6 +468,23 @@ def read_from_kafka(
     )
 
 
+def committed_ends_from_kafka(
+    settings: TaskSettings, places: Sequence[tuple[str, int]]
+) -> dict[tuple[str, int], int]:
+    """The last stable offset of each (topic, partition) of ``places``: below it every
+    transaction is decided, so a ``read_committed`` read up to it is whole (this process's
+    admin client)."""
+    from confluent_kafka import IsolationLevel
+
+    from millstream.connectors.kafka.stalls import latest_offsets
+    from millstream.connectors.kafka.topics import admin_client
+
+    resources = _resources(settings)
+    if resources.admin is None:
+        resources.admin = admin_client(settings.config)
+    return latest_offsets(resources.admin, places, IsolationLevel.READ_COMMITTED, _READ_TIMEOUT)
+
+
 def batch_task(
     spec: ComputationSpec,
     settings: TaskSettings,
@@ -449,10 +493,11 @@ def batch_task(
     layout: IntervalLayout,
     batch: BatchInput,
     read: Reader = read_from_kafka,
+    ends: EndOffsets = committed_ends_from_kafka,
 ) -> BatchTask:
     """The ``mapPartitionsWithIndex`` function of a batch's one Spark stage
     (:class:`BatchTask`)."""
-    return BatchTask(spec, settings, watermark, timer_watermark, layout, batch, read)
+    return BatchTask(spec, settings, watermark, timer_watermark, layout, batch, read, ends)
 
 
 @dataclass(frozen=True, slots=True)
@@ -465,7 +510,8 @@ class BatchTask:
     input low watermark before the batch (``watermark``), event-time timers under the one
     after it (see :meth:`IntervalWorker.process`). One :data:`RESULT_SCHEMA` row (by column
     name) per interval. Raises whatever a worker raises (a fence before any other), failing
-    the task; see the module docstring.
+    the task; see the module docstring. In a topology's job a task may read past the batch
+    (:meth:`start`'s ``upstream``), to the offsets ``ends`` gives.
 
     A plain RDD job, not a DataFrame's: Spark plans, compiles and converts nothing for it (a
     ``mapInArrow`` over ``spark.range`` cost about 60 ms more per batch in planning, Arrow
@@ -479,15 +525,26 @@ class BatchTask:
     layout: IntervalLayout
     batch: BatchInput
     read: Reader = read_from_kafka
+    ends: EndOffsets = committed_ends_from_kafka
 
     def __call__(self, index: int, _elements: Iterable[object]) -> Iterator[dict[str, Any]]:
         yield from self.start(index)()
 
-    def start(self, index: int) -> Callable[[], list[dict[str, Any]]]:
+    def start(
+        self, index: int, upstream: Set[str] = frozenset()
+    ) -> Callable[[], list[dict[str, Any]]]:
         """Task ``index`` until its intervals run: its share claimed, its messages read and
         routed, each interval's work handed to the process's interval threads. The function
-        returned waits for them and gives the rows (or raises)."""
+        returned waits for them and gives the rows (or raises).
+
+        ``upstream``: topics that parts of this task's job, run before this one in this
+        task, wrote to; those of its input topics are read past the batch's planned end, up
+        to what is committed now (see the module docstring)."""
         spec, settings, batch = self.spec, self.settings, self.batch
+        ranges: Sequence[OffsetRange] = batch.ranges
+        ahead: dict[tuple[str, int], int] = {}
+        if upstream:
+            ranges, ahead = _read_ahead(settings, spec, batch, ranges, upstream, self.ends)
         tasks = {index}
         if batch.claims is not None:
             # The shares this process worked before, where their caches and producers are.
@@ -502,11 +559,14 @@ class BatchTask:
             self.layout,
             batch,
             tasks,
-            lambda skip: self.read(settings, batch.ranges, skip),
+            lambda skip: self.read(settings, ranges, skip),
         )
+        resources = _resources(settings)
+        marks = resources.read_ahead
+        if marks:
+            _leave_out_read_ahead(by_interval, marks, settings.run_token, spec.name, batch.ticks)
         routed, routed_cpu = thread_step_clock()
         routing = [routed - routing_started, routed_cpu - routing_cpu]
-        resources = _resources(settings)
         # The intervals' round trips to Cassandra and Kafka overlap on the pool's threads.
         futures = [
             resources.threads.submit(
@@ -524,8 +584,17 @@ class BatchTask:
             for interval, inputs in sorted(by_interval.items())
         ]
 
+        intervals = sorted(by_interval)
+
         def rows() -> list[dict[str, Any]]:
             wait(futures)
+            if ahead:
+                for interval, future in zip(intervals, futures, strict=True):
+                    if future.exception() is None:  # committed: below its ends, all done
+                        if len(marks) >= _MARKS_KEPT:
+                            marks.clear()  # a bound, not a loss: a mark only saves work
+                        key = (settings.run_token, spec.name, interval)
+                        marks.setdefault(key, {}).update(ahead)
             # A fence is raised before any other interval's failure: it says this process's
             # work was taken over, and the other failure may be one the same stop caused (a
             # request timed out while the process was stopped), which would hide it.
@@ -550,34 +619,120 @@ def topology_task(
     (:class:`~millstream.spark.batch.TopologyJob`): task ``n`` runs task ``n`` of each part
     (its number of tasks and its :class:`BatchTask`) that has one, and yields per part
     ``(part, n, rows, None)``, or ``(part, n, None, traceback)`` for a part that raised: its
-    computation's attempt failed, not the others'. The parts read and route one after
-    another (a Python worker has one Kafka reader), and their intervals run at once, on the
-    process's interval threads, so that the computations' round trips to Cassandra and
-    Kafka overlap."""
+    computation's attempt failed, not the others'.
+
+    The parts run in the levels of :func:`upstream_first`, a level once the one before has
+    ended in this task: a part that writes to another's input runs before it, and the later
+    part reads past the batch what the earlier ones wrote (:meth:`BatchTask.start`'s
+    ``upstream``: the topics of the parts that succeeded before it in this task). Within a
+    level the parts read and route one after another (a Python worker has one Kafka reader),
+    and their intervals run at once, on the process's interval threads, so that the
+    computations' round trips to Cassandra and Kafka overlap."""
+    levels = upstream_first([task.spec for _, task in parts])
 
     def run(
         index: int, _elements: Iterable[object]
     ) -> Iterator[tuple[int, int, list[dict[str, Any]] | None, str | None]]:
-        started: list[tuple[int, Callable[[], list[dict[str, Any]]] | None, str | None]] = []
-        for number, (tasks, task) in enumerate(parts):
-            if index >= tasks:
-                continue
-            try:
-                started.append((number, task.start(index), None))
-            except Exception:
-                started.append((number, None, traceback.format_exc()))
-        for number, rows, error in started:
-            if rows is None:
-                yield number, index, None, error
-                continue
-            try:
-                done = rows()
-            except Exception:
-                yield number, index, None, traceback.format_exc()
-            else:
-                yield number, index, done, None
+        written: set[str] = set()  # topics this task's parts that ran wrote to
+        for level in levels:
+            started: list[tuple[int, Callable[[], list[dict[str, Any]]] | None, str | None]] = []
+            for number in level:
+                tasks, task = parts[number]
+                if index >= tasks:
+                    continue
+                try:
+                    started.append((number, task.start(index, written), None))
+                except Exception:
+                    started.append((number, None, traceback.format_exc()))
+            for number, rows, error in started:
+                if rows is None:
+                    yield number, index, None, error
+                    continue
+                try:
+                    done = rows()
+                except Exception:
+                    yield number, index, None, traceback.format_exc()
+                else:
+                    written.update(stream_topic(s) for s in parts[number][1].spec.outputs)
+                    yield number, index, done, None
 
     return run
+
+
+def upstream_first(specs: Sequence[ComputationSpec]) -> list[list[int]]:
+    """The positions of ``specs`` in levels: each computation in a level after every other
+    computation among them that writes to one of its input streams. The computations of a
+    cycle (each upstream of another) share the level where it is found."""
+    upstream = [
+        {
+            other
+            for other, writer in enumerate(specs)
+            if other != number and {i.stream for i in spec.inputs} & set(writer.outputs)
+        }
+        for number, spec in enumerate(specs)
+    ]
+    left = set(range(len(specs)))
+    levels: list[list[int]] = []
+    while left:
+        level = sorted(number for number in left if not upstream[number] & left) or sorted(left)
+        levels.append(level)
+        left.difference_update(level)
+    return levels
+
+
+def _read_ahead(
+    settings: TaskSettings,
+    spec: ComputationSpec,
+    batch: BatchInput,
+    ranges: Sequence[OffsetRange],
+    upstream: Set[str],
+    ends: EndOffsets,
+) -> tuple[Sequence[OffsetRange], dict[tuple[str, int], int]]:
+    """``ranges`` (``batch``'s) with, for each partition of its data topics among
+    ``upstream``, a range from the batch's planned end to what is committed now; and each
+    such partition's new end, by (stream, partition)."""
+    planned = {place: end for place, end in batch.ends.items() if place[0] in upstream}
+    for r in ranges:
+        if r.topic in upstream:
+            planned[(r.topic, r.partition)] = max(r.end, planned.get((r.topic, r.partition), 0))
+    if not planned:
+        return ranges, {}
+    committed = ends(settings, sorted(planned))
+    streams = _streams_by_topic(spec)
+    grown = list(ranges)
+    ahead: dict[tuple[str, int], int] = {}
+    for (topic, partition), end in planned.items():
+        now = committed.get((topic, partition), end)
+        if now > end:
+            grown.append(OffsetRange(topic, partition, end, now))
+            ahead[(streams[topic], partition)] = now
+    return grown, ahead
+
+
+def _leave_out_read_ahead(
+    by_interval: dict[int, list[Delivery | Rejected]],
+    marks: Mapping[tuple[str, str, int], Mapping[tuple[str, int], int]],
+    run_token: str,
+    computation: str,
+    ticks: Sequence[int],
+) -> None:
+    """Leave out of each interval's inputs those below its marks (an earlier batch of this
+    process read them ahead and committed them); an interval left with nothing to do (no
+    input, no tick) does not run."""
+    for interval in list(by_interval):
+        mark = marks.get((run_token, computation, interval))
+        if not mark:
+            continue
+        kept = [
+            item
+            for item in by_interval[interval]
+            if (origin := item.origin).offset is None
+            or origin.offset >= mark.get((origin.stream or "", origin.partition or 0), -1)
+        ]
+        if kept or interval in ticks:
+            by_interval[interval] = kept
+        else:
+            del by_interval[interval]
 
 
 def route_task(
@@ -658,6 +813,8 @@ class _KeyedIntervals:
 
 
 _KEYS_REMEMBERED: Final = 1 << 16
+_MARKS_KEPT: Final = 10_000
+"""At most this many intervals' read-ahead marks a process keeps (then it starts afresh)."""
 
 
 def _run_interval(

@@ -35,6 +35,7 @@ __all__ = [
     "StableOffsetWatch",
     "StallTracker",
     "TransactionStalls",
+    "latest_offsets",
     "stable_offsets",
 ]
 
@@ -112,19 +113,24 @@ def stable_offsets(
         partitions += [TopicPartition(topic, p) for p in sorted(metadata.partitions)]
     if not partitions:
         return {}
-    found: dict[IsolationLevel, dict[Partition, int]] = {}
-    for level in (IsolationLevel.READ_COMMITTED, IsolationLevel.READ_UNCOMMITTED):
-        futures = admin.list_offsets(
-            {tp: OffsetSpec.latest() for tp in partitions},  # type: ignore[no-untyped-call]
-            isolation_level=level,
-            request_timeout=timeout,
-        )
-        found[level] = {
-            (tp.topic, tp.partition): future.result().offset for tp, future in futures.items()
-        }
-    stable = found[IsolationLevel.READ_COMMITTED]
-    high = found[IsolationLevel.READ_UNCOMMITTED]
+    places = [(tp.topic, tp.partition) for tp in partitions]
+    stable = latest_offsets(admin, places, IsolationLevel.READ_COMMITTED, timeout)
+    high = latest_offsets(admin, places, IsolationLevel.READ_UNCOMMITTED, timeout)
     return {partition: (stable[partition], high[partition]) for partition in stable}
+
+
+def latest_offsets(
+    admin: AdminClient, partitions: Sequence[Partition], level: IsolationLevel, timeout: float
+) -> dict[Partition, int]:
+    """Each of ``partitions``' end as a reader at ``level`` sees it: the last stable offset
+    (``READ_COMMITTED``: below it every transaction is decided) or the high watermark
+    (``READ_UNCOMMITTED``). One request per leader broker, not one per partition."""
+    futures = admin.list_offsets(
+        {TopicPartition(t, p): OffsetSpec.latest() for t, p in partitions},  # type: ignore[no-untyped-call]
+        isolation_level=level,
+        request_timeout=timeout,
+    )
+    return {(tp.topic, tp.partition): future.result().offset for tp, future in futures.items()}
 
 
 class StableOffsetWatch:

@@ -36,6 +36,7 @@ from millstream.engine.worker_pool import WorkerPool
 from millstream.spark import executor
 from millstream.spark.executor import (
     BatchInput,
+    BatchTask,
     IntervalSlots,
     Skip,
     TaskSettings,
@@ -466,3 +467,161 @@ def test_a_worker_process_tunes_its_collector_once_and_zero_leaves_it() -> None:
         [sys.executable, "-c", TUNED_COLLECTOR], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
+
+
+class Forward(Computation):
+    """Produces each record to ``mid`` (the first stage) or ``out`` (the second)."""
+
+    def __init__(self, output: str) -> None:
+        self.output = output
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.produce(self.output, record.value, record.timestamp)
+
+
+def pipeline() -> tuple[ComputationSpec, ComputationSpec]:
+    """``first`` (in -> mid) and ``second`` (mid -> out), one key interval each."""
+    topology = Topology("t", streams=["in", "mid", "out"])
+    options = ComputationOptions(key_intervals=1)
+    first = topology.add_computation(
+        "first", Forward("mid"), inputs=["in"], outputs=["mid"], options=options
+    )
+    second = topology.add_computation(
+        "second", Forward("out"), inputs=["mid"], outputs=["out"], options=options
+    )
+    return first, second
+
+
+def test_upstream_first_puts_a_computation_after_those_writing_its_input() -> None:
+    topology = Topology("t", streams=["in", "mid", "out", "other", "loop"])
+    third = topology.add_computation("third", Forward("out"), inputs=["out"], outputs=[])
+    second = topology.add_computation("second", Forward("out"), inputs=["mid"], outputs=["out"])
+    first = topology.add_computation("first", Forward("mid"), inputs=["in"], outputs=["mid"])
+    alone = topology.add_computation("alone", Forward("other"), inputs=["in"], outputs=["other"])
+    assert executor.upstream_first([third, second, first, alone]) == [[2, 3], [1], [0]]
+    # A cycle's computations (ping and pong) share a level, after what writes into it.
+    ping = topology.add_computation(
+        "ping", Forward("loop"), inputs=["other", "out"], outputs=["loop"]
+    )
+    pong = topology.add_computation("pong", Forward("out"), inputs=["loop"], outputs=["out"])
+    assert executor.upstream_first([ping, pong, first, second]) == [[2], [3], [0, 1]]
+
+
+def test_a_later_stage_reads_what_an_earlier_one_just_wrote_and_then_leaves_it_out(
+    sink: TestingSink,
+) -> None:
+    # The topology's job runs `first`, then `second`, which reads `mid` past its planned end
+    # up to what is committed (here: what `ends` says); its next batch leaves those out.
+    first, second = pipeline()
+    mid = [InputMessage("mid", 0, n, 5, None, record(f"m{n}", 10, 100 + n)) for n in range(7)]
+    log: list[tuple[str, tuple[OffsetRange, ...]]] = []
+
+    def part(spec: ComputationSpec, ranges: tuple[OffsetRange, ...], ends: int) -> BatchTask:
+        def read(
+            settings: TaskSettings, asked: Sequence[OffsetRange], skip: Skip
+        ) -> list[InputMessage]:
+            log.append((spec.name, tuple(asked)))
+            sent = messages([record("a", 10, 0)]) if spec is first else mid
+            return [m for m in sent if any(m.offset in range(r.start, r.end) for r in asked)]
+
+        def committed(
+            settings: TaskSettings, places: Sequence[tuple[str, int]]
+        ) -> dict[tuple[str, int], int]:
+            assert list(places) == [("mid", 0)]
+            return {("mid", 0): ends}
+
+        batch = BatchInput(ranges, (), IntervalSlots(1), {})
+        return batch_task(spec, SETTINGS, 0, 0, IntervalLayout.initial(1), batch, read, committed)
+
+    def job(planned_mid: OffsetRange, ends: int) -> dict[str, int]:
+        """One batch of the two as the topology's job (`second` listed first): inputs each."""
+        parts = [
+            (1, part(second, (planned_mid,), ends)),
+            (1, part(first, (OffsetRange("in", 0, 0, 1),), ends)),
+        ]
+        rows = {
+            number: rows
+            for number, _, rows, error in executor.topology_task(parts)(0, iter([0]))
+            if error is None and rows is not None
+        }
+        return {
+            name: sum(ResultRow.of(row).counts.inputs for row in rows.get(number, []))
+            for number, name in enumerate(("second", "first"))
+        }
+
+    assert job(OffsetRange("mid", 0, 0, 3), ends=5) == {"first": 1, "second": 5}
+    assert [name for name, _ in log] == ["first", "second"]  # upstream first
+    assert list(log[1][1]) == [OffsetRange("mid", 0, 0, 3), OffsetRange("mid", 0, 3, 5)]
+    assert sorted(p.record.value for p in sink.delivered("out")) == [
+        f"m{n}".encode() for n in range(5)
+    ]
+    # Its next batch plans 3 to 5, which it read ahead, and reads ahead 5 and 6.
+    log.clear()
+    assert job(OffsetRange("mid", 0, 3, 5), ends=7) == {"first": 1, "second": 2}
+    assert list(log[1][1]) == [OffsetRange("mid", 0, 3, 5), OffsetRange("mid", 0, 5, 7)]
+    assert sorted(p.record.value for p in sink.delivered("out")) == [
+        f"m{n}".encode() for n in range(7)
+    ]
+    # A batch whose planned records were all read ahead runs no interval of `second`.
+    log.clear()
+    assert job(OffsetRange("mid", 0, 5, 7), ends=7) == {"first": 1, "second": 0}
+    assert list(log[1][1]) == [OffsetRange("mid", 0, 5, 7)]  # nothing committed past its end
+    assert len(sink.delivered("out")) == 7
+
+
+def test_a_stage_reads_ahead_only_after_an_upstream_part_that_succeeded(
+    sink: TestingSink, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first, second = pipeline()
+    asked: list[Sequence[tuple[str, int]]] = []
+
+    def read(settings: TaskSettings, ranges: Sequence[OffsetRange], skip: Skip) -> list[Any]:
+        if any(r.topic == "in" for r in ranges):
+            raise RuntimeError("the first stage's read failed")
+        return []
+
+    def committed(
+        settings: TaskSettings, places: Sequence[tuple[str, int]]
+    ) -> dict[tuple[str, int], int]:
+        asked.append(places)
+        return {}
+
+    layout = IntervalLayout.initial(1)
+    parts = [
+        (1, batch_task(spec, SETTINGS, 0, 0, layout, batch, read, committed))
+        for spec, batch in (
+            (first, BatchInput((OffsetRange("in", 0, 0, 1),), (), IntervalSlots(1), {})),
+            (second, BatchInput((OffsetRange("mid", 0, 0, 1),), (), IntervalSlots(1), {})),
+        )
+    ]
+    results = list(executor.topology_task(parts)(0, iter([0])))
+    assert [(number, error is None) for number, _, _, error in results] == [(0, False), (1, True)]
+    assert "the first stage's read failed" in str(results[0][3])
+    assert asked == []  # `first` wrote nothing in this task: `second` read its batch alone
+
+
+def test_a_read_ahead_begins_at_the_planned_end_of_every_partition_empty_ranges_too() -> None:
+    _, second = pipeline()
+    batch = BatchInput(
+        (OffsetRange("mid", 0, 4, 6),),
+        (),
+        IntervalSlots(1),
+        {},
+        ends={("mid", 0): 6, ("mid", 1): 3, ("mid", 2): 7},  # 1 and 2: nothing planned
+    )
+    asked: list[Sequence[tuple[str, int]]] = []
+
+    def committed(
+        settings: TaskSettings, places: Sequence[tuple[str, int]]
+    ) -> dict[tuple[str, int], int]:
+        asked.append(places)
+        return {("mid", 0): 8, ("mid", 1): 5, ("mid", 2): 7}
+
+    ranges, ahead = executor._read_ahead(SETTINGS, second, batch, batch.ranges, {"mid"}, committed)
+    assert asked == [[("mid", 0), ("mid", 1), ("mid", 2)]]
+    assert sorted(ranges) == [
+        OffsetRange("mid", 0, 4, 6),
+        OffsetRange("mid", 0, 6, 8),
+        OffsetRange("mid", 1, 3, 5),
+    ]
+    assert ahead == {("mid", 0): 8, ("mid", 1): 5}  # partition 2 had nothing new
