@@ -82,8 +82,8 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     add_query_mode(
         parser,
-        one_query="run the whole topology as one streaming query: a pipeline's stage waits one "
-        "batch, and its computations are fixed while it runs",
+        one_query="run the whole topology as one streaming query: a pipeline's record passes "
+        "its stages in the batch that read it, and its computations are fixed while it runs",
     )
     parser.add_argument(
         "--no-create-keyspace",

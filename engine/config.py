@@ -171,9 +171,10 @@ class RunSettings:
       process) serves its Prometheus metrics, ``http://ADDRESS:PORT/metrics``; port 0: off.
     - ``one_query``: run the topology's computations in one streaming query (one checkpoint,
       ``<root>/<topology>/@topology``), each batch working every computation, instead of a
-      query each: a record then waits one batch for each stage of a pipeline, not the batch
-      the next query is running and one of its own. The set of computations is fixed while
-      it runs (see :class:`~millstream.spark.RunningTopology`).
+      query each: a pipeline's record then passes its stages in the batch that read it
+      (each stage reads what its upstream just committed), not waiting at each stage for
+      the batch the next query is running and one of its own. The set of computations is
+      fixed while it runs (see :class:`~millstream.spark.RunningTopology`).
     """
 
     keyspace: str = DEFAULT_KEYSPACE

@@ -644,10 +644,12 @@ class TopologyBatch:
     each computation's :class:`BatchHandler` on the batch, at once, a thread each, and
     their first attempts as one Spark job (:class:`TopologyJob`), run on the batch's thread.
 
-    Each handler reads its own topics' ranges from the shared offset log, so a record a
-    computation produced in one batch is read by its consumers in the next: a pipeline's
-    stage waits one batch, where a query per computation has a record wait for the batch
-    the next query is running and then for one of its own. The batch ends when every
+    Each handler reads its own topics' ranges from the shared offset log, and the job runs
+    the computations upstream first, each reading past its planned ranges what its upstream
+    just committed in the same task (:func:`~millstream.spark.executor.topology_task`): a
+    pipeline's record passes its stages in the batch that read it, where a query per
+    computation has a record wait, at each stage, for the batch the next query is running
+    and then for one of its own. The batch ends when every
     handler has; if any failed, the batch fails with the first error (in the computations'
     order) once the others are done, and the query stops, as a computation's own query
     does: a restart replays the batch, in which what the others committed is duplicates.

@@ -690,7 +690,9 @@ def _read_ahead(
 ) -> tuple[Sequence[OffsetRange], dict[tuple[str, int], int]]:
     """``ranges`` (``batch``'s) with, for each partition of its data topics among
     ``upstream``, a range from the batch's planned end to what is committed now; and each
-    such partition's new end, by (stream, partition)."""
+    such partition's new end, by (stream, partition). With ``max_offsets_per_trigger``
+    (``[run]``), the ranges added hold at most that many offsets, shared evenly: a batch's
+    bound holds for what it reads ahead too (the rest waits for the next batch)."""
     planned = {place: end for place, end in batch.ends.items() if place[0] in upstream}
     for r in ranges:
         if r.topic in upstream:
@@ -698,11 +700,15 @@ def _read_ahead(
     if not planned:
         return ranges, {}
     committed = ends(settings, sorted(planned))
+    cap = settings.config.run.max_offsets_per_trigger
+    share = None if cap is None else max(1, cap // len(planned))
     streams = _streams_by_topic(spec)
     grown = list(ranges)
     ahead: dict[tuple[str, int], int] = {}
     for (topic, partition), end in planned.items():
         now = committed.get((topic, partition), end)
+        if share is not None:
+            now = min(now, end + share)  # below the last stable offset: still whole
         if now > end:
             grown.append(OffsetRange(topic, partition, end, now))
             ahead[(streams[topic], partition)] = now

@@ -5,12 +5,13 @@ its input streams, checkpointed under ``<checkpoint root>/<topology>/<computatio
 (default root: ``config.home / "checkpoints"``), so computations start, stop and fail
 independently, and one can be added or removed while the others run. With
 ``RunSettings.one_query`` the whole topology is one query instead, checkpointed under
-``<checkpoint root>/<topology>/@topology``, each batch working every computation at once
-(:class:`~millstream.spark.batch.TopologyBatch`): a pipeline's stage then waits one batch,
-and the set of computations is fixed while it runs. **Streams are Kafka
-topics of the same name** (:func:`millstream.connectors.kafka.stream_topic`): stream
-``searches`` is topic ``searches``, and a computation's dead letters go to
-``<computation>.dead-letters`` unless its options name another stream.
+``<checkpoint root>/<topology>/@topology``, each batch working every computation
+(:class:`~millstream.spark.batch.TopologyBatch`): a pipeline's record then passes its
+stages in the batch that read it, and the set of computations is fixed while it runs.
+**Streams are Kafka topics of the same name**
+(:func:`millstream.connectors.kafka.stream_topic`): stream ``searches`` is topic
+``searches``, and a computation's dead letters go to ``<computation>.dead-letters`` unless
+its options name another stream.
 
 A micro-batch flows like this (``foreachBatch`` on the driver only plans and collects)::
 
@@ -1016,7 +1017,10 @@ class RunningTopology:
         return BatchHandler(
             spec,
             spark=self.spark,
-            settings=TaskSettings(self.config, keyspace, table, token, namespace),
+            # The run's settings as the executors see them (a batch's cap bounds its read-ahead).
+            settings=TaskSettings(
+                self.config.with_run(self.settings), keyspace, table, token, namespace
+            ),
             watermarks=watermarks,
             checkpoint=checkpoint,
             files=self._files(spec.name),

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 from unittest.mock import patch
@@ -16,7 +17,7 @@ import pytest
 from millstream.connectors.stream_reader import InputMessage
 from millstream.engine.clock import ManualClock
 from millstream.engine.computation import Computation
-from millstream.engine.config import MillstreamConfig
+from millstream.engine.config import MillstreamConfig, RunSettings
 from millstream.engine.context import Context
 from millstream.engine.deadletters import DeadLetter, Origin, decode_dead_letter
 from millstream.engine.errors import FencedError
@@ -625,3 +626,10 @@ def test_a_read_ahead_begins_at_the_planned_end_of_every_partition_empty_ranges_
         OffsetRange("mid", 1, 3, 5),
     ]
     assert ahead == {("mid", 0): 8, ("mid", 1): 5}  # partition 2 had nothing new
+    # A batch's cap on what it reads holds for what it reads ahead, shared by the partitions.
+    capped = replace(
+        SETTINGS, config=MillstreamConfig().with_run(RunSettings(max_offsets_per_trigger=3))
+    )
+    ranges, ahead = executor._read_ahead(capped, second, batch, batch.ranges, {"mid"}, committed)
+    assert sorted(ranges)[1:] == [OffsetRange("mid", 0, 6, 7), OffsetRange("mid", 1, 3, 4)]
+    assert ahead == {("mid", 0): 7, ("mid", 1): 4}
