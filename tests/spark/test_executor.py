@@ -633,3 +633,41 @@ def test_a_read_ahead_begins_at_the_planned_end_of_every_partition_empty_ranges_
     ranges, ahead = executor._read_ahead(capped, second, batch, batch.ranges, {"mid"}, committed)
     assert sorted(ranges)[1:] == [OffsetRange("mid", 0, 6, 7), OffsetRange("mid", 1, 3, 4)]
     assert ahead == {("mid", 0): 7, ("mid", 1): 4}
+
+
+def test_a_batch_planning_more_than_the_hand_off_bound_runs_its_stages_at_once(
+    sink: TestingSink,
+) -> None:
+    first, second = pipeline()
+    asked: list[Sequence[tuple[str, int]]] = []
+    reads: list[str] = []
+
+    def read(settings: TaskSettings, ranges: Sequence[OffsetRange], skip: Skip) -> list[Any]:
+        reads.append(ranges[0].topic)
+        return []
+
+    def committed(
+        settings: TaskSettings, places: Sequence[tuple[str, int]]
+    ) -> dict[tuple[str, int], int]:
+        asked.append(places)
+        return {}
+
+    def job(mid_offsets: int) -> None:
+        layout = IntervalLayout.initial(1)
+        ranges = {"in": OffsetRange("in", 0, 0, 1), "mid": OffsetRange("mid", 0, 0, mid_offsets)}
+        parts = [
+            (1, batch_task(spec, SETTINGS, 0, 0, layout, batch, read, committed))
+            for spec, batch in (
+                (second, BatchInput((ranges["mid"],), (), IntervalSlots(1), {})),
+                (first, BatchInput((ranges["in"],), (), IntervalSlots(1), {})),
+            )
+        ]
+        results = list(executor.topology_task(parts)(0, iter([0])))
+        assert all(error is None for *_, error in results)
+
+    job(executor.HAND_OFF_MOST_OFFSETS - 1)  # with `in`'s one offset: at the bound
+    assert (reads, asked) == (["in", "mid"], [[("mid", 0)]])  # upstream first, read ahead
+    reads.clear()
+    asked.clear()
+    job(executor.HAND_OFF_MOST_OFFSETS)  # past it: as listed, and nothing read ahead
+    assert (reads, asked) == (["mid", "in"], [])
