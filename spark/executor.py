@@ -830,15 +830,16 @@ class _KeyedIntervals:
 
 
 _KEYS_REMEMBERED: Final = 1 << 16
-HAND_OFF_MOST_OFFSETS: Final = 1_000
+HAND_OFF_MOST_OFFSETS: Final = 500
 """The most offsets a topology's batch may plan (its computations' ranges summed) for its
 stages to run one after another, each reading what the one before just wrote
 (:func:`topology_task`). Handing a record on within the batch takes a stage's latency from
-a batch to the time the stage's work takes, but the stages' work no longer overlaps: at 200
-events/s (some 100 to 300 offsets a batch of a three-stage pipeline) a further stage cost
-about half a floor batch instead of one and a half; at 2,000 (2,000 to 5,000) the batches
-ran 1.6 to 2 times as long and the pipeline fell behind on a slow day, so a batch that large
-runs its stages at once."""
+a batch to the time the stage's work takes, but the stages' work no longer overlaps. At 200
+events/s (a three-stage pipeline's batch plans some 100 to 400 offsets) a further stage
+cost about half a floor batch instead of one and a half. At 2,000 events/s (1,200 offsets
+and more a batch) the batches ran 1.6 to 2 times as long; on a slow day, when the pipeline
+barely kept up, the first such batches left it a backlog it never drained. So a batch that
+large runs its stages at once."""
 _MARKS_KEPT: Final = 10_000
 """At most this many intervals' read-ahead marks a process keeps (then it starts afresh)."""
 
