@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, cast
@@ -342,12 +342,16 @@ def test_a_topology_batch_runs_every_computation_at_once_and_fails_with_the_firs
 
 
 class _Task:
-    """A stand-in for a computation's :class:`~millstream.spark.executor.BatchTask`."""
+    """A stand-in for a computation's :class:`~millstream.spark.executor.BatchTask`: a
+    computation that reads and writes no stream, on a batch of no offsets."""
 
     def __init__(self, run: Any) -> None:
         self.run = run
+        self.spec = SimpleNamespace(inputs=(), produced_streams=())
+        self.batch = SimpleNamespace(ranges=())
 
-    def start(self, index: int) -> Any:
+    def start(self, index: int, upstream: Set[str] = frozenset()) -> Any:
+        assert not upstream  # it writes nothing
         return lambda: list(self.run(index))
 
 

@@ -182,7 +182,9 @@ def test_the_view_shows_the_topology_live_and_names_as_text(
 
     # A computation's key intervals, from the store: its name as text, and what the store said
     # (the session's keyspace may hold no table for it: then the page says why).
-    browser.find_element(By.CSS_SELECTOR, "#computations button.link").click()
+    # Found and clicked in one script: each snapshot draws the table's rows anew, and a row
+    # found first could be replaced before a separate click reached it (a stale element).
+    assert browser.execute_script(CLICK_LINK, "#computations", SCRIPT_NAME)
     assert browser.find_element(By.ID, "detail-title").text == f"Computation {SCRIPT_NAME}"
     detail = browser.find_element(By.ID, "detail-status")
     wait_until("the store's answer", lambda: detail.text)
