@@ -548,7 +548,7 @@ class BatchTask:
         ranges: Sequence[OffsetRange] = batch.ranges
         ahead: dict[tuple[str, int], int] = {}
         if upstream:
-            ranges, ahead = _read_ahead(settings, spec, batch, ranges, upstream, self.ends)
+            ranges, ahead = _read_ahead(settings, spec, batch, upstream, self.ends)
         tasks = {index}
         if batch.claims is not None:
             # The shares this process worked before, where their caches and producers are.
@@ -695,15 +695,15 @@ def _read_ahead(
     settings: TaskSettings,
     spec: ComputationSpec,
     batch: BatchInput,
-    ranges: Sequence[OffsetRange],
     upstream: Set[str],
     ends: EndOffsets,
 ) -> tuple[Sequence[OffsetRange], dict[tuple[str, int], int]]:
-    """``ranges`` (``batch``'s) with, for each partition of its data topics among
+    """``batch``'s ranges with, for each partition of its data topics among
     ``upstream``, a range from the batch's planned end to what is committed now; and each
     such partition's new end, by (stream, partition). With ``max_offsets_per_trigger``
     (``[run]``), the ranges added hold at most that many offsets, shared evenly: a batch's
     bound holds for what it reads ahead too (the rest waits for the next batch)."""
+    ranges = batch.ranges
     planned = {place: end for place, end in batch.ends.items() if place[0] in upstream}
     for r in ranges:
         if r.topic in upstream:

@@ -493,6 +493,37 @@ def pipeline() -> tuple[ComputationSpec, ComputationSpec]:
     return first, second
 
 
+class RecordedEnds:
+    """A stand-in for :func:`~millstream.spark.executor.committed_ends_from_kafka`: gives
+    ``found`` and keeps the partitions each call asked for in ``asked``."""
+
+    def __init__(self, found: Mapping[tuple[str, int], int] | None = None) -> None:
+        self.found = dict(found or {})
+        self.asked: list[Sequence[tuple[str, int]]] = []
+
+    def __call__(
+        self, settings: TaskSettings, places: Sequence[tuple[str, int]]
+    ) -> dict[tuple[str, int], int]:
+        self.asked.append(places)
+        return self.found
+
+
+def two_stages(
+    read: executor.Reader,
+    ends: executor.EndOffsets,
+    stages: Sequence[tuple[ComputationSpec, OffsetRange]],
+) -> list[tuple[int, BatchTask]]:
+    """A topology job's parts: each of ``stages`` (a computation and its batch's one range),
+    one task each, on one key interval, in the order given."""
+    layout = IntervalLayout.initial(1)
+    return [
+        (1, batch_task(spec, SETTINGS, 0, 0, layout, batch, read, ends))
+        for spec, batch in (
+            (spec, BatchInput((planned,), (), IntervalSlots(1), {})) for spec, planned in stages
+        )
+    ]
+
+
 def test_upstream_first_puts_a_computation_after_those_writing_its_input() -> None:
     topology = Topology("t", streams=["in", "mid", "out", "other", "loop"])
     third = topology.add_computation("third", Forward("out"), inputs=["out"], outputs=[])
@@ -571,34 +602,23 @@ def test_a_later_stage_reads_what_an_earlier_one_just_wrote_and_then_leaves_it_o
 
 
 def test_a_stage_reads_ahead_only_after_an_upstream_part_that_succeeded(
-    sink: TestingSink, monkeypatch: pytest.MonkeyPatch
+    sink: TestingSink,
 ) -> None:
     first, second = pipeline()
-    asked: list[Sequence[tuple[str, int]]] = []
+    ends = RecordedEnds()
 
     def read(settings: TaskSettings, ranges: Sequence[OffsetRange], skip: Skip) -> list[Any]:
         if any(r.topic == "in" for r in ranges):
             raise RuntimeError("the first stage's read failed")
         return []
 
-    def committed(
-        settings: TaskSettings, places: Sequence[tuple[str, int]]
-    ) -> dict[tuple[str, int], int]:
-        asked.append(places)
-        return {}
-
-    layout = IntervalLayout.initial(1)
-    parts = [
-        (1, batch_task(spec, SETTINGS, 0, 0, layout, batch, read, committed))
-        for spec, batch in (
-            (first, BatchInput((OffsetRange("in", 0, 0, 1),), (), IntervalSlots(1), {})),
-            (second, BatchInput((OffsetRange("mid", 0, 0, 1),), (), IntervalSlots(1), {})),
-        )
-    ]
+    parts = two_stages(
+        read, ends, [(first, OffsetRange("in", 0, 0, 1)), (second, OffsetRange("mid", 0, 0, 1))]
+    )
     results = list(executor.topology_task(parts)(0, iter([0])))
     assert [(number, error is None) for number, _, _, error in results] == [(0, False), (1, True)]
     assert "the first stage's read failed" in str(results[0][3])
-    assert asked == []  # `first` wrote nothing in this task: `second` read its batch alone
+    assert ends.asked == []  # `first` wrote nothing in this task: `second` read its batch alone
 
 
 def test_a_read_ahead_begins_at_the_planned_end_of_every_partition_empty_ranges_too() -> None:
@@ -610,16 +630,9 @@ def test_a_read_ahead_begins_at_the_planned_end_of_every_partition_empty_ranges_
         {},
         ends={("mid", 0): 6, ("mid", 1): 3, ("mid", 2): 7},  # 1 and 2: nothing planned
     )
-    asked: list[Sequence[tuple[str, int]]] = []
-
-    def committed(
-        settings: TaskSettings, places: Sequence[tuple[str, int]]
-    ) -> dict[tuple[str, int], int]:
-        asked.append(places)
-        return {("mid", 0): 8, ("mid", 1): 5, ("mid", 2): 7}
-
-    ranges, ahead = executor._read_ahead(SETTINGS, second, batch, batch.ranges, {"mid"}, committed)
-    assert asked == [[("mid", 0), ("mid", 1), ("mid", 2)]]
+    committed = RecordedEnds({("mid", 0): 8, ("mid", 1): 5, ("mid", 2): 7})
+    ranges, ahead = executor._read_ahead(SETTINGS, second, batch, {"mid"}, committed)
+    assert committed.asked == [[("mid", 0), ("mid", 1), ("mid", 2)]]
     assert sorted(ranges) == [
         OffsetRange("mid", 0, 4, 6),
         OffsetRange("mid", 0, 6, 8),
@@ -630,7 +643,7 @@ def test_a_read_ahead_begins_at_the_planned_end_of_every_partition_empty_ranges_
     capped = replace(
         SETTINGS, config=MillstreamConfig().with_run(RunSettings(max_offsets_per_trigger=3))
     )
-    ranges, ahead = executor._read_ahead(capped, second, batch, batch.ranges, {"mid"}, committed)
+    ranges, ahead = executor._read_ahead(capped, second, batch, {"mid"}, committed)
     assert sorted(ranges)[1:] == [OffsetRange("mid", 0, 6, 7), OffsetRange("mid", 1, 3, 4)]
     assert ahead == {("mid", 0): 7, ("mid", 1): 4}
 
@@ -639,35 +652,25 @@ def test_a_batch_planning_more_than_the_hand_off_bound_runs_its_stages_at_once(
     sink: TestingSink,
 ) -> None:
     first, second = pipeline()
-    asked: list[Sequence[tuple[str, int]]] = []
+    ends = RecordedEnds()
     reads: list[str] = []
 
     def read(settings: TaskSettings, ranges: Sequence[OffsetRange], skip: Skip) -> list[Any]:
         reads.append(ranges[0].topic)
         return []
 
-    def committed(
-        settings: TaskSettings, places: Sequence[tuple[str, int]]
-    ) -> dict[tuple[str, int], int]:
-        asked.append(places)
-        return {}
-
     def job(mid_offsets: int) -> None:
-        layout = IntervalLayout.initial(1)
-        ranges = {"in": OffsetRange("in", 0, 0, 1), "mid": OffsetRange("mid", 0, 0, mid_offsets)}
-        parts = [
-            (1, batch_task(spec, SETTINGS, 0, 0, layout, batch, read, committed))
-            for spec, batch in (
-                (second, BatchInput((ranges["mid"],), (), IntervalSlots(1), {})),
-                (first, BatchInput((ranges["in"],), (), IntervalSlots(1), {})),
-            )
-        ]
+        parts = two_stages(
+            read,
+            ends,
+            [(second, OffsetRange("mid", 0, 0, mid_offsets)), (first, OffsetRange("in", 0, 0, 1))],
+        )
         results = list(executor.topology_task(parts)(0, iter([0])))
         assert all(error is None for *_, error in results)
 
     job(executor.HAND_OFF_MOST_OFFSETS - 1)  # with `in`'s one offset: at the bound
-    assert (reads, asked) == (["in", "mid"], [[("mid", 0)]])  # upstream first, read ahead
+    assert (reads, ends.asked) == (["in", "mid"], [[("mid", 0)]])  # upstream first, read ahead
     reads.clear()
-    asked.clear()
+    ends.asked.clear()
     job(executor.HAND_OFF_MOST_OFFSETS)  # past it: as listed, and nothing read ahead
-    assert (reads, asked) == (["mid", "in"], [])
+    assert (reads, ends.asked) == (["mid", "in"], [])
