@@ -308,10 +308,18 @@ def _xdist_controller(config: pytest.Config) -> bool:
 
 
 _shared_stack = pytest.StashKey[SharedStack]()
+_driver_scratch = pytest.StashKey[Path]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("SPARK_SUBMIT_OPTS", SHORT_LIVED_JVM)  # the workers inherit it
+    if "SPARK_LOCAL_DIRS" not in os.environ:
+        # The Spark drivers of the session (in its processes and in those its tests start and
+        # kill -9) keep their temporary files here, not in /tmp, and the session removes them.
+        scratch = Path(tempfile.mkdtemp(prefix="millstream-tests-"))
+        os.environ["SPARK_LOCAL_DIRS"] = str(scratch)
+        os.environ["SPARK_SUBMIT_OPTS"] += f" -Djava.io.tmpdir={scratch}"
+        config.stash[_driver_scratch] = scratch
     if _xdist_controller(config) and os.environ.get("MILLSTREAM_EXTERNAL_SERVICES") != "1":
         config.stash[_shared_stack] = SharedStack.create()
 
@@ -319,11 +327,20 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(trylast=True)  # after pytest-xdist's own, which waits for the workers
 def pytest_sessionfinish(session: pytest.Session) -> None:
     shared = session.config.stash.get(_shared_stack, None)
-    if shared is None:
-        return
-    from millstream.devtools.local.stack import LocalStack
+    if shared is not None:
+        from millstream.devtools.local.stack import LocalStack
 
-    shared.restore(LocalStack(load_config(), _progress))
+        shared.restore(LocalStack(load_config(), _progress))
+    scratch = session.config.stash.get(_driver_scratch, None)
+    if scratch is not None:
+        shutil.rmtree(scratch, onerror=_gone_already)
+
+
+def _gone_already(function: Callable[..., Any], path: str, error: Any) -> None:
+    """Let :func:`shutil.rmtree` pass over files a JVM deleted as it exited meanwhile
+    (``error`` is ``sys.exc_info()``; Python 3.11 has no ``onexc``)."""
+    if not isinstance(error[1], FileNotFoundError):
+        raise error[1]
 
 
 @pytest.fixture(scope="session")

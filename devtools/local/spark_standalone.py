@@ -53,8 +53,9 @@ class StandaloneSparkCluster:
     (by default one Worker, on 127.0.0.1). :meth:`start` returns once every Worker has
     registered with the Master, and stops whatever it started if it fails. :meth:`stop` stops
     the Workers (which stop their executors) and the Master, then kills whatever still works
-    under ``root`` (see :meth:`processes`), and deletes the executors' work directory; the
-    daemons' logs stay under ``root/logs``.
+    under ``root`` (see :meth:`processes`), and deletes the executors' work directory and the
+    cluster's temporary files (``root/tmp``, its processes' ``/tmp``); the daemons' logs stay
+    under ``root/logs``.
     """
 
     def __init__(
@@ -81,6 +82,9 @@ class StandaloneSparkCluster:
         self.worker_hosts = tuple(worker_hosts)
         self.spark_home = Path(pyspark.__file__).parent
         self.work_dir = root / "work"
+        # The daemons' temporary files and the executors' local directories (blocks, files):
+        # here rather than in /tmp, so that what a killed process leaves goes with stop().
+        self.scratch = root / "tmp"
         self.master = self._process("master")
         # The first Worker keeps the name (and pid file) it had when there was only one.
         self.workers = [
@@ -136,12 +140,17 @@ class StandaloneSparkCluster:
         ports = _free_ports(2 + len(self.workers))
         self.master_port, self.master_web_port = ports[:2]
         self.worker_web_ports = ports[2:]
+        if self.scratch.exists():
+            shutil.rmtree(self.scratch)  # a killed cluster's: none of its processes runs
+        self.scratch.mkdir(parents=True)
         env = {
             **os.environ,
             "SPARK_HOME": str(self.spark_home),
             "JAVA_HOME": str(java.home),
             "SPARK_LOCAL_IP": LOOPBACK,
             "SPARK_DAEMON_MEMORY": self.daemon_memory,
+            "SPARK_LOCAL_DIRS": str(self.scratch),
+            "SPARK_DAEMON_JAVA_OPTS": f"-Djava.io.tmpdir={self.scratch}",
         }
         try:
             self.progress(f"spark master: starting on {self.master_url}")
@@ -198,13 +207,15 @@ class StandaloneSparkCluster:
         return state
 
     def stop(self) -> None:
-        """Stop Workers, executors and Master by pid; delete the work directory."""
+        """Stop Workers, executors and Master by pid; delete the work and temporary
+        directories."""
         for worker in reversed(self.workers):
             worker.stop(timeout=30)  # it stops its executors as it goes
         self.master.stop(timeout=30)
         _kill(self.processes())  # whatever they left behind
-        if self.work_dir.exists():
-            shutil.rmtree(self.work_dir)
+        for directory in (self.work_dir, self.scratch):
+            if directory.exists():
+                shutil.rmtree(directory)
 
     def processes(self) -> dict[int, str]:
         """Live processes working under ``root``: the daemons, executors and Python workers.

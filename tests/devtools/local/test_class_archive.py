@@ -5,21 +5,14 @@ way of a start."""
 from __future__ import annotations
 
 import os
-import re
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
-from typing import cast
 
 import pytest
 
-from millstream.connectors.maven import MavenArtifacts
 from millstream.devtools.local import class_archive
 from millstream.devtools.local.class_archive import keep_written_archive, service_archive
 from millstream.devtools.local.java import find_java
-from millstream.devtools.local.process import log_tail
-from millstream.devtools.local.service import LocalService
-from millstream.engine.config import MillstreamConfig
+from tests.devtools.local.conftest import SleeperService, command_line
 
 
 def _argv(tmp_path: Path, *options: str) -> list[str]:
@@ -101,99 +94,15 @@ def test_a_java_agent_needs_archiving_allowed_and_old_archives_go(tmp_path: Path
     assert kafka.exists()
 
 
-_SLEEPER = """
-import java.util.concurrent.ConcurrentSkipListMap;
-
-public class Sleeper {
-    public static void main(String[] args) throws Exception {
-        ConcurrentSkipListMap<String, String> loaded = new ConcurrentSkipListMap<>();
-        loaded.put("a", "b");
-        System.out.println("started " + loaded.size() + " " + ProcessHandle.current().pid());
-        Thread.sleep(600_000);
-    }
-}
-"""
-
-
-class _SleeperService(LocalService):
-    """A node whose JVM runs a small class of its own (from a jar: an archive holds the
-    classes of jars only) until it is stopped."""
-
-    backend = "sleeper"
-    profile = "kafka"
-    start_timeout = 60.0
-
-    def __init__(self, config: MillstreamConfig, jar: Path, said: list[str]) -> None:
-        super().__init__(config, find_java(), cast(MavenArtifacts, _Artifacts(jar)), said.append)
-
-    def ports(self) -> list[tuple[str, int]]:
-        return []
-
-    def address(self) -> str:
-        return "nowhere"
-
-    def prepare(self) -> None:
-        (self.root / "logs").mkdir(parents=True, exist_ok=True)
-
-    def argv(self, classpath: list[Path]) -> list[str]:
-        # Where each class came from, to its own file (overwritten by each start).
-        loaded = f"-Xlog:class+load=info,cds=info:file={self.root / 'class-load.log'}"
-        return [*self.java_argv(classpath, "64m", loaded), "Sleeper"]
-
-    def sleeper_source(self) -> str:
-        """Where the JVM running now loaded the ``Sleeper`` class from."""
-        log = (self.root / "class-load.log").read_text()
-        found = re.search(r" Sleeper source: (.*)$", log, re.MULTILINE)
-        assert found is not None, log[-2000:]
-        return found[1]
-
-    def healthy(self) -> bool:
-        # This start's JVM, not an earlier one: the log file is appended to.
-        pid = self.process.running_pid()
-        return pid is not None and f"started 1 {pid}" in log_tail(self.process.log_file)
-
-
-class _Artifacts:
-    def __init__(self, jar: Path) -> None:
-        self.jar = jar
-
-    def classpath(self, profile: str) -> list[Path]:
-        return [self.jar]
-
-
-@pytest.fixture
-def sleeper(tmp_path: Path) -> Iterator[tuple[_SleeperService, list[str]]]:
-    java_home = find_java().home
-    source = tmp_path / "src" / "Sleeper.java"
-    source.parent.mkdir()
-    source.write_text(_SLEEPER)
-    subprocess.run([str(java_home / "bin" / "javac"), str(source)], check=True)
-    jar = tmp_path / "sleeper.jar"
-    subprocess.run(
-        [str(java_home / "bin" / "jar"), "cf", str(jar), "-C", str(source.parent), "Sleeper.class"],
-        check=True,
-    )
-    said: list[str] = []
-    service = _SleeperService(MillstreamConfig(home=tmp_path / "home"), jar, said)
-    try:
-        yield service, said
-    finally:
-        service.process.stop(timeout=10)
-
-
-def _command_line(pid: int) -> list[str]:
-    return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
-
-
 @pytest.mark.integration
 def test_a_jvm_archives_its_classes_as_it_stops_and_the_next_one_maps_them(
-    sleeper: tuple[_SleeperService, list[str]],
+    sleeper: tuple[SleeperService, list[str]],
 ) -> None:
     service, said = sleeper
     service.up()
     pid = service.process.running_pid()
     assert pid is not None
-    assert any(a.startswith("-XX:ArchiveClassesAtExit=") for a in _command_line(pid))
+    assert any(a.startswith("-XX:ArchiveClassesAtExit=") for a in command_line(pid))
     assert service.sleeper_source().startswith("file:")
     assert service.down()
     (archive,) = (service.config.home / "jvm-archives").glob("sleeper-*.jsa")
@@ -202,7 +111,7 @@ def test_a_jvm_archives_its_classes_as_it_stops_and_the_next_one_maps_them(
     service.up()
     pid = service.process.running_pid()
     assert pid is not None
-    assert f"-XX:SharedArchiveFile={archive}" in _command_line(pid)
+    assert f"-XX:SharedArchiveFile={archive}" in command_line(pid)
     assert service.sleeper_source() == "shared objects file (top)"
     assert service.down()
     assert list(archive.parent.glob("sleeper-*.jsa")) == [archive]
@@ -211,7 +120,7 @@ def test_a_jvm_archives_its_classes_as_it_stops_and_the_next_one_maps_them(
 
 @pytest.mark.integration
 def test_a_node_that_cannot_start_with_its_archive_starts_without_it(
-    sleeper: tuple[_SleeperService, list[str]],
+    sleeper: tuple[SleeperService, list[str]],
 ) -> None:
     service, said = sleeper
     service.up()
@@ -224,6 +133,6 @@ def test_a_node_that_cannot_start_with_its_archive_starts_without_it(
     assert any(f"did not start with {archive}; removed it" in line for line in said), said
     pid = service.process.running_pid()
     assert pid is not None
-    assert not any(a.startswith("-XX:SharedArchiveFile=") for a in _command_line(pid))
+    assert not any(a.startswith("-XX:SharedArchiveFile=") for a in command_line(pid))
     assert service.down()
     assert archive.exists(), "the node started without an archive did not write a new one"
