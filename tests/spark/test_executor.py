@@ -674,3 +674,84 @@ def test_a_batch_planning_more_than_the_hand_off_bound_runs_its_stages_at_once(
     ends.asked.clear()
     job(executor.HAND_OFF_MOST_OFFSETS)  # past it: as listed, and nothing read ahead
     assert (reads, ends.asked) == (["mid", "in"], [])
+
+
+class _Offsets:
+    """Last stable offsets that move as a scripted reply each time they are asked, a fake
+    clock that a sleep moves on, and the high watermarks, for :func:`executor.settled_ends`."""
+
+    def __init__(self, replies: Sequence[Mapping[tuple[str, int], int]], high: Mapping[Any, int]):
+        self.replies = list(replies)
+        self.tops = dict(high)
+        self.asked = 0
+        self.high_asked = 0
+        self.now = 0.0
+        self.slept: list[float] = []
+
+    def stable(self) -> Mapping[tuple[str, int], int]:
+        reply = self.replies[min(self.asked, len(self.replies) - 1)]
+        self.asked += 1
+        return reply
+
+    def high(self) -> Mapping[tuple[str, int], int]:
+        self.high_asked += 1
+        return self.tops
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+    def settle(self, stuck_at: dict[tuple[str, int], int]) -> Mapping[tuple[str, int], int]:
+        return executor.settled_ends(
+            self.stable,
+            self.high,
+            stuck_at,
+            seconds=0.1,
+            poll=0.005,
+            clock=lambda: self.now,
+            sleep=self.sleep,
+        )
+
+
+def test_a_read_ahead_waits_for_the_transactions_open_as_it_asks_and_no_longer() -> None:
+    # Partition 0 has a transaction open (stable 5, high 9) that commits two asks later;
+    # partition 1 has none. What came after the first ask (high 12 by then) is not waited for.
+    offsets = _Offsets(
+        [
+            {("mid", 0): 5, ("mid", 1): 3},
+            {("mid", 0): 5, ("mid", 1): 3},
+            {("mid", 0): 9, ("mid", 1): 3},
+        ],
+        {("mid", 0): 9, ("mid", 1): 3},
+    )
+    stuck: dict[tuple[str, int], int] = {}
+    assert offsets.settle(stuck) == {("mid", 0): 9, ("mid", 1): 3}
+    assert offsets.slept == [0.005, 0.005]
+    assert stuck == {}
+
+    nothing_open = _Offsets([{("mid", 0): 9}], {("mid", 0): 9})
+    assert nothing_open.settle(stuck) == {("mid", 0): 9}
+    assert nothing_open.slept == []
+
+
+def test_a_transaction_left_open_is_waited_for_once_until_its_partition_moves() -> None:
+    stuck: dict[tuple[str, int], int] = {}
+    hanging = _Offsets([{("mid", 0): 5, ("mid", 1): 3}], {("mid", 0): 9, ("mid", 1): 3})
+    assert hanging.settle(stuck) == {("mid", 0): 5, ("mid", 1): 3}
+    assert 0.1 <= hanging.now < 0.11, "it waited past its bound, or not to it"
+    assert stuck == {("mid", 0): 5}
+
+    again = _Offsets([{("mid", 0): 5, ("mid", 1): 3}], {("mid", 0): 9, ("mid", 1): 3})
+    assert again.settle(stuck) == {("mid", 0): 5, ("mid", 1): 3}
+    assert again.slept == []
+    alone = _Offsets([{("mid", 0): 5}], {("mid", 0): 9})
+    assert alone.settle(stuck) == {("mid", 0): 5}
+    assert alone.high_asked == 0, "a partition stuck where it was is not asked about again"
+
+    moved = _Offsets(
+        [{("mid", 0): 7, ("mid", 1): 3}, {("mid", 0): 12, ("mid", 1): 3}],
+        {("mid", 0): 12, ("mid", 1): 3},
+    )
+    assert moved.settle(stuck) == {("mid", 0): 12, ("mid", 1): 3}
+    assert moved.slept == [0.005]
+    assert stuck == {}
