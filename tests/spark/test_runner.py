@@ -655,11 +655,15 @@ def test_a_topology_in_one_query_counts_each_event_once_and_a_record_passes_ever
         }
         assert first_input[pipeline.per_query] == first_input[pipeline.per_user]
         # A batch is one Spark job, whichever of the computations had work in it (its
-        # TopologyJob): a job each made a batch as many waves of tasks.
+        # TopologyJob): a job each made a batch as many waves of tasks. A batch whose input
+        # was all read ahead by the batch before runs its job and records nothing (no
+        # interval was left with work), so the batches that recorded work bound the jobs
+        # from below, and the query's batches from above.
         worked = {batch.batch_id for name in queries for batch in running.batches(name)}
-        run_id = str(next(iter(queries.values())).runId)
-        jobs = spark.sparkContext.statusTracker().getJobIdsForGroup(run_id)
-        assert len(jobs) == len(worked) > 1
+        query = next(iter(queries.values()))
+        batches = {progress["batchId"] for progress in query.recentProgress}
+        jobs = spark.sparkContext.statusTracker().getJobIdsForGroup(str(query.runId))
+        assert 1 <= len(worked) <= len(jobs) <= len(batches), (worked, jobs, batches)
         # Its set of computations is the query's: no change while it runs.
         with pytest.raises(TopologyError, match="run in one query"):
             running.remove_computation(pipeline.per_query)
