@@ -533,7 +533,7 @@ def settled_ends(
     reports it, :mod:`millstream.connectors.kafka.stalls`); one that moved is forgotten, and
     one this wait gives up on is added."""
     found = stable()
-    for place in [p for p, offset in stuck_at.items() if found.get(p) != offset]:
+    for place in [p for p, offset in stuck_at.items() if p in found and found[p] != offset]:
         del stuck_at[place]  # it moved: wait for it again
     waiting = [p for p in found if p not in stuck_at]
     if not waiting:

@@ -747,6 +747,9 @@ def test_a_transaction_left_open_is_waited_for_once_until_its_partition_moves() 
     alone = _Offsets([{("mid", 0): 5}], {("mid", 0): 9})
     assert alone.settle(stuck) == {("mid", 0): 5}
     assert alone.high_asked == 0, "a partition stuck where it was is not asked about again"
+    elsewhere = _Offsets([{("out", 0): 4}], {("out", 0): 4})  # another stage's read-ahead
+    assert elsewhere.settle(stuck) == {("out", 0): 4}
+    assert stuck == {("mid", 0): 5}, "a stuck partition was forgotten by a read of others"
 
     moved = _Offsets(
         [{("mid", 0): 7, ("mid", 1): 3}, {("mid", 0): 12, ("mid", 1): 3}],
