@@ -11,6 +11,7 @@ import contextlib
 import ctypes
 import enum
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -29,6 +30,7 @@ __all__ = [
     "Stop",
     "alive",
     "check_ports_free",
+    "fresh_scratch",
     "log_tail",
     "port_accepts",
     "thread_timer_slacks",
@@ -94,6 +96,15 @@ def check_ports_free(service: str, host: str, ports: Sequence[tuple[str, int]]) 
                 f"another process. Stop that process (see `ss -ltnp 'sport = :{port}'`) or "
                 f"choose another port in millstream.toml / MILLSTREAM_* variables."
             )
+
+
+def fresh_scratch(directory: Path) -> None:
+    """Make ``directory`` empty, for the temporary files of processes about to start: what
+    earlier ones killed -9 left there goes (a JVM deletes its own only as it exits). The
+    caller knows none of the processes that used it still runs."""
+    if directory.exists():
+        shutil.rmtree(directory)
+    directory.mkdir(parents=True)
 
 
 def log_tail(path: Path, lines: int = 40) -> str:

@@ -13,7 +13,6 @@ its own (:class:`Node`), so that every node binds the same port numbers.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
@@ -27,6 +26,7 @@ from millstream.devtools.local.process import (
     ServiceProcess,
     Stop,
     check_ports_free,
+    fresh_scratch,
 )
 from millstream.devtools.local.security import SecureMaterial, secure_client_config
 from millstream.engine.config import MillstreamConfig
@@ -211,11 +211,7 @@ class LocalService(ABC):
             return self.status()
         check_ports_free(self.name, self.host, self.ports())
         classpath = self.artifacts.classpath(self.profile)
-        # What a node killed -9 left there (a JVM deletes its own files as it exits): no
-        # process of this node runs now to use them.
-        if self.scratch.exists():
-            shutil.rmtree(self.scratch)
-        self.scratch.mkdir(parents=True)
+        fresh_scratch(self.scratch)  # no process of this node runs now
         self.prepare()
         self.progress(f"{self.name}: starting (log: {self.process.log_file})")
         argv = self.argv(classpath)

@@ -36,7 +36,7 @@ from types import TracebackType
 from typing import Any
 
 from millstream.devtools.local.java import find_java
-from millstream.devtools.local.process import Progress, ServiceProcess
+from millstream.devtools.local.process import Progress, ServiceProcess, fresh_scratch
 from millstream.devtools.local.service import LOOPBACK
 from millstream.engine.errors import LocalStackError, ServiceStartError
 
@@ -140,9 +140,7 @@ class StandaloneSparkCluster:
         ports = _free_ports(2 + len(self.workers))
         self.master_port, self.master_web_port = ports[:2]
         self.worker_web_ports = ports[2:]
-        if self.scratch.exists():
-            shutil.rmtree(self.scratch)  # a killed cluster's: none of its processes runs
-        self.scratch.mkdir(parents=True)
+        fresh_scratch(self.scratch)  # none of the cluster's processes runs now
         env = {
             **os.environ,
             "SPARK_HOME": str(self.spark_home),
