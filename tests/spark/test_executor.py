@@ -715,7 +715,7 @@ class _Offsets:
 
 def test_a_read_ahead_waits_for_the_transactions_open_as_it_asks_and_no_longer() -> None:
     # Partition 0 has a transaction open (stable 5, high 9) that commits two asks later;
-    # partition 1 has none. What came after the first ask (high 12 by then) is not waited for.
+    # partition 1 has none.
     offsets = _Offsets(
         [
             {("mid", 0): 5, ("mid", 1): 3},
