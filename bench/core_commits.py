@@ -2,6 +2,7 @@
 
     python bench/core_commits.py [--seconds 3] [--sizes 1,10,100,1000]
                                  [--max-batch-bytes N] [--nodelay off|on|both]
+                                 [--tombstones N]
 
 Needs the local stack (``millstream up``) or the Cassandra named by the configuration. Runs
 in a keyspace of its own, dropped at the end, in two modes, each at 1, 10, 100 and 1000 keys
@@ -21,6 +22,12 @@ throughput of one interval; a job runs many intervals in parallel.
 ``millstream.connectors.cassandra.connect`` sets), without it (``off``: the driver's own
 default), or ``both`` for the comparison. Without it, a request of more than a few KB waits
 for the server's delayed ACK (Nagle's algorithm), about 40 ms per LWT.
+
+``--tombstones N`` first deletes ``N`` dedup rows before each cell's interval's rows (plain
+deletes, before its first acquire): what a long-running interval holds in front of its live
+rows once dedup IDs expired, kept as tombstones for ``gc_grace_seconds``. A conditional
+write reads the partition's first live row, so it passes over them unless the interval's
+anchor row stops it (``millstream.engine.stores.cassandra.schema.ANCHOR_KIND``).
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cassandra.cluster import Cluster
+from cassandra.concurrent import execute_concurrent_with_args
 
 from millstream.connectors import cassandra as cassandra_connector
 from millstream.engine.clock import SystemClock
@@ -87,11 +95,26 @@ class Setup:
     nodelay: bool
     seconds: float
     max_batch_bytes: int
+    tombstones: int = 0
 
     def store(self) -> CassandraIntervalStore:
         return CassandraIntervalStore(
             self.session, self.keyspace, SystemClock(), max_batch_bytes=self.max_batch_bytes
         )
+
+    def bury(self, computation: str) -> None:
+        """``tombstones`` deleted dedup rows in front of interval 0's rows (plain deletes:
+        a benchmark's setup, not the store's writes)."""
+        if not self.tombstones:
+            return
+        delete = self.session.prepare(
+            f"DELETE FROM {self.keyspace}.intervals WHERE computation = ? AND interval = 0 "
+            "AND kind = 'dedup' AND key = ? AND item = 0x"
+        )
+        rows = [(computation, f"expired-{n:07d}") for n in range(self.tombstones)]
+        for ok, result in execute_concurrent_with_args(self.session, delete, rows, concurrency=64):
+            if not ok:
+                raise result
 
     def name(self, mode: str, keys: int) -> str:
         return f"{mode}_{keys}_{'nodelay' if self.nodelay else 'nagle'}"
@@ -124,6 +147,7 @@ def _measure(
 
 def bench_store(setup: Setup, keys: int) -> Cell:
     store = setup.store()
+    setup.bury(setup.name("store", keys))
     lease = store.acquire(setup.name("store", keys), 0)
     offsets = itertools.count()
 
@@ -150,6 +174,7 @@ def bench_protocol(setup: Setup, keys: int) -> Cell:
         ComputationOptions(key_intervals=1),
     )
     sink = TestingSink()
+    setup.bury(spec.name)
     worker = IntervalWorker(spec, 0, store=store, sink=sink, clock=clock)
     offsets = itertools.count()
 
@@ -208,6 +233,9 @@ def main() -> None:
     parser.add_argument("--sizes", default="1,10,100,1000", help="keys per commit")
     parser.add_argument("--max-batch-bytes", type=int, default=DEFAULT_MAX_BATCH_BYTES)
     parser.add_argument("--nodelay", choices=("off", "on", "both"), default="on")
+    parser.add_argument(
+        "--tombstones", type=int, default=0, help="deleted rows before each interval's rows"
+    )
     args = parser.parse_args()
     sizes = [int(size) for size in args.sizes.split(",")]
     nodelays = {"off": [False], "on": [True], "both": [False, True]}[args.nodelay]
@@ -222,13 +250,21 @@ def main() -> None:
         print(
             f"Cassandra {version} at {config.cassandra_hosts[0]}:{config.cassandra_port}; "
             f"max batch {args.max_batch_bytes} B; per key {STATE_BYTES} B state and a "
-            f"{VALUE_BYTES} B production; {args.seconds:g} s per cell",
+            f"{VALUE_BYTES} B production; {args.seconds:g} s per cell; "
+            f"{args.tombstones} tombstones before each interval's rows",
             flush=True,
         )
         cells = []
         for nodelay in nodelays:
             with _session(config, session, nodelay) as bench_session:
-                setup = Setup(bench_session, keyspace, nodelay, args.seconds, args.max_batch_bytes)
+                setup = Setup(
+                    bench_session,
+                    keyspace,
+                    nodelay,
+                    args.seconds,
+                    args.max_batch_bytes,
+                    args.tombstones,
+                )
                 for bench in (bench_protocol, bench_store):
                     for keys in sizes:
                         cells.append(bench(setup, keys))

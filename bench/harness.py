@@ -477,7 +477,9 @@ _PYTHON_WORKERS = (b"pyspark.daemon", b"millstream.spark.daemon")
 
 
 def _python_worker(command: bytes) -> bool:
-    return any(module in command for module in _PYTHON_WORKERS)
+    # A whole argument (``-m <module>``): the JVM's command line names the daemon's module
+    # too, inside ``spark.python.daemon.module=...`` among its ``--conf`` arguments.
+    return any(module in _PYTHON_WORKERS for module in command.split(b"\0"))
 
 
 def _descendants() -> dict[int, bytes]:

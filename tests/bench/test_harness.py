@@ -56,17 +56,21 @@ def test_a_busy_process_counts_under_its_service_name_and_as_a_descendant() -> N
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc (Linux)")
-def test_python_workers_are_the_pyspark_daemons_processes_not_the_jvm_naming_pyspark() -> None:
+def test_python_workers_are_the_daemons_processes_not_the_jvm_naming_pyspark_or_it() -> None:
     # The JVM's command line names pyspark too (its classpath); only the daemon's module
     # name tells Spark's Python workers.
     jvm_like = subprocess.Popen([sys.executable, "-c", BURN, "-cp", "site-packages/pyspark/conf"])
+    # ... and, in millstream's sessions, the daemon's module among its ``--conf`` arguments.
+    conf_like = subprocess.Popen(
+        [sys.executable, "-c", BURN, "--conf", "spark.python.daemon.module=millstream.spark.daemon"]
+    )
     worker_like = subprocess.Popen([sys.executable, "-c", BURN, "-m", "pyspark.daemon"])
     ours_like = subprocess.Popen([sys.executable, "-c", BURN, "-m", "millstream.spark.daemon"])
     try:
         assert {worker_like.pid, ours_like.pid} <= set(python_workers())
-        assert jvm_like.pid not in python_workers()
+        assert not {jvm_like.pid, conf_like.pid} & set(python_workers())
     finally:
-        for child in (jvm_like, worker_like, ours_like):
+        for child in (jvm_like, conf_like, worker_like, ours_like):
             child.kill()  # by its own pid
             child.wait()
 

@@ -6,7 +6,7 @@ The mapping is the one :mod:`millstream.engine.store` describes, on one table::
         computation     text,
         interval        int,
         kind            text,    -- 'state' | 'timer' | 'timer_event' | 'timer_wall'
-                                 -- | 'dedup' | 'production'
+                                 -- | 'dedup' | 'production' | '' (the anchor)
         key             text,    -- the key; the timestamp in the timer index; '' for
                                  -- productions
         item            blob,    -- '' for state, the tag (UTF-8) for timers, the key and
@@ -59,7 +59,9 @@ Rows a batch touches, and how it reads them (paper 6.1.1: the checkpoint is coal
 Rules that make the contract hold:
 
 * **Only LWTs write.** Acquiring is ``UPDATE ... SET sequencer = s + 1, last_commit = m0
-  IF sequencer = s`` (``INSERT ... IF NOT EXISTS`` for an interval nobody ever acquired);
+  IF sequencer = s`` (``INSERT ... IF NOT EXISTS`` for an interval nobody ever acquired;
+  a store's first acquire of an interval also writes the partition's anchor row in the same
+  conditional batch: ``schema.ANCHOR_KIND`` says why);
   every commit and delete is an UNLOGGED batch on the one partition whose guard statement
   is ``UPDATE ... SET last_commit = <fresh marker> IF sequencer = <token> AND last_commit =
   <the marker before>``. A plain write would take a client timestamp that can lose against
@@ -97,9 +99,10 @@ Rules that make the contract hold:
 
 Tombstones: deleted timers and acknowledged productions leave tombstones, and expired dedup
 IDs turn into them, until ``gc_grace_seconds`` (10 days by default) after which compaction
-drops them. A scan reads through them; an interval that churns through more than
-``tombstone_failure_threshold`` (100,000) rows of one kind within that time would fail its
-scans. Lower ``gc_grace_seconds`` on the table only together with a repair schedule shorter
+drops them. A scan reads through them (an LWT's read of the partition does not: it stops
+at the anchor row, which sorts first and is never deleted); an interval that churns through
+more than ``tombstone_failure_threshold`` (100,000) rows of one kind within that time would
+fail its scans. Lower ``gc_grace_seconds`` on the table only together with a repair schedule shorter
 than it, or deleted timers could come back on a replica that missed the delete.
 """
 
@@ -114,6 +117,8 @@ from typing import Any, Final, TypeVar
 
 from cassandra import ConsistencyLevel
 from cassandra.cluster import ResponseFuture
+from cassandra.policies import FallthroughRetryPolicy
+from cassandra.query import BatchStatement, BatchType
 
 from millstream.engine.clock import Clock
 from millstream.engine.errors import FencedError, RetiredIntervalError, StoreError
@@ -244,6 +249,8 @@ class CassandraIntervalStore(IntervalStore):
         self._session = session
         self._name = f"{keyspace}.{table}"
         self._table_id: uuid.UUID | None = None
+        # The intervals whose anchor row this store wrote (``schema.ANCHOR_KIND``).
+        self._anchored: set[tuple[str, int]] = set()
         # Per interval: the production rows (by item) and the IDs in them not yet acknowledged.
         self._production_rows: dict[tuple[str, int], dict[bytes, set[bytes]]] = {}
         if datacenter_local:
@@ -297,14 +304,17 @@ class CassandraIntervalStore(IntervalStore):
             self.stats.acquire_attempts += 1
             token = INITIAL_SEQUENCER + 1 if expected is None else expected + 1
             head = new_marker()
+            acquire, values = (
+                (statements.acquire_first, (computation, interval, token, head))
+                if expected is None
+                else (statements.acquire_next, (token, head, computation, interval, expected))
+            )
             try:
-                if expected is None:
-                    result = self._execute(
-                        statements.acquire_first, (computation, interval, token, head)
-                    )
+                if (computation, interval) in self._anchored:
+                    result = self._execute(acquire, values)
                 else:
-                    result = self._execute(
-                        statements.acquire_next, (token, head, computation, interval, expected)
+                    result = self._execute_batch(
+                        [(acquire, values), (statements.put_anchor, (computation, interval))]
                     )
             except Exception as exc:
                 if not is_uncertain(exc):
@@ -316,6 +326,7 @@ class CassandraIntervalStore(IntervalStore):
                 continue
             row = one_row(result)
             if row["[applied]"]:
+                self._anchored.add((computation, interval))
                 lease = Lease(computation, interval, token, cache_valid=valid, conflicts=attempt)
                 self._chains.started(lease, head)
                 return lease
@@ -692,6 +703,19 @@ class CassandraIntervalStore(IntervalStore):
 
     def _execute(self, statement: Any, parameters: tuple[Any, ...]) -> Any:
         return self._session.execute(statement, parameters, timeout=self.request_timeout)
+
+    def _execute_batch(self, statements: Sequence[tuple[Any, tuple[Any, ...]]]) -> Any:
+        """One conditional batch on one partition, its first statement's condition guarding
+        it, with the lone LWTs' settings."""
+        batch = BatchStatement(
+            batch_type=BatchType.UNLOGGED,  # one partition: atomic without the batchlog
+            retry_policy=FallthroughRetryPolicy(),
+            consistency_level=self._quorum,
+            serial_consistency_level=self._serial,
+        )
+        for statement, parameters in statements:
+            batch.add(statement, parameters)
+        return self._session.execute(batch, timeout=self.request_timeout)
 
     def _rows_at_once(
         self, statement: Any, reads: Sequence[tuple[Any, ...]]

@@ -59,7 +59,8 @@ class ScriptedSession:
     """A real driver session whose requests can be intercepted, one interceptor per request.
 
     Requests are classified as ``"batch"`` (commits and deletes), ``"acquire"`` (the
-    sequencer LWTs), ``"resolve"`` (the LWT of ``was_applied``) or ``"read"``; an interceptor
+    sequencer LWTs, alone or, in a store's first acquire of an interval, as the first
+    statement of a batch), ``"resolve"`` (the LWT of ``was_applied``) or ``"read"``; an interceptor
     queued for a class receives the request as a thunk and decides what happens. Everything
     else is passed through. With ``batch_session``, batches travel on another connection.
     """
@@ -68,6 +69,7 @@ class ScriptedSession:
         self.session = session
         self.batch_session = batch_session or session
         self.prepared: list[str] = []
+        self._queries: dict[bytes, str] = {}  # the prepared statements' CQL, by query ID
         self.batches: list[Any] = []
         self._interceptors: dict[str, deque[Interceptor]] = {}
 
@@ -79,10 +81,12 @@ class ScriptedSession:
 
     def prepare(self, cql: str) -> Any:
         self.prepared.append(cql)
-        return self.session.prepare(cql)
+        prepared = self.session.prepare(cql)
+        self._queries[prepared.query_id] = cql
+        return prepared
 
     def execute(self, statement: Any, parameters: Any = None, **options: Any) -> Any:
-        kind = _kind(statement)
+        kind = self.kind(statement)
         if kind == "batch":
             self.batches.append(statement)
 
@@ -96,14 +100,19 @@ class ScriptedSession:
     def execute_async(self, statement: Any, parameters: Any = None, **options: Any) -> Any:
         return self.session.execute_async(statement, parameters, **options)
 
+    def kind(self, statement: Any) -> str:
+        if isinstance(statement, BatchStatement):
+            # (is prepared, query ID or CQL, values) per statement: the driver's own list.
+            _, first, _ = statement._statements_and_parameters[0]
+            return "acquire" if _acquires(self._queries.get(first, "")) else "batch"
+        cql = getattr(statement, "prepared_statement", statement).query_string
+        if _acquires(cql) or cql.startswith("INSERT"):
+            return "acquire"
+        return "resolve" if cql.startswith("UPDATE") else "read"
 
-def _kind(statement: Any) -> str:
-    if isinstance(statement, BatchStatement):
-        return "batch"
-    cql = getattr(statement, "prepared_statement", statement).query_string
-    if "SET sequencer" in cql or cql.startswith("INSERT"):
-        return "acquire"
-    return "resolve" if cql.startswith("UPDATE") else "read"
+
+def _acquires(cql: str) -> bool:
+    return "SET sequencer" in cql or ("sequencer" in cql and "IF NOT EXISTS" in cql)
 
 
 def timeout_after_running(run: Run) -> Any:
@@ -603,8 +612,8 @@ def test_timers_are_indexed_by_time_and_the_index_follows_replacements(
 _TOMBSTONES_READ = re.compile(r"Read \d+ live rows and (\d+) tombstone cells")
 
 
-class TracedReads:
-    """A driver session whose asynchronous requests (the store's reads) are traced, and
+class Traced:
+    """A driver session whose requests (the store's reads, LWTs and batches) are traced, and
     their futures kept."""
 
     def __init__(self, session: Any) -> None:
@@ -613,6 +622,9 @@ class TracedReads:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.session, name)
+
+    def execute(self, statement: Any, parameters: Any = None, **options: Any) -> Any:
+        return self.execute_async(statement, parameters, **options).result()
 
     def execute_async(self, statement: Any, parameters: Any = None, **options: Any) -> Any:
         future = self.session.execute_async(statement, parameters, trace=True, **options)
@@ -633,7 +645,7 @@ class TracedReads:
 def test_timer_reads_from_the_floor_step_over_the_fired_timers_tombstones(
     make_store: StoreFactory, cassandra: Any
 ) -> None:
-    traced = TracedReads(cassandra)
+    traced = Traced(cassandra)
     store = make_store(session=traced)
     lease = store.acquire("c", 0)
     fired = [Timer(f"k{n}", "t", n) for n in range(1, 201)]
@@ -656,6 +668,41 @@ def test_timer_reads_from_the_floor_step_over_the_fired_timers_tombstones(
     assert store.next_timers(lease, floor) == NextTimers(1_000, None)
     assert store.due_timers(lease, 2_000, 0, floor) == [live]
     assert traced.tombstones() == 0
+
+
+def test_an_lwt_stops_at_the_partitions_anchor_not_at_the_tombstones_before_its_rows(
+    make_store: StoreFactory, cassandra: Any, keyspace: str
+) -> None:
+    # A partition as an earlier version left it: no anchor row, and before its rows 300
+    # tombstones of the kind that sorts first (dedup IDs expire into such).
+    cassandra.execute(
+        f"INSERT INTO {keyspace}.intervals (computation, interval, sequencer, last_commit) "
+        "VALUES ('c', 0, 1, 0x00)"
+    )
+    delete = cassandra.prepare(
+        f"DELETE FROM {keyspace}.intervals WHERE computation = 'c' AND interval = 0 "
+        "AND kind = 'dedup' AND key = ? AND item = 0x"
+    )
+    for n in range(300):
+        cassandra.execute(delete, (f"k{n:03d}",))
+    traced = Traced(cassandra)
+    store = make_store(session=traced)
+
+    # The acquire's reads (the sequencer's, then the LWT's own) still pass over them all...
+    lease = store.acquire("c", 0)
+    assert traced.tombstones() >= 2 * 300
+    # ...and write the anchor, where every later LWT and sequencer read stops: this
+    # worker's, and another's taking over.
+    store.commit(lease, [KeyChanges("z", state=b"s")], dedup_ttl=TTL)
+    assert store.holds(lease)
+    lease = store.acquire("c", 0, lease)
+    store.commit(lease, [KeyChanges("z", state=b"t")], dedup_ttl=TTL)
+    other = make_store(session=traced)
+    taken = other.acquire("c", 0)
+    other.commit(taken, [KeyChanges("z", state=b"u")], dedup_ttl=TTL)
+    assert traced.tombstones() == 0
+    assert [row.kind for row in rows_of(cassandra, keyspace, "")] == [""]
+    assert other.read_keys(taken, ["z"])["z"].state == b"u"
 
 
 def test_dedup_ids_expire_by_cassandra_ttl(
