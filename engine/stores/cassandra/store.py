@@ -100,10 +100,24 @@ Rules that make the contract hold:
 Tombstones: deleted timers and acknowledged productions leave tombstones, and expired dedup
 IDs turn into them, until ``gc_grace_seconds`` (10 days by default) after which compaction
 drops them. A scan reads through them (an LWT's read of the partition does not: it stops
-at the anchor row, which sorts first and is never deleted); an interval that churns through
-more than ``tombstone_failure_threshold`` (100,000) rows of one kind within that time would
-fail its scans. Lower ``gc_grace_seconds`` on the table only together with a repair schedule shorter
-than it, or deleted timers could come back on a replica that missed the delete.
+at the anchor row, which sorts first and is never deleted; the timer reads start at the
+owner's floor), and a read that meets more than ``tombstone_failure_threshold`` (100,000)
+fails (``READ_TOO_MANY_TOMBSTONES``). Three reads still can, in a job that runs for hours:
+
+* a key's dedup lookup (``seen``) reads every dedup row of the key, one per commit of it
+  within ``gc_grace_seconds``: a key in every batch of 0.2 s has 100,000 after some 5.6
+  hours (a lookup of a key behind 100,500 deleted dedup rows failed on the local node);
+* the Bloom filter's load at a takeover (``dedup_ids``) pages through every key's dedup rows,
+  5,000 live rows a page, and passes over the expired ones among them: with the same keys in
+  every batch, more than 100,000 a page once the job ran some 20 dedup TTLs (by that
+  arithmetic; not measured);
+* the pending productions' read at a takeover (``pending_productions``) passes over one
+  deleted row per commit of the interval.
+
+Not solved yet: dedup rows of a kind per expiry bucket, read only in the live buckets, and
+production rows in a bounded set of reused items would bound all three. Meanwhile lower
+``gc_grace_seconds`` on the table only together with a repair schedule shorter than it, or
+deleted timers could come back on a replica that missed the delete.
 """
 
 from __future__ import annotations
