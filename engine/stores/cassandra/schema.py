@@ -153,8 +153,8 @@ class Statements:
             f"UPDATE {name} SET sequencer = ?, last_commit = ? {where} IF sequencer = ?",
             lwt=True,
         )
-        # In the batch of a worker's first acquire (``acquire_anchored``): the partition's
-        # first row, which no statement deletes (see ``ANCHOR_KIND``).
+        # In the conditional batch of a store's first acquire of an interval: the
+        # partition's first row, which no statement deletes (see ``ANCHOR_KIND``).
         self.put_anchor = self._prepare(
             f"INSERT INTO {name} (computation, interval, kind, key, item) "
             f"VALUES (?, ?, '{ANCHOR_KIND}', '', 0x)"
