@@ -48,7 +48,7 @@ from cassandra.concurrent import execute_concurrent_with_args
 from millstream.connectors import cassandra as cassandra_connector
 from millstream.engine.clock import SystemClock
 from millstream.engine.computation import Computation
-from millstream.engine.config import MillstreamConfig, load_config
+from millstream.engine.config import DEFAULT_TABLE, MillstreamConfig, load_config
 from millstream.engine.context import Context
 from millstream.engine.productions import Production
 from millstream.engine.protocol import Delivery, IntervalWorker
@@ -108,7 +108,7 @@ class Setup:
         if not self.tombstones:
             return
         delete = self.session.prepare(
-            f"DELETE FROM {self.keyspace}.intervals WHERE computation = ? AND interval = 0 "
+            f"DELETE FROM {self.keyspace}.{DEFAULT_TABLE} WHERE computation = ? AND interval = 0 "
             "AND kind = 'dedup' AND key = ? AND item = 0x"
         )
         rows = [(computation, f"expired-{n:07d}") for n in range(self.tombstones)]

@@ -43,7 +43,7 @@ from millstream.engine.sequencer import Lease
 from millstream.engine.stores.cassandra.rows import Bound, Row, one_row, result_rows
 from millstream.engine.stores.cassandra.schema import Statements
 
-__all__ = ["MarkerChains", "StoreStats", "is_uncertain", "new_marker"]
+__all__ = ["MarkerChains", "StoreStats", "conditional_batch", "is_uncertain", "new_marker"]
 
 _log = logging.getLogger(__name__)
 # Protocol v5 error code of CasWriteUnknownResultException; the Python driver surfaces it
@@ -51,6 +51,18 @@ _log = logging.getLogger(__name__)
 _CAS_WRITE_UNKNOWN: Final = 0x1700
 # A write that finds another head than expected under its own lease learns it and retries.
 _STALE_HEAD_ATTEMPTS: Final = 3
+
+
+def conditional_batch(quorum: Any, serial: Any) -> BatchStatement:
+    """An empty conditional batch on one partition, with the lone LWTs' settings: its first
+    statement's condition guards it; never retried by the driver (an uncertain outcome is
+    resolved, not sent again)."""
+    return BatchStatement(
+        batch_type=BatchType.UNLOGGED,  # one partition: atomic without the batchlog
+        retry_policy=FallthroughRetryPolicy(),
+        consistency_level=quorum,
+        serial_consistency_level=serial,
+    )
 
 
 @dataclass
@@ -151,12 +163,7 @@ class MarkerChains:
         for _ in range(_STALE_HEAD_ATTEMPTS):
             predecessor = self._head(lease)
             marker = new_marker()
-            batch = BatchStatement(
-                batch_type=BatchType.UNLOGGED,  # one partition: atomic without the batchlog
-                retry_policy=FallthroughRetryPolicy(),
-                consistency_level=self._quorum,
-                serial_consistency_level=self._serial,
-            )
+            batch = conditional_batch(self._quorum, self._serial)
             batch.add(
                 self._statements.guard,
                 (marker, lease.computation, lease.interval, lease.token, predecessor),

@@ -131,8 +131,6 @@ from typing import Any, Final, TypeVar
 
 from cassandra import ConsistencyLevel
 from cassandra.cluster import ResponseFuture
-from cassandra.policies import FallthroughRetryPolicy
-from cassandra.query import BatchStatement, BatchType
 
 from millstream.engine.clock import Clock
 from millstream.engine.errors import FencedError, RetiredIntervalError, StoreError
@@ -153,6 +151,7 @@ from millstream.engine.store import (
 from millstream.engine.stores.cassandra.chain import (
     MarkerChains,
     StoreStats,
+    conditional_batch,
     is_uncertain,
     new_marker,
 )
@@ -327,9 +326,10 @@ class CassandraIntervalStore(IntervalStore):
                 if (computation, interval) in self._anchored:
                     result = self._execute(acquire, values)
                 else:
-                    result = self._execute_batch(
-                        [(acquire, values), (statements.put_anchor, (computation, interval))]
-                    )
+                    batch = conditional_batch(self._quorum, self._serial)
+                    batch.add(acquire, values)
+                    batch.add(statements.put_anchor, (computation, interval))
+                    result = self._session.execute(batch, timeout=self.request_timeout)
             except Exception as exc:
                 if not is_uncertain(exc):
                     raise
@@ -717,19 +717,6 @@ class CassandraIntervalStore(IntervalStore):
 
     def _execute(self, statement: Any, parameters: tuple[Any, ...]) -> Any:
         return self._session.execute(statement, parameters, timeout=self.request_timeout)
-
-    def _execute_batch(self, statements: Sequence[tuple[Any, tuple[Any, ...]]]) -> Any:
-        """One conditional batch on one partition, its first statement's condition guarding
-        it, with the lone LWTs' settings."""
-        batch = BatchStatement(
-            batch_type=BatchType.UNLOGGED,  # one partition: atomic without the batchlog
-            retry_policy=FallthroughRetryPolicy(),
-            consistency_level=self._quorum,
-            serial_consistency_level=self._serial,
-        )
-        for statement, parameters in statements:
-            batch.add(statement, parameters)
-        return self._session.execute(batch, timeout=self.request_timeout)
 
     def _rows_at_once(
         self, statement: Any, reads: Sequence[tuple[Any, ...]]

@@ -106,13 +106,13 @@ class ScriptedSession:
             _, first, _ = statement._statements_and_parameters[0]
             return "acquire" if _acquires(self._queries.get(first, "")) else "batch"
         cql = getattr(statement, "prepared_statement", statement).query_string
-        if _acquires(cql) or cql.startswith("INSERT"):
+        if _acquires(cql):
             return "acquire"
         return "resolve" if cql.startswith("UPDATE") else "read"
 
 
 def _acquires(cql: str) -> bool:
-    return "SET sequencer" in cql or ("sequencer" in cql and "IF NOT EXISTS" in cql)
+    return "SET sequencer" in cql or cql.startswith("INSERT")
 
 
 def timeout_after_running(run: Run) -> Any:
