@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
@@ -10,8 +11,18 @@ from cassandra import ConsistencyLevel, InvalidRequest
 
 from millstream.engine.errors import StoreError
 from millstream.engine.layout import IntervalLayout, LayoutChange
-from millstream.engine.stores.cassandra.rows import TIMER_INDEX, TIMESTAMP_OFFSET, result_rows
-from millstream.engine.stores.cassandra.schema import FENCES_TABLE, check_identifier
+from millstream.engine.stores.cassandra.rows import (
+    TIMER_INDEX,
+    TIMESTAMP_OFFSET,
+    dedup_kinds_after,
+    result_rows,
+)
+from millstream.engine.stores.cassandra.schema import (
+    DEDUP_BUCKETS_END,
+    FENCES_TABLE,
+    LEGACY_DEDUP_KIND,
+    check_identifier,
+)
 from millstream.engine.stores.cassandra.store import RETIRED_SEQUENCER
 from millstream.engine.timers import TimeDomain
 
@@ -25,7 +36,7 @@ _COUNTED_KINDS: Final = {
     "state_keys": "state",
     "timers": "timer",
     "pending_productions": "production",
-    "dedup_rows": "dedup",
+    "dedup_rows": LEGACY_DEDUP_KIND,  # and the rows of the dedup buckets not yet ended
 }
 MAX_ROWS: Final = 1_000
 """Where an interval's counts stop by default: each counted row crosses the network and the
@@ -36,7 +47,13 @@ _INTERVALS_AT_ONCE: Final = 32
 
 
 def interval_overview(
-    session: Any, keyspace: str, table: str, computation: str, *, max_rows: int = MAX_ROWS
+    session: Any,
+    keyspace: str,
+    table: str,
+    computation: str,
+    *,
+    max_rows: int = MAX_ROWS,
+    now: int | None = None,
 ) -> dict[str, Any]:
     """What the interval table ``keyspace.table`` holds about ``computation``, as a JSON-able
     dict, read without writing anything.
@@ -67,8 +84,10 @@ def interval_overview(
     keyspace has no such table, made by an older millstream),
     and the timestamps (µs) of its next event-time and wall-time timers, the first rows of
     the time-ordered timer indexes, whose ``key`` is the timestamp plus ``2**63`` as a
-    20-digit decimal. Dedup rows are counted while Cassandra keeps them, which may be up to a
-    second past their ``expires``.
+    20-digit decimal. Dedup rows are counted in the buckets of expiry times that end after
+    ``now`` (µs; the wall clock by default, the clock the workers' stores run on in a
+    deployment), the only ones a read passes over no expired rows to reach, and may include
+    a few that expired within the earliest bucket.
 
     ``history`` is the layout's latest finished splits and merges in words, newest first
     (the layout keeps :data:`~millstream.engine.layout.HISTORY` of them).
@@ -82,7 +101,8 @@ def interval_overview(
     would complete a worker's in-flight proposal and compete with its LWTs for the ballot, so
     an observer stays out of it (and may miss an acquire or a commit still in flight).
     """
-    return IntervalReads(session, keyspace, table).overview(computation, max_rows=max_rows)
+    reads = IntervalReads(session, keyspace, table)
+    return reads.overview(computation, max_rows=max_rows, now=now)
 
 
 class IntervalReads:
@@ -98,8 +118,12 @@ class IntervalReads:
         self.table = table
         self._reads = _Reads(session, f"{keyspace}.{table}")
 
-    def overview(self, computation: str, *, max_rows: int = MAX_ROWS) -> dict[str, Any]:
+    def overview(
+        self, computation: str, *, max_rows: int = MAX_ROWS, now: int | None = None
+    ) -> dict[str, Any]:
         """:func:`interval_overview` of ``computation``."""
+        if now is None:
+            now = time.time_ns() // 1_000
         if max_rows < 1:
             raise ValueError(f"max_rows must be at least 1, got {max_rows}")
         reads = self._reads
@@ -110,7 +134,7 @@ class IntervalReads:
         intervals: list[dict[str, Any]] = []
         for start in range(0, len(interval_ids), _INTERVALS_AT_ONCE):
             wave = interval_ids[start : start + _INTERVALS_AT_ONCE]
-            intervals += reads.intervals(computation, wave, sequencers, max_rows)
+            intervals += reads.intervals(computation, wave, sequencers, max_rows, now)
         for entry in intervals:
             entry["fenced"] = None if fenced is None else fenced.get(entry["interval"], 0)
         return {
@@ -142,6 +166,9 @@ class _Reads:
         # Counting rows client-side: a COUNT(*)'s LIMIT bounds its one result row, not the
         # rows it reads.
         self._list_kind = self._prepare(f"SELECT kind FROM {name} {where} AND kind = ? LIMIT ?")
+        self._list_dedup = self._prepare(
+            f"SELECT kind FROM {name} {where} AND kind > ? AND kind < '{DEDUP_BUCKETS_END}' LIMIT ?"
+        )
         self._first_key = self._prepare(f"SELECT key FROM {name} {where} AND kind = ? LIMIT 1")
         try:
             self._read_fences: Any = self._prepare(
@@ -179,6 +206,7 @@ class _Reads:
         interval_ids: Sequence[int],
         sequencers: dict[int, int | None],
         max_rows: int,
+        now: int,
     ) -> list[dict[str, Any]]:
         """The entries of ``interval_ids``, every read of all of them sent before any is
         awaited."""
@@ -187,6 +215,11 @@ class _Reads:
             (interval, field): send(self._list_kind, (computation, interval, kind, max_rows + 1))
             for interval in interval_ids
             for field, kind in _COUNTED_KINDS.items()
+        }
+        live_buckets = dedup_kinds_after(now)
+        dedup = {
+            interval: send(self._list_dedup, (computation, interval, live_buckets, max_rows + 1))
+            for interval in interval_ids
         }
         firsts = {
             (interval, domain): send(self._first_key, (computation, interval, index))
@@ -207,6 +240,8 @@ class _Reads:
             for field in _COUNTED_KINDS:
                 # Counted as they come, never made into dicts: this is most of the rows read.
                 found = _count(counts[interval, field].result(), max_rows + 1)
+                if field == "dedup_rows":
+                    found += _count(dedup[interval].result(), max_rows + 1)
                 entry[field] = min(found, max_rows)
                 more = more or found > max_rows
             for field, domain in (

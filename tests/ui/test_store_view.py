@@ -149,7 +149,7 @@ def test_counts_timers_sequencers_and_a_journaled_split_are_read_exactly(
     assert store.write_layout(computation, finished.begin_split(1, at=BEGUN + 60_000_000), finished)
 
     recording = RecordingSession(cassandra)
-    overview = interval_overview(recording, keyspace, TABLE, computation)
+    overview = interval_overview(recording, keyspace, TABLE, computation, now=store.clock.now())
 
     assert overview == {
         "computation": computation,
@@ -215,8 +215,9 @@ def test_counts_stop_at_max_rows_and_say_there_is_more(
         *(KeyChanges(key, state=b"x", dedup_ids=[rid(n)]) for n, key in enumerate(keys)),
     )
 
-    capped = interval_overview(cassandra, keyspace, TABLE, "big", max_rows=3)["intervals"]
-    exact = interval_overview(cassandra, keyspace, TABLE, "big", max_rows=5)["intervals"]
+    now = store.clock.now()
+    capped = interval_overview(cassandra, keyspace, TABLE, "big", max_rows=3, now=now)["intervals"]
+    exact = interval_overview(cassandra, keyspace, TABLE, "big", max_rows=5, now=now)["intervals"]
 
     expected = {**EMPTY, "interval": 0, "sequencer": 1}
     assert capped == [{**expected, "state_keys": 3, "dedup_rows": 3, "more": True}]

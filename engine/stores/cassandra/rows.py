@@ -16,15 +16,21 @@ from millstream.engine.productions import CommitTag, Production
 from millstream.engine.records import RECORD_ID_BYTES, decode_record
 from millstream.engine.sequencer import Lease
 from millstream.engine.state import UNCHANGED, KeyChanges
-from millstream.engine.stores.cassandra.schema import Statements
+from millstream.engine.stores.cassandra.schema import DEDUP_BUCKET_PREFIX, Statements
 from millstream.engine.timers import TimeDomain, Timer
 
 __all__ = [
+    "DEDUP_BUCKETS_PER_TTL",
     "TIMER_INDEX",
     "TIMESTAMP_OFFSET",
     "Bound",
     "Row",
     "change_rows",
+    "dedup_bucket_end",
+    "dedup_item",
+    "dedup_item_floor",
+    "dedup_kind",
+    "dedup_kinds_after",
     "dedup_row_ids",
     "dedup_ttl_seconds",
     "index_row",
@@ -56,6 +62,13 @@ _TAG = struct.Struct(">qq")
 # Cassandra refuses TTLs above 20 years (Attributes.MAX_TTL).
 _MAX_TTL_SECONDS = 20 * 365 * 24 * 3600
 _MICROS_PER_SECOND = 1_000_000
+
+# A commit's dedup rows fall in buckets of expiry times this many to a dedup TTL: a read of
+# the live ones passes over the expired rows of one bucket at most (an eighth of a TTL's),
+# and a lookup names some ten buckets.
+DEDUP_BUCKETS_PER_TTL: Final = 8
+# A dedup row's item starts with its expiry plus 2**63, unsigned: byte order is time order.
+_EXPIRY = struct.Struct(">Q")
 
 _INT32 = struct.Struct(">i")
 _INT64 = struct.Struct(">q")
@@ -179,6 +192,34 @@ def dedup_row_ids(row: dict[str, Any]) -> list[bytes]:
     return [packed[start : start + size] for start in range(0, len(packed), size)]
 
 
+def dedup_kind(expires: int, dedup_ttl: int) -> str:
+    """The ``kind`` of a dedup row expiring at ``expires``: its bucket's (exclusive) end,
+    buckets an eighth of ``dedup_ttl`` wide (``schema.DEDUP_BUCKET_PREFIX``)."""
+    width = max(1, -(-dedup_ttl // DEDUP_BUCKETS_PER_TTL))
+    return DEDUP_BUCKET_PREFIX + index_time((expires // width + 1) * width)
+
+
+def dedup_bucket_end(kind: str) -> int:
+    """The end of the bucket a dedup row's ``kind`` names: its rows expire before it."""
+    return int(kind[len(DEDUP_BUCKET_PREFIX) :]) - TIMESTAMP_OFFSET
+
+
+def dedup_kinds_after(now: int) -> str:
+    """The bound past which the dedup kinds are of buckets ending after ``now``: the ones that
+    may hold a live ID."""
+    return DEDUP_BUCKET_PREFIX + index_time(now)
+
+
+def dedup_item(expires: int, marker: bytes) -> bytes:
+    """The ``item`` of a commit's dedup row: its ``expires``, then the commit's ``marker``."""
+    return _EXPIRY.pack(expires + TIMESTAMP_OFFSET) + marker
+
+
+def dedup_item_floor(now: int) -> bytes:
+    """The items after this one are of dedup rows expiring at ``now`` or later."""
+    return _EXPIRY.pack(now + TIMESTAMP_OFFSET)
+
+
 def dedup_ttl_seconds(dedup_ttl: int) -> int:
     """The ``USING TTL`` of dedup IDs kept for ``dedup_ttl`` µs."""
     if dedup_ttl <= 0:
@@ -200,13 +241,13 @@ def change_rows(
     statements: Statements,
     lease: Lease,
     change: KeyChanges,
-    dedup_item: bytes,
+    dedup: tuple[bytes, bytes],
     expires: int,
     ttl_seconds: int,
 ) -> list[Row]:
     """The rows that write ``change`` (its timers' index rows included), with their
-    statements. Its dedup IDs go in one row, ``dedup_item`` (unique to the commit batch),
-    ``expires`` and ``ttl_seconds`` their expiry."""
+    statements. Its dedup IDs go in one row, ``dedup`` its kind and item (the item unique to
+    the commit batch), serialized; ``expires`` and ``ttl_seconds`` their expiry."""
     partition = (lease.computation, lease.interval)
     key = change.key
     # The values of put_state and put_dedup that every row of the key shares, serialized.
@@ -238,7 +279,11 @@ def change_rows(
         # twice (the Paxos proposal, then the table), and a record's ID was most of them.
         packed = pack_dedup_ids(change.dedup_ids)
         expiry = [_INT64.pack(expires), packed, _INT32.pack(ttl_seconds)]
-        rows.append(Bound(statements.put_dedup, [*shared, dedup_item, *expiry]))
+        kind, item = dedup
+        computation, interval, key_bytes = shared
+        rows.append(
+            Bound(statements.put_dedup, [computation, interval, kind, key_bytes, item, *expiry])
+        )
     return rows
 
 

@@ -17,9 +17,12 @@ from millstream.engine.errors import StoreError
 
 __all__ = [
     "ANCHOR_KIND",
+    "DEDUP_BUCKETS_END",
+    "DEDUP_BUCKET_PREFIX",
     "DEFAULT_KEYSPACE",
     "DEFAULT_TABLE",
     "FENCES_TABLE",
+    "LEGACY_DEDUP_KIND",
     "Statements",
     "check_identifier",
     "create_schema",
@@ -42,6 +45,17 @@ key 30 to 34 ms against 6, ``bench/core_commits.py --tombstones 20000``), and fr
 ``tombstone_failure_threshold`` (100,000) on every LWT failed. The anchor stops that read
 at once. Written in the batch of a store's first acquire of the interval, so the partitions
 of earlier versions get theirs too."""
+DEDUP_BUCKET_PREFIX = "dedup@"
+"""The ``kind`` of dedup rows starts so, followed by the end of the bucket of expiry times the
+row's falls in (exclusive, µs plus 2**63 as a 20-digit decimal, so text order is time order;
+:func:`~millstream.engine.stores.cassandra.rows.dedup_kind`). An expired ID stays a tombstone
+for ``gc_grace_seconds`` (10 days) while its ID lives for the dedup TTL (10 minutes by
+default): in one kind, every read of a key's or an interval's IDs passed over up to 10 days
+of them. A read of the live buckets starts past the expired ones."""
+DEDUP_BUCKETS_END = DEDUP_BUCKET_PREFIX + ":"
+"""Sorts after every dedup bucket's kind (``:`` follows the digits)."""
+LEGACY_DEDUP_KIND = "dedup"
+"""The one ``kind`` of the dedup rows earlier versions wrote, read until they expire."""
 FENCES_TABLE = "millstream_fences"
 """The keyspace's table of fenced operations: per interval table, computation and key
 interval, how many operations of a worker holding an old lease the store refused (a zombie
@@ -177,9 +191,10 @@ class Statements:
             f"INSERT INTO {name} ({columns}, timer_timestamp, timer_domain, timer_set_by) "
             "VALUES (?, ?, 'timer', ?, ?, ?, ?, ?)"
         )
-        # A key's dedup IDs of one commit batch, packed in ``record``; ``item`` is unique.
+        # A key's dedup IDs of one commit batch, packed in ``record``, in the bucket of their
+        # expiry (``kind``); ``item``, unique, starts with the expiry (``rows.dedup_item``).
         self.put_dedup = self._prepare(
-            f"INSERT INTO {name} ({columns}, expires, record) VALUES (?, ?, 'dedup', ?, ?, ?, ?) "
+            f"INSERT INTO {name} ({columns}, expires, record) VALUES (?, ?, ?, ?, ?, ?, ?) "
             "USING TTL ?"
         )
         self.put_index = self._prepare(
@@ -197,8 +212,25 @@ class Statements:
             f"SELECT kind, key, item, value, {timer_columns} FROM {name} {where} "
             "AND kind IN ('state', 'timer') AND key IN ?"
         )
-        self.read_dedup = self._prepare(
-            f"SELECT key, item, expires, record FROM {name} {where} AND kind = 'dedup' AND key IN ?"
+        dedup_columns = f"SELECT key, item, expires, record FROM {name} {where}"
+        # The live rows of the keys in the live buckets: ``item > ?``, the expiry of now,
+        # skips the expired rows of the earliest bucket.
+        self.read_dedup = self._prepare(f"{dedup_columns} AND kind IN ? AND key IN ? AND item > ?")
+        self.read_legacy_dedup = self._prepare(
+            f"{dedup_columns} AND kind = '{LEGACY_DEDUP_KIND}' AND key IN ?"
+        )
+        # The buckets after the one of now, newest first: a load that stops at a bound of IDs
+        # does before it reaches the expired rows of the earliest live bucket.
+        live_buckets = f"AND kind > ? AND kind < '{DEDUP_BUCKETS_END}' ORDER BY kind DESC"
+        self.scan_dedup = self._prepare(f"{dedup_columns} {live_buckets}")
+        self.scan_legacy_dedup = self._prepare(f"{dedup_columns} AND kind = '{LEGACY_DEDUP_KIND}'")
+        # The live buckets, one a read from the newest down (past a bucket's rows by the
+        # index, not through them), and whether any row of an earlier version lives.
+        self.next_dedup_bucket = self._prepare(
+            f"SELECT kind FROM {name} {where} AND kind > ? AND kind < ? ORDER BY kind DESC LIMIT 1"
+        )
+        self.first_legacy_dedup = self._prepare(
+            f"SELECT kind FROM {name} {where} AND kind = '{LEGACY_DEDUP_KIND}' LIMIT 1"
         )
         self.read_due = self._prepare(
             f"SELECT item, {timer_columns} FROM {name} {where} "
@@ -211,9 +243,6 @@ class Statements:
             f"SELECT key, item, timer_timestamp, timer_domain, timer_set_by FROM {name} "
             f"{where} AND kind = 'timer'"
         )
-        self.scan_dedup = self._prepare(
-            f"SELECT key, item, expires, record FROM {name} {where} AND kind = 'dedup'"
-        )
         self.scan_keys = self._prepare(
             f"SELECT key FROM {name} {where} AND kind IN ('state', 'timer')"
         )
@@ -221,6 +250,10 @@ class Statements:
             f"SELECT key, value FROM {name} {where} AND kind = 'state'"
         )
         self.delete_kind = self._prepare(f"DELETE FROM {name} {where} AND kind = ?")
+        self.delete_dedup_buckets = self._prepare(
+            f"DELETE FROM {name} {where} AND kind > '{DEDUP_BUCKET_PREFIX}' "
+            f"AND kind < '{DEDUP_BUCKETS_END}'"
+        )
         layout_row = f"{where} AND kind = 'layout' AND key = '' AND item = 0x"
         self.read_layout = self._prepare(f"SELECT value FROM {name} {layout_row}", serial_read=True)
         self.create_layout = self._prepare(
@@ -253,6 +286,7 @@ class Statements:
             (
                 "VarcharType",
                 "Int32Type",
+                "VarcharType",
                 "VarcharType",
                 "BytesType",
                 "LongType",

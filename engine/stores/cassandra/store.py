@@ -6,12 +6,13 @@ The mapping is the one :mod:`millstream.engine.store` describes, on one table::
         computation     text,
         interval        int,
         kind            text,    -- 'state' | 'timer' | 'timer_event' | 'timer_wall'
-                                 -- | 'dedup' | 'production' | '' (the anchor)
+                                 -- | 'dedup@<bucket end>' | 'production' | '' (the anchor)
+                                 -- | 'dedup' (dedup rows of earlier versions)
         key             text,    -- the key; the timestamp in the timer index; '' for
                                  -- productions
         item            blob,    -- '' for state, the tag (UTF-8) for timers, the key and
-                                 -- tag in the timer index, the commit batch's marker for
-                                 -- dedup and for productions
+                                 -- tag in the timer index, the expiry and the commit
+                                 -- batch's marker for dedup, the marker for productions
         sequencer       bigint static,
         last_commit     blob static,
         value           blob,    -- state
@@ -35,14 +36,25 @@ Rows a batch touches, and how it reads them (paper 6.1.1: the checkpoint is coal
 * **The interval's keys**, once, by a worker that takes it over (``state_keys``): the ``key``
   of every ``state`` and ``timer`` row, a page at a time, until more than the worker's bound
   (10,000): a key the list lacks is not read.
-* **Dedup candidates**: one ``kind = 'dedup' AND key IN ?`` query per :data:`_KEYS_PER_READ`
-  keys with candidate IDs, all in flight at once; it reads each key's dedup rows, one per
-  commit of the key within the dedup TTL, each holding the IDs that commit processed (16
-  bytes each, in ``record``). A row per ID would make a commit write one row per record, and
-  each row of a Paxos batch is written twice; packed, a key with 20 records in a batch
-  writes one. The price is on the lookup side, paid only for IDs the worker's Bloom filter
-  may have seen: a key committed in every batch has a row per batch of the TTL to read.
-  Rows of one ID each (``item`` the ID, no ``record``: versions before packing) still count.
+* **Dedup candidates**: one ``kind IN <live buckets> AND key IN ? AND item > <now>`` query
+  per :data:`_KEYS_PER_READ` keys with candidate IDs, all in flight at once; it reads each
+  key's live dedup rows, one per commit of the key within the dedup TTL, each holding the
+  IDs that commit processed (16 bytes each, in ``record``). A row per ID would make a commit
+  write one row per record, and each row of a Paxos batch is written twice; packed, a key
+  with 20 records in a batch writes one. The price is on the lookup side, paid only for IDs
+  the worker's Bloom filter may have seen: a key committed in every batch has a row per
+  batch of the TTL to read. A row's ``kind`` is the bucket of expiry times it falls in
+  (``dedup@`` and the bucket's end, buckets an eighth of the TTL wide:
+  :func:`.rows.dedup_kind`), its ``item`` starts with its expiry: so the query names the
+  buckets that end after now, and within the earliest of them starts at now's expiry, and
+  no expired row (a tombstone for ``gc_grace_seconds``, ten days, not one TTL) is read. A
+  lease finds the live buckets once, one read a bucket from the newest down (whatever TTL
+  wrote them); a worker's first acquire of an interval knows there are none. The Bloom
+  filter's load at a takeover (``dedup_ids``) reads the buckets ending after now, newest
+  first: it meets the expired rows of the earliest bucket only, an eighth of a TTL's, and
+  only if it has not stopped at its bound of IDs before. Rows of earlier versions (kind
+  ``dedup``, rows of one ID each without ``record`` too) are read beside them, by a lease
+  that found any live.
 * **Due timers**: every timer is also a row of the time-ordered index ``timer_event`` or
   ``timer_wall`` whose ``key`` is its timestamp as a fixed-width decimal (so text order is
   time order); the due ones are the range ``key < <watermark>``, the next one the first row.
@@ -99,25 +111,15 @@ Rules that make the contract hold:
 
 Tombstones: deleted timers and acknowledged productions leave tombstones, and expired dedup
 IDs turn into them, until ``gc_grace_seconds`` (10 days by default) after which compaction
-drops them. A scan reads through them (an LWT's read of the partition does not: it stops
-at the anchor row, which sorts first and is never deleted; the timer reads start at the
-owner's floor), and a read that meets more than ``tombstone_failure_threshold`` (100,000)
-fails (``READ_TOO_MANY_TOMBSTONES``). Three reads still can, in a job that runs for hours:
-
-* a key's dedup lookup (``seen``) reads every dedup row of the key, one per commit of it
-  within ``gc_grace_seconds``: a key in every batch of 0.2 s has 100,000 after some 5.6
-  hours (a lookup of a key behind 100,500 deleted dedup rows failed on the local node);
-* the Bloom filter's load at a takeover (``dedup_ids``) pages through every key's dedup rows,
-  5,000 live rows a page, and passes over the expired ones among them: with the same keys in
-  every batch, more than 100,000 a page once the job ran some 20 dedup TTLs (by that
-  arithmetic; not measured);
-* the pending productions' read at a takeover (``pending_productions``) passes over one
-  deleted row per commit of the interval.
-
-Not solved yet: dedup rows of a kind per expiry bucket, read only in the live buckets, and
-production rows in a bounded set of reused items would bound all three. Meanwhile lower
-``gc_grace_seconds`` on the table only together with a repair schedule shorter than it, or
-deleted timers could come back on a replica that missed the delete.
+drops them. A read that meets more than ``tombstone_failure_threshold`` (100,000) fails
+(``READ_TOO_MANY_TOMBSTONES``), so no read on a batch's path may pass over them: an LWT's
+read of the partition stops at the anchor row, which sorts first and is never deleted; the
+timer reads start at the owner's floor; the dedup reads at the live buckets. One read still
+passes over one tombstone per commit of the interval: the pending productions' read at a
+takeover (``pending_productions``). Not solved yet: production rows in a bounded set of
+reused items would bound it. Meanwhile lower ``gc_grace_seconds`` on the table only together
+with a repair schedule shorter than it, or deleted timers could come back on a replica that
+missed the delete.
 """
 
 from __future__ import annotations
@@ -159,6 +161,11 @@ from millstream.engine.stores.cassandra.rows import (
     TIMER_INDEX,
     TIMESTAMP_OFFSET,
     change_rows,
+    dedup_bucket_end,
+    dedup_item,
+    dedup_item_floor,
+    dedup_kind,
+    dedup_kinds_after,
     dedup_row_ids,
     dedup_ttl_seconds,
     index_time,
@@ -174,7 +181,9 @@ from millstream.engine.stores.cassandra.rows import (
     unpack_productions,
 )
 from millstream.engine.stores.cassandra.schema import (
+    DEDUP_BUCKETS_END,
     DEFAULT_TABLE,
+    LEGACY_DEDUP_KIND,
     Statements,
     check_identifier,
     table_id,
@@ -208,7 +217,19 @@ _DELETE_BYTES = 64
 RETIRED_SEQUENCER = 2**63 - 1
 # The partition holding a computation's interval layout, one LWT-written row.
 _LAYOUT_INTERVAL = -1
-_DATA_KINDS = ("state", "timer", "timer_event", "timer_wall", "dedup", "production")
+_DATA_KINDS = ("state", "timer", "timer_event", "timer_wall", LEGACY_DEDUP_KIND, "production")
+
+
+class _DedupBuckets:
+    """What a store knows of an interval's dedup rows under a lease: the kinds of its live
+    buckets, and whether rows of an earlier version's one kind live."""
+
+    __slots__ = ("kinds", "legacy", "token")
+
+    def __init__(self, token: int, kinds: set[str], legacy: bool) -> None:
+        self.token = token
+        self.kinds = kinds
+        self.legacy = legacy
 
 
 class CassandraIntervalStore(IntervalStore):
@@ -266,6 +287,8 @@ class CassandraIntervalStore(IntervalStore):
         self._anchored: set[tuple[str, int]] = set()
         # Per interval: the production rows (by item) and the IDs in them not yet acknowledged.
         self._production_rows: dict[tuple[str, int], dict[bytes, set[bytes]]] = {}
+        # Per interval: its dedup buckets as the latest lease of it here found and wrote them.
+        self._dedup_buckets: dict[tuple[str, int], _DedupBuckets] = {}
         if datacenter_local:
             self._serial, self._quorum = (
                 ConsistencyLevel.LOCAL_SERIAL,
@@ -341,6 +364,10 @@ class CassandraIntervalStore(IntervalStore):
             row = one_row(result)
             if row["[applied]"]:
                 self._anchored.add((computation, interval))
+                if expected is None:  # nobody acquired it before: it holds no dedup rows
+                    self._dedup_buckets[(computation, interval)] = _DedupBuckets(
+                        token, set(), False
+                    )
                 lease = Lease(computation, interval, token, cache_valid=valid, conflicts=attempt)
                 self._chains.started(lease, head)
                 return lease
@@ -360,15 +387,12 @@ class CassandraIntervalStore(IntervalStore):
     def scan(self, lease: Lease) -> IntervalSnapshot:
         statements = self._statements
         partition = (lease.computation, lease.interval)
-        timers, productions, dedup = (
+        timers, productions = (
             self._session.execute_async(statement, partition, timeout=self.request_timeout)
-            for statement in (
-                statements.scan_timers,
-                statements.scan_productions,
-                statements.scan_dedup,
-            )
+            for statement in (statements.scan_timers, statements.scan_productions)
         )
         now = self.clock.now()
+        dedup = self._dedup_scans(partition, now, legacy=True)
         return IntervalSnapshot(
             timers=tuple(row_timer(row) for row in result_rows(timers.result())),
             productions=tuple(
@@ -376,14 +400,16 @@ class CassandraIntervalStore(IntervalStore):
                 for row in result_rows(productions.result())
                 for production in unpack_productions(row["record"], production_tag(row["item"]))
             ),
-            dedup_ids=tuple(_live_ids(result_rows(dedup.result()), now)),
+            dedup_ids=tuple(_live_ids(self._rows(dedup), now)),
         )
 
     def dedup_ids(self, lease: Lease, limit: int) -> list[bytes] | None:
-        """The dedup IDs of the interval, a page of rows at a time, until more than ``limit``."""
-        result = self._execute(self._statements.scan_dedup, (lease.computation, lease.interval))
-        live = _live_ids(result_rows(result), self.clock.now())
-        found = list(itertools.islice(live, limit + 1))
+        """The dedup IDs of the interval, a page of rows at a time, until more than ``limit``:
+        those of the live buckets, newest first, then any of an earlier version's rows."""
+        now = self.clock.now()
+        legacy = self._buckets(lease).legacy
+        scans = self._dedup_scans((lease.computation, lease.interval), now, legacy=legacy)
+        found = list(itertools.islice(_live_ids(self._rows(scans), now), limit + 1))
         return found if len(found) <= limit else None
 
     def state_keys(self, lease: Lease, limit: int) -> Set[str] | None:
@@ -432,9 +458,79 @@ class CassandraIntervalStore(IntervalStore):
     def _dedup_reads(
         self, lease: Lease, record_ids: Mapping[str, Collection[bytes]]
     ) -> list[ResponseFuture]:
+        """The reads of the live dedup rows of the keys with IDs in ``record_ids``: in the
+        interval's live buckets, from the expiry of now on, and an earlier version's rows."""
         keys = [key for key, ids in record_ids.items() if ids]
-        reads = [(lease.computation, lease.interval, chunk) for chunk in _chunks(keys)]
-        return self._send(self._statements.read_dedup, reads)
+        if not keys:
+            return []
+        buckets = self._buckets(lease)
+        partition = (lease.computation, lease.interval)
+        futures: list[ResponseFuture] = []
+        if buckets.kinds:
+            kinds, floor = sorted(buckets.kinds), dedup_item_floor(self.clock.now())
+            reads = [(*partition, kinds, chunk, floor) for chunk in _chunks(keys)]
+            futures += self._send(self._statements.read_dedup, reads)
+        if buckets.legacy:
+            legacy = [(*partition, chunk) for chunk in _chunks(keys)]
+            futures += self._send(self._statements.read_legacy_dedup, legacy)
+        return futures
+
+    def _dedup_scans(
+        self, partition: tuple[str, int], now: int, *, legacy: bool
+    ) -> list[ResponseFuture]:
+        """The scans of the interval's live dedup buckets (and of an earlier version's rows)."""
+        statements = self._statements
+        scans: list[tuple[Any, tuple[Any, ...]]] = [
+            (statements.scan_dedup, (*partition, dedup_kinds_after(now)))
+        ]
+        if legacy:
+            scans.append((statements.scan_legacy_dedup, partition))
+        return [
+            self._session.execute_async(statement, values, timeout=self.request_timeout)
+            for statement, values in scans
+        ]
+
+    def _buckets(self, lease: Lease) -> _DedupBuckets:
+        """The interval's live dedup buckets: found once a lease, then kept as it commits."""
+        known = self._known_buckets(lease)
+        if known is None:
+            known = self._find_buckets(lease)
+            self._dedup_buckets[(lease.computation, lease.interval)] = known
+        now = self.clock.now()
+        known.kinds = {kind for kind in known.kinds if dedup_bucket_end(kind) > now}
+        return known
+
+    def _known_buckets(self, lease: Lease) -> _DedupBuckets | None:
+        """The interval's dedup buckets as found and written under ``lease``, or under the lease
+        of this store it followed with nobody in between; ``None`` if they must be read."""
+        partition = (lease.computation, lease.interval)
+        known = self._dedup_buckets.get(partition)
+        if known is None:
+            return None
+        if known.token == lease.token or (lease.cache_valid and known.token == lease.token - 1):
+            known.token = lease.token
+            return known
+        del self._dedup_buckets[partition]
+        return None
+
+    def _find_buckets(self, lease: Lease) -> _DedupBuckets:
+        """Read which dedup buckets of the interval live: one read a bucket, newest first, each
+        one row (whatever the dedup TTL of the rows, so a changed one finds them all)."""
+        partition = (lease.computation, lease.interval)
+        legacy = self._session.execute_async(
+            self._statements.first_legacy_dedup, partition, timeout=self.request_timeout
+        )
+        kinds: set[str] = set()
+        after, below = dedup_kinds_after(self.clock.now()), DEDUP_BUCKETS_END
+        while True:
+            result = self._execute(self._statements.next_dedup_bucket, (*partition, after, below))
+            row = one_row_or_none(result)
+            if row is None:
+                break
+            below = row["kind"]
+            kinds.add(below)
+        found = one_row_or_none(legacy.result()) is not None
+        return _DedupBuckets(lease.token, kinds, found)
 
     def due_timers(
         self, lease: Lease, input_low_watermark: int, now: int, floor: TimerFloor = NO_FLOOR
@@ -511,15 +607,17 @@ class CassandraIntervalStore(IntervalStore):
         folded = done if len(batches) == 1 and _room(batches[0], done) else []
         if done and not folded:
             self._delete_rows(lease, done)
+        buckets = self._known_buckets(lease)
         for number, batch in enumerate(batches):
             expires = self.clock.now() + dedup_ttl
-            dedup_item = new_marker()
+            kind = dedup_kind(expires, dedup_ttl)
+            if buckets is not None:
+                buckets.kinds.add(kind)
+            dedup = (kind.encode("utf-8"), dedup_item(expires, new_marker()))
             rows = [
                 row
                 for change in batch
-                for row in change_rows(
-                    self._statements, lease, change, dedup_item, expires, ttl_seconds
-                )
+                for row in change_rows(self._statements, lease, change, dedup, expires, ttl_seconds)
             ]
             by_tag: dict[CommitTag | None, list[Production]] = {}
             for change in batch:
@@ -630,23 +728,23 @@ class CassandraIntervalStore(IntervalStore):
     def export(self, computation: str, interval: int) -> list[KeyChanges]:
         statements = self._statements
         partition = (computation, interval)
-        states, timers, productions, dedup = (
+        states, timers, productions = (
             self._session.execute_async(statement, partition, timeout=self.request_timeout)
             for statement in (
                 statements.scan_states,
                 statements.scan_timers,
                 statements.scan_productions,
-                statements.scan_dedup,
             )
         )
+        now = self.clock.now()
+        dedup = self._dedup_scans(partition, now, legacy=True)
         by_key: dict[str, KeyChanges] = {}
         for row in result_rows(states.result()):
             by_key.setdefault(row["key"], KeyChanges(row["key"])).state = row["value"]
         for row in result_rows(timers.result()):
             timer = row_timer(row)
             by_key.setdefault(timer.key, KeyChanges(timer.key)).timers[timer.tag] = timer
-        now = self.clock.now()
-        for row in _unexpired(result_rows(dedup.result()), now):
+        for row in _unexpired(self._rows(dedup), now):
             by_key.setdefault(row["key"], KeyChanges(row["key"])).dedup_ids.extend(
                 dedup_row_ids(row)
             )
@@ -685,6 +783,7 @@ class CassandraIntervalStore(IntervalStore):
             )
         for kind in _DATA_KINDS:
             self._execute(self._statements.delete_kind, (computation, interval, kind))
+        self._execute(self._statements.delete_dedup_buckets, (computation, interval))
 
     def fenced(self, computation: str) -> dict[int, int]:
         """Per key interval of ``computation``, how many operations this table refused to

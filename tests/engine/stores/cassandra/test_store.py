@@ -38,8 +38,12 @@ from millstream.engine.stores.cassandra import (
     CassandraIntervalStore,
     create_schema,
 )
-from millstream.engine.stores.cassandra.rows import Bound, change_rows
-from millstream.engine.stores.cassandra.schema import schema_cql
+from millstream.engine.stores.cassandra.rows import Bound, change_rows, dedup_item, dedup_kind
+from millstream.engine.stores.cassandra.schema import (
+    DEDUP_BUCKET_PREFIX,
+    DEDUP_BUCKETS_END,
+    schema_cql,
+)
 from millstream.engine.testing import TestingSink
 from millstream.engine.timers import TimeDomain, Timer
 from millstream.engine.topology import ComputationOptions, ComputationSpec, InputStream
@@ -210,6 +214,16 @@ def rows_of(session: Any, keyspace: str, kind: str) -> list[Any]:
     )
 
 
+def dedup_rows(session: Any, keyspace: str) -> list[Any]:
+    """Every dedup row of the table (those of earlier versions' kind aside), read plainly."""
+    return list(
+        session.execute(
+            f"SELECT * FROM {keyspace}.intervals WHERE kind > %s AND kind < %s ALLOW FILTERING",
+            (DEDUP_BUCKET_PREFIX, DEDUP_BUCKETS_END),
+        )
+    )
+
+
 # -- schema and construction ------------------------------------------------------------------
 
 
@@ -243,8 +257,8 @@ def test_bound_rows_carry_what_the_driver_would_bind(cassandra: Any, keyspace: s
     statements = store._statements
     lease = Lease("c\u00e9", 2**31 - 1, 7, cache_valid=False)
     change = KeyChanges("k\u00ff", state=b"\x00state", dedup_ids=[rid(1), rid(2), rid(1)])
-    item = b"\x07" * 16
-    made = change_rows(statements, lease, change, item, 2**62 + 5, 3_601)
+    kind, item = dedup_kind(2**62 + 5, TTL), dedup_item(2**62 + 5, b"\x07" * 16)
+    made = change_rows(statements, lease, change, (kind.encode(), item), 2**62 + 5, 3_601)
     rows = [row for row in made if isinstance(row, Bound)]
     # Every row bound; the key's IDs in one row, the repeated ID written once.
     assert len(rows) == len(made) == 2
@@ -253,7 +267,9 @@ def test_bound_rows_carry_what_the_driver_would_bind(cassandra: Any, keyspace: s
     packed = rid(1) + rid(2)
     expected = [
         statements.put_state.bind((*partition, change.key, change.state)).values,
-        statements.put_dedup.bind((*partition, change.key, item, 2**62 + 5, packed, 3_601)).values,
+        statements.put_dedup.bind(
+            (*partition, kind, change.key, item, 2**62 + 5, packed, 3_601)
+        ).values,
     ]
     assert [row.values for row in rows] == expected
 
@@ -336,8 +352,9 @@ def test_a_fenced_batch_applies_nothing(
     with pytest.raises(FencedError, match=r"sequencer 2, this lease 1"):
         store.commit(zombie, changes, dedup_ttl=TTL)
     assert [row.key for row in rows_of(cassandra, keyspace, "state")] == ["before"]
-    for kind in ("timer", "dedup", "production"):
+    for kind in ("timer", "production"):
         assert rows_of(cassandra, keyspace, kind) == []
+    assert dedup_rows(cassandra, keyspace) == []
 
 
 def test_a_zombie_worker_is_fenced(make_store: StoreFactory) -> None:
@@ -715,16 +732,50 @@ def test_dedup_ids_expire_by_cassandra_ttl(
     assert store.has_seen(lease, "k", [rid(1), rid(2)]) == {rid(1), rid(2)}
     # Cassandra must keep them at least as long as they count as seen (one second).
     time.sleep(max(0.0, committed + 0.95 - time.monotonic()))
-    assert len(rows_of(cassandra, keyspace, "dedup")) == 1  # the key's IDs in one row
+    assert len(dedup_rows(cassandra, keyspace)) == 1  # the key's IDs in one row
     # Gone from Cassandra, not just filtered.
     wait_until(
         "Cassandra deletes the expired dedup row",
-        lambda: rows_of(cassandra, keyspace, "dedup") == [],
+        lambda: dedup_rows(cassandra, keyspace) == [],
         timeout=5,
         every=0.2,
     )
     assert store.has_seen(lease, "k", [rid(1), rid(2)]) == set()
     assert store.scan(lease).dedup_ids == ()
+
+
+def test_a_hot_keys_lookup_and_a_takeovers_load_read_no_expired_dedup_ids(
+    make_store: StoreFactory, cassandra: Any
+) -> None:
+    # A key in every batch for longer than its IDs live: each commit's row of its IDs expires
+    # into tombstones, which Cassandra keeps for gc_grace_seconds (10 days), not one TTL.
+    store = make_store(clock=SystemClock())
+    lease = store.acquire("c", 0)
+    for n in range(300):
+        store.commit(lease, [KeyChanges("hot", dedup_ids=[rid(n)])], dedup_ttl=1_000_000)
+    time.sleep(2.2)  # their TTL: 2 s (1 s rounded up, plus one)
+    live = [rid(1_000), rid(1_001)]
+    store.commit(lease, [KeyChanges("hot", dedup_ids=live)], dedup_ttl=TTL)
+    traced = Traced(cassandra)
+    read_all = cassandra.prepare(
+        f"SELECT key FROM {store._name} WHERE computation = 'c' AND interval = 0 "
+        f"AND kind > '{DEDUP_BUCKET_PREFIX}' AND kind < '{DEDUP_BUCKETS_END}' AND key = 'hot' "
+        "ALLOW FILTERING"
+    )
+    assert len(list(traced.execute(read_all))) == 1
+    assert traced.tombstones() >= 300  # what a read of all the key's rows passes over
+
+    # A worker taking the interval over finds the live buckets, loads its Bloom filter and
+    # looks the key up, and none of that reads an expired row; nor does the owner.
+    other = make_store(session=traced, clock=SystemClock())
+    taken = other.acquire("c", 0)
+    assert sorted(other.dedup_ids(taken, 10) or ()) == sorted(live)
+    asked = {"hot": [rid(0), rid(299), *live]}
+    assert other.seen(taken, asked) == {("hot", record_id) for record_id in live}
+    assert other.scan(taken).dedup_ids != ()
+    other.commit(taken, [KeyChanges("hot", dedup_ids=[rid(1_002)])], dedup_ttl=TTL)
+    assert other.seen(taken, {"hot": [rid(1_002)]}) == {("hot", rid(1_002))}
+    assert traced.tombstones() == 0
 
 
 def test_a_keys_ids_of_one_commit_are_one_row_and_rows_of_one_id_still_count(
@@ -737,14 +788,17 @@ def test_a_keys_ids_of_one_commit_are_one_row_and_rows_of_one_id_still_count(
         lease, [KeyChanges("a", dedup_ids=ids), KeyChanges("b", dedup_ids=[rid(20)])], dedup_ttl=TTL
     )
     store.commit(lease, [KeyChanges("a", dedup_ids=[rid(21)])], dedup_ttl=TTL)
-    rows = rows_of(cassandra, keyspace, "dedup")
+    rows = dedup_rows(cassandra, keyspace)
     assert sorted((row.key, len(row.record)) for row in rows) == [("a", 16), ("a", 320), ("b", 16)]
-    # A row per ID, as versions before packing wrote them (no record), counts until it expires.
+    # A row per ID, as versions before packing wrote them (no record, and the one kind of
+    # rows before buckets), counts until it expires, for a worker taking the interval over.
     cassandra.execute(
         f"INSERT INTO {keyspace}.intervals (computation, interval, kind, key, item, expires) "
         "VALUES ('c', 0, 'dedup', 'b', %s, %s)",
         (rid(30), store.clock.now() + TTL),
     )
+    store = make_store()
+    lease = store.acquire("c", 0)
     assert store.seen(
         lease, {"a": [rid(0), rid(19), rid(21), rid(30)], "b": [rid(20), rid(30), rid(0)]}
     ) == {
@@ -779,12 +833,12 @@ def test_the_ttl_is_rounded_up_to_outlive_the_expiry_time(
     # sees 102 unless a second boundary passed in between, so a few tries make it reliable.
     for n in range(3):
         store.commit(lease, [KeyChanges(f"k{n}", dedup_ids=[rid(n)])], dedup_ttl=100_000_001)
-        row = cassandra.execute(
-            f"SELECT TTL(expires) AS ttl FROM {keyspace}.intervals WHERE computation = 'c' "
-            "AND interval = 0 AND kind = 'dedup' AND key = %s",
-            (f"k{n}",),
-        ).one()
-        remaining.append(row.ttl)
+        rows = cassandra.execute(
+            f"SELECT key, TTL(expires) AS ttl FROM {keyspace}.intervals WHERE computation = 'c' "
+            "AND interval = 0 AND kind > %s AND kind < %s",
+            (DEDUP_BUCKET_PREFIX, DEDUP_BUCKETS_END),
+        )
+        remaining.append(next(row.ttl for row in rows if row.key == f"k{n}"))
     assert max(remaining) == 102
     with pytest.raises(ValueError, match="positive"):
         store.commit(lease, [], dedup_ttl=0)
