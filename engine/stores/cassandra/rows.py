@@ -40,8 +40,9 @@ __all__ = [
     "one_row_or_none",
     "pack_dedup_ids",
     "pack_productions",
-    "production_item",
-    "production_tag",
+    "production_row_tag",
+    "production_slot",
+    "production_tag_value",
     "result_rows",
     "row_count",
     "row_timer",
@@ -55,10 +56,13 @@ TIMESTAMP_OFFSET = 2**63
 # timer index's item.
 _LENGTH16 = struct.Struct(">H")
 _LENGTH32 = struct.Struct(">I")
-# A tagged production row's item: this prefix, the commit tag, then the row's own marker (an
-# untagged row's item is the marker alone, 16 bytes: rows of earlier versions, or copied).
+# A commit tag in a production row's ``value``: this prefix, then the lease token and commit
+# number (earlier versions wrote the same in front of the row's marker in its ``item``).
 _TAGGED: Final = b"T"
 _TAG = struct.Struct(">qq")
+# A production row's item: a slot, this prefix and a number.
+_SLOT: Final = b"#"
+_SLOT_NUMBER = struct.Struct(">I")
 # Cassandra refuses TTLs above 20 years (Attributes.MAX_TTL).
 _MAX_TTL_SECONDS = 20 * 365 * 24 * 3600
 _MICROS_PER_SECOND = 1_000_000
@@ -140,17 +144,24 @@ def pack_productions(productions: Sequence[Production]) -> bytes:
     return b"".join(parts)
 
 
-def production_item(tag: CommitTag | None, marker: bytes) -> bytes:
-    """The ``item`` of a production row: its ``marker``, after the commit's ``tag`` if any
-    (so that a worker taking the interval over knows which commit wrote the row)."""
-    if tag is None:
-        return marker
-    return _TAGGED + _TAG.pack(tag.token, tag.number) + marker
+def production_slot(number: int) -> bytes:
+    """The ``item`` of the production row in slot ``number``."""
+    return _SLOT + _SLOT_NUMBER.pack(number)
 
 
-def production_tag(item: bytes) -> CommitTag | None:
-    """The commit tag a production row's ``item`` carries (``None``: untagged)."""
-    if len(item) == 1 + _TAG.size + 16 and item.startswith(_TAGGED):
+def production_tag_value(tag: CommitTag | None) -> bytes:
+    """The ``value`` of a production row of a commit tagged ``tag`` (empty: untagged)."""
+    return b"" if tag is None else _TAGGED + _TAG.pack(tag.token, tag.number)
+
+
+def production_row_tag(row: dict[str, Any]) -> CommitTag | None:
+    """The commit tag of a production row (``None``: untagged): in its ``value``, or, in a
+    row of an earlier version, in front of the marker in its ``item``."""
+    value: bytes | None = row["value"]
+    if value:
+        return CommitTag(*_TAG.unpack_from(value, len(_TAGGED)))
+    item: bytes = row["item"]
+    if value is None and len(item) == 1 + _TAG.size + 16 and item.startswith(_TAGGED):
         return CommitTag(*_TAG.unpack_from(item, 1))
     return None
 

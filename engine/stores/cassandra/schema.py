@@ -201,8 +201,10 @@ class Statements:
             f"INSERT INTO {name} ({columns}, timer_timestamp, timer_domain, timer_set_by) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
         )
+        # ``value``: the commit's tag, if any; written empty otherwise, for a reused slot's.
         self.put_productions = self._prepare(
-            f"INSERT INTO {name} ({columns}, record) VALUES (?, ?, 'production', '', ?, ?)"
+            f"INSERT INTO {name} ({columns}, value, record) "
+            "VALUES (?, ?, 'production', '', ?, ?, ?)"
         )
         self.delete_row = self._prepare(
             f"DELETE FROM {name} {where} AND kind = ? AND key = ? AND item = ?"
@@ -222,8 +224,10 @@ class Statements:
         # The buckets after the one of now, newest first: a load that stops at a bound of IDs
         # does before it reaches the expired rows of the earliest live bucket.
         live_buckets = f"AND kind > ? AND kind < '{DEDUP_BUCKETS_END}' ORDER BY kind DESC"
-        self.scan_dedup = self._prepare(f"{dedup_columns} {live_buckets}")
-        self.scan_legacy_dedup = self._prepare(f"{dedup_columns} AND kind = '{LEGACY_DEDUP_KIND}'")
+        # With their kinds: a takeover's load learns the live buckets from it.
+        scanned = f"SELECT kind, key, item, expires, record FROM {name} {where}"
+        self.scan_dedup = self._prepare(f"{scanned} {live_buckets}")
+        self.scan_legacy_dedup = self._prepare(f"{scanned} AND kind = '{LEGACY_DEDUP_KIND}'")
         # The live buckets, one a read from the newest down (past a bucket's rows by the
         # index, not through them), and whether any row of an earlier version lives.
         self.next_dedup_bucket = self._prepare(
@@ -265,7 +269,7 @@ class Statements:
             f"UPDATE {name} SET value = ? {layout_row} IF value = ?", lwt=True
         )
         self.scan_productions = self._prepare(
-            f"SELECT item, record FROM {name} {where} AND kind = 'production'"
+            f"SELECT item, value, record FROM {name} {where} AND kind = 'production'"
         )
         self.list_intervals = self._prepare(f"SELECT DISTINCT computation, interval FROM {name}")
         keyspace = name.split(".", 1)[0]

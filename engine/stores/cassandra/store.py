@@ -48,8 +48,9 @@ Rows a batch touches, and how it reads them (paper 6.1.1: the checkpoint is coal
   :func:`.rows.dedup_kind`), its ``item`` starts with its expiry: so the query names the
   buckets that end after now, and within the earliest of them starts at now's expiry, and
   no expired row (a tombstone for ``gc_grace_seconds``, ten days, not one TTL) is read. A
-  lease finds the live buckets once, one read a bucket from the newest down (whatever TTL
-  wrote them); a worker's first acquire of an interval knows there are none. The Bloom
+  lease finds the live buckets once (whatever TTL wrote them): from the rows of the Bloom
+  filter's load, or else one read a bucket from the newest down; a worker's first acquire
+  of an interval knows there are none. The Bloom
   filter's load at a takeover (``dedup_ids``) reads the buckets ending after now, newest
   first: it meets the expired rows of the earliest bucket only, an eighth of a TTL's, and
   only if it has not stopped at its bound of IDs before. Rows of earlier versions (kind
@@ -64,9 +65,18 @@ Rows a batch touches, and how it reads them (paper 6.1.1: the checkpoint is coal
 * **Pending productions**: one row per commit batch holds all its productions (``record``:
   per production a 2-byte stream length, the stream, a 4-byte record length, the record
   envelope), deleted once all of them were acknowledged; only a worker taking the interval
-  over reads them. A transactional commit's row has the commit's tag in its ``item``
-  (``T``, the lease token and commit number as two 8-byte integers, then the marker), so a
-  worker taking over knows which pending productions the Kafka transaction marker covers.
+  over reads them. A transactional commit's row has the commit's tag in its ``value``
+  (``T``, the lease token and commit number as two 8-byte integers; rows of earlier versions
+  have it in front of their marker in ``item``), so a worker taking over knows which pending
+  productions the Kafka transaction marker covers. A row's ``item`` is a *slot* (``#`` and a
+  4-byte number), the first one free: holding no row of the interval, and not one the same
+  commit deletes (a delete and a write of one row in one conditional batch share a
+  timestamp, and the delete wins). A deleted row's slot is written again later, so an
+  interval's production rows, live or deleted, are as many as it ever had pending at once
+  (two, when each commit acknowledges the one before), and a takeover's read of them passes
+  over as many tombstones at most. A store knows the free slots only while it knows all the
+  rows: after a first acquire, or a takeover's read, and through the leases that followed
+  its own with nobody in between; otherwise a commit's row gets a unique marker as ``item``.
 
 Rules that make the contract hold:
 
@@ -114,12 +124,11 @@ IDs turn into them, until ``gc_grace_seconds`` (10 days by default) after which 
 drops them. A read that meets more than ``tombstone_failure_threshold`` (100,000) fails
 (``READ_TOO_MANY_TOMBSTONES``), so no read on a batch's path may pass over them: an LWT's
 read of the partition stops at the anchor row, which sorts first and is never deleted; the
-timer reads start at the owner's floor; the dedup reads at the live buckets. One read still
-passes over one tombstone per commit of the interval: the pending productions' read at a
-takeover (``pending_productions``). Not solved yet: production rows in a bounded set of
-reused items would bound it. Meanwhile lower ``gc_grace_seconds`` on the table only together
-with a repair schedule shorter than it, or deleted timers could come back on a replica that
-missed the delete.
+timer reads start at the owner's floor; the dedup reads at the live buckets; the production
+rows reuse their slots. What is left: the rows of earlier versions (dedup IDs of the one
+``dedup`` kind, production rows of unique items), which no new row joins, until compaction
+drops them. Lower ``gc_grace_seconds`` on the table only together with a repair schedule
+shorter than it, or deleted timers could come back on a replica that missed the delete.
 """
 
 from __future__ import annotations
@@ -173,8 +182,9 @@ from millstream.engine.stores.cassandra.rows import (
     one_row,
     one_row_or_none,
     pack_productions,
-    production_item,
-    production_tag,
+    production_row_tag,
+    production_slot,
+    production_tag_value,
     result_rows,
     row_count,
     row_timer,
@@ -287,6 +297,9 @@ class CassandraIntervalStore(IntervalStore):
         self._anchored: set[tuple[str, int]] = set()
         # Per interval: the production rows (by item) and the IDs in them not yet acknowledged.
         self._production_rows: dict[tuple[str, int], dict[bytes, set[bytes]]] = {}
+        # Per interval: the lease under which those are all the interval's production rows
+        # (read at a takeover, or none after a first acquire), so its free slots are known.
+        self._productions_known: dict[tuple[str, int], int] = {}
         # Per interval: its dedup buckets as the latest lease of it here found and wrote them.
         self._dedup_buckets: dict[tuple[str, int], _DedupBuckets] = {}
         if datacenter_local:
@@ -364,10 +377,11 @@ class CassandraIntervalStore(IntervalStore):
             row = one_row(result)
             if row["[applied]"]:
                 self._anchored.add((computation, interval))
-                if expected is None:  # nobody acquired it before: it holds no dedup rows
-                    self._dedup_buckets[(computation, interval)] = _DedupBuckets(
-                        token, set(), False
-                    )
+                if expected is None:  # nobody acquired it before: it holds no rows
+                    partition = (computation, interval)
+                    self._dedup_buckets[partition] = _DedupBuckets(token, set(), False)
+                    self._production_rows[partition] = {}
+                    self._productions_known[partition] = token
                 lease = Lease(computation, interval, token, cache_valid=valid, conflicts=attempt)
                 self._chains.started(lease, head)
                 return lease
@@ -398,19 +412,36 @@ class CassandraIntervalStore(IntervalStore):
             productions=tuple(
                 production
                 for row in result_rows(productions.result())
-                for production in unpack_productions(row["record"], production_tag(row["item"]))
+                for production in unpack_productions(row["record"], production_row_tag(row))
             ),
             dedup_ids=tuple(_live_ids(self._rows(dedup), now)),
         )
 
     def dedup_ids(self, lease: Lease, limit: int) -> list[bytes] | None:
         """The dedup IDs of the interval, a page of rows at a time, until more than ``limit``:
-        those of the live buckets, newest first, then any of an earlier version's rows."""
+        those of the live buckets, newest first, then any of an earlier version's rows. A
+        lease that has not found its live buckets yet finds them here, from the rows read, if
+        it reads them all."""
         now = self.clock.now()
-        legacy = self._buckets(lease).legacy
-        scans = self._dedup_scans((lease.computation, lease.interval), now, legacy=legacy)
-        found = list(itertools.islice(_live_ids(self._rows(scans), now), limit + 1))
-        return found if len(found) <= limit else None
+        partition = (lease.computation, lease.interval)
+        known = self._known_buckets(lease)
+        scans = self._dedup_scans(partition, now, legacy=known is None or known.legacy)
+        kinds: set[str] = set()
+
+        def live_ids() -> Iterator[bytes]:
+            for row in self._rows(scans):
+                kinds.add(row["kind"])
+                if row["expires"] > now:
+                    yield from dedup_row_ids(row)
+
+        found = list(itertools.islice(live_ids(), limit + 1))
+        if len(found) > limit:
+            return None
+        if known is None:
+            legacy = LEGACY_DEDUP_KIND in kinds
+            kinds.discard(LEGACY_DEDUP_KIND)
+            self._dedup_buckets[partition] = _DedupBuckets(lease.token, kinds, legacy)
+        return found
 
     def state_keys(self, lease: Lease, limit: int) -> Set[str] | None:
         """The keys of the interval's state and timer rows, a page of rows at a time, until
@@ -507,7 +538,7 @@ class CassandraIntervalStore(IntervalStore):
         known = self._dedup_buckets.get(partition)
         if known is None:
             return None
-        if known.token == lease.token or (lease.cache_valid and known.token == lease.token - 1):
+        if _follows(known.token, lease):
             known.token = lease.token
             return known
         del self._dedup_buckets[partition]
@@ -569,11 +600,12 @@ class CassandraIntervalStore(IntervalStore):
         rows: dict[bytes, set[bytes]] = {}
         productions: list[Production] = []
         for row in result_rows(result):
-            unpacked = unpack_productions(row["record"], production_tag(row["item"]))
+            unpacked = unpack_productions(row["record"], production_row_tag(row))
             rows[row["item"]] = {p.record_id for p in unpacked}
             productions.extend(unpacked)
         # What this instance knows of the interval's production rows starts over from here.
         self._production_rows[(lease.computation, lease.interval)] = rows
+        self._productions_known[(lease.computation, lease.interval)] = lease.token
         return tuple(productions)
 
     def commit(
@@ -607,6 +639,8 @@ class CassandraIntervalStore(IntervalStore):
         folded = done if len(batches) == 1 and _room(batches[0], done) else []
         if done and not folded:
             self._delete_rows(lease, done)
+        groups = sum(len({p.tag for c in batch for p in c.productions}) for batch in batches)
+        slots = self._free_slots(lease, groups, done)
         buckets = self._known_buckets(lease)
         for number, batch in enumerate(batches):
             expires = self.clock.now() + dedup_ttl
@@ -627,12 +661,10 @@ class CassandraIntervalStore(IntervalStore):
                 # One row for all of the batch's productions of one commit (paper 6.1.1's
                 # coalesced checkpoint). Known before the write, so that deleting it later is
                 # possible whatever the outcome: deleting a row that never landed is harmless.
-                item = production_item(tag, new_marker())
+                item = slots.pop(0) if slots else new_marker()
+                values = (*partition, item, production_tag_value(tag))
                 rows.append(
-                    (
-                        self._statements.put_productions,
-                        (*partition, item, pack_productions(productions)),
-                    )
+                    (self._statements.put_productions, (*values, pack_productions(productions)))
                 )
                 self._production_rows.setdefault(partition, {})[item] = {
                     p.record_id for p in productions
@@ -647,6 +679,25 @@ class CassandraIntervalStore(IntervalStore):
                 uncertain_keys=tuple(change.key for change in batch),
                 unattempted_keys=tuple(c.key for later in batches[number + 1 :] for c in later),
             )
+
+    def _free_slots(self, lease: Lease, count: int, done: list[bytes]) -> list[bytes]:
+        """``count`` production slots holding no row of the interval, none of ``done`` (a
+        delete and a write of one row in one batch share a timestamp, and the delete would
+        win); none if this store does not know all the interval's production rows, so that a
+        commit then writes rows of unique items. Slots are reused: an interval's production
+        rows, live or deleted, are as many as it ever had pending, and a takeover's read of
+        them passes over no more tombstones than that."""
+        partition = (lease.computation, lease.interval)
+        known = self._productions_known.get(partition)
+        if not count or known is None:
+            return []
+        if not _follows(known, lease):
+            del self._productions_known[partition]
+            return []
+        self._productions_known[partition] = lease.token
+        taken = set(self._production_rows.get(partition, {})) | set(done)
+        free = (production_slot(n) for n in itertools.count())
+        return list(itertools.islice((slot for slot in free if slot not in taken), count))
 
     def was_applied(self, lease: Lease, marker: bytes) -> bool:
         """Resolve an unknown outcome, linearizably and for good
@@ -755,7 +806,7 @@ class CassandraIntervalStore(IntervalStore):
             # With their commit's tag: a split or merge leaves out what the source's
             # transaction marker says was delivered (finish_change), and an untagged
             # production never counts as delivered.
-            for production in unpack_productions(row["record"], production_tag(row["item"]))
+            for production in unpack_productions(row["record"], production_row_tag(row))
         ]
         if pending:
             changes.append(KeyChanges("", productions=pending))
@@ -835,6 +886,12 @@ class CassandraIntervalStore(IntervalStore):
     def _rows(futures: list[ResponseFuture]) -> Iterator[dict[str, Any]]:
         for future in futures:
             yield from result_rows(future.result())
+
+
+def _follows(token: int, lease: Lease) -> bool:
+    """Whether what a store learnt of an interval under its lease ``token`` holds under
+    ``lease``: the same lease, or the next one, acquired with nobody in between."""
+    return token == lease.token or (lease.cache_valid and token == lease.token - 1)
 
 
 def _snapshots(distinct: list[str], rows: Iterable[dict[str, Any]]) -> dict[str, KeySnapshot]:

@@ -14,6 +14,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -27,7 +28,7 @@ from millstream.engine.computation import Computation
 from millstream.engine.config import MillstreamConfig
 from millstream.engine.context import Context
 from millstream.engine.errors import FencedError, StoreError, UnknownOutcomeError
-from millstream.engine.productions import Production
+from millstream.engine.productions import CommitTag, Production
 from millstream.engine.protocol import Delivery, IntervalWorker
 from millstream.engine.records import Record, injector_record_id
 from millstream.engine.sequencer import Lease
@@ -38,7 +39,13 @@ from millstream.engine.stores.cassandra import (
     CassandraIntervalStore,
     create_schema,
 )
-from millstream.engine.stores.cassandra.rows import Bound, change_rows, dedup_item, dedup_kind
+from millstream.engine.stores.cassandra.rows import (
+    Bound,
+    change_rows,
+    dedup_item,
+    dedup_item_floor,
+    dedup_kind,
+)
 from millstream.engine.stores.cassandra.schema import (
     DEDUP_BUCKET_PREFIX,
     DEDUP_BUCKETS_END,
@@ -720,6 +727,62 @@ def test_an_lwt_stops_at_the_partitions_anchor_not_at_the_tombstones_before_its_
     assert traced.tombstones() == 0
     assert [row.kind for row in rows_of(cassandra, keyspace, "")] == [""]
     assert other.read_keys(taken, ["z"])["z"].state == b"u"
+
+
+def test_a_lookup_starts_at_the_expiry_of_now_within_the_earliest_live_bucket(
+    make_store: StoreFactory, cassandra: Any
+) -> None:
+    clock = ManualClock(1_000_000)
+    store = make_store(clock=clock)
+    lease = store.acquire("c", 0)
+    store.commit(lease, [KeyChanges("k", dedup_ids=[rid(1)])], dedup_ttl=TTL)
+    clock.advance(1_000_000)
+    store.commit(lease, [KeyChanges("k", dedup_ids=[rid(2)])], dedup_ttl=TTL)
+    clock.set(1_000_000 + TTL + 500_000)  # the first commit's IDs expired, not the second's
+    # Both in one bucket, [60 s, 67.5 s) of expiry times: the read starts between them.
+    kind = dedup_kind(1_000_000 + TTL, TTL)
+    assert dedup_kind(2_000_000 + TTL, TTL) == kind
+    read = store._statements.read_dedup
+    rows = cassandra.execute(read, ("c", 0, [kind], ["k"], dedup_item_floor(clock.now())))
+    assert [row.record for row in rows] == [rid(2)]
+    assert store.seen(lease, {"k": [rid(1), rid(2)]}) == {("k", rid(2))}
+
+
+def test_production_rows_reuse_their_slots_so_a_takeover_passes_few_tombstones(
+    make_store: StoreFactory, cassandra: Any, keyspace: str
+) -> None:
+    # A commit's productions are one row, deleted once Kafka acknowledged them (here, with
+    # the next commit): a row of its own per commit left one tombstone per commit, for 10 days.
+    store = make_store()
+    lease = store.acquire("c", 0)
+    delivered: list[bytes] = []
+    for n in range(300):
+        tagged = CommitTag(lease.token, n) if n % 2 else None
+        made = replace(production(n), tag=tagged)
+        changes = [KeyChanges("k", productions=[made])]
+        store.commit(lease, changes, dedup_ttl=TTL, delivered=delivered)
+        delivered = [made.record_id]
+    # Two slots in turn: a commit deletes the row it acknowledges and writes to the other.
+    assert [row.item for row in rows_of(cassandra, keyspace, "production")] == [b"#\0\0\0\1"]
+
+    traced = Traced(cassandra)
+    other = make_store(session=traced)
+    taken = other.acquire("c", 0)
+    (pending,) = other.pending_productions(taken)
+    assert traced.tombstones() <= 2  # the slots the interval ever used, not its 300 commits
+    # A slot's tag is the latest commit's: an untagged commit clears a tagged one's.
+    assert (pending.record_id, pending.tag) == (rid(299), CommitTag(lease.token, 299))
+    other.commit(taken, [KeyChanges("k", productions=[production(300)])], dedup_ttl=TTL)
+    assert {p.record_id: p.tag for p in other.scan(taken).productions} == {
+        rid(299): CommitTag(lease.token, 299),
+        rid(300): None,
+    }
+    # Both acknowledged, both rows go; the next commit takes the first slot again.
+    other.delete_productions(taken, [rid(299), rid(300)])
+    assert rows_of(cassandra, keyspace, "production") == []
+    other.commit(taken, [KeyChanges("k", productions=[production(301)])], dedup_ttl=TTL)
+    assert [row.item for row in rows_of(cassandra, keyspace, "production")] == [b"#\0\0\0\0"]
+    assert [p.tag for p in make_store().pending_productions(taken)] == [None]
 
 
 def test_dedup_ids_expire_by_cassandra_ttl(
