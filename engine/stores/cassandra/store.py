@@ -55,7 +55,8 @@ Rows a batch touches, and how it reads them (paper 6.1.1: the checkpoint is coal
   first: it meets the expired rows of the earliest bucket only, an eighth of a TTL's, and
   only if it has not stopped at its bound of IDs before. Rows of earlier versions (kind
   ``dedup``, rows of one ID each without ``record`` too) are read beside them, by a lease
-  that found any live.
+  that found any live; an earlier version does not read the buckets, so every worker of a
+  topology must run this one (a driver restart upgrades them all).
 * **Due timers**: every timer is also a row of the time-ordered index ``timer_event`` or
   ``timer_wall`` whose ``key`` is its timestamp as a fixed-width decimal (so text order is
   time order); the due ones are the range ``key < <watermark>``, the next one the first row.
@@ -695,9 +696,11 @@ class CassandraIntervalStore(IntervalStore):
             del self._productions_known[partition]
             return []
         self._productions_known[partition] = lease.token
-        taken = set(self._production_rows.get(partition, {})) | set(done)
+        rows, deleted = self._production_rows.get(partition, {}), set(done)
         free = (production_slot(n) for n in itertools.count())
-        return list(itertools.islice((slot for slot in free if slot not in taken), count))
+        return list(
+            itertools.islice((s for s in free if s not in rows and s not in deleted), count)
+        )
 
     def was_applied(self, lease: Lease, marker: bytes) -> bool:
         """Resolve an unknown outcome, linearizably and for good

@@ -45,6 +45,7 @@ from millstream.engine.stores.cassandra.rows import (
     dedup_item,
     dedup_item_floor,
     dedup_kind,
+    pack_productions,
 )
 from millstream.engine.stores.cassandra.schema import (
     DEDUP_BUCKET_PREFIX,
@@ -783,6 +784,36 @@ def test_production_rows_reuse_their_slots_so_a_takeover_passes_few_tombstones(
     other.commit(taken, [KeyChanges("k", productions=[production(301)])], dedup_ttl=TTL)
     assert [row.item for row in rows_of(cassandra, keyspace, "production")] == [b"#\0\0\0\0"]
     assert [p.tag for p in make_store().pending_productions(taken)] == [None]
+
+
+def test_production_rows_of_an_earlier_version_keep_their_tags_and_are_deleted(
+    make_store: StoreFactory, cassandra: Any, keyspace: str
+) -> None:
+    # As versions before slots wrote them: a unique item, the commit's tag in front of it.
+    store = make_store()
+    lease = store.acquire("c", 0)
+    tagged, untagged = production(1), production(2)
+    insert = (
+        f"INSERT INTO {keyspace}.intervals (computation, interval, kind, key, item, record) "
+        "VALUES ('c', 0, 'production', '', %s, %s)"
+    )
+    tag = CommitTag(lease.token, 4)
+    old_item = b"T" + tag.token.to_bytes(8, "big") + tag.number.to_bytes(8, "big") + rid(90)
+    cassandra.execute(insert, (old_item, pack_productions([tagged])))
+    cassandra.execute(insert, (rid(91), pack_productions([untagged])))
+
+    other = make_store()
+    taken = other.acquire("c", 0)
+    pending = {p.record_id: p.tag for p in other.pending_productions(taken)}
+    assert pending == {tagged.record_id: tag, untagged.record_id: None}
+    # The new commit takes the first slot beside them; acknowledged, the old rows go.
+    other.commit(
+        taken,
+        [KeyChanges("k", productions=[production(3)])],
+        dedup_ttl=TTL,
+        delivered=[tagged.record_id, untagged.record_id],
+    )
+    assert [row.item for row in rows_of(cassandra, keyspace, "production")] == [b"#\0\0\0\0"]
 
 
 def test_dedup_ids_expire_by_cassandra_ttl(
