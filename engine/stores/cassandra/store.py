@@ -123,12 +123,19 @@ Rules that make the contract hold:
 Tombstones: deleted timers and acknowledged productions leave tombstones, and expired dedup
 IDs turn into them, until ``gc_grace_seconds`` (10 days by default) after which compaction
 drops them. A read that meets more than ``tombstone_failure_threshold`` (100,000) fails
-(``READ_TOO_MANY_TOMBSTONES``), so no read on a batch's path may pass over them: an LWT's
+(``READ_TOO_MANY_TOMBSTONES``), so no read on a batch's path may pass over many: an LWT's
 read of the partition stops at the anchor row, which sorts first and is never deleted; the
-timer reads start at the owner's floor; the dedup reads at the live buckets; the production
-rows reuse their slots. What is left: the rows of earlier versions (dedup IDs of the one
-``dedup`` kind, production rows of unique items), which no new row joins, until compaction
-drops them. Lower ``gc_grace_seconds`` on the table only together with a repair schedule
+due-timer reads start at the owner's floor; the dedup reads at the live buckets; the
+production rows reuse their slots. Also left: the rows of earlier versions (dedup IDs of
+the one ``dedup`` kind, production rows of unique items), which no new row joins, until
+compaction drops them. **Not solved yet: a key's timer rows.** Each ``(key, tag)`` is a
+row, deleted when the timer fires; a computation that tags each timer afresh (a window's
+timer tagged by its window, as Zeitgeist's) leaves a tombstone per tag, and reading the
+key's state and timers (``read_keys``), or the interval's keys at a takeover
+(``state_keys``), passes over all of them: 200 keys with 520 fired timers each made both
+fail on the local node (a key with 5-minute windows has that many after 43 hours). A key's
+timers in one row of its own (rewritten whole by a commit that changes them) would bound
+it. Lower ``gc_grace_seconds`` on the table only together with a repair schedule
 shorter than it, or deleted timers could come back on a replica that missed the delete.
 """
 
