@@ -154,6 +154,11 @@ class OpenBuckets:
         self.base = bucket + self.size
         return count
 
+    def first(self) -> int | None:
+        """The earliest bucket with a count (``None``: none open)."""
+        index = next((i for i, count in enumerate(self.counts) if count), None)
+        return None if index is None else self.base + index * self.size
+
 
 class OpenBucketsCodec:
     """:class:`OpenBuckets` of ``size``-µs buckets as 8 bytes of ``base`` then 8 bytes per
@@ -174,10 +179,17 @@ class OpenBucketsCodec:
 # A record further than this from a key's open buckets is refused (a dead letter), so a wild
 # timestamp cannot make the dense state huge: 90 days of 5-minute buckets are 207 KiB.
 MAX_OPEN_MICROS = 90 * DAY_MICROS
+# The tag of a key's one WindowCounter timer.
+_CLOSE = "close"
 
 
 class WindowCounter(Computation):
-    """Counts a query's searches per bucket; emits each bucket once it is complete."""
+    """Counts a query's searches per bucket; emits each bucket once it is complete.
+
+    One timer a key, at the end of its earliest open bucket, moved on to the next one as it
+    fires (a timer set already due fires in the same batch): a timer tagged by its bucket
+    would leave a tombstone per bucket in the store, which every read of the key passes over
+    for ``gc_grace_seconds`` (see the state concept page)."""
 
     def __init__(self, output: str, origin: int = 0, bucket: int = BUCKET_MICROS) -> None:
         self.output = output
@@ -201,21 +213,29 @@ class WindowCounter(Computation):
             )
         open_buckets.add(bucket)
         state.set(open_buckets)
-        ctx.set_timer(str(bucket), bucket + size - 1)
+        self._close_at_first(ctx, open_buckets)
 
     def process_timer(self, ctx: Context, timer: Timer) -> None:
         state = ctx.state(self.codec)
         open_buckets = state.get(None)
         if open_buckets is None:
             return
-        count = open_buckets.take(int(timer.tag))
+        # The bucket the timer ends (earlier versions tagged a timer a bucket: the same).
+        bucket = timer.timestamp - self.bucket + 1
+        count = open_buckets.take(bucket)
         if open_buckets.counts:  # its last entry always counts something
             state.set(open_buckets)
+            self._close_at_first(ctx, open_buckets)
         else:
             state.clear()
         if count:
-            value = {"bucket": int(timer.tag), "count": count}
+            value = {"bucket": bucket, "count": count}
             ctx.produce(self.output, json.dumps(value).encode(), timer.timestamp)
+
+    def _close_at_first(self, ctx: Context, open_buckets: OpenBuckets) -> None:
+        first = open_buckets.first()
+        if first is not None:
+            ctx.set_timer(_CLOSE, first + self.bucket - 1)
 
 
 class ModelCalculator(Computation):

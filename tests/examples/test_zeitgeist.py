@@ -434,6 +434,37 @@ def test_open_buckets_grow_both_ways_and_round_trip() -> None:
 
 
 @pytest.mark.unit
+def test_the_window_counter_keeps_one_timer_a_key_and_emits_every_bucket_in_order() -> None:
+    start = parse_time("2015-03-01 00:00:00")
+    five = 5 * BUCKET_MICROS
+    searches = [start + five, start, start + five, start + 2 * five + 1]
+    open_run = run_computation(
+        WindowCounter("counts"), [record("IBM", b"IBM", t) for t in searches], outputs=["counts"]
+    )
+    # One timer, at the end of the earliest bucket open, however many buckets are open: a
+    # timer tagged per bucket would leave a tombstone per bucket in the store.
+    assert [(t.tag, t.timestamp) for t in open_run.pending_timers] == [
+        ("close", start + BUCKET_MICROS - 1)
+    ]
+    run = run_computation(
+        WindowCounter("counts"),
+        [*(record("IBM", b"IBM", t) for t in searches), Watermark(start + DAY)],
+        outputs=["counts"],
+    )
+    assert [json.loads(v) for v in run.values("counts")] == [
+        {"bucket": start, "count": 1},
+        {"bucket": start + five, "count": 2},
+        {"bucket": start + 2 * five, "count": 1},
+    ]
+    assert [t.timestamp for t in run.fired_timers] == [
+        start + BUCKET_MICROS - 1,
+        start + five + BUCKET_MICROS - 1,
+        start + 2 * five + BUCKET_MICROS - 1,
+    ]
+    assert run.pending_timers == []
+
+
+@pytest.mark.unit
 def test_a_wildly_timed_search_is_a_dead_letter_not_a_huge_state(tmp_path: Path) -> None:
     start = parse_time("2015-03-01 00:00:00")
     run = run_computation(

@@ -130,7 +130,7 @@ production rows reuse their slots. Also left: the rows of earlier versions (dedu
 the one ``dedup`` kind, production rows of unique items), which no new row joins, until
 compaction drops them. **Not solved yet: a key's timer rows.** Each ``(key, tag)`` is a
 row, deleted when the timer fires; a computation that tags each timer afresh (a window's
-timer tagged by its window, as Zeitgeist's) leaves a tombstone per tag, and reading the
+timer tagged by its window, as Zeitgeist's was) leaves a tombstone per tag, and reading the
 key's state and timers (``read_keys``), or the interval's keys at a takeover
 (``state_keys``), passes over all of them: 200 keys with 520 fired timers each made both
 fail on the local node (a key with 5-minute windows has that many after 43 hours). A key's
