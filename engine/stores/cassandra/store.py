@@ -238,16 +238,18 @@ _LAYOUT_INTERVAL = -1
 _DATA_KINDS = ("state", "timer", "timer_event", "timer_wall", LEGACY_DEDUP_KIND, "production")
 
 
-class _DedupBuckets:
-    """What a store knows of an interval's dedup rows under a lease: the kinds of its live
-    buckets, and whether rows of an earlier version's one kind live."""
+class _Learnt:
+    """What a store learnt of an interval's rows under its lease ``token``: the kinds of the
+    live dedup buckets (``None``: not found yet) and whether rows of an earlier version's one
+    dedup kind live; whether it knows all the production rows (so their free slots)."""
 
-    __slots__ = ("kinds", "legacy", "token")
+    __slots__ = ("dedup_kinds", "legacy_dedup", "productions", "token")
 
-    def __init__(self, token: int, kinds: set[str], legacy: bool) -> None:
+    def __init__(self, token: int) -> None:
         self.token = token
-        self.kinds = kinds
-        self.legacy = legacy
+        self.dedup_kinds: set[str] | None = None
+        self.legacy_dedup = False
+        self.productions = False
 
 
 class CassandraIntervalStore(IntervalStore):
@@ -305,11 +307,8 @@ class CassandraIntervalStore(IntervalStore):
         self._anchored: set[tuple[str, int]] = set()
         # Per interval: the production rows (by item) and the IDs in them not yet acknowledged.
         self._production_rows: dict[tuple[str, int], dict[bytes, set[bytes]]] = {}
-        # Per interval: the lease under which those are all the interval's production rows
-        # (read at a takeover, or none after a first acquire), so its free slots are known.
-        self._productions_known: dict[tuple[str, int], int] = {}
-        # Per interval: its dedup buckets as the latest lease of it here found and wrote them.
-        self._dedup_buckets: dict[tuple[str, int], _DedupBuckets] = {}
+        # Per interval: what this store learnt of its rows under its latest lease of it.
+        self._learnt: dict[tuple[str, int], _Learnt] = {}
         if datacenter_local:
             self._serial, self._quorum = (
                 ConsistencyLevel.LOCAL_SERIAL,
@@ -386,10 +385,9 @@ class CassandraIntervalStore(IntervalStore):
             if row["[applied]"]:
                 self._anchored.add((computation, interval))
                 if expected is None:  # nobody acquired it before: it holds no rows
-                    partition = (computation, interval)
-                    self._dedup_buckets[partition] = _DedupBuckets(token, set(), False)
-                    self._production_rows[partition] = {}
-                    self._productions_known[partition] = token
+                    learnt = self._learnt[(computation, interval)] = _Learnt(token)
+                    learnt.dedup_kinds, learnt.productions = set(), True
+                    self._production_rows[(computation, interval)] = {}
                 lease = Lease(computation, interval, token, cache_valid=valid, conflicts=attempt)
                 self._chains.started(lease, head)
                 return lease
@@ -431,24 +429,24 @@ class CassandraIntervalStore(IntervalStore):
         lease that has not found its live buckets yet finds them here, from the rows read, if
         it reads them all."""
         now = self.clock.now()
-        partition = (lease.computation, lease.interval)
-        known = self._known_buckets(lease)
-        scans = self._dedup_scans(partition, now, legacy=known is None or known.legacy)
+        learnt = self._learnt_under(lease)
+        found_kinds = learnt.dedup_kinds is None
+        legacy = found_kinds or learnt.legacy_dedup
+        scans = self._dedup_scans((lease.computation, lease.interval), now, legacy=legacy)
         kinds: set[str] = set()
 
-        def live_ids() -> Iterator[bytes]:
-            for row in self._rows(scans):
+        def noted(rows: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+            for row in rows:
                 kinds.add(row["kind"])
-                if row["expires"] > now:
-                    yield from dedup_row_ids(row)
+                yield row
 
-        found = list(itertools.islice(live_ids(), limit + 1))
+        found = list(itertools.islice(_live_ids(noted(self._rows(scans)), now), limit + 1))
         if len(found) > limit:
             return None
-        if known is None:
-            legacy = LEGACY_DEDUP_KIND in kinds
+        if found_kinds:
+            learnt.legacy_dedup = LEGACY_DEDUP_KIND in kinds
             kinds.discard(LEGACY_DEDUP_KIND)
-            self._dedup_buckets[partition] = _DedupBuckets(lease.token, kinds, legacy)
+            learnt.dedup_kinds = kinds
         return found
 
     def state_keys(self, lease: Lease, limit: int) -> Set[str] | None:
@@ -502,14 +500,14 @@ class CassandraIntervalStore(IntervalStore):
         keys = [key for key, ids in record_ids.items() if ids]
         if not keys:
             return []
-        buckets = self._buckets(lease)
+        live, legacy_live = self._live_buckets(lease)
         partition = (lease.computation, lease.interval)
         futures: list[ResponseFuture] = []
-        if buckets.kinds:
-            kinds, floor = sorted(buckets.kinds), dedup_item_floor(self.clock.now())
+        if live:
+            kinds, floor = sorted(live), dedup_item_floor(self.clock.now())
             reads = [(*partition, kinds, chunk, floor) for chunk in _chunks(keys)]
             futures += self._send(self._statements.read_dedup, reads)
-        if buckets.legacy:
+        if legacy_live:
             legacy = [(*partition, chunk) for chunk in _chunks(keys)]
             futures += self._send(self._statements.read_legacy_dedup, legacy)
         return futures
@@ -529,30 +527,27 @@ class CassandraIntervalStore(IntervalStore):
             for statement, values in scans
         ]
 
-    def _buckets(self, lease: Lease) -> _DedupBuckets:
-        """The interval's live dedup buckets: found once a lease, then kept as it commits."""
-        known = self._known_buckets(lease)
-        if known is None:
-            known = self._find_buckets(lease)
-            self._dedup_buckets[(lease.computation, lease.interval)] = known
+    def _live_buckets(self, lease: Lease) -> tuple[set[str], bool]:
+        """The kinds of the interval's live dedup buckets, and whether rows of an earlier
+        version's kind live: found once a lease, then kept as it commits."""
+        learnt = self._learnt_under(lease)
+        if learnt.dedup_kinds is None:
+            learnt.dedup_kinds, learnt.legacy_dedup = self._find_buckets(lease)
         now = self.clock.now()
-        known.kinds = {kind for kind in known.kinds if dedup_bucket_end(kind) > now}
-        return known
+        learnt.dedup_kinds = {k for k in learnt.dedup_kinds if dedup_bucket_end(k) > now}
+        return learnt.dedup_kinds, learnt.legacy_dedup
 
-    def _known_buckets(self, lease: Lease) -> _DedupBuckets | None:
-        """The interval's dedup buckets as found and written under ``lease``, or under the lease
-        of this store it followed with nobody in between; ``None`` if they must be read."""
+    def _learnt_under(self, lease: Lease) -> _Learnt:
+        """What this store learnt of the interval under ``lease``, or under the lease of it
+        that ``lease`` followed with nobody in between; afresh otherwise."""
         partition = (lease.computation, lease.interval)
-        known = self._dedup_buckets.get(partition)
-        if known is None:
-            return None
-        if _follows(known.token, lease):
-            known.token = lease.token
-            return known
-        del self._dedup_buckets[partition]
-        return None
+        learnt = self._learnt.get(partition)
+        if learnt is None or not _follows(learnt.token, lease):
+            learnt = self._learnt[partition] = _Learnt(lease.token)
+        learnt.token = lease.token
+        return learnt
 
-    def _find_buckets(self, lease: Lease) -> _DedupBuckets:
+    def _find_buckets(self, lease: Lease) -> tuple[set[str], bool]:
         """Read which dedup buckets of the interval live: one read a bucket, newest first, each
         one row (whatever the dedup TTL of the rows, so a changed one finds them all)."""
         partition = (lease.computation, lease.interval)
@@ -568,8 +563,7 @@ class CassandraIntervalStore(IntervalStore):
                 break
             below = row["kind"]
             kinds.add(below)
-        found = one_row_or_none(legacy.result()) is not None
-        return _DedupBuckets(lease.token, kinds, found)
+        return kinds, one_row_or_none(legacy.result()) is not None
 
     def due_timers(
         self, lease: Lease, input_low_watermark: int, now: int, floor: TimerFloor = NO_FLOOR
@@ -613,7 +607,7 @@ class CassandraIntervalStore(IntervalStore):
             productions.extend(unpacked)
         # What this instance knows of the interval's production rows starts over from here.
         self._production_rows[(lease.computation, lease.interval)] = rows
-        self._productions_known[(lease.computation, lease.interval)] = lease.token
+        self._learnt_under(lease).productions = True
         return tuple(productions)
 
     def commit(
@@ -647,14 +641,13 @@ class CassandraIntervalStore(IntervalStore):
         folded = done if len(batches) == 1 and _room(batches[0], done) else []
         if done and not folded:
             self._delete_rows(lease, done)
-        groups = sum(len({p.tag for c in batch for p in c.productions}) for batch in batches)
-        slots = self._free_slots(lease, groups, done)
-        buckets = self._known_buckets(lease)
+        learnt = self._learnt_under(lease)
+        slots = self._free_slots(partition, done) if learnt.productions else None
         for number, batch in enumerate(batches):
             expires = self.clock.now() + dedup_ttl
             kind = dedup_kind(expires, dedup_ttl)
-            if buckets is not None:
-                buckets.kinds.add(kind)
+            if learnt.dedup_kinds is not None:
+                learnt.dedup_kinds.add(kind)
             dedup = (kind.encode("utf-8"), dedup_item(expires, new_marker()))
             rows = [
                 row
@@ -669,7 +662,7 @@ class CassandraIntervalStore(IntervalStore):
                 # One row for all of the batch's productions of one commit (paper 6.1.1's
                 # coalesced checkpoint). Known before the write, so that deleting it later is
                 # possible whatever the outcome: deleting a row that never landed is harmless.
-                item = slots.pop(0) if slots else new_marker()
+                item = new_marker() if slots is None else next(slots)
                 values = (*partition, item, production_tag_value(tag))
                 rows.append(
                     (self._statements.put_productions, (*values, pack_productions(productions)))
@@ -688,26 +681,17 @@ class CassandraIntervalStore(IntervalStore):
                 unattempted_keys=tuple(c.key for later in batches[number + 1 :] for c in later),
             )
 
-    def _free_slots(self, lease: Lease, count: int, done: list[bytes]) -> list[bytes]:
-        """``count`` production slots holding no row of the interval, none of ``done`` (a
-        delete and a write of one row in one batch share a timestamp, and the delete would
-        win); none if this store does not know all the interval's production rows, so that a
-        commit then writes rows of unique items. Slots are reused: an interval's production
-        rows, live or deleted, are as many as it ever had pending, and a takeover's read of
-        them passes over no more tombstones than that."""
-        partition = (lease.computation, lease.interval)
-        known = self._productions_known.get(partition)
-        if not count or known is None:
-            return []
-        if not _follows(known, lease):
-            del self._productions_known[partition]
-            return []
-        self._productions_known[partition] = lease.token
-        rows, deleted = self._production_rows.get(partition, {}), set(done)
+    def _free_slots(self, partition: tuple[str, int], done: list[bytes]) -> Iterator[bytes]:
+        """The interval's production slots holding no row it knows, none of ``done`` (a delete
+        and a write of one row in one batch share a timestamp, and the delete would win),
+        first the lowest; a slot taken is a row known before the next is asked for. Only for
+        a store that knows all the interval's production rows; without, a commit writes rows
+        of unique items. Slots are reused: an interval's production rows, live or deleted,
+        are as many as it ever had pending, and a takeover's read of them passes over no more
+        tombstones than that."""
+        rows, deleted = self._production_rows.setdefault(partition, {}), set(done)
         free = (production_slot(n) for n in itertools.count())
-        return list(
-            itertools.islice((s for s in free if s not in rows and s not in deleted), count)
-        )
+        return (slot for slot in free if slot not in rows and slot not in deleted)
 
     def was_applied(self, lease: Lease, marker: bytes) -> bool:
         """Resolve an unknown outcome, linearizably and for good
