@@ -519,17 +519,21 @@ class IntervalWorker:
             for key in batch.keys:
                 key_changes = changes.setdefault(key, KeyChanges(key))
                 key_changes.previous_timers.extend(stale.get(key, ()))
+                committed = batch.committed[key]
                 KeyRun(
                     spec,
                     clock,
                     tag,
-                    batch.committed[key],
+                    committed,
                     key_changes,
                     watermarks,
                     now,
                     result,
                     weak.outbox,
                 ).run(batch.records.get(key, []))
+                if key_changes.timers:
+                    # The store rewrites the key's timers whole, from this.
+                    key_changes.timers_after = effective_timers(committed.timers, key_changes)
                 weak.key_done()
         return changes
 
@@ -817,7 +821,10 @@ class IntervalWorker:
             known = before.get(change.key)
             if known is not None and (change.state is not UNCHANGED or change.timers):
                 state = known.state if change.state is UNCHANGED else change.state
-                after[change.key] = KeySnapshot(state, effective_timers(known.timers, change))
+                timers = change.timers_after
+                if timers is None:
+                    timers = effective_timers(known.timers, change)
+                after[change.key] = KeySnapshot(state, dict(timers))
             for production in change.productions:
                 soft.pending[production.record_id] = production
         for key, snapshot in after.items():

@@ -33,6 +33,8 @@ StateChange: TypeAlias = bytes | Literal[Unchanged.UNCHANGED] | None
 
 # Rough per-row overhead of a store write, for sizing commit batches.
 _ROW_OVERHEAD = 48
+# Rough bytes of a timer in a key's row of all its timers, besides its tag.
+_TIMER_BYTES = 40
 
 
 @dataclass
@@ -43,7 +45,11 @@ class KeyChanges:
     checkpointed as pending productions; ``dedup_ids`` are the IDs of the records consumed.
     ``previous_timers`` are committed timers these changes replace or delete (or stale index
     entries of them), named so a backend can drop them from its time-ordered index; the engine
-    fills it at commit time.
+    fills it at commit time. ``timers_after`` is the key's whole set of timers once ``timers``
+    apply to its committed ones (:func:`effective_timers`), or ``None`` if the caller does not
+    know it: a backend that keeps a key's timers in one row rewrites that row from it, and
+    reads the committed timers itself when it is ``None``. The engine fills it at commit time
+    for every key whose ``timers`` changed.
     """
 
     key: str
@@ -52,6 +58,7 @@ class KeyChanges:
     productions: list[Production] = field(default_factory=list)
     dedup_ids: list[bytes] = field(default_factory=list)
     previous_timers: list[Timer] = field(default_factory=list)
+    timers_after: dict[str, Timer] | None = None
 
     def is_empty(self) -> bool:
         return (
@@ -68,6 +75,10 @@ class KeyChanges:
             raise ValueError(f"cannot merge changes of key {later.key!r} into {self.key!r}")
         if later.state is not UNCHANGED:
             self.state = later.state
+        if later.timers and later.timers_after is not None:
+            self.timers_after = later.timers_after
+        elif later.timers and self.timers_after is not None:
+            self.timers_after = effective_timers(self.timers_after, later)
         self.timers.update(later.timers)
         self.productions.extend(later.productions)
         self.dedup_ids.extend(later.dedup_ids)
@@ -78,8 +89,12 @@ class KeyChanges:
         size = _ROW_OVERHEAD + len(self.key.encode("utf-8"))
         if isinstance(self.state, bytes):
             size += len(self.state)
-        # A timer is two rows: by key and tag, and in the time-ordered index.
-        size += sum(2 * (_ROW_OVERHEAD + len(tag)) for tag in self.timers)
+        # A changed timer is a row of the time-ordered index, and a part of the key's row of
+        # all its timers (rewritten whole: every timer of the set counts).
+        size += sum(_ROW_OVERHEAD + len(tag) for tag in self.timers)
+        if self.timers:
+            whole = self.timers if self.timers_after is None else self.timers_after
+            size += _ROW_OVERHEAD + sum(_TIMER_BYTES + len(tag) for tag in whole)
         size += sum(
             _ROW_OVERHEAD + len(p.stream) + len(p.record.key) + len(p.record.value)
             for p in self.productions

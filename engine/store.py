@@ -8,10 +8,11 @@ it on Cassandra. On Cassandra the mapping is one to one:
 
 * one table, partition key ``(computation, interval)``; a static ``sequencer`` column and a
   static ``last_commit`` marker column;
-* clustering rows ``(kind, key, item)``: ``state`` (``item`` empty), ``timer`` (``item`` the
-  tag) and a time-ordered index of the timers (``key`` the timestamp, so due timers are a
-  range), ``dedup`` (``item`` the record ID, written ``USING TTL``), ``production`` (``key``
-  empty, one row per commit batch holding its productions);
+* clustering rows ``(kind, key, item)``: ``state`` (``item`` empty), ``timers`` (a key's
+  timers in one row, rewritten whole: :attr:`~millstream.engine.state.KeyChanges.timers_after`)
+  and a time-ordered index of the timers (``key`` the timestamp, so due timers are a range),
+  dedup rows (a key's record IDs of a commit, in buckets of their expiry, written ``USING
+  TTL``), ``production`` (``key`` empty, one row per commit batch holding its productions);
 * :meth:`~IntervalStore.acquire` is an LWT ``UPDATE ... SET sequencer = s + 1 IF sequencer = s``
   (read ``s`` at SERIAL, retry on contention); every other write is an LWT conditional batch
   on that one partition ``IF sequencer = token AND last_commit = <the marker before>``,

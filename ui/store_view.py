@@ -16,11 +16,14 @@ from millstream.engine.stores.cassandra.rows import (
     TIMESTAMP_OFFSET,
     dedup_kinds_after,
     result_rows,
+    timers_count,
 )
 from millstream.engine.stores.cassandra.schema import (
     DEDUP_BUCKETS_END,
     FENCES_TABLE,
     LEGACY_DEDUP_KIND,
+    LEGACY_TIMER_KIND,
+    TIMERS_KIND,
     check_identifier,
 )
 from millstream.engine.stores.cassandra.store import RETIRED_SEQUENCER
@@ -34,7 +37,7 @@ _LAYOUT_INTERVAL: Final = -1
 # The counts of an interval's entry and the row kind each counts.
 _COUNTED_KINDS: Final = {
     "state_keys": "state",
-    "timers": "timer",
+    "timers": LEGACY_TIMER_KIND,  # and the timers of the keys' timers rows
     "pending_productions": "production",
     "dedup_rows": LEGACY_DEDUP_KIND,  # and the rows of the dedup buckets not yet ended
 }
@@ -169,6 +172,10 @@ class _Reads:
         self._list_dedup = self._prepare(
             f"SELECT kind FROM {name} {where} AND kind > ? AND kind < '{DEDUP_BUCKETS_END}' LIMIT ?"
         )
+        # A key's timers are one row: its value's head says how many.
+        self._list_timers = self._prepare(
+            f"SELECT value FROM {name} {where} AND kind = '{TIMERS_KIND}' LIMIT ?"
+        )
         self._first_key = self._prepare(f"SELECT key FROM {name} {where} AND kind = ? LIMIT 1")
         try:
             self._read_fences: Any = self._prepare(
@@ -221,6 +228,10 @@ class _Reads:
             interval: send(self._list_dedup, (computation, interval, live_buckets, max_rows + 1))
             for interval in interval_ids
         }
+        timers = {
+            interval: send(self._list_timers, (computation, interval, max_rows + 1))
+            for interval in interval_ids
+        }
         firsts = {
             (interval, domain): send(self._first_key, (computation, interval, index))
             for interval in interval_ids
@@ -242,6 +253,10 @@ class _Reads:
                 found = _count(counts[interval, field].result(), max_rows + 1)
                 if field == "dedup_rows":
                     found += _count(dedup[interval].result(), max_rows + 1)
+                elif field == "timers":
+                    found += sum(
+                        timers_count(row["value"]) for row in result_rows(timers[interval].result())
+                    )
                 entry[field] = min(found, max_rows)
                 more = more or found > max_rows
             for field, domain in (

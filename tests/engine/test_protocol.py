@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Collection, Mapping, Sequence, Set
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -27,6 +27,7 @@ from millstream.engine.records import (
     production_record_id,
 )
 from millstream.engine.sequencer import Lease
+from millstream.engine.state import KeyChanges
 from millstream.engine.store import NO_FLOOR, KeySnapshot, NextTimers, TimerFloor
 from millstream.engine.stores.memory.store import (
     FaultPoint,
@@ -1085,6 +1086,28 @@ def test_an_event_timer_fires_on_the_timer_watermark_after_its_keys_records(
     assert computation.calls[-3:] == [("record", "a", 15), ("record", "b", 15), ("timer", "t", 16)]
     assert workers.state(spec) == {"k": ["t:15", "a", "b", "timer:t"]}
     assert workers.store.timers("comp") == []
+
+
+def test_a_commit_carries_each_keys_whole_timer_set_after_it(
+    workers: Workers, make_record: RecordFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The Cassandra store writes a key's timers as one row, from the set the engine gives.
+    committed: list[dict[str, set[str] | None]] = []
+    commit = workers.store.commit
+
+    def recorded(lease: Lease, changes: Sequence[KeyChanges], **options: Any) -> None:
+        committed.append(
+            {c.key: None if c.timers_after is None else set(c.timers_after) for c in changes}
+        )
+        commit(lease, changes, **options)
+
+    monkeypatch.setattr(workers.store, "commit", recorded)
+    worker = workers.worker(workers.spec(WatermarkProbe()))
+    worker.process(deliver(make_record("k", b"t:15"), make_record("j", b"plain")), 0)
+    worker.process(deliver(make_record("k", b"u:30")), 0)  # from the cache: t is kept
+    worker.process([], 20)  # t fires
+    worker.process([], 40)  # u fires
+    assert committed == [{"j": None, "k": {"t"}}, {"k": {"t", "u"}}, {"k": {"u"}}, {"k": set()}]
 
 
 def test_without_a_timer_watermark_timers_fire_on_the_input_watermark(

@@ -58,6 +58,20 @@ def test_merge_applies_later_changes_on_top() -> None:
     assert earlier.state is None
 
 
+def test_merged_changes_know_the_keys_whole_timer_set_when_the_later_or_both_know_it() -> None:
+    a, b, c = Timer("k", "a", 1), Timer("k", "b", 2), Timer("k", "c", 3)
+    earlier = KeyChanges("k", timers={"b": b}, timers_after={"a": a, "b": b})
+    earlier.merge(KeyChanges("k", timers={"a": None, "c": c}))
+    assert earlier.timers_after == {"b": b, "c": c} == effective_timers({"a": a}, earlier)
+    earlier.merge(KeyChanges("k", state=b"s"))  # no timer changed: still known
+    assert earlier.timers_after == {"b": b, "c": c}
+    earlier.merge(KeyChanges("k", timers={"b": None}, timers_after={"c": c}))
+    assert earlier.timers_after == {"c": c}
+    unknown = KeyChanges("k", timers={"a": a})
+    unknown.merge(KeyChanges("k", timers={"b": b}))
+    assert unknown.timers_after is None
+
+
 def test_changes_of_another_key_do_not_merge() -> None:
     with pytest.raises(ValueError, match="cannot merge"):
         KeyChanges("a").merge(KeyChanges("b"))

@@ -1,14 +1,15 @@
 """How the interval table's rows encode the model, and back.
 
-The time-ordered timer index, the packed productions of a commit batch, the packed dedup IDs
-of a key's commit and their TTL, the rows a key's changes write, and query results read as
-dicts. The table's columns are described in :mod:`millstream.engine.stores.cassandra.store`.
+A key's timers packed in one row, the time-ordered timer index, the packed productions of a
+commit batch, the packed dedup IDs of a key's commit and their TTL, the rows a key's changes
+write, and query results read as dicts. The table's columns are described in
+:mod:`millstream.engine.stores.cassandra.store`.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any, Final, NamedTuple, TypeAlias
 
 from millstream.engine.errors import StoreError
@@ -16,7 +17,12 @@ from millstream.engine.productions import CommitTag, Production
 from millstream.engine.records import RECORD_ID_BYTES, decode_record
 from millstream.engine.sequencer import Lease
 from millstream.engine.state import UNCHANGED, KeyChanges
-from millstream.engine.stores.cassandra.schema import DEDUP_BUCKET_PREFIX, Statements
+from millstream.engine.stores.cassandra.schema import (
+    DEDUP_BUCKET_PREFIX,
+    LEGACY_TIMER_KIND,
+    TIMERS_KIND,
+    Statements,
+)
 from millstream.engine.timers import TimeDomain, Timer
 
 __all__ = [
@@ -40,14 +46,18 @@ __all__ = [
     "one_row_or_none",
     "pack_dedup_ids",
     "pack_productions",
+    "pack_timers",
     "production_row_tag",
     "production_slot",
     "production_tag_value",
     "result_rows",
     "row_count",
     "row_timer",
+    "timers_count",
     "unpack_productions",
+    "unpack_timers",
 ]
+
 
 TIMER_INDEX: Final = {TimeDomain.EVENT_TIME: "timer_event", TimeDomain.WALL_TIME: "timer_wall"}
 # Timestamps in the index as fixed-width decimals of (timestamp + 2^63): text order = time order.
@@ -76,6 +86,11 @@ _EXPIRY = struct.Struct(">Q")
 
 _INT32 = struct.Struct(">i")
 _INT64 = struct.Struct(">q")
+# A key's packed timers: their count, then each one's tag (length-prefixed), timestamp,
+# domain, and ``set_by`` (length-prefixed).
+_TIMER = struct.Struct(">qB")
+_DOMAINS: Final = (TimeDomain.EVENT_TIME, TimeDomain.WALL_TIME)
+_DOMAIN_CODES: Final = {domain: code for code, domain in enumerate(_DOMAINS)}
 
 
 class Bound(NamedTuple):
@@ -123,7 +138,7 @@ def indexed_timer(row: dict[str, Any]) -> Timer:
 
 
 def row_timer(row: dict[str, Any]) -> Timer:
-    """The timer a ``timer`` row holds."""
+    """The timer an earlier version's row of one timer (``LEGACY_TIMER_KIND``) holds."""
     return Timer(
         key=row["key"],
         tag=row["item"].decode("utf-8"),
@@ -131,6 +146,50 @@ def row_timer(row: dict[str, Any]) -> Timer:
         domain=TimeDomain(row["timer_domain"]),
         set_by=row["timer_set_by"] or b"",
     )
+
+
+def pack_timers(timers: Collection[Timer]) -> bytes:
+    """A key's ``timers`` as the ``value`` of its :data:`TIMERS_KIND` row."""
+    parts = [_LENGTH32.pack(len(timers))]
+    for timer in timers:
+        tag = timer.tag.encode("utf-8")
+        parts += (_LENGTH32.pack(len(tag)), tag)
+        parts += (_TIMER.pack(timer.timestamp, _DOMAIN_CODES[timer.domain]),)
+        parts += (_LENGTH32.pack(len(timer.set_by)), timer.set_by)
+    return b"".join(parts)
+
+
+def unpack_timers(key: str, packed: bytes) -> dict[str, Timer]:
+    """The timers of ``key`` by tag, from its :data:`TIMERS_KIND` row's ``value``."""
+    try:
+        (count,) = _LENGTH32.unpack_from(packed)
+        offset = _LENGTH32.size
+        timers: dict[str, Timer] = {}
+        for _ in range(count):
+            (length,) = _LENGTH32.unpack_from(packed, offset)
+            offset += _LENGTH32.size
+            tag = packed[offset : offset + length].decode("utf-8")
+            offset += length
+            timestamp, domain = _TIMER.unpack_from(packed, offset)
+            offset += _TIMER.size
+            (length,) = _LENGTH32.unpack_from(packed, offset)
+            offset += _LENGTH32.size
+            set_by = packed[offset : offset + length]
+            offset += length
+            timers[tag] = Timer(key, tag, timestamp, _DOMAINS[domain], set_by)
+    except (struct.error, IndexError, UnicodeDecodeError) as exc:
+        raise StoreError(f"the timers row of key {key!r} is corrupt: {exc}") from exc
+    if offset != len(packed) or len(timers) != count:
+        raise StoreError(
+            f"the timers row of key {key!r} is corrupt: {len(packed)} bytes where its "
+            f"{count} timers take {offset}, {len(timers)} distinct tags"
+        )
+    return timers
+
+
+def timers_count(packed: bytes) -> int:
+    """How many timers a :data:`TIMERS_KIND` row's ``value`` holds (read from its head)."""
+    return int(_LENGTH32.unpack_from(packed)[0])
 
 
 def pack_productions(productions: Sequence[Production]) -> bytes:
@@ -255,10 +314,16 @@ def change_rows(
     dedup: tuple[bytes, bytes],
     expires: int,
     ttl_seconds: int,
+    timers: Mapping[str, Timer] | None = None,
+    legacy_tags: Collection[str] = (),
 ) -> list[Row]:
     """The rows that write ``change`` (its timers' index rows included), with their
     statements. Its dedup IDs go in one row, ``dedup`` its kind and item (the item unique to
-    the commit batch), serialized; ``expires`` and ``ttl_seconds`` their expiry."""
+    the commit batch), serialized; ``expires`` and ``ttl_seconds`` their expiry.
+
+    If ``change.timers`` is not empty, ``timers`` is the key's whole set after it, written as
+    the key's one timers row (deleted once empty), and ``legacy_tags`` the tags of the key's
+    rows of an earlier version, deleted (the new row holds what they held)."""
     partition = (lease.computation, lease.interval)
     key = change.key
     # The values of put_state and put_dedup that every row of the key shares, serialized.
@@ -268,14 +333,24 @@ def change_rows(
         rows.append((statements.delete_row, (*partition, "state", key, b"")))
     elif change.state is not UNCHANGED:
         rows.append(Bound(statements.put_state, [*shared, bytes(change.state)]))
+    if change.timers:
+        if timers is None:
+            raise ValueError(f"the timers of key {key!r} change, and their whole set is unknown")
+        # One row of all the key's timers, rewritten whole, not a row a tag: a fired timer's
+        # row would stay a tombstone for gc_grace_seconds, and a key whose timers are tagged
+        # afresh (a window's end) would have every read of it pass over thousands.
+        if timers:
+            rows.append((statements.put_timers, (*partition, key, pack_timers(timers.values()))))
+        else:
+            rows.append((statements.delete_row, (*partition, TIMERS_KIND, key, b"")))
+        for tag in legacy_tags:
+            item = tag.encode("utf-8")
+            rows.append((statements.delete_row, (*partition, LEGACY_TIMER_KIND, key, item)))
     indexed: set[tuple[str, str, bytes]] = set()
-    for tag, timer in change.timers.items():
-        item = tag.encode("utf-8")
+    for timer in change.timers.values():
         if timer is None:
-            rows.append((statements.delete_row, (*partition, "timer", key, item)))
             continue
         timer_columns = (timer.timestamp, timer.domain.value, timer.set_by)
-        rows.append((statements.put_timer, (*partition, key, item, *timer_columns)))
         index = index_row(timer)
         indexed.add(index)
         rows.append((statements.put_index, (*partition, *index, *timer_columns)))
@@ -298,10 +373,13 @@ def change_rows(
     return rows
 
 
-def row_count(change: KeyChanges) -> int:
-    """The statements :func:`change_rows` makes of ``change``, at most."""
+def row_count(change: KeyChanges, legacy_timers: int = 0) -> int:
+    """The statements :func:`change_rows` makes of ``change`` (with ``legacy_timers`` legacy
+    timer rows of its key to delete), at most."""
     state = 0 if change.state is UNCHANGED else 1
-    timers = 2 * len(change.timers) + len(change.previous_timers)
+    timers = len(change.timers) + len(change.previous_timers)
+    if change.timers:
+        timers += 1 + legacy_timers
     # Productions share one row per batch; counting each keeps the cap conservative.
     return state + timers + (1 if change.dedup_ids else 0) + len(change.productions)
 

@@ -23,6 +23,8 @@ __all__ = [
     "DEFAULT_TABLE",
     "FENCES_TABLE",
     "LEGACY_DEDUP_KIND",
+    "LEGACY_TIMER_KIND",
+    "TIMERS_KIND",
     "Statements",
     "check_identifier",
     "create_schema",
@@ -56,6 +58,18 @@ DEDUP_BUCKETS_END = DEDUP_BUCKET_PREFIX + ":"
 """Sorts after every dedup bucket's kind (``:`` follows the digits)."""
 LEGACY_DEDUP_KIND = "dedup"
 """The one ``kind`` of the dedup rows earlier versions wrote, read until they expire."""
+TIMERS_KIND = "timers"
+"""The ``kind`` of a key's one row of all its timers (``item`` empty, ``value`` packed:
+:func:`~millstream.engine.stores.cassandra.rows.pack_timers`), rewritten whole by a commit
+that changes them and deleted once none is left. A row a timer (earlier versions) left a
+tombstone a fired timer for ``gc_grace_seconds`` (10 days), and a key whose timers are
+tagged afresh (a window's end) had every read of it pass over them: 200 keys with 520 fired
+timers each made a read of their state fail on the local node. Overwritten, a row leaves
+none."""
+LEGACY_TIMER_KIND = "timer"
+"""The ``kind`` of earlier versions' timer rows, one per key and tag (``item`` the tag): read
+beside :data:`TIMERS_KIND` (which, where a key has one, holds the key's timers) and deleted by
+the key's next commit that changes its timers."""
 FENCES_TABLE = "millstream_fences"
 """The keyspace's table of fenced operations: per interval table, computation and key
 interval, how many operations of a worker holding an old lease the store refused (a zombie
@@ -187,9 +201,8 @@ class Statements:
         self.put_state = self._prepare(
             f"INSERT INTO {name} ({columns}, value) VALUES (?, ?, 'state', ?, 0x, ?)"
         )
-        self.put_timer = self._prepare(
-            f"INSERT INTO {name} ({columns}, timer_timestamp, timer_domain, timer_set_by) "
-            "VALUES (?, ?, 'timer', ?, ?, ?, ?, ?)"
+        self.put_timers = self._prepare(
+            f"INSERT INTO {name} ({columns}, value) VALUES (?, ?, '{TIMERS_KIND}', ?, 0x, ?)"
         )
         # A key's dedup IDs of one commit batch, packed in ``record``, in the bucket of their
         # expiry (``kind``); ``item``, unique, starts with the expiry (``rows.dedup_item``).
@@ -212,7 +225,7 @@ class Statements:
         timer_columns = "timer_timestamp, timer_domain, timer_set_by"
         self.read_keys = self._prepare(
             f"SELECT kind, key, item, value, {timer_columns} FROM {name} {where} "
-            "AND kind IN ('state', 'timer') AND key IN ?"
+            f"AND kind IN ('state', '{LEGACY_TIMER_KIND}', '{TIMERS_KIND}') AND key IN ?"
         )
         dedup_columns = f"SELECT key, item, expires, record FROM {name} {where}"
         # The live rows of the keys in the live buckets: ``item > ?``, the expiry of now,
@@ -244,11 +257,12 @@ class Statements:
             f"SELECT key FROM {name} {where} AND kind = ? AND key >= ? LIMIT 1"
         )
         self.scan_timers = self._prepare(
-            f"SELECT key, item, timer_timestamp, timer_domain, timer_set_by FROM {name} "
-            f"{where} AND kind = 'timer'"
+            f"SELECT kind, key, item, value, {timer_columns} FROM {name} {where} "
+            f"AND kind IN ('{LEGACY_TIMER_KIND}', '{TIMERS_KIND}')"
         )
         self.scan_keys = self._prepare(
-            f"SELECT key FROM {name} {where} AND kind IN ('state', 'timer')"
+            f"SELECT key FROM {name} {where} "
+            f"AND kind IN ('state', '{LEGACY_TIMER_KIND}', '{TIMERS_KIND}')"
         )
         self.scan_states = self._prepare(
             f"SELECT key, value FROM {name} {where} AND kind = 'state'"

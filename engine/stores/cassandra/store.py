@@ -5,18 +5,18 @@ The mapping is the one :mod:`millstream.engine.store` describes, on one table::
     CREATE TABLE <keyspace>.<table> (
         computation     text,
         interval        int,
-        kind            text,    -- 'state' | 'timer' | 'timer_event' | 'timer_wall'
+        kind            text,    -- 'state' | 'timers' | 'timer_event' | 'timer_wall'
                                  -- | 'dedup@<bucket end>' | 'production' | '' (the anchor)
-                                 -- | 'dedup' (dedup rows of earlier versions)
+                                 -- | 'dedup', 'timer' (rows of earlier versions)
         key             text,    -- the key; the timestamp in the timer index; '' for
                                  -- productions
-        item            blob,    -- '' for state, the tag (UTF-8) for timers, the key and
-                                 -- tag in the timer index, the expiry and the commit
-                                 -- batch's marker for dedup, the marker for productions
+        item            blob,    -- '' for state and timers, the key and tag in the timer
+                                 -- index, the expiry and the commit batch's marker for
+                                 -- dedup, a slot for productions
         sequencer       bigint static,
         last_commit     blob static,
-        value           blob,    -- state
-        timer_timestamp bigint,  -- timer
+        value           blob,    -- state; a key's timers, packed; a production row's tag
+        timer_timestamp bigint,  -- the timer index
         timer_domain    text,
         timer_set_by    blob,
         expires         bigint,  -- dedup: injected-clock µs; the row also has a TTL
@@ -31,10 +31,11 @@ operations refused to a worker holding an old lease, per table, computation and 
 
 Rows a batch touches, and how it reads them (paper 6.1.1: the checkpoint is coalesced):
 
-* **State and timers of the batch's keys**: one ``kind IN ('state', 'timer') AND key IN ?``
-  query per :data:`_KEYS_PER_READ` keys, all in flight at once.
+* **State and timers of the batch's keys**: one ``kind IN ('state', 'timer', 'timers') AND
+  key IN ?`` query per :data:`_KEYS_PER_READ` keys, all in flight at once: a key's state row
+  and its one ``timers`` row (an earlier version's ``timer`` rows, one a timer, if any).
 * **The interval's keys**, once, by a worker that takes it over (``state_keys``): the ``key``
-  of every ``state`` and ``timer`` row, a page at a time, until more than the worker's bound
+  of every ``state`` and timers row, a page at a time, until more than the worker's bound
   (10,000): a key the list lacks is not read.
 * **Dedup candidates**: one ``kind IN <live buckets> AND key IN ? AND item > <now>`` query
   per :data:`_KEYS_PER_READ` keys with candidate IDs, all in flight at once; it reads each
@@ -60,7 +61,8 @@ Rows a batch touches, and how it reads them (paper 6.1.1: the checkpoint is coal
 * **Due timers**: every timer is also a row of the time-ordered index ``timer_event`` or
   ``timer_wall`` whose ``key`` is its timestamp as a fixed-width decimal (so text order is
   time order); the due ones are the range ``key < <watermark>``, the next one the first row.
-  An index row is written and deleted in the same conditional batch as its timer's row. Both
+  An index row is written and deleted in the same conditional batch as its key's timers
+  row. Both
   reads start at the owner's :class:`~millstream.engine.store.TimerFloor`, past the fired
   timers' index rows, which stay as tombstones for ``gc_grace_seconds``.
 * **Pending productions**: one row per commit batch holds all its productions (``record``:
@@ -128,15 +130,13 @@ read of the partition stops at the anchor row, which sorts first and is never de
 due-timer reads start at the owner's floor; the dedup reads at the live buckets; the
 production rows reuse their slots. Also left: the rows of earlier versions (dedup IDs of
 the one ``dedup`` kind, production rows of unique items), which no new row joins, until
-compaction drops them. **Not solved yet: a key's timer rows.** Each ``(key, tag)`` is a
-row, deleted when the timer fires; a computation that tags each timer afresh (a window's
-timer tagged by its window, as Zeitgeist's was) leaves a tombstone per tag, and reading the
-key's state and timers (``read_keys``), or the interval's keys at a takeover
-(``state_keys``), passes over all of them: 200 keys with 520 fired timers each made both
-fail on the local node (a key with 5-minute windows has that many after 43 hours). A key's
-timers in one row of its own (rewritten whole by a commit that changes them) would bound
-it. Lower ``gc_grace_seconds`` on the table only together with a repair schedule
-shorter than it, or deleted timers could come back on a replica that missed the delete.
+compaction drops them. A key's timers are one row (``timers``), overwritten by each commit
+that changes them, so a fired timer leaves no tombstone where the key's reads pass (earlier
+versions' rows of one timer each are read beside it until a commit of the key replaces
+them; 200 keys with 520 fired timers each made ``read_keys`` and ``state_keys`` fail on the
+local node with those). Lower ``gc_grace_seconds`` on the table only together with a
+repair schedule shorter than it, or deleted timers could come back on a replica that missed
+the delete.
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ from millstream.engine.errors import FencedError, RetiredIntervalError, StoreErr
 from millstream.engine.layout import IntervalLayout
 from millstream.engine.productions import CommitTag, Production
 from millstream.engine.sequencer import INITIAL_SEQUENCER, Lease
-from millstream.engine.state import KeyChanges
+from millstream.engine.state import KeyChanges, effective_timers
 from millstream.engine.store import (
     DEFAULT_MAX_BATCH_BYTES,
     NO_FLOOR,
@@ -197,11 +197,14 @@ from millstream.engine.stores.cassandra.rows import (
     row_count,
     row_timer,
     unpack_productions,
+    unpack_timers,
 )
 from millstream.engine.stores.cassandra.schema import (
     DEDUP_BUCKETS_END,
     DEFAULT_TABLE,
     LEGACY_DEDUP_KIND,
+    LEGACY_TIMER_KIND,
+    TIMERS_KIND,
     Statements,
     check_identifier,
     table_id,
@@ -235,7 +238,15 @@ _DELETE_BYTES = 64
 RETIRED_SEQUENCER = 2**63 - 1
 # The partition holding a computation's interval layout, one LWT-written row.
 _LAYOUT_INTERVAL = -1
-_DATA_KINDS = ("state", "timer", "timer_event", "timer_wall", LEGACY_DEDUP_KIND, "production")
+_DATA_KINDS = (
+    "state",
+    TIMERS_KIND,
+    LEGACY_TIMER_KIND,
+    "timer_event",
+    "timer_wall",
+    LEGACY_DEDUP_KIND,
+    "production",
+)
 
 
 class _Learnt:
@@ -309,6 +320,9 @@ class CassandraIntervalStore(IntervalStore):
         self._production_rows: dict[tuple[str, int], dict[bytes, set[bytes]]] = {}
         # Per interval: what this store learnt of its rows under its latest lease of it.
         self._learnt: dict[tuple[str, int], _Learnt] = {}
+        # Per interval and key: the tags of the key's timer rows of an earlier version, as last
+        # read; its next commit that changes its timers deletes them.
+        self._legacy_timers: dict[tuple[str, int], dict[str, set[str]]] = {}
         if datacenter_local:
             self._serial, self._quorum = (
                 ConsistencyLevel.LOCAL_SERIAL,
@@ -413,8 +427,9 @@ class CassandraIntervalStore(IntervalStore):
         )
         now = self.clock.now()
         dedup = self._dedup_scans(partition, now, legacy=True)
+        by_key = _key_timers(result_rows(timers.result()))[0]
         return IntervalSnapshot(
-            timers=tuple(row_timer(row) for row in result_rows(timers.result())),
+            timers=tuple(timer for held in by_key.values() for timer in held.values()),
             productions=tuple(
                 production
                 for row in result_rows(productions.result())
@@ -470,7 +485,7 @@ class CassandraIntervalStore(IntervalStore):
 
     def read_keys(self, lease: Lease, keys: Collection[str]) -> dict[str, KeySnapshot]:
         distinct = list(dict.fromkeys(keys))
-        return _snapshots(distinct, self._rows(self._key_reads(lease, distinct)))
+        return self._snapshots(lease, distinct, self._rows(self._key_reads(lease, distinct)))
 
     def seen(
         self, lease: Lease, record_ids: Mapping[str, Collection[bytes]]
@@ -485,7 +500,28 @@ class CassandraIntervalStore(IntervalStore):
         key_reads = self._key_reads(lease, distinct)
         dedup_reads = self._dedup_reads(lease, record_ids)
         seen = _seen(self._rows(dedup_reads), record_ids, self.clock.now())
-        return _snapshots(distinct, self._rows(key_reads)), seen
+        return self._snapshots(lease, distinct, self._rows(key_reads)), seen
+
+    def _snapshots(
+        self, lease: Lease, distinct: list[str], rows: Iterable[dict[str, Any]]
+    ) -> dict[str, KeySnapshot]:
+        """Each of ``distinct`` keys' committed state and timers, from its ``read_keys`` rows;
+        notes the tags of the keys' timer rows of an earlier version (or that they have none)."""
+        states: dict[str, bytes] = {}
+        timer_rows: list[dict[str, Any]] = []
+        for row in rows:
+            if row["kind"] == "state":
+                states[row["key"]] = row["value"]
+            else:
+                timer_rows.append(row)
+        timers, legacy = _key_timers(timer_rows)
+        known = self._legacy_timers.setdefault((lease.computation, lease.interval), {})
+        for key in distinct:
+            if key in legacy:
+                known[key] = legacy[key]
+            else:
+                known.pop(key, None)
+        return {key: KeySnapshot(states.get(key), timers.get(key, {})) for key in distinct}
 
     def _key_reads(self, lease: Lease, distinct: list[str]) -> list[ResponseFuture]:
         partition = (lease.computation, lease.interval)
@@ -633,12 +669,15 @@ class CassandraIntervalStore(IntervalStore):
                     "guard) and one "
                     "key's changes are never split; give this key fewer records per batch"
                 )
-        batches = _cap_statements(split_batches(changes, self.max_batch_bytes))
         partition = (lease.computation, lease.interval)
+        timers = self._timers_after(lease, changes)
+        legacy = self._legacy_timers.get(partition, {})
+        legacy_rows = {c.key: len(legacy.get(c.key, ())) for c in changes if c.timers}
+        batches = _cap_statements(split_batches(changes, self.max_batch_bytes), legacy_rows)
         done = self._acknowledge(partition, delivered) if delivered else []
         # The rows of delivered productions go in the commit's one batch when it has room (a
         # commit split in several batches is large enough not to miss a write of its own).
-        folded = done if len(batches) == 1 and _room(batches[0], done) else []
+        folded = done if len(batches) == 1 and _room(batches[0], done, legacy_rows) else []
         if done and not folded:
             self._delete_rows(lease, done)
         learnt = self._learnt_under(lease)
@@ -652,7 +691,16 @@ class CassandraIntervalStore(IntervalStore):
             rows = [
                 row
                 for change in batch
-                for row in change_rows(self._statements, lease, change, dedup, expires, ttl_seconds)
+                for row in change_rows(
+                    self._statements,
+                    lease,
+                    change,
+                    dedup,
+                    expires,
+                    ttl_seconds,
+                    timers.get(change.key),
+                    legacy.get(change.key, ()) if change.timers else (),
+                )
             ]
             by_tag: dict[CommitTag | None, list[Production]] = {}
             for change in batch:
@@ -680,6 +728,23 @@ class CassandraIntervalStore(IntervalStore):
                 uncertain_keys=tuple(change.key for change in batch),
                 unattempted_keys=tuple(c.key for later in batches[number + 1 :] for c in later),
             )
+            for change in batch:
+                if change.timers:
+                    legacy.pop(change.key, None)  # deleted with the write
+
+    def _timers_after(
+        self, lease: Lease, changes: Sequence[KeyChanges]
+    ) -> dict[str, dict[str, Timer]]:
+        """The whole set of timers after ``changes`` of each key whose timers they change:
+        its ``timers_after``, or else its committed timers, read (one round trip for all),
+        with the changes applied."""
+        after = {c.key: c.timers_after for c in changes if c.timers and c.timers_after is not None}
+        unknown = [c for c in changes if c.timers and c.timers_after is None]
+        if unknown:
+            read = self.read_keys(lease, [change.key for change in unknown])
+            for change in unknown:
+                after[change.key] = effective_timers(read[change.key].timers, change)
+        return after
 
     def _free_slots(self, partition: tuple[str, int], done: list[bytes]) -> Iterator[bytes]:
         """The interval's production slots holding no row it knows, none of ``done`` (a delete
@@ -786,9 +851,10 @@ class CassandraIntervalStore(IntervalStore):
         by_key: dict[str, KeyChanges] = {}
         for row in result_rows(states.result()):
             by_key.setdefault(row["key"], KeyChanges(row["key"])).state = row["value"]
-        for row in result_rows(timers.result()):
-            timer = row_timer(row)
-            by_key.setdefault(timer.key, KeyChanges(timer.key)).timers[timer.tag] = timer
+        for key, held in _key_timers(result_rows(timers.result()))[0].items():
+            # Every timer of the key: its whole set, whatever the target held of it before.
+            moved = by_key.setdefault(key, KeyChanges(key))
+            moved.timers, moved.timers_after = dict(held), dict(held)
         for row in _unexpired(self._rows(dedup), now):
             by_key.setdefault(row["key"], KeyChanges(row["key"])).dedup_ids.extend(
                 dedup_row_ids(row)
@@ -888,17 +954,22 @@ def _follows(token: int, lease: Lease) -> bool:
     return token == lease.token or (lease.cache_valid and token == lease.token - 1)
 
 
-def _snapshots(distinct: list[str], rows: Iterable[dict[str, Any]]) -> dict[str, KeySnapshot]:
-    """Each of ``distinct`` keys' committed state and timers, from its ``read_keys`` rows."""
-    states: dict[str, bytes] = {}
-    timers: dict[str, dict[str, Timer]] = {}
+def _key_timers(
+    rows: Iterable[dict[str, Any]],
+) -> tuple[dict[str, dict[str, Timer]], dict[str, set[str]]]:
+    """Each key's timers by tag, from its timers row, or else from its timer rows of an
+    earlier version (which a key's first commit of a timers row deletes, and a row holds all
+    they held); and the tags of each key's rows of an earlier version."""
+    packed: dict[str, dict[str, Timer]] = {}
+    legacy: dict[str, dict[str, Timer]] = {}
     for row in rows:
-        if row["kind"] == "state":
-            states[row["key"]] = row["value"]
+        if row["kind"] == TIMERS_KIND:
+            packed[row["key"]] = unpack_timers(row["key"], row["value"])
         else:
             timer = row_timer(row)
-            timers.setdefault(timer.key, {})[timer.tag] = timer
-    return {key: KeySnapshot(states.get(key), timers.get(key, {})) for key in distinct}
+            legacy.setdefault(timer.key, {})[timer.tag] = timer
+    timers = {**legacy, **packed}
+    return timers, {key: set(held) for key, held in legacy.items()}
 
 
 def _chunks(items: list[_T]) -> list[list[_T]]:
@@ -906,14 +977,17 @@ def _chunks(items: list[_T]) -> list[list[_T]]:
     return [items[start : start + _KEYS_PER_READ] for start in range(0, len(items), _KEYS_PER_READ)]
 
 
-def _cap_statements(batches: list[list[KeyChanges]]) -> list[list[KeyChanges]]:
-    """Split batches further, between keys, so none exceeds the driver's statement limit."""
+def _cap_statements(
+    batches: list[list[KeyChanges]], legacy_timers: Mapping[str, int]
+) -> list[list[KeyChanges]]:
+    """Split batches further, between keys, so none exceeds the driver's statement limit
+    (a key with ``legacy_timers`` rows to delete makes as many statements more)."""
     capped: list[list[KeyChanges]] = []
     for batch in batches:
         current: list[KeyChanges] = []
         count = 1  # the guard
         for change in batch:
-            rows = row_count(change)
+            rows = row_count(change, legacy_timers.get(change.key, 0))
             if current and count + rows > MAX_BATCH_STATEMENTS:
                 capped.append(current)
                 current, count = [], 1
@@ -923,9 +997,10 @@ def _cap_statements(batches: list[list[KeyChanges]]) -> list[list[KeyChanges]]:
     return capped
 
 
-def _room(batch: list[KeyChanges], deletes: list[bytes]) -> bool:
+def _room(batch: list[KeyChanges], deletes: list[bytes], legacy_timers: Mapping[str, int]) -> bool:
     """Whether a commit batch of ``batch`` can take ``deletes`` production rows besides."""
-    statements = 1 + sum(row_count(change) for change in batch) + len(deletes)
+    rows = sum(row_count(change, legacy_timers.get(change.key, 0)) for change in batch)
+    statements = 1 + rows + len(deletes)
     return statements <= MAX_BATCH_STATEMENTS and len(deletes) <= 1_000
 
 

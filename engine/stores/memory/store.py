@@ -34,7 +34,7 @@ from millstream.engine.errors import FencedError, RetiredIntervalError, UnknownO
 from millstream.engine.layout import IntervalLayout
 from millstream.engine.productions import Production
 from millstream.engine.sequencer import INITIAL_SEQUENCER, Lease
-from millstream.engine.state import UNCHANGED, KeyChanges
+from millstream.engine.state import UNCHANGED, KeyChanges, effective_timers
 from millstream.engine.store import (
     DEFAULT_MAX_BATCH_BYTES,
     NO_FLOOR,
@@ -293,6 +293,7 @@ class MemoryIntervalStore(IntervalStore):
         for number, batch in enumerate(batches):
             self._fault(FaultPoint.BEFORE_COMMIT)
             partition = self._fenced(lease)
+            _check_timers_after(partition, batch)
             deletes = self._acknowledge(partition, delivered)
             write = _Write(
                 lease, partition.last_commit, self._marker(), tuple(batch), dedup_ttl, deletes
@@ -338,6 +339,7 @@ class MemoryIntervalStore(IntervalStore):
                 key,
                 state=partition.states.get(key, UNCHANGED),
                 timers=dict(partition.timers.get(key, {})),
+                timers_after=dict(partition.timers[key]) if key in partition.timers else None,
                 dedup_ids=[i for i, at in partition.dedup.get(key, {}).items() if at > now],
             )
             for key in keys
@@ -482,6 +484,20 @@ class MemoryIntervalStore(IntervalStore):
         actions = self._faults.get(point)
         if actions:
             actions.popleft()()
+
+
+def _check_timers_after(partition: _Partition, batch: Sequence[KeyChanges]) -> None:
+    """Refuse a change whose ``timers_after`` is not what its timers make of the committed
+    ones: a backend that keeps a key's timers in one row (Cassandra) writes that set as it is,
+    so a wrong one would lose or revive timers there."""
+    for change in batch:
+        if change.timers and change.timers_after is not None:
+            expected = effective_timers(partition.timers.get(change.key, {}), change)
+            if change.timers_after != expected:
+                raise ValueError(
+                    f"the timers_after of key {change.key!r} ({sorted(change.timers_after)}) is "
+                    f"not its committed timers with its changes applied ({sorted(expected)})"
+                )
 
 
 def _apply(partition: _Partition, change: KeyChanges, dedup_expires: int) -> None:

@@ -33,7 +33,7 @@ from millstream.engine.protocol import Delivery, IntervalWorker
 from millstream.engine.records import Record, injector_record_id
 from millstream.engine.sequencer import Lease
 from millstream.engine.state import KeyChanges
-from millstream.engine.store import NextTimers, TimerFloor, split_batches
+from millstream.engine.store import KeySnapshot, NextTimers, TimerFloor, split_batches
 from millstream.engine.stores.cassandra import (
     DEFAULT_MAX_BATCH_BYTES,
     CassandraIntervalStore,
@@ -45,6 +45,7 @@ from millstream.engine.stores.cassandra.rows import (
     dedup_item,
     dedup_item_floor,
     dedup_kind,
+    index_row,
     pack_productions,
 )
 from millstream.engine.stores.cassandra.schema import (
@@ -360,7 +361,7 @@ def test_a_fenced_batch_applies_nothing(
     with pytest.raises(FencedError, match=r"sequencer 2, this lease 1"):
         store.commit(zombie, changes, dedup_ttl=TTL)
     assert [row.key for row in rows_of(cassandra, keyspace, "state")] == ["before"]
-    for kind in ("timer", "production"):
+    for kind in ("timers", "timer", "production"):
         assert rows_of(cassandra, keyspace, kind) == []
     assert dedup_rows(cassandra, keyspace) == []
 
@@ -693,6 +694,126 @@ def test_timer_reads_from_the_floor_step_over_the_fired_timers_tombstones(
     assert store.next_timers(lease, floor) == NextTimers(1_000, None)
     assert store.due_timers(lease, 2_000, 0, floor) == [live]
     assert traced.tombstones() == 0
+
+
+def _fire_fresh_tags(store: CassandraIntervalStore, lease: Lease, keys: list[str], n: int) -> None:
+    """As a window's timers tagged by their window: each commit sets a timer of a new tag on
+    every key and fires (deletes) the one before, as the engine commits (with the whole set)."""
+    for number in range(n):
+        changes = []
+        for key in keys:
+            timer = Timer(key, f"w{number}", number)
+            change = KeyChanges(key, timers={timer.tag: timer}, timers_after={timer.tag: timer})
+            if number:
+                fired = Timer(key, f"w{number - 1}", number - 1)
+                change.timers[fired.tag] = None
+                change.previous_timers.append(fired)
+            changes.append(change)
+        store.commit(lease, changes, dedup_ttl=TTL)
+
+
+def test_a_keys_timers_are_one_row_so_its_reads_pass_over_no_fired_timer(
+    make_store: StoreFactory, cassandra: Any, keyspace: str
+) -> None:
+    keys = [f"k{n}" for n in range(5)]
+    store = make_store()
+    lease = store.acquire("c", 0)
+    _fire_fresh_tags(store, lease, keys, 200)
+    # One row a key, overwritten by each commit: not 200 rows a key, 199 of them deleted.
+    assert sorted(row.key for row in rows_of(cassandra, keyspace, "timers")) == keys
+    assert rows_of(cassandra, keyspace, "timer") == []
+
+    traced = Traced(cassandra)
+    other = make_store(session=traced)
+    taken = other.acquire("c", 0)
+    traced.futures.clear()
+    read = other.read_keys(taken, keys)
+    assert {key: list(snapshot.timers) for key, snapshot in read.items()} == {
+        key: ["w199"] for key in keys
+    }
+    assert other.state_keys(taken, 100) == set(keys)
+    assert traced.tombstones() == 0
+    # Rows of a timer each (earlier versions), fired as often: every read of the keys
+    # passes over each one's tombstone, as the reads above did before.
+    delete = cassandra.prepare(
+        f"DELETE FROM {keyspace}.intervals WHERE computation = 'c' AND interval = 1 "
+        "AND kind = 'timer' AND key = ? AND item = ?"
+    )
+    for key in keys:
+        for number in range(200):
+            cassandra.execute(delete, (key, f"w{number}".encode()))
+    legacy = other.acquire("c", 1)
+    traced.futures.clear()
+    assert other.read_keys(legacy, keys) == {key: KeySnapshot() for key in keys}
+    assert traced.tombstones() >= len(keys) * 200
+
+
+def _put_legacy_timer(session: Any, keyspace: str, timer: Timer) -> None:
+    """A timer as earlier versions wrote it: a row of its own, and its index row."""
+    session.execute(
+        f"INSERT INTO {keyspace}.intervals (computation, interval, kind, key, item, "
+        "timer_timestamp, timer_domain, timer_set_by) VALUES ('c', 0, 'timer', %s, %s, %s, %s, %s)",
+        (timer.key, timer.tag.encode(), timer.timestamp, timer.domain.value, timer.set_by),
+    )
+    kind, key, item = index_row(timer)
+    session.execute(
+        f"INSERT INTO {keyspace}.intervals (computation, interval, kind, key, item, "
+        "timer_timestamp, timer_domain, timer_set_by) VALUES ('c', 0, %s, %s, %s, %s, %s, %s)",
+        (kind, key, item, timer.timestamp, timer.domain.value, timer.set_by),
+    )
+
+
+def test_timer_rows_of_an_earlier_version_are_read_and_give_way_to_the_keys_timers_row(
+    make_store: StoreFactory, cassandra: Any, keyspace: str
+) -> None:
+    store = make_store()
+    lease = store.acquire("c", 0)
+    a, b, x = Timer("k", "a", 10), Timer("k", "b", 20), Timer("j", "x", 30, TimeDomain.WALL_TIME)
+    for timer in (a, b, x):
+        _put_legacy_timer(cassandra, keyspace, timer)
+    assert store.read_keys(lease, ["k", "j"]) == {
+        "k": KeySnapshot(None, {"a": a, "b": b}),
+        "j": KeySnapshot(None, {"x": x}),
+    }
+    assert store.state_keys(lease, 10) == {"k", "j"}
+    assert set(store.scan(lease).timers) == {a, b, x}
+
+    # The key's first commit of a timers row holds its whole set and deletes its old rows.
+    c = Timer("k", "c", 15)
+    change = KeyChanges("k", timers={"a": None, "c": c}, previous_timers=[a])
+    change.timers_after = {"b": b, "c": c}
+    store.commit(lease, [change], dedup_ttl=TTL)
+    assert [row.key for row in rows_of(cassandra, keyspace, "timer")] == ["j"]
+    assert store.read_keys(lease, ["k"])["k"].timers == {"b": b, "c": c}
+    assert store.due_timers(lease, 100, 100) == [c, b, x]
+    # A worker taking over reads the same; emptied, the key has no timers (none comes back).
+    other = make_store()
+    taken = other.acquire("c", 0)
+    assert other.read_keys(taken, ["k", "j"]) == {
+        "k": KeySnapshot(None, {"b": b, "c": c}),
+        "j": KeySnapshot(None, {"x": x}),
+    }
+    emptied = KeyChanges("k", timers={"b": None, "c": None}, previous_timers=[b, c])
+    other.commit(taken, [emptied], dedup_ttl=TTL)
+    assert rows_of(cassandra, keyspace, "timers") == []
+    assert make_store().read_keys(taken, ["k"])["k"] == KeySnapshot()
+    assert [(c.key, c.timers_after) for c in other.export("c", 0)] == [("j", {"x": x})]
+
+
+def test_a_commit_without_the_keys_whole_timer_set_reads_it(
+    make_store: StoreFactory, cassandra: Any, keyspace: str
+) -> None:
+    store = make_store()
+    lease = store.acquire("c", 0)
+    a, b = Timer("k", "a", 1), Timer("k", "b", 2)
+    store.commit(lease, [KeyChanges("k", timers={"a": a})], dedup_ttl=TTL)
+    # Another store, which never read the key: it reads the committed set itself.
+    other = make_store()
+    other.commit(lease, [KeyChanges("k", timers={"b": b}, state=b"s")], dedup_ttl=TTL)
+    assert store.read_keys(lease, ["k"])["k"] == KeySnapshot(b"s", {"a": a, "b": b})
+    other.commit(lease, [KeyChanges("k", timers={"a": None})], dedup_ttl=TTL)
+    assert store.read_keys(lease, ["k"])["k"].timers == {"b": b}
+    assert len(rows_of(cassandra, keyspace, "timers")) == 1
 
 
 def test_an_lwt_stops_at_the_partitions_anchor_not_at_the_tombstones_before_its_rows(

@@ -14,6 +14,7 @@ from millstream.engine.stores.memory.store import (
     MemoryIntervalStore,
     UnknownOutcome,
 )
+from millstream.engine.timers import Timer
 
 pytestmark = pytest.mark.unit
 
@@ -193,3 +194,24 @@ def test_clear_faults(store: MemoryIntervalStore) -> None:
 def test_batch_limit_must_be_positive(clock: ManualClock) -> None:
     with pytest.raises(ValueError, match="max_batch_bytes"):
         MemoryIntervalStore(clock, max_batch_bytes=0)
+
+
+def test_a_whole_timer_set_that_disagrees_with_the_committed_timers_is_refused(
+    store: MemoryIntervalStore,
+) -> None:
+    # The Cassandra store writes a key's timers_after as its one timers row: a wrong one
+    # would lose a timer there (or revive a fired one), so the reference store refuses it.
+    lease = store.acquire("c", 0)
+    a, b = Timer("k", "a", 1), Timer("k", "b", 2)
+    store.commit(lease, [KeyChanges("k", timers={"a": a}, timers_after={"a": a})], dedup_ttl=TTL)
+    with pytest.raises(ValueError, match=r"timers_after of key 'k' \(\['b'\]\) is not"):
+        store.commit(
+            lease, [KeyChanges("k", timers={"b": b}, timers_after={"b": b})], dedup_ttl=TTL
+        )
+    assert store.read_keys(lease, ["k"])["k"].timers == {"a": a}
+    store.commit(
+        lease, [KeyChanges("k", timers={"b": b}, timers_after={"a": a, "b": b})], dedup_ttl=TTL
+    )
+    assert store.read_keys(lease, ["k"])["k"].timers == {"a": a, "b": b}
+    exported = store.export("c", 0)
+    assert [(c.key, c.timers_after) for c in exported] == [("k", {"a": a, "b": b})]
