@@ -194,9 +194,10 @@ class IntervalStore(LayoutStore):
 
     def state_keys(self, lease: Lease, limit: int) -> Set[str] | None:
         """Every key of the interval with state or timers, or ``None`` if it holds more than
-        ``limit`` (read no further). What a worker that takes the interval over loads once,
-        so that its batches read no key the interval does not hold: a key new to it has
-        nothing to read. This default knows nothing (``None``): every uncached key is read."""
+        ``limit`` (read no further) or the backend cannot list them cheaply. What a worker
+        that takes the interval over loads once, so that its batches read no key the interval
+        does not hold: a key new to it has nothing to read. This default knows nothing
+        (``None``): every uncached key is read."""
         return None
 
     @abstractmethod

@@ -73,7 +73,9 @@ class StoreStats:
     counts every conditional batch sent by
     :meth:`~millstream.engine.stores.cassandra.store.CassandraIntervalStore.commit` and
     :meth:`~millstream.engine.stores.cassandra.store.CassandraIntervalStore.delete_productions`,
-    applied or not.
+    applied or not. ``unlisted`` counts the intervals whose keys a takeover could not list
+    for the deleted rows among them
+    (:meth:`~millstream.engine.stores.cassandra.store.CassandraIntervalStore.state_keys`).
     """
 
     acquires: int = 0
@@ -81,6 +83,7 @@ class StoreStats:
     batches: int = 0
     statements: int = 0
     largest_batch_bytes: int = 0
+    unlisted: int = 0
 
 
 @dataclass

@@ -36,7 +36,11 @@ Rows a batch touches, and how it reads them (paper 6.1.1: the checkpoint is coal
   and its one ``timers`` row (an earlier version's ``timer`` rows, one a timer, if any).
 * **The interval's keys**, once, by a worker that takes it over (``state_keys``): the ``key``
   of every ``state`` and timers row, a page at a time, until more than the worker's bound
-  (10,000): a key the list lacks is not read.
+  (10,000): a key the list lacks is not read. This read passes over the rows of keys whose
+  state or timers were deleted (tombstones for ``gc_grace_seconds``); where a page meets more
+  than ``tombstone_failure_threshold`` of them the node fails it, and the worker goes without
+  the list (it reads every key it is given, as for more than 10,000 keys) and says so in a
+  warning.
 * **Dedup candidates**: one ``kind IN <live buckets> AND key IN ? AND item > <now>`` query
   per :data:`_KEYS_PER_READ` keys with candidate IDs, all in flight at once; it reads each
   key's live dedup rows, one per commit of the key within the dedup TTL, each holding the
@@ -142,13 +146,14 @@ the delete.
 from __future__ import annotations
 
 import itertools
+import logging
 import random
 import time
 import uuid
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence, Set
 from typing import Any, Final, TypeVar
 
-from cassandra import ConsistencyLevel
+from cassandra import ConsistencyLevel, ReadFailure
 from cassandra.cluster import ResponseFuture
 
 from millstream.engine.clock import Clock
@@ -231,6 +236,10 @@ MAX_BATCH_STATEMENTS: Final = 0xFFFF
 _KEYS_PER_READ = 200
 
 _T = TypeVar("_T")
+_log = logging.getLogger(__name__)
+# A replica's reason for a failed read (RequestFailureReason): it met more tombstones than
+# tombstone_failure_threshold.
+_READ_TOO_MANY_TOMBSTONES = 0x0001
 # Approximate bytes one production delete adds to a batch (row overhead plus a 16-byte ID),
 # so delete batches obey the same byte limit as commits.
 _DELETE_BYTES = 64
@@ -466,13 +475,31 @@ class CassandraIntervalStore(IntervalStore):
 
     def state_keys(self, lease: Lease, limit: int) -> Set[str] | None:
         """The keys of the interval's state and timer rows, a page of rows at a time, until
-        more than ``limit``."""
-        result = self._execute(self._statements.scan_keys, (lease.computation, lease.interval))
+        more than ``limit``; ``None`` too if a page met more deleted rows than the node's
+        ``tombstone_failure_threshold`` (keys whose state or timers were deleted, for
+        ``gc_grace_seconds``): the worker then reads every key it is given, as it does for an
+        interval of more than ``limit`` keys, and the interval's batches go on."""
+        partition = (lease.computation, lease.interval)
         found: set[str] = set()
-        for row in result_rows(result):
-            found.add(row["key"])
-            if len(found) > limit:
-                return None
+        try:
+            for row in result_rows(self._execute(self._statements.scan_keys, partition)):
+                found.add(row["key"])
+                if len(found) > limit:
+                    return None
+        except ReadFailure as exc:
+            if not _too_many_tombstones(exc):
+                raise
+            self.stats.unlisted += 1
+            _log.warning(
+                "the keys of interval %d of %r in %s were not listed: more deleted rows than "
+                "the node's tombstone_failure_threshold lie among them (%s); its batches read "
+                "every key they are given instead",
+                lease.interval,
+                lease.computation,
+                self._name,
+                exc,
+            )
+            return None
         return found
 
     def holds(self, lease: Lease) -> bool:
@@ -836,6 +863,21 @@ class CassandraIntervalStore(IntervalStore):
         return {name: sorted(intervals) for name, intervals in found.items()}
 
     def export(self, computation: str, interval: int) -> list[KeyChanges]:
+        try:
+            return self._export(computation, interval)
+        except ReadFailure as exc:
+            if not _too_many_tombstones(exc):
+                raise
+            raise StoreError(
+                f"interval {interval} of {computation!r} in {self._name} cannot be read whole "
+                "for a split or merge: a read of its rows met more deleted rows (tombstones, "
+                "kept for the table's gc_grace_seconds) than the nodes' "
+                "tombstone_failure_threshold. Raise that threshold on the nodes for the change "
+                "(cassandra.yaml) and finish it again; the change stays journaled until then "
+                f"({exc})"
+            ) from exc
+
+    def _export(self, computation: str, interval: int) -> list[KeyChanges]:
         statements = self._statements
         partition = (computation, interval)
         states, timers, productions = (
@@ -946,6 +988,12 @@ class CassandraIntervalStore(IntervalStore):
     def _rows(futures: list[ResponseFuture]) -> Iterator[dict[str, Any]]:
         for future in futures:
             yield from result_rows(future.result())
+
+
+def _too_many_tombstones(exc: ReadFailure) -> bool:
+    """Whether a replica failed the read for the tombstones it met (native protocol 5 says
+    why; an earlier one does not, and nothing is assumed)."""
+    return _READ_TOO_MANY_TOMBSTONES in (exc.error_code_map or {}).values()
 
 
 def _follows(token: int, lease: Lease) -> bool:

@@ -9,6 +9,7 @@ a client timeout shorter than the LWT.
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
@@ -18,9 +19,10 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from cassandra import OperationTimedOut, Unavailable, WriteTimeout, WriteType
+from cassandra import OperationTimedOut, ReadFailure, Unavailable, WriteTimeout, WriteType
+from cassandra.concurrent import execute_concurrent
 from cassandra.protocol import ErrorMessage
-from cassandra.query import BatchStatement, dict_factory
+from cassandra.query import BatchStatement, BatchType, dict_factory
 
 from millstream.connectors import cassandra as cassandra_connector
 from millstream.engine.clock import ManualClock, SystemClock
@@ -746,6 +748,46 @@ def test_a_keys_timers_are_one_row_so_its_reads_pass_over_no_fired_timer(
     traced.futures.clear()
     assert other.read_keys(legacy, keys) == {key: KeySnapshot() for key in keys}
     assert traced.tombstones() >= len(keys) * 200
+
+
+def test_a_takeover_that_cannot_list_the_keys_for_the_deleted_rows_among_them_reads_every_key(
+    make_store: StoreFactory, cassandra: Any, keyspace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = make_store()
+    lease = store.acquire("c", 0)
+    store.commit(lease, [KeyChanges("live", state=b"s")], dedup_ttl=TTL)
+    # Keys whose state was deleted (a session's end, a state TTL) stay tombstones for 10
+    # days: here more than the node's tombstone_failure_threshold (100,000), before "live".
+    delete = cassandra.prepare(
+        f"DELETE FROM {keyspace}.intervals WHERE computation = 'c' AND interval = 0 "
+        "AND kind = 'state' AND key = ? AND item = 0x"
+    )
+    batches = []
+    for start in range(0, 100_001, 400):
+        batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+        for n in range(start, min(start + 400, 100_001)):
+            batch.add(delete, (f"gone{n:06d}",))
+        batches.append((batch, ()))
+    for success, failure in execute_concurrent(cassandra, batches, concurrency=8):
+        assert success, failure
+    # The read that lists them fails on the node...
+    with pytest.raises(ReadFailure):
+        cassandra.execute(store._statements.scan_keys, ("c", 0))
+
+    # ...so a worker taking over does not list them and reads every key it is given.
+    other = make_store()
+    taken = other.acquire("c", 0)
+    with caplog.at_level(logging.WARNING, logger="millstream.engine.stores.cassandra.store"):
+        assert other.state_keys(taken, 10_000) is None
+    assert other.stats.unlisted == 1
+    assert "tombstone_failure_threshold" in caplog.text
+    assert other.read_keys(taken, ["live", "gone000007"]) == {
+        "live": KeySnapshot(b"s"),
+        "gone000007": KeySnapshot(),
+    }
+    # A split or merge must read every row: it stops, and says what to do.
+    with pytest.raises(StoreError, match="Raise that threshold on the nodes for the change"):
+        other.export("c", 0)
 
 
 def _put_legacy_timer(session: Any, keyspace: str, timer: Timer) -> None:
