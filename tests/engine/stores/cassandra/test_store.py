@@ -720,8 +720,8 @@ def test_a_keys_timers_are_one_row_so_its_reads_pass_over_no_fired_timer(
     keys = [f"k{n}" for n in range(5)]
     store = make_store()
     lease = store.acquire("c", 0)
-    _fire_fresh_tags(store, lease, keys, 200)
-    # One row a key, overwritten by each commit: not 200 rows a key, 199 of them deleted.
+    _fire_fresh_tags(store, lease, keys, 100)
+    # One row a key, overwritten by each commit: not 100 rows a key, 99 of them deleted.
     assert sorted(row.key for row in rows_of(cassandra, keyspace, "timers")) == keys
     assert rows_of(cassandra, keyspace, "timer") == []
 
@@ -731,7 +731,7 @@ def test_a_keys_timers_are_one_row_so_its_reads_pass_over_no_fired_timer(
     traced.futures.clear()
     read = other.read_keys(taken, keys)
     assert {key: list(snapshot.timers) for key, snapshot in read.items()} == {
-        key: ["w199"] for key in keys
+        key: ["w99"] for key in keys
     }
     assert other.state_keys(taken, 100) == set(keys)
     assert traced.tombstones() == 0
@@ -742,12 +742,12 @@ def test_a_keys_timers_are_one_row_so_its_reads_pass_over_no_fired_timer(
         "AND kind = 'timer' AND key = ? AND item = ?"
     )
     for key in keys:
-        for number in range(200):
+        for number in range(100):
             cassandra.execute(delete, (key, f"w{number}".encode()))
     legacy = other.acquire("c", 1)
     traced.futures.clear()
     assert other.read_keys(legacy, keys) == {key: KeySnapshot() for key in keys}
-    assert traced.tombstones() >= len(keys) * 200
+    assert traced.tombstones() >= len(keys) * 100
 
 
 def test_a_takeover_that_cannot_list_the_keys_for_the_deleted_rows_among_them_reads_every_key(
