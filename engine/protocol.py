@@ -444,6 +444,9 @@ class IntervalWorker:
         if soft is None or rescan:
             pending = store.pending_productions(lease)
             soft = _SoftState(lease, self._cache.new_scope(), {p.record_id: p for p in pending})
+            # Where the last owner's reads of the timer index started, as its last commit
+            # kept it: a read from the start passes over every timer fired before.
+            soft.timer_floor = store.kept_timer_floor(lease)
         else:
             soft.lease = lease
         self._soft = soft
@@ -613,16 +616,20 @@ class IntervalWorker:
         returns the committed changes."""
         if to_commit:
             pause_point("executor.commit", self.spec.name)
-        self._commit_resolving(soft.lease, to_commit, soft.delivered)
-        soft.delivered = []
-        result.unknown_outcomes, self._unknown_outcomes = self._unknown_outcomes, 0
-        result.committed_keys = len(to_commit)
+        floor = soft.timer_floor
         if batch.due_read_below is not None:
-            # The due timers this commit deleted leave no entry between the floor and the
+            # The due timers this commit deletes leave no entry between the floor and the
             # read's end: the next reads start past their tombstones.
             deleted = {timer for change in to_commit for timer in change.previous_timers}
             left = [timer for timer in batch.due if timer not in deleted]
-            soft.timer_floor = soft.timer_floor.raised(batch.due_read_below, left)
+            floor = floor.raised(batch.due_read_below, left)
+        # The floor once the commit applied, kept with it for the interval's next owner.
+        floor = floor.lowered(t for c in to_commit for t in c.timers.values() if t is not None)
+        self._commit_resolving(soft.lease, to_commit, soft.delivered, floor)
+        soft.delivered = []
+        result.unknown_outcomes, self._unknown_outcomes = self._unknown_outcomes, 0
+        result.committed_keys = len(to_commit)
+        soft.timer_floor = floor
         self._remember(soft, batch.committed, to_commit)
         return to_commit
 
@@ -744,11 +751,16 @@ class IntervalWorker:
         result.dead_letters.append(dead_letter)
 
     def _commit_resolving(
-        self, lease: Lease, changes: list[KeyChanges], delivered: Sequence[bytes] = ()
+        self,
+        lease: Lease,
+        changes: list[KeyChanges],
+        delivered: Sequence[bytes] = (),
+        timer_floor: TimerFloor | None = None,
     ) -> None:
         """Commit ``changes`` and delete the rows of the ``delivered`` productions; an
         unknown outcome is read back, and what did not apply is committed again (a delete
-        that did not apply leaves rows a later owner resolves)."""
+        that did not apply leaves rows a later owner resolves). ``timer_floor``, the floor
+        once all of them applied, is kept with the last write that applies them."""
         if not changes and delivered:
             self._store.delete_productions(lease, delivered)
         remaining = changes
@@ -756,7 +768,11 @@ class IntervalWorker:
         while remaining:
             try:
                 self._store.commit(
-                    lease, remaining, dedup_ttl=self.spec.options.dedup_ttl, delivered=delivered
+                    lease,
+                    remaining,
+                    dedup_ttl=self.spec.options.dedup_ttl,
+                    delivered=delivered,
+                    timer_floor=timer_floor,
                 )
             except UnknownOutcomeError as outcome:
                 delivered = ()
@@ -814,10 +830,7 @@ class IntervalWorker:
                 soft.ids = None  # loaded again, twice the size, when next asked
         for change in committed:
             if change.timers or change.previous_timers:
-                soft.next_timers = None
-                soft.timer_floor = soft.timer_floor.lowered(
-                    timer for timer in change.timers.values() if timer is not None
-                )
+                soft.next_timers = None  # the floor is lowered to its timers already
             known = before.get(change.key)
             if known is not None and (change.state is not UNCHANGED or change.timers):
                 state = known.state if change.state is UNCHANGED else change.state

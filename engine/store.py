@@ -56,6 +56,7 @@ __all__ = [
     "KeySnapshot",
     "NextTimers",
     "TimerFloor",
+    "kept_floors",
     "split_batches",
 ]
 
@@ -270,6 +271,7 @@ class IntervalStore(LayoutStore):
         *,
         dedup_ttl: int,
         delivered: Collection[bytes] = (),
+        timer_floor: TimerFloor | None = None,
     ) -> None:
         """Apply the changes of several keys, conditionally on the lease.
 
@@ -294,7 +296,22 @@ class IntervalStore(LayoutStore):
         acknowledged productions are cleaned up lazily, in a later commit), else by a write
         of their own, as without ``changes``. A delete that did not apply (a fence, an unknown
         outcome) leaves rows a later owner finds pending and resolves as any others.
+
+        ``timer_floor``: the caller's :class:`TimerFloor` of the interval's timer index once
+        this commit applies. The store keeps it with the commit (lowered to every timer the
+        commit sets) for :meth:`kept_timer_floor`; a commit without one that sets a timer
+        leaves no floor kept, and one that sets none leaves the kept floor as it was (deleting
+        a timer never makes a floor wrong). A commit split in several writes keeps the floor
+        with its last; the ones before that set timers leave none kept.
         """
+
+    def kept_timer_floor(self, lease: Lease) -> TimerFloor:
+        """The timer floor the interval's latest commit kept (:meth:`commit`), or
+        :data:`NO_FLOOR`: where the index reads of an owner that knows nothing of the
+        interval (a worker taking it over) start, past the entries of every timer fired before,
+        which a read from the start would pass over (on Cassandra, tombstones for ten days,
+        enough to fail the read). This default keeps nothing."""
+        return NO_FLOOR
 
     @abstractmethod
     def was_applied(self, lease: Lease, marker: bytes) -> bool:
@@ -348,3 +365,16 @@ def split_batches(changes: Sequence[KeyChanges], max_batch_bytes: int) -> list[l
         batches[-1].append(change)
         size += change_size
     return batches
+
+
+def kept_floors(
+    batches: Sequence[Sequence[KeyChanges]], timer_floor: TimerFloor | None
+) -> list[TimerFloor | None]:
+    """The timer floor each of a commit's ``batches`` keeps, as :meth:`IntervalStore.commit`
+    says (``None``: the floor kept stays as it was): one true after every batch, should the
+    next never apply. ``timer_floor`` is the caller's floor once all of them applied."""
+    sets = [[t for c in batch for t in c.timers.values() if t is not None] for batch in batches]
+    kept: list[TimerFloor | None] = [NO_FLOOR if timers else None for timers in sets]
+    if kept and timer_floor is not None:
+        kept[-1] = timer_floor.lowered(t for timers in sets for t in timers)
+    return kept

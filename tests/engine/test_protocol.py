@@ -869,12 +869,14 @@ def test_the_timer_index_is_read_from_the_first_timer_the_worker_knows_of(
     # After each commit, the first timer is looked for past the due timers the commit
     # deleted: from where the due read ended (0, 25, 28, 31), or from a timer set below.
     assert first_floors == [0, 25, 27, 28, 31]
-    # A worker that lost the interval knows nothing again.
-    workers.worker(spec).process(deliver(make_record("j", b"x:40")), 31)
+    # A worker that lost the interval starts where the last owner's last commit kept the
+    # floor: 31, where its due read ended (the other worker kept it: its timer is above).
+    other = workers.worker(spec).process(deliver(make_record("j", b"x:40")), 31)
+    assert workers.store.kept_timer_floor(other.lease) == TimerFloor(31, 2**63 - 1)
     result = worker.process(deliver(make_record("k", b"y:2000")), 41)
     assert result.rescanned
     assert [t.tag for t in result.fired_timers] == ["x"]
-    assert floors[-1] is None
+    assert floors[-1] == 31
 
 
 def test_wall_timers_fire_when_the_clock_reaches_them(

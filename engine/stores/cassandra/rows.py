@@ -17,6 +17,7 @@ from millstream.engine.productions import CommitTag, Production
 from millstream.engine.records import RECORD_ID_BYTES, decode_record
 from millstream.engine.sequencer import Lease
 from millstream.engine.state import UNCHANGED, KeyChanges
+from millstream.engine.store import NO_FLOOR, TimerFloor
 from millstream.engine.stores.cassandra.schema import (
     DEDUP_BUCKET_PREFIX,
     LEGACY_TIMER_KIND,
@@ -46,6 +47,7 @@ __all__ = [
     "one_row_or_none",
     "pack_dedup_ids",
     "pack_productions",
+    "pack_timer_floor",
     "pack_timers",
     "production_row_tag",
     "production_slot",
@@ -55,6 +57,7 @@ __all__ = [
     "row_timer",
     "timers_count",
     "unpack_productions",
+    "unpack_timer_floor",
     "unpack_timers",
 ]
 
@@ -146,6 +149,29 @@ def row_timer(row: dict[str, Any]) -> Timer:
         domain=TimeDomain(row["timer_domain"]),
         set_by=row["timer_set_by"] or b"",
     )
+
+
+# A timer floor: per domain (event time, then wall time), whether it is known, and where.
+_FLOOR = struct.Struct(">?q?q")
+
+
+def pack_timer_floor(floor: TimerFloor) -> bytes:
+    """``floor`` as the ``value`` of the interval's ``TIMER_FLOOR_KIND`` row."""
+    event_time, wall_time = floor.event_time, floor.wall_time
+    return _FLOOR.pack(
+        event_time is not None, event_time or 0, wall_time is not None, wall_time or 0
+    )
+
+
+def unpack_timer_floor(packed: bytes | None) -> TimerFloor:
+    """The floor a ``TIMER_FLOOR_KIND`` row's ``value`` holds (``None``, no row: none)."""
+    if packed is None:
+        return NO_FLOOR
+    try:
+        event_known, event_time, wall_known, wall_time = _FLOOR.unpack(packed)
+    except struct.error as exc:
+        raise StoreError(f"the interval's timer floor row is corrupt: {exc}") from exc
+    return TimerFloor(event_time if event_known else None, wall_time if wall_known else None)
 
 
 def pack_timers(timers: Collection[Timer]) -> bytes:

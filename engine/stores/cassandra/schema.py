@@ -25,6 +25,7 @@ __all__ = [
     "LEGACY_DEDUP_KIND",
     "LEGACY_TIMER_KIND",
     "TIMERS_KIND",
+    "TIMER_FLOOR_KIND",
     "Statements",
     "check_identifier",
     "create_schema",
@@ -70,6 +71,14 @@ LEGACY_TIMER_KIND = "timer"
 """The ``kind`` of earlier versions' timer rows, one per key and tag (``item`` the tag): read
 beside :data:`TIMERS_KIND` (which, where a key has one, holds the key's timers) and deleted by
 the key's next commit that changes its timers."""
+TIMER_FLOOR_KIND = "timer_floor"
+"""The ``kind`` of the interval's one row (``key`` ``''``, ``item`` empty) holding the timer
+floor its latest commit kept (``value``:
+:func:`~millstream.engine.stores.cassandra.rows.pack_timer_floor`), overwritten, never
+deleted: where a worker taking the interval over starts its reads of the timer index. From
+the start they passed over the index rows of every timer fired in ``gc_grace_seconds`` (ten
+days), a tombstone each; 100,000 of them (a hundred keys with a timer a minute, for 17 hours)
+fail the read, and with it every batch of the interval after a takeover."""
 FENCES_TABLE = "millstream_fences"
 """The keyspace's table of fenced operations: per interval table, computation and key
 interval, how many operations of a worker holding an old lease the store refused (a zombie
@@ -200,6 +209,13 @@ class Statements:
         columns = "computation, interval, kind, key, item"
         self.put_state = self._prepare(
             f"INSERT INTO {name} ({columns}, value) VALUES (?, ?, 'state', ?, 0x, ?)"
+        )
+        self.put_timer_floor = self._prepare(
+            f"INSERT INTO {name} ({columns}, value) VALUES (?, ?, '{TIMER_FLOOR_KIND}', '', 0x, ?)"
+        )
+        self.read_timer_floor = self._prepare(
+            f"SELECT value FROM {name} {where} AND kind = '{TIMER_FLOOR_KIND}' AND key = '' "
+            "AND item = 0x"
         )
         self.put_timers = self._prepare(
             f"INSERT INTO {name} ({columns}, value) VALUES (?, ?, '{TIMERS_KIND}', ?, 0x, ?)"

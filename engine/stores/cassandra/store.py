@@ -6,7 +6,8 @@ The mapping is the one :mod:`millstream.engine.store` describes, on one table::
         computation     text,
         interval        int,
         kind            text,    -- 'state' | 'timers' | 'timer_event' | 'timer_wall'
-                                 -- | 'dedup@<bucket end>' | 'production' | '' (the anchor)
+                                 -- | 'timer_floor' | 'dedup@<bucket end>' | 'production'
+                                 -- | '' (the anchor)
                                  -- | 'dedup', 'timer' (rows of earlier versions)
         key             text,    -- the key; the timestamp in the timer index; '' for
                                  -- productions
@@ -66,9 +67,10 @@ Rows a batch touches, and how it reads them (paper 6.1.1: the checkpoint is coal
   ``timer_wall`` whose ``key`` is its timestamp as a fixed-width decimal (so text order is
   time order); the due ones are the range ``key < <watermark>``, the next one the first row.
   An index row is written and deleted in the same conditional batch as its key's timers
-  row. Both
-  reads start at the owner's :class:`~millstream.engine.store.TimerFloor`, past the fired
-  timers' index rows, which stay as tombstones for ``gc_grace_seconds``.
+  row. Both reads start at the owner's :class:`~millstream.engine.store.TimerFloor`, past the
+  fired timers' index rows, which stay as tombstones for ``gc_grace_seconds``; each commit
+  keeps its floor in the interval's ``timer_floor`` row, where a worker taking the interval
+  over starts (``kept_timer_floor``, one read by the row's key).
 * **Pending productions**: one row per commit batch holds all its productions (``record``:
   per production a 2-byte stream length, the stream, a 4-byte record length, the record
   envelope), deleted once all of them were acknowledged; only a worker taking the interval
@@ -170,6 +172,7 @@ from millstream.engine.store import (
     KeySnapshot,
     NextTimers,
     TimerFloor,
+    kept_floors,
     split_batches,
 )
 from millstream.engine.stores.cassandra.chain import (
@@ -195,6 +198,7 @@ from millstream.engine.stores.cassandra.rows import (
     one_row,
     one_row_or_none,
     pack_productions,
+    pack_timer_floor,
     production_row_tag,
     production_slot,
     production_tag_value,
@@ -202,6 +206,7 @@ from millstream.engine.stores.cassandra.rows import (
     row_count,
     row_timer,
     unpack_productions,
+    unpack_timer_floor,
     unpack_timers,
 )
 from millstream.engine.stores.cassandra.schema import (
@@ -209,6 +214,7 @@ from millstream.engine.stores.cassandra.schema import (
     DEFAULT_TABLE,
     LEGACY_DEDUP_KIND,
     LEGACY_TIMER_KIND,
+    TIMER_FLOOR_KIND,
     TIMERS_KIND,
     Statements,
     check_identifier,
@@ -253,6 +259,7 @@ _DATA_KINDS = (
     LEGACY_TIMER_KIND,
     "timer_event",
     "timer_wall",
+    TIMER_FLOOR_KIND,
     LEGACY_DEDUP_KIND,
     "production",
 )
@@ -680,6 +687,7 @@ class CassandraIntervalStore(IntervalStore):
         *,
         dedup_ttl: int,
         delivered: Collection[bytes] = (),
+        timer_floor: TimerFloor | None = None,
     ) -> None:
         keys = [change.key for change in changes]
         if len(set(keys)) != len(keys):
@@ -689,18 +697,19 @@ class CassandraIntervalStore(IntervalStore):
             # A key's IDs are one row, but their limit stays what it was with a row each (a
             # pack of 1 MiB at most, far below Cassandra's largest mutation).
             count = max(row_count(change), len(set(change.dedup_ids)))
-            if count + 1 > MAX_BATCH_STATEMENTS:
+            if count + 2 > MAX_BATCH_STATEMENTS:
                 raise ValueError(
                     f"key {change.key!r} carries {count} row changes or record IDs, more than "
-                    f"one Cassandra batch can hold ({MAX_BATCH_STATEMENTS - 1} besides its "
-                    "guard) and one "
-                    "key's changes are never split; give this key fewer records per batch"
+                    f"one Cassandra batch can hold ({MAX_BATCH_STATEMENTS - 2} besides its "
+                    "guard and timer floor) and one key's changes are never split; give this "
+                    "key fewer records per batch"
                 )
         partition = (lease.computation, lease.interval)
         timers = self._timers_after(lease, changes)
         legacy = self._legacy_timers.get(partition, {})
         legacy_rows = {c.key: len(legacy.get(c.key, ())) for c in changes if c.timers}
         batches = _cap_statements(split_batches(changes, self.max_batch_bytes), legacy_rows)
+        floors = kept_floors(batches, timer_floor)
         done = self._acknowledge(partition, delivered) if delivered else []
         # The rows of delivered productions go in the commit's one batch when it has room (a
         # commit split in several batches is large enough not to miss a write of its own).
@@ -747,6 +756,10 @@ class CassandraIntervalStore(IntervalStore):
                 }
             delete = self._statements.delete_row
             rows += [(delete, (*partition, "production", "", item)) for item in folded]
+            if (floor := floors[number]) is not None:
+                rows.append(
+                    (self._statements.put_timer_floor, (*partition, pack_timer_floor(floor)))
+                )
             self._chains.write(
                 lease,
                 rows,
@@ -784,6 +797,12 @@ class CassandraIntervalStore(IntervalStore):
         rows, deleted = self._production_rows.setdefault(partition, {}), set(done)
         free = (production_slot(n) for n in itertools.count())
         return (slot for slot in free if slot not in rows and slot not in deleted)
+
+    def kept_timer_floor(self, lease: Lease) -> TimerFloor:
+        """One read of the interval's ``TIMER_FLOOR_KIND`` row, by its whole key."""
+        read = self._statements.read_timer_floor
+        row = one_row_or_none(self._execute(read, (lease.computation, lease.interval)))
+        return unpack_timer_floor(None if row is None else row["value"])
 
     def was_applied(self, lease: Lease, marker: bytes) -> bool:
         """Resolve an unknown outcome, linearizably and for good
@@ -1033,12 +1052,12 @@ def _cap_statements(
     capped: list[list[KeyChanges]] = []
     for batch in batches:
         current: list[KeyChanges] = []
-        count = 1  # the guard
+        count = 2  # the guard, and the timer floor a batch may keep
         for change in batch:
             rows = row_count(change, legacy_timers.get(change.key, 0))
             if current and count + rows > MAX_BATCH_STATEMENTS:
                 capped.append(current)
-                current, count = [], 1
+                current, count = [], 2
             current.append(change)
             count += rows
         capped.append(current)
@@ -1048,7 +1067,7 @@ def _cap_statements(
 def _room(batch: list[KeyChanges], deletes: list[bytes], legacy_timers: Mapping[str, int]) -> bool:
     """Whether a commit batch of ``batch`` can take ``deletes`` production rows besides."""
     rows = sum(row_count(change, legacy_timers.get(change.key, 0)) for change in batch)
-    statements = 1 + rows + len(deletes)
+    statements = 2 + rows + len(deletes)  # the guard and the timer floor besides
     return statements <= MAX_BATCH_STATEMENTS and len(deletes) <= 1_000
 
 

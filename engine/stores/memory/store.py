@@ -43,6 +43,7 @@ from millstream.engine.store import (
     KeySnapshot,
     NextTimers,
     TimerFloor,
+    kept_floors,
     split_batches,
 )
 from millstream.engine.timers import TimeDomain, Timer, due_timers
@@ -113,6 +114,7 @@ class _Write:
     changes: tuple[KeyChanges, ...]
     dedup_ttl: int
     deletes: tuple[bytes, ...] = ()  # production rows (their markers) deleted with it
+    floor: TimerFloor | None = None  # the timer floor it keeps (None: leaves it as it was)
 
 
 @dataclass
@@ -133,6 +135,7 @@ class _Partition:
     # Like the Cassandra rows: one per commit batch, by its marker; and the time index.
     productions: dict[bytes, _ProductionRow] = field(default_factory=dict)
     index: dict[tuple[TimeDomain, int, str, str], Timer] = field(default_factory=dict)
+    timer_floor: TimerFloor = NO_FLOOR  # as the latest commit kept it
     retired: bool = False
 
     def pending(self) -> list[Production]:
@@ -281,11 +284,13 @@ class MemoryIntervalStore(IntervalStore):
         *,
         dedup_ttl: int,
         delivered: Collection[bytes] = (),
+        timer_floor: TimerFloor | None = None,
     ) -> None:
         keys = [change.key for change in changes]
         if len(set(keys)) != len(keys):
             raise ValueError("each key may appear once per commit: merge its changes first")
         batches = split_batches(changes, self.max_batch_bytes)
+        floors = kept_floors(batches, timer_floor)
         if delivered and len(batches) != 1:
             # As on Cassandra: a commit of several batches (or none) deletes on its own.
             self.delete_productions(lease, delivered)
@@ -296,7 +301,13 @@ class MemoryIntervalStore(IntervalStore):
             _check_timers_after(partition, batch)
             deletes = self._acknowledge(partition, delivered)
             write = _Write(
-                lease, partition.last_commit, self._marker(), tuple(batch), dedup_ttl, deletes
+                lease,
+                partition.last_commit,
+                self._marker(),
+                tuple(batch),
+                dedup_ttl,
+                deletes,
+                floors[number],
             )
             outcome = self._unknown_outcomes.popleft() if self._unknown_outcomes else None
             if outcome is None or outcome is UnknownOutcome.APPLIED:
@@ -313,6 +324,10 @@ class MemoryIntervalStore(IntervalStore):
                     unattempted_keys=tuple(c.key for later in batches[number + 1 :] for c in later),
                 )
             self._fault(FaultPoint.AFTER_COMMIT)
+
+    def kept_timer_floor(self, lease: Lease) -> TimerFloor:
+        self._fault(FaultPoint.BEFORE_READ)
+        return self._partition(lease.computation, lease.interval).timer_floor
 
     def was_applied(self, lease: Lease, marker: bytes) -> bool:
         partition = self._fenced(lease)
@@ -450,6 +465,8 @@ class MemoryIntervalStore(IntervalStore):
             _apply(partition, change, expires)
         for marker in write.deletes:
             partition.productions.pop(marker, None)
+        if write.floor is not None:
+            partition.timer_floor = write.floor
         productions = {p.record_id: p for c in write.changes for p in c.productions}
         if productions:
             partition.productions[write.marker] = _ProductionRow(productions)

@@ -10,6 +10,7 @@ import pytest
 from millstream.engine.errors import StoreError
 from millstream.engine.sequencer import Lease
 from millstream.engine.state import KeyChanges
+from millstream.engine.store import NO_FLOOR, TimerFloor
 from millstream.engine.stores.cassandra.rows import (
     change_rows,
     dedup_bucket_end,
@@ -19,8 +20,10 @@ from millstream.engine.stores.cassandra.rows import (
     dedup_kinds_after,
     dedup_row_ids,
     pack_dedup_ids,
+    pack_timer_floor,
     pack_timers,
     timers_count,
+    unpack_timer_floor,
     unpack_timers,
 )
 from millstream.engine.stores.cassandra.schema import DEDUP_BUCKET_PREFIX, DEDUP_BUCKETS_END
@@ -116,3 +119,11 @@ def test_a_commit_writes_a_keys_whole_timer_set_in_one_row_and_deletes_it_once_e
     assert _rows(KeyChanges("k", state=b"s"), None) != []
     with pytest.raises(ValueError, match="whole set is unknown"):
         _rows(change, None)
+
+
+def test_a_timer_floor_packs_and_unpacks_as_it_was_and_no_row_is_no_floor() -> None:
+    for floor in (NO_FLOOR, TimerFloor(0, None), TimerFloor(None, -5), TimerFloor(2**63 - 1, 7)):
+        assert unpack_timer_floor(pack_timer_floor(floor)) == floor
+    assert unpack_timer_floor(None) == NO_FLOOR
+    with pytest.raises(StoreError, match="timer floor row is corrupt"):
+        unpack_timer_floor(pack_timer_floor(NO_FLOOR)[:-1])

@@ -35,7 +35,7 @@ from millstream.engine.protocol import Delivery, IntervalWorker
 from millstream.engine.records import Record, injector_record_id
 from millstream.engine.sequencer import Lease
 from millstream.engine.state import KeyChanges
-from millstream.engine.store import KeySnapshot, NextTimers, TimerFloor, split_batches
+from millstream.engine.store import NO_FLOOR, KeySnapshot, NextTimers, TimerFloor, split_batches
 from millstream.engine.stores.cassandra import (
     DEFAULT_MAX_BATCH_BYTES,
     CassandraIntervalStore,
@@ -223,6 +223,19 @@ def rows_of(session: Any, keyspace: str, kind: str) -> list[Any]:
             f"SELECT * FROM {keyspace}.intervals WHERE kind = %s ALLOW FILTERING", (kind,)
         )
     )
+
+
+def delete_many(session: Any, delete: Any, rows: list[tuple[Any, ...]]) -> None:
+    """Run the prepared ``delete`` for each of ``rows`` (rows of one partition), in unlogged
+    batches of 400 sent 8 at a time: tombstones by the hundred thousand in a few seconds."""
+    batches = []
+    for start in range(0, len(rows), 400):
+        batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+        for values in rows[start : start + 400]:
+            batch.add(delete, values)
+        batches.append((batch, ()))
+    for success, failure in execute_concurrent(session, batches, concurrency=8):
+        assert success, failure
 
 
 def dedup_rows(session: Any, keyspace: str) -> list[Any]:
@@ -762,14 +775,7 @@ def test_a_takeover_that_cannot_list_the_keys_for_the_deleted_rows_among_them_re
         f"DELETE FROM {keyspace}.intervals WHERE computation = 'c' AND interval = 0 "
         "AND kind = 'state' AND key = ? AND item = 0x"
     )
-    batches = []
-    for start in range(0, 100_001, 400):
-        batch = BatchStatement(batch_type=BatchType.UNLOGGED)
-        for n in range(start, min(start + 400, 100_001)):
-            batch.add(delete, (f"gone{n:06d}",))
-        batches.append((batch, ()))
-    for success, failure in execute_concurrent(cassandra, batches, concurrency=8):
-        assert success, failure
+    delete_many(cassandra, delete, [(f"gone{n:06d}",) for n in range(100_001)])
     # The read that lists them fails on the node...
     with pytest.raises(ReadFailure):
         cassandra.execute(store._statements.scan_keys, ("c", 0))
@@ -1355,3 +1361,82 @@ def test_the_per_key_protocol_is_exactly_once_on_cassandra(make_store: StoreFact
     assert (store.read_state(lease, "a"), store.read_state(lease, "b")) == (b"2", b"1")
     assert sorted(p.record.value for p in sink.delivered()) == [b"1", b"1", b"2"]
     assert store.scan(lease).productions == ()
+
+
+def test_a_takeover_reads_the_timer_index_from_the_floor_the_last_commit_kept(
+    make_store: StoreFactory, cassandra: Any, keyspace: str
+) -> None:
+    store = make_store()
+    lease = store.acquire("c", 0)
+    # The index rows of 100,001 timers fired before: tombstones for 10 days, more than the
+    # node's tombstone_failure_threshold, in front of the one live timer.
+    delete = cassandra.prepare(
+        f"DELETE FROM {keyspace}.intervals WHERE computation = 'c' AND interval = 0 "
+        "AND kind = ? AND key = ? AND item = ?"
+    )
+    delete_many(cassandra, delete, [index_row(Timer(f"k{n}", "t", n)) for n in range(100_001)])
+    live = Timer("k", "t", 200_000)
+    kept = TimerFloor(150_000, None)
+    store.commit(lease, [KeyChanges("k", timers={"t": live})], dedup_ttl=TTL, timer_floor=kept)
+    # Read from the start, the index fails on the node...
+    with pytest.raises(ReadFailure):
+        store.next_timers(lease)
+
+    # ...and a worker taking over starts where the last commit kept the floor.
+    other = make_store()
+    taken = other.acquire("c", 0)
+    assert other.kept_timer_floor(taken) == kept
+    assert other.next_timers(taken, kept) == NextTimers(200_000, None)
+    assert other.due_timers(taken, 250_000, 0, kept) == [live]
+    # A commit that sets a timer below the floor, and keeps none of its own, keeps none.
+    below = Timer("j", "t", 100)
+    other.commit(taken, [KeyChanges("j", timers={"t": below})], dedup_ttl=TTL)
+    assert make_store().kept_timer_floor(taken) == NO_FLOOR
+    assert [row.kind for row in rows_of(cassandra, keyspace, "timer_floor")] == ["timer_floor"]
+
+
+def test_a_worker_taking_an_interval_over_passes_over_none_of_the_fired_timers(
+    make_store: StoreFactory, cassandra: Any
+) -> None:
+    clock = ManualClock(1_000_000)
+    spec = ComputationSpec(
+        "windows",
+        WindowTimers(),
+        (InputStream("in"),),
+        ("out",),
+        ComputationOptions(key_intervals=1),
+    )
+    sink = TestingSink()
+    first = IntervalWorker(spec, 0, store=make_store(clock=clock), sink=sink, clock=clock)
+    # 300 windows of 20 keys, each closed by its timer as the watermark passes it.
+    for window in range(1, 16):
+        records = [
+            Delivery(f"k{n}", Record(f"k{n}", b"", window * 100, rid(window * 100 + n)))
+            for n in range(20)
+        ]
+        first.process(records, window * 100)
+    assert len(sink.delivered()) == 14 * 20
+    traced = Traced(cassandra)
+    taking = IntervalWorker(
+        spec, 0, store=make_store(session=traced, clock=clock), sink=sink, clock=clock
+    )
+    traced.futures.clear()
+    result = taking.process([], 1_600)
+    assert sorted(t.key for t in result.fired_timers) == sorted(f"k{n}" for n in range(20))
+    assert result.rescanned
+    # At most the production slots' (two, above), none of the 280 fired timers' index entries,
+    # which a read from the start of the index passes over.
+    assert traced.tombstones() <= 2
+    make_store(session=traced).due_timers(result.lease, 1_600, 0)
+    assert traced.tombstones() >= 280
+
+
+class WindowTimers(Computation):
+    """Sets a timer at the end of each record's window (tagged by it) and produces when it
+    fires: a fresh index entry a window, a tombstone once fired."""
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.set_timer(f"w{record.timestamp}", record.timestamp + 99)
+
+    def process_timer(self, ctx: Context, timer: Timer) -> None:
+        ctx.produce("out", timer.tag.encode(), timer.timestamp)

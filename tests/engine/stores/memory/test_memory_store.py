@@ -7,6 +7,7 @@ from millstream.engine.errors import FencedError, UnknownOutcomeError
 from millstream.engine.productions import Production
 from millstream.engine.records import Record, injector_record_id
 from millstream.engine.state import KeyChanges
+from millstream.engine.store import NO_FLOOR, TimerFloor
 from millstream.engine.stores.memory.store import (
     LATE_ROUNDS,
     FaultPoint,
@@ -215,3 +216,30 @@ def test_a_whole_timer_set_that_disagrees_with_the_committed_timers_is_refused(
     assert store.read_keys(lease, ["k"])["k"].timers == {"a": a, "b": b}
     exported = store.export("c", 0)
     assert [(c.key, c.timers_after) for c in exported] == [("k", {"a": a, "b": b})]
+
+
+def test_a_commit_keeps_the_timer_floor_and_one_cut_short_keeps_none_its_timers_would_break(
+    clock: ManualClock,
+) -> None:
+    store = MemoryIntervalStore(clock, max_batch_bytes=1)  # a batch a key
+    lease = store.acquire("c", 0)
+    assert store.kept_timer_floor(lease) == NO_FLOOR
+    store.commit(lease, [change("a")], dedup_ttl=TTL, timer_floor=TimerFloor(40, None))
+    assert store.kept_timer_floor(lease) == TimerFloor(40, None)
+    store.commit(lease, [change("b")], dedup_ttl=TTL)  # sets no timer: the floor holds
+    assert store.kept_timer_floor(lease) == TimerFloor(40, None)
+    # A timer below it, in the first of two batches, and a crash before the second: the
+    # floor the second would have kept (lowered to 30) never lands, and 40 would hide it.
+    early = KeyChanges("c", timers={"t": Timer("c", "t", 30)})
+    store.inject(FaultPoint.BEFORE_COMMIT, lambda: None)
+    store.inject(FaultPoint.BEFORE_COMMIT, _crash_now)
+    with pytest.raises(InjectedCrash):
+        store.commit(lease, [early, change("d")], dedup_ttl=TTL, timer_floor=TimerFloor(40, None))
+    assert store.kept_timer_floor(lease) == NO_FLOOR
+    store.commit(lease, [change("d")], dedup_ttl=TTL, timer_floor=TimerFloor(30, None))
+    assert store.kept_timer_floor(lease) == TimerFloor(30, None)
+    assert store.due_timers(lease, 31, 0, store.kept_timer_floor(lease)) == [Timer("c", "t", 30)]
+
+
+def _crash_now() -> None:
+    raise InjectedCrash("crash between the commit's batches")
