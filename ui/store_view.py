@@ -4,25 +4,29 @@ from __future__ import annotations
 
 import datetime
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
-from cassandra import ConsistencyLevel, InvalidRequest
+from cassandra import ConsistencyLevel, InvalidRequest, ReadFailure
 
 from millstream.engine.errors import StoreError
 from millstream.engine.layout import IntervalLayout, LayoutChange
+from millstream.engine.stores.cassandra.chain import is_too_many_tombstones
 from millstream.engine.stores.cassandra.rows import (
     TIMER_INDEX,
     TIMESTAMP_OFFSET,
     dedup_kinds_after,
+    index_time,
     result_rows,
     timers_count,
+    unpack_timer_floor,
 )
 from millstream.engine.stores.cassandra.schema import (
     DEDUP_BUCKETS_END,
     FENCES_TABLE,
     LEGACY_DEDUP_KIND,
     LEGACY_TIMER_KIND,
+    TIMER_FLOOR_KIND,
     TIMERS_KIND,
     check_identifier,
 )
@@ -80,14 +84,16 @@ def interval_overview(
     acquired or once ``retired``, split or merged away), how many state keys, timers,
     pending production rows (one per commit batch, not per record) and dedup rows (one per
     key and commit within the dedup TTL, each holding the record IDs that commit processed)
-    it holds,
+    it holds (``None`` where the read of them met more deleted rows than the node's
+    ``tombstone_failure_threshold``: keys whose state was deleted in ``gc_grace_seconds``),
     how many operations the store refused to workers holding an old lease of it
     (``fenced``: zombies fenced, from the keyspace's
     :data:`~millstream.engine.stores.cassandra.schema.FENCES_TABLE`; ``None`` where the
     keyspace has no such table, made by an older millstream),
     and the timestamps (µs) of its next event-time and wall-time timers, the first rows of
-    the time-ordered timer indexes, whose ``key`` is the timestamp plus ``2**63`` as a
-    20-digit decimal. Dedup rows are counted in the buckets of expiry times that end after
+    the time-ordered timer indexes from the floor the interval's latest commit kept (past
+    the fired timers' entries), whose ``key`` is the timestamp plus ``2**63`` as a 20-digit
+    decimal. Dedup rows are counted in the buckets of expiry times that end after
     ``now`` (µs; the wall clock by default, the clock the workers' stores run on in a
     deployment), the only ones a read passes over no expired rows to reach, and may include
     a few that expired within the earliest bucket.
@@ -176,7 +182,16 @@ class _Reads:
         self._list_timers = self._prepare(
             f"SELECT value FROM {name} {where} AND kind = '{TIMERS_KIND}' LIMIT ?"
         )
-        self._first_key = self._prepare(f"SELECT key FROM {name} {where} AND kind = ? LIMIT 1")
+        # From the floor the interval's latest commit kept: from the start, the read passes
+        # over the index entry of every timer fired in gc_grace_seconds (and fails past
+        # tombstone_failure_threshold of them).
+        self._first_key = self._prepare(
+            f"SELECT key FROM {name} {where} AND kind = ? AND key >= ? LIMIT 1"
+        )
+        self._read_floor = self._prepare(
+            f"SELECT value FROM {name} {where} AND kind = '{TIMER_FLOOR_KIND}' AND key = '' "
+            "AND item = 0x"
+        )
         try:
             self._read_fences: Any = self._prepare(
                 f"SELECT interval, refused FROM {name.split('.')[0]}.{FENCES_TABLE} "
@@ -232,11 +247,18 @@ class _Reads:
             interval: send(self._list_timers, (computation, interval, max_rows + 1))
             for interval in interval_ids
         }
-        firsts = {
-            (interval, domain): send(self._first_key, (computation, interval, index))
-            for interval in interval_ids
-            for domain, index in TIMER_INDEX.items()
+        floors = {
+            interval: send(self._read_floor, (computation, interval)) for interval in interval_ids
         }
+        firsts = {}
+        for interval in interval_ids:
+            row = next(result_rows(floors[interval].result()), None)
+            floor = unpack_timer_floor(None if row is None else row["value"])
+            for domain, index in TIMER_INDEX.items():
+                start = index_time(-TIMESTAMP_OFFSET if (at := floor.of(domain)) is None else at)
+                firsts[interval, domain] = send(
+                    self._first_key, (computation, interval, index, start)
+                )
         entries: list[dict[str, Any]] = []
         for interval in interval_ids:
             sequencer = sequencers.get(interval)
@@ -250,15 +272,15 @@ class _Reads:
             more = False
             for field in _COUNTED_KINDS:
                 # Counted as they come, never made into dicts: this is most of the rows read.
-                found = _count(counts[interval, field].result(), max_rows + 1)
+                found = _readable(counts[interval, field], lambda rows: _count(rows, max_rows + 1))
                 if field == "dedup_rows":
-                    found += _count(dedup[interval].result(), max_rows + 1)
-                elif field == "timers":
-                    found += sum(
-                        timers_count(row["value"]) for row in result_rows(timers[interval].result())
+                    found = _sum(
+                        found, _readable(dedup[interval], lambda rows: _count(rows, max_rows + 1))
                     )
-                entry[field] = min(found, max_rows)
-                more = more or found > max_rows
+                elif field == "timers":
+                    found = _sum(found, _readable(timers[interval], _timers_held))
+                entry[field] = None if found is None else min(found, max_rows)
+                more = more or (found or 0) > max_rows
             for field, domain in (
                 ("next_event_timer", TimeDomain.EVENT_TIME),
                 ("next_wall_timer", TimeDomain.WALL_TIME),
@@ -279,6 +301,27 @@ class _Reads:
             ) from exc
         statement.consistency_level = ConsistencyLevel.QUORUM
         return statement
+
+
+def _readable(future: Any, read: Callable[[Any], int]) -> int | None:
+    """``read`` of the rows of ``future``; ``None`` if a replica failed the read for the
+    tombstones it met (rows deleted within ``gc_grace_seconds``, more than its
+    ``tombstone_failure_threshold``): the view shows that count as unknown, and the rest."""
+    try:
+        return read(future.result())
+    except ReadFailure as exc:
+        if not is_too_many_tombstones(exc):
+            raise
+        return None
+
+
+def _sum(first: int | None, second: int | None) -> int | None:
+    return None if first is None or second is None else first + second
+
+
+def _timers_held(rows: Iterable[Any]) -> int:
+    """The timers the keys' timers rows among ``rows`` hold."""
+    return sum(timers_count(row["value"]) for row in result_rows(rows))
 
 
 def _count(rows: Iterable[Any], limit: int) -> int:

@@ -21,11 +21,13 @@ from millstream.engine.rebalance import finish_change
 from millstream.engine.records import Record
 from millstream.engine.sequencer import Lease
 from millstream.engine.state import KeyChanges
+from millstream.engine.store import TimerFloor
 from millstream.engine.stores.cassandra import CassandraIntervalStore, create_schema
 from millstream.engine.stores.cassandra.schema import FENCES_TABLE
 from millstream.engine.timers import TimeDomain, Timer
 from millstream.ui.server import StoreReader
 from millstream.ui.store_view import IntervalReads, interval_overview
+from tests.tombstones import delete_index_entries, delete_states
 
 pytestmark = pytest.mark.integration
 
@@ -309,3 +311,29 @@ def test_pages_asking_within_the_fresh_time_share_one_read(
         assert (again["read_at"], again["intervals"][0]["sequencer"]) == (10_000_000, 1)
     finally:
         reader.close()
+
+
+def test_timers_are_read_from_the_kept_floor_and_a_count_past_too_many_tombstones_is_unknown(
+    keyspace: str, store: CassandraIntervalStore, cassandra: Any
+) -> None:
+    lease = store.acquire("fired", 0)
+    # The index entries of timers fired before, more than a read may pass over.
+    delete_index_entries(cassandra, f"{keyspace}.{TABLE}", "fired")
+    live = Timer("k", "t", 500_000)
+    store.commit(
+        lease,
+        [KeyChanges("k", timers={"t": live})],
+        dedup_ttl=TTL,
+        timer_floor=TimerFloor(400_000, None),
+    )
+    # And keys whose state was deleted, as many: that count is unknown, the rest are read.
+    delete_states(cassandra, f"{keyspace}.{TABLE}", "fired")
+    (entry,) = interval_overview(cassandra, keyspace, TABLE, "fired", now=1)["intervals"]
+    assert entry == {
+        **EMPTY,
+        "interval": 0,
+        "sequencer": 1,
+        "state_keys": None,
+        "timers": 1,
+        "next_event_timer": 500_000,
+    }

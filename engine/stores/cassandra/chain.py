@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from cassandra import OperationTimedOut, WriteFailure, WriteTimeout
+from cassandra import OperationTimedOut, ReadFailure, WriteFailure, WriteTimeout
 from cassandra.connection import ConnectionException
 from cassandra.policies import FallthroughRetryPolicy
 from cassandra.protocol import ErrorMessage, ServerError
@@ -43,7 +43,14 @@ from millstream.engine.sequencer import Lease
 from millstream.engine.stores.cassandra.rows import Bound, Row, one_row, result_rows
 from millstream.engine.stores.cassandra.schema import Statements
 
-__all__ = ["MarkerChains", "StoreStats", "conditional_batch", "is_uncertain", "new_marker"]
+__all__ = [
+    "MarkerChains",
+    "StoreStats",
+    "conditional_batch",
+    "is_too_many_tombstones",
+    "is_uncertain",
+    "new_marker",
+]
 
 _log = logging.getLogger(__name__)
 # Protocol v5 error code of CasWriteUnknownResultException; the Python driver surfaces it
@@ -94,6 +101,18 @@ class _Uncertain:
     marker: bytes
     predecessor: bytes | None
     outcome: bool | None = None  # set once a linearizable read or write shows it
+
+
+# A replica's reason for a failed read (RequestFailureReason): it met more tombstones than
+# tombstone_failure_threshold.
+_READ_TOO_MANY_TOMBSTONES: Final = 0x0001
+
+
+def is_too_many_tombstones(exc: BaseException) -> bool:
+    """Whether ``exc`` is a read a replica failed for the tombstones it met (native protocol 5
+    says why; an earlier one does not, and nothing is assumed)."""
+    codes = getattr(exc, "error_code_map", None) or {}
+    return isinstance(exc, ReadFailure) and _READ_TOO_MANY_TOMBSTONES in codes.values()
 
 
 def is_uncertain(exc: BaseException) -> bool:

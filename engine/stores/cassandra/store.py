@@ -179,6 +179,7 @@ from millstream.engine.stores.cassandra.chain import (
     MarkerChains,
     StoreStats,
     conditional_batch,
+    is_too_many_tombstones,
     is_uncertain,
     new_marker,
 )
@@ -243,9 +244,6 @@ _KEYS_PER_READ = 200
 
 _T = TypeVar("_T")
 _log = logging.getLogger(__name__)
-# A replica's reason for a failed read (RequestFailureReason): it met more tombstones than
-# tombstone_failure_threshold.
-_READ_TOO_MANY_TOMBSTONES = 0x0001
 # Approximate bytes one production delete adds to a batch (row overhead plus a 16-byte ID),
 # so delete batches obey the same byte limit as commits.
 _DELETE_BYTES = 64
@@ -494,7 +492,7 @@ class CassandraIntervalStore(IntervalStore):
                 if len(found) > limit:
                     return None
         except ReadFailure as exc:
-            if not _too_many_tombstones(exc):
+            if not is_too_many_tombstones(exc):
                 raise
             self.stats.unlisted += 1
             _log.warning(
@@ -885,7 +883,7 @@ class CassandraIntervalStore(IntervalStore):
         try:
             return self._export(computation, interval)
         except ReadFailure as exc:
-            if not _too_many_tombstones(exc):
+            if not is_too_many_tombstones(exc):
                 raise
             raise StoreError(
                 f"interval {interval} of {computation!r} in {self._name} cannot be read whole "
@@ -1007,12 +1005,6 @@ class CassandraIntervalStore(IntervalStore):
     def _rows(futures: list[ResponseFuture]) -> Iterator[dict[str, Any]]:
         for future in futures:
             yield from result_rows(future.result())
-
-
-def _too_many_tombstones(exc: ReadFailure) -> bool:
-    """Whether a replica failed the read for the tombstones it met (native protocol 5 says
-    why; an earlier one does not, and nothing is assumed)."""
-    return _READ_TOO_MANY_TOMBSTONES in (exc.error_code_map or {}).values()
 
 
 def _follows(token: int, lease: Lease) -> bool:

@@ -20,9 +20,8 @@ from typing import Any
 
 import pytest
 from cassandra import OperationTimedOut, ReadFailure, Unavailable, WriteTimeout, WriteType
-from cassandra.concurrent import execute_concurrent
 from cassandra.protocol import ErrorMessage
-from cassandra.query import BatchStatement, BatchType, dict_factory
+from cassandra.query import BatchStatement, dict_factory
 
 from millstream.connectors import cassandra as cassandra_connector
 from millstream.engine.clock import ManualClock, SystemClock
@@ -58,6 +57,7 @@ from millstream.engine.stores.cassandra.schema import (
 from millstream.engine.testing import TestingSink
 from millstream.engine.timers import TimeDomain, Timer
 from millstream.engine.topology import ComputationOptions, ComputationSpec, InputStream
+from tests.tombstones import delete_index_entries, delete_states
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -223,19 +223,6 @@ def rows_of(session: Any, keyspace: str, kind: str) -> list[Any]:
             f"SELECT * FROM {keyspace}.intervals WHERE kind = %s ALLOW FILTERING", (kind,)
         )
     )
-
-
-def delete_many(session: Any, delete: Any, rows: list[tuple[Any, ...]]) -> None:
-    """Run the prepared ``delete`` for each of ``rows`` (rows of one partition), in unlogged
-    batches of 400 sent 8 at a time: tombstones by the hundred thousand in a few seconds."""
-    batches = []
-    for start in range(0, len(rows), 400):
-        batch = BatchStatement(batch_type=BatchType.UNLOGGED)
-        for values in rows[start : start + 400]:
-            batch.add(delete, values)
-        batches.append((batch, ()))
-    for success, failure in execute_concurrent(session, batches, concurrency=8):
-        assert success, failure
 
 
 def dedup_rows(session: Any, keyspace: str) -> list[Any]:
@@ -771,11 +758,7 @@ def test_a_takeover_that_cannot_list_the_keys_for_the_deleted_rows_among_them_re
     store.commit(lease, [KeyChanges("live", state=b"s")], dedup_ttl=TTL)
     # Keys whose state was deleted (a session's end, a state TTL) stay tombstones for 10
     # days: here more than the node's tombstone_failure_threshold (100,000), before "live".
-    delete = cassandra.prepare(
-        f"DELETE FROM {keyspace}.intervals WHERE computation = 'c' AND interval = 0 "
-        "AND kind = 'state' AND key = ? AND item = 0x"
-    )
-    delete_many(cassandra, delete, [(f"gone{n:06d}",) for n in range(100_001)])
+    delete_states(cassandra, f"{keyspace}.intervals", "c")
     # The read that lists them fails on the node...
     with pytest.raises(ReadFailure):
         cassandra.execute(store._statements.scan_keys, ("c", 0))
@@ -1370,11 +1353,7 @@ def test_a_takeover_reads_the_timer_index_from_the_floor_the_last_commit_kept(
     lease = store.acquire("c", 0)
     # The index rows of 100,001 timers fired before: tombstones for 10 days, more than the
     # node's tombstone_failure_threshold, in front of the one live timer.
-    delete = cassandra.prepare(
-        f"DELETE FROM {keyspace}.intervals WHERE computation = 'c' AND interval = 0 "
-        "AND kind = ? AND key = ? AND item = ?"
-    )
-    delete_many(cassandra, delete, [index_row(Timer(f"k{n}", "t", n)) for n in range(100_001)])
+    delete_index_entries(cassandra, f"{keyspace}.intervals", "c")
     live = Timer("k", "t", 200_000)
     kept = TimerFloor(150_000, None)
     store.commit(lease, [KeyChanges("k", timers={"t": live})], dedup_ttl=TTL, timer_floor=kept)
