@@ -837,7 +837,7 @@ class IntervalWorker:
                 timers = change.timers_after
                 if timers is None:
                     timers = effective_timers(known.timers, change)
-                after[change.key] = KeySnapshot(state, dict(timers))
+                after[change.key] = KeySnapshot(state, timers)
             for production in change.productions:
                 soft.pending[production.record_id] = production
         for key, snapshot in after.items():

@@ -16,7 +16,7 @@ from millstream.engine.stores.cassandra.rows import (
     TIMER_INDEX,
     TIMESTAMP_OFFSET,
     dedup_kinds_after,
-    index_time,
+    index_floor,
     result_rows,
     timers_count,
     unpack_timer_floor,
@@ -26,9 +26,10 @@ from millstream.engine.stores.cassandra.schema import (
     FENCES_TABLE,
     LEGACY_DEDUP_KIND,
     LEGACY_TIMER_KIND,
-    TIMER_FLOOR_KIND,
     TIMERS_KIND,
     check_identifier,
+    first_timer_cql,
+    timer_floor_cql,
 )
 from millstream.engine.stores.cassandra.store import RETIRED_SEQUENCER
 from millstream.engine.timers import TimeDomain
@@ -185,13 +186,8 @@ class _Reads:
         # From the floor the interval's latest commit kept: from the start, the read passes
         # over the index entry of every timer fired in gc_grace_seconds (and fails past
         # tombstone_failure_threshold of them).
-        self._first_key = self._prepare(
-            f"SELECT key FROM {name} {where} AND kind = ? AND key >= ? LIMIT 1"
-        )
-        self._read_floor = self._prepare(
-            f"SELECT value FROM {name} {where} AND kind = '{TIMER_FLOOR_KIND}' AND key = '' "
-            "AND item = 0x"
-        )
+        self._first_key = self._prepare(first_timer_cql(name))
+        self._read_floor = self._prepare(timer_floor_cql(name))
         try:
             self._read_fences: Any = self._prepare(
                 f"SELECT interval, refused FROM {name.split('.')[0]}.{FENCES_TABLE} "
@@ -255,7 +251,7 @@ class _Reads:
             row = next(result_rows(floors[interval].result()), None)
             floor = unpack_timer_floor(None if row is None else row["value"])
             for domain, index in TIMER_INDEX.items():
-                start = index_time(-TIMESTAMP_OFFSET if (at := floor.of(domain)) is None else at)
+                start = index_floor(floor, domain)
                 firsts[interval, domain] = send(
                     self._first_key, (computation, interval, index, start)
                 )

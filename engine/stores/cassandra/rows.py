@@ -40,6 +40,7 @@ __all__ = [
     "dedup_kinds_after",
     "dedup_row_ids",
     "dedup_ttl_seconds",
+    "index_floor",
     "index_row",
     "index_time",
     "indexed_timer",
@@ -117,6 +118,12 @@ Row: TypeAlias = tuple[Any, tuple[Any, ...]] | Bound
 def index_time(timestamp: int) -> str:
     """``timestamp`` as the ``key`` of the timer index (text order is time order)."""
     return f"{timestamp + TIMESTAMP_OFFSET:020d}"
+
+
+def index_floor(floor: TimerFloor, domain: TimeDomain) -> str:
+    """Where a read of ``domain``'s timer index starts: at the floor, or at its first entry."""
+    bound = floor.of(domain)
+    return index_time(-TIMESTAMP_OFFSET if bound is None else bound)
 
 
 def index_row(timer: Timer) -> tuple[str, str, bytes]:

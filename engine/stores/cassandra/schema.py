@@ -31,8 +31,10 @@ __all__ = [
     "create_schema",
     "execute_schema_change",
     "fences_cql",
+    "first_timer_cql",
     "schema_cql",
     "table_id",
+    "timer_floor_cql",
 ]
 
 _IDENTIFIER = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
@@ -213,10 +215,7 @@ class Statements:
         self.put_timer_floor = self._prepare(
             f"INSERT INTO {name} ({columns}, value) VALUES (?, ?, '{TIMER_FLOOR_KIND}', '', 0x, ?)"
         )
-        self.read_timer_floor = self._prepare(
-            f"SELECT value FROM {name} {where} AND kind = '{TIMER_FLOOR_KIND}' AND key = '' "
-            "AND item = 0x"
-        )
+        self.read_timer_floor = self._prepare(timer_floor_cql(name))
         self.put_timers = self._prepare(
             f"INSERT INTO {name} ({columns}, value) VALUES (?, ?, '{TIMERS_KIND}', ?, 0x, ?)"
         )
@@ -269,9 +268,7 @@ class Statements:
             f"SELECT item, {timer_columns} FROM {name} {where} "
             "AND kind = ? AND key >= ? AND key < ?"
         )
-        self.read_first_timer = self._prepare(
-            f"SELECT key FROM {name} {where} AND kind = ? AND key >= ? LIMIT 1"
-        )
+        self.read_first_timer = self._prepare(first_timer_cql(name))
         self.scan_timers = self._prepare(
             f"SELECT kind, key, item, value, {timer_columns} FROM {name} {where} "
             f"AND kind IN ('{LEGACY_TIMER_KIND}', '{TIMERS_KIND}')"
@@ -347,6 +344,24 @@ class Statements:
             statement.serial_consistency_level = self._serial
             statement.retry_policy = FallthroughRetryPolicy()
         return statement
+
+
+def timer_floor_cql(name: str) -> str:
+    """The read of an interval's kept timer floor (``TIMER_FLOOR_KIND``) in table ``name``:
+    one row, by its whole key (the store's, and the live view's)."""
+    return (
+        f"SELECT value FROM {name} WHERE computation = ? AND interval = ? "
+        f"AND kind = '{TIMER_FLOOR_KIND}' AND key = '' AND item = 0x"
+    )
+
+
+def first_timer_cql(name: str) -> str:
+    """The read of the first entry of a timer index (``kind``) from a floor (``key >= ?``) in
+    table ``name``: the store's next timers, and the live view's."""
+    return (
+        "SELECT key FROM "
+        f"{name} WHERE computation = ? AND interval = ? AND kind = ? AND key >= ? LIMIT 1"
+    )
 
 
 def _expect_types(statement: Any, types: tuple[str, ...]) -> None:

@@ -194,6 +194,7 @@ from millstream.engine.stores.cassandra.rows import (
     dedup_kinds_after,
     dedup_row_ids,
     dedup_ttl_seconds,
+    index_floor,
     index_time,
     indexed_timer,
     one_row,
@@ -639,7 +640,7 @@ class CassandraIntervalStore(IntervalStore):
         partition = (lease.computation, lease.interval)
         bounds = ((d, due_bound(d, input_low_watermark, now)) for d in TIMER_INDEX)
         reads = [
-            (*partition, TIMER_INDEX[domain], _index_floor(floor, domain), index_time(bound))
+            (*partition, TIMER_INDEX[domain], index_floor(floor, domain), index_time(bound))
             for domain, bound in bounds
             if _below(floor, domain, bound)
         ]
@@ -650,7 +651,7 @@ class CassandraIntervalStore(IntervalStore):
         futures = {
             domain: self._session.execute_async(
                 self._statements.read_first_timer,
-                (lease.computation, lease.interval, kind, _index_floor(floor, domain)),
+                (lease.computation, lease.interval, kind, index_floor(floor, domain)),
                 timeout=self.request_timeout,
             )
             for domain, kind in TIMER_INDEX.items()
@@ -1093,12 +1094,6 @@ def _seen(
         for record_id in ids
         if (key, record_id) in held
     }
-
-
-def _index_floor(floor: TimerFloor, domain: TimeDomain) -> str:
-    """Where a read of ``domain``'s timer index starts: at the floor, or at its first entry."""
-    bound = floor.of(domain)
-    return index_time(-TIMESTAMP_OFFSET if bound is None else bound)
 
 
 def _below(floor: TimerFloor, domain: TimeDomain, bound: int) -> bool:
