@@ -35,7 +35,12 @@ from millstream.connectors.kafka import (
 )
 from millstream.engine.clock import Clock
 from millstream.engine.driver import BatchPlan, ComputationDriver, IntervalOutcome
-from millstream.engine.errors import FencedError, PoisonIsolationError, TopologyError
+from millstream.engine.errors import (
+    FencedError,
+    MillstreamError,
+    PoisonIsolationError,
+    TopologyError,
+)
 from millstream.engine.outages import DEFAULT_OUTAGE_TIMEOUT, Outage, is_outage
 from millstream.engine.pause_points import pause_point
 from millstream.engine.productions import CommitTag
@@ -74,6 +79,7 @@ if TYPE_CHECKING:
 __all__ = [
     "WORKER_POOL_VARIABLE",
     "BatchHandler",
+    "BatchStoppedError",
     "TopologyBatch",
     "TopologyJob",
     "TopologyPartError",
@@ -81,6 +87,7 @@ __all__ = [
     "fence_checkpoint",
     "in_worker_pool",
     "short_error",
+    "stopped_batch",
 ]
 
 _log = logging.getLogger(__name__)
@@ -253,8 +260,16 @@ class BatchHandler:
         return self._transactions.open(computation, interval, self.spec.options.send_timeout)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        # ``batch`` is never read: the offset log says what the batch holds, and its tasks
-        # read that from Kafka themselves (see _run).
+        try:
+            self._handle(batch_id)
+        except Exception as exc:
+            if self.stopping.is_set():
+                raise stopped_batch(self.spec.name, batch_id, exc) from None
+            raise
+
+    def _handle(self, batch_id: int) -> None:
+        # The batch's DataFrame is never read: the offset log says what the batch holds, and
+        # its tasks read that from Kafka themselves (see _run).
         started = time.monotonic()
         # A zombie stops before anything, a rebalance (which acquires intervals) included.
         fence_checkpoint(self.checkpoint, batch_id, self.spec.name, self.driver_id)
@@ -696,6 +711,10 @@ class TopologyBatch:
             thread.start()
         try:
             job.run(self._task_numbers)
+        except Exception as exc:
+            if any(handler.stopping.is_set() for handler in self.handlers):
+                raise stopped_batch("the topology", batch_id, exc) from None
+            raise
         finally:
             for thread in threads:
                 thread.join()
@@ -866,6 +885,39 @@ def _fenced(exc: BaseException) -> bool:
         or lost_checkpoint_race(exc)
         or any(fence in text for fence in _FENCES)
     )
+
+
+class BatchStoppedError(MillstreamError):
+    """A batch cut short by the stop of its query (Spark cancelled its job); it runs again
+    on restart, its committed part as duplicates."""
+
+
+def stopped_batch(computation: str, batch_id: int, exc: BaseException) -> BatchStoppedError:
+    """What a ``foreachBatch`` function raises to Spark for a batch its query's stop cut
+    short, instead of ``exc`` (raise it ``from None``): ``exc`` without its stack, by which
+    Spark knows its stop (a cancelled job of the query, or the Py4J error of an interrupted
+    call).
+
+    Spark tells a stop from a failure by the text of the error the function raised (through
+    Py4J: the whole Python traceback, a Py4J error's pages of JVM stack included), with a
+    regular expression (``StreamExecution.PROXY_ERROR``) that recurses once per character
+    of it: on that text it overflowed the stack of the query's thread, which printed a
+    ``StackOverflowError`` and left the query without taking the stop for one."""
+    lines: list[str] = []
+    for line in str(exc).splitlines():
+        if line.lstrip().startswith("at "):
+            break  # a JVM stack frame: the rest is stack
+        lines.append(line)
+    error = f"{type(exc).__module__}.{type(exc).__qualname__}: " + "\n".join(lines)
+    return BatchStoppedError(
+        f"batch {batch_id} of {computation!r} was cut short by the stop of its query: "
+        f"{error[:_STOPPED_ERROR_CHARS]}"
+    )
+
+
+_STOPPED_ERROR_CHARS: Final = 500
+"""The most of a stopped batch's error that :func:`stopped_batch` keeps: Spark's regular
+expression recurses over it on the query thread's stack (1 MiB: some thousand characters)."""
 
 
 def short_error(exc: BaseException) -> str:

@@ -5,6 +5,7 @@ Spark job)."""
 from __future__ import annotations
 
 import itertools
+import re
 import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence, Set
@@ -18,7 +19,7 @@ from millstream.engine.clock import ManualClock
 from millstream.engine.driver import BatchPlan
 from millstream.engine.errors import FencedError, PoisonIsolationError, ServiceOutageError
 from millstream.engine.outages import Outage
-from millstream.spark.batch import BatchHandler, _BatchRun, short_error
+from millstream.spark.batch import BatchHandler, _BatchRun, short_error, stopped_batch
 from millstream.spark.executor import IntervalSlots
 from millstream.spark.isolation import MAX_ISOLATED, OffsetRange, Position
 from millstream.spark.metrics import ResultRow
@@ -266,6 +267,49 @@ def test_a_batch_failing_as_its_query_stops_is_neither_retried_nor_searched_for_
         handler._attempt(_batch_run())
     assert failed.value is error
     assert [records for records, _ in runs.runs] == [None]  # one attempt, no control run
+
+
+# Spark's StreamExecution.PROXY_ERROR: how it tells a Python function's error for the Py4J
+# error of a call its query's stop interrupted.
+_SPARK_PROXY_ERROR = re.compile(
+    r"py4j.protocol.Py4JJavaError: An error occurred while calling((.|\r\n|\r|\n)*)"
+    r"(java.lang.InterruptedException|java.io.InterruptedIOException|"
+    r"java.nio.channels.ClosedByInterruptException)"
+)
+
+
+@pytest.mark.unit
+def test_a_batch_its_query_stopped_tells_spark_what_stopped_it_without_the_jvm_stack() -> None:
+    py4j_error = type("Py4JJavaError", (Exception,), {"__module__": "py4j.protocol"})
+    interrupted = py4j_error(
+        "An error occurred while calling z:org.apache.spark.api.python.PythonRDD.collectAndServe"
+        ".\n: java.lang.InterruptedException\n"
+        + "\tat java.base/java.lang.Object.wait(Native Method)\n"
+        * 2_000
+    )
+    error = stopped_batch("count", 7, interrupted)
+    assert str(error) == (
+        "batch 7 of 'count' was cut short by the stop of its query: py4j.protocol."
+        "Py4JJavaError: An error occurred while calling z:org.apache.spark.api.python.PythonRDD"
+        ".collectAndServe.\n: java.lang.InterruptedException"
+    )
+    assert _SPARK_PROXY_ERROR.search(str(error)) is not None
+    # A cancelled job's error keeps the line naming the query's run, which Spark looks for.
+    cancelled = stopped_batch(
+        "count",
+        7,
+        py4j_error(
+            "An error occurred while calling o1.collect.\n: org.apache.spark.SparkException: "
+            "[SPARK_JOB_CANCELLED] Job 0 cancelled Query q [id = a, runId = b] was stopped\n"
+            "\tat org.apache.spark.scheduler.DAGScheduler.run(DAGScheduler.scala:1)"
+        ),
+    )
+    assert str(cancelled).endswith(
+        ": org.apache.spark.SparkException: [SPARK_JOB_CANCELLED] Job 0 cancelled Query q "
+        "[id = a, runId = b] was stopped"
+    )
+    # Whatever the error, Spark's expression recurses over at most a few hundred characters.
+    assert len(str(stopped_batch("count", 7, RuntimeError("x" * 10_000)))) < 600
 
 
 @pytest.mark.unit

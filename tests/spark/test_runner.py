@@ -1306,6 +1306,7 @@ def test_a_run_stopped_mid_batch_does_not_retry_the_cancelled_batch(
             time.sleep(0.1)
         time.sleep(1.0)
         assert not running.batches(), "the first batch ended before the stop"
+        queries = list({id(q): q for q in running.queries.values()}.values())
     finally:
         with caplog.at_level(logging.INFO, logger="millstream.spark.batch"):
             running.stop()
@@ -1315,6 +1316,12 @@ def test_a_run_stopped_mid_batch_does_not_retry_the_cancelled_batch(
     assert retried == []
     assert running.batches() == []
     assert spark.sparkContext.statusTracker().getActiveJobsIds() == []
+    # And Spark took the batch's failure for the stop it was: a query whose failure it does
+    # not recognise as an interruption keeps its last status (its check of a cancelled job's
+    # whole Py4J error overflowed the stack of the query's thread).
+    assert [(q.status["message"], q.exception()) for q in queries] == [("Stopped", None)] * len(
+        queries
+    )
 
 
 class ManyWindows(Computation):
