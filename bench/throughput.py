@@ -46,7 +46,10 @@ right: for the counting rows, each key's counts 1..n exactly once (duplicates an
 listed); for the floors, one output per input. For the Spark rows (millstream included) the
 notes give each Spark Python worker's CPU seconds while draining, and its share of that time
 (from /proc, so Linux only): how busy each core's worker was; for the peer processes (the
-loop, Quix, Bytewax, Pathway), their CPU over their whole life, start-up included.
+loop, Quix, Bytewax, Pathway), their CPU over their whole life, start-up included. For
+every Spark row they also give Spark's own steps of the batches triggered during the drain
+(``durationMs`` summed: the offsets' request, planning, the batch, the logs) and when the
+last output was seen against the last batch's end: what of the drain no batch covers.
 
 **Latency** (``--rates``, ``--latency-seconds`` at each): after its backlog, the
 ``spark-floor``, ``spark-floor-3-stages``, ``millstream-strong``, ``millstream-notx``,
@@ -1104,6 +1107,8 @@ def _start_and_drain(
         result.notes.append(run.handle.cpu_note())
         result.cpu_s += run.handle.cpu_seconds()  # exited: core_use no longer sees it
     result.notes.append(core_note(cores_before, cores_after, done - started))
+    if drained := drain_phases(run.handle.spark_query(), first, done):
+        result.notes.append(drained)
     result.startup_s = first - started
 
 
@@ -1192,6 +1197,35 @@ def durations_since(query: StreamingQuery, since: float) -> list[dict[str, int]]
         for p in query.recentProgress
         if datetime.fromisoformat(p.timestamp).timestamp() >= since
     ]
+
+
+def drain_phases(query: StreamingQuery | None, first: float, done: float) -> str:
+    """Where a Spark row's drain went, from its first batch's trigger (``first``, wall clock,
+    s) to its last output seen (``done``): Spark's ``durationMs`` of each batch triggered
+    meanwhile, summed step by step (the offsets' request, planning, the batch itself, the
+    logs), and what none of them covers: the time between the batches' ends and the next
+    trigger, and after the last batch until the output was seen; or ``""``."""
+    if query is None:
+        return ""
+    batches = [
+        (datetime.fromisoformat(p.timestamp).timestamp(), p.durationMs)
+        for p in query.recentProgress
+        if first - 0.001 <= datetime.fromisoformat(p.timestamp).timestamp() <= done
+    ]
+    if not batches:
+        return ""
+    totals: dict[str, int] = {}
+    for _, durations in batches:
+        for step, ms in durations.items():
+            totals[step] = totals.get(step, 0) + ms
+    steps = ", ".join(f"{step} {ms}" for step, ms in sorted(totals.items(), key=lambda i: -i[1]))
+    last_at, last = batches[-1]
+    after = (done - last_at) * 1000 - last.get("triggerExecution", 0)
+    return (
+        f"drain of {(done - first) * 1000:.0f} ms, Spark's batches triggered meanwhile: "
+        f"{len(batches)} (ms summed: {steps}); the last output seen {after:.0f} ms after the "
+        "last batch ended (less than 0: before it ended)"
+    )
 
 
 def spark_phases(query: StreamingQuery | None, since: float) -> str:
