@@ -1203,15 +1203,14 @@ def drain_phases(query: StreamingQuery | None, first: float, done: float) -> str
     """Where a Spark row's drain went, from its first batch's trigger (``first``, wall clock,
     s) to its last output seen (``done``): Spark's ``durationMs`` of each batch triggered
     meanwhile, summed step by step (the offsets' request, planning, the batch itself, the
-    logs), and what none of them covers: the time between the batches' ends and the next
-    trigger, and after the last batch until the output was seen; or ``""``."""
+    logs), and when the output was seen against the last batch's end; or ``""``."""
     if query is None:
         return ""
-    batches = [
+    triggered = (
         (datetime.fromisoformat(p.timestamp).timestamp(), p.durationMs)
         for p in query.recentProgress
-        if first - 0.001 <= datetime.fromisoformat(p.timestamp).timestamp() <= done
-    ]
+    )
+    batches = [(at, durations) for at, durations in triggered if first - 0.001 <= at <= done]
     if not batches:
         return ""
     totals: dict[str, int] = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import time
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from typing import Any, Final
 
 from cassandra import ConsistencyLevel, InvalidRequest, ReadFailure
@@ -256,6 +257,7 @@ class _Reads:
                     self._first_key, (computation, interval, index, start)
                 )
         entries: list[dict[str, Any]] = []
+        counted = partial(_count, limit=max_rows + 1)
         for interval in interval_ids:
             sequencer = sequencers.get(interval)
             retired = sequencer == RETIRED_SEQUENCER
@@ -268,11 +270,9 @@ class _Reads:
             more = False
             for field in _COUNTED_KINDS:
                 # Counted as they come, never made into dicts: this is most of the rows read.
-                found = _readable(counts[interval, field], lambda rows: _count(rows, max_rows + 1))
+                found = _readable(counts[interval, field], counted)
                 if field == "dedup_rows":
-                    found = _sum(
-                        found, _readable(dedup[interval], lambda rows: _count(rows, max_rows + 1))
-                    )
+                    found = _sum(found, _readable(dedup[interval], counted))
                 elif field == "timers":
                     found = _sum(found, _readable(timers[interval], _timers_held))
                 entry[field] = None if found is None else min(found, max_rows)
