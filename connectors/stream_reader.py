@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence, Set
 from typing import Literal, NamedTuple, NoReturn, Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -33,6 +33,7 @@ __all__ = [
     "InputMessage",
     "StreamMessage",
     "kafka_down",
+    "learn_topics",
     "range_reader",
     "read_messages",
     "read_ranges",
@@ -124,7 +125,7 @@ def read_ranges(
         return
     left = {place: max(end for _, end in parts) for place, parts in spans.items()}
     gaps = {place: parts for place, parts in spans.items() if len(parts) > 1}
-    _learn_topics(reader, {topic for topic, _ in spans}, known_topics, timeout)
+    learn_topics(reader, {topic for topic, _ in spans}, known_topics, timeout)
     reader.assign(
         [TopicPartition(t, p, min(start for start, _ in parts)) for (t, p), parts in spans.items()]
     )
@@ -186,11 +187,13 @@ def read_ranges(
         reader.unassign()
 
 
-def _learn_topics(
-    reader: Consumer, topics: set[str], known: set[str] | None, timeout: float
+def learn_topics(
+    reader: Consumer, topics: Set[str], known: set[str] | None, timeout: float
 ) -> None:
-    """Ask for the metadata of those of ``topics`` not in ``known`` (all with ``None``),
-    adding each the broker knows to ``known``."""
+    """Ask ``reader`` (:func:`range_reader`) for the metadata of those of ``topics`` not in
+    ``known`` (all with ``None``), adding each the broker knows to ``known``; see
+    :func:`read_ranges`. Raises :class:`~millstream.engine.errors.ServiceOutageError` if
+    Kafka does not answer within ``timeout`` seconds."""
     for topic in sorted(topics - known if known is not None else topics):
         try:
             metadata = reader.list_topics(topic, timeout=timeout).topics.get(topic)

@@ -20,12 +20,12 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from millstream.connectors import kafka as kafka_connector
 from millstream.connectors.kafka import (
@@ -54,6 +54,7 @@ from millstream.spark.executor import (
     BatchTask,
     IntervalSlots,
     TaskSettings,
+    WarmTask,
     batch_task,
 )
 from millstream.spark.isolation import (
@@ -104,6 +105,7 @@ _SUB_RUN_TRIES: Final = 2
 _FENCES: Final = (FencedError.__name__, "RetiredIntervalError")
 _SUB_RUN: Final = "computation %r batch %d: sub-run on %s %s"
 _OFFSETS_TIMEOUT: Final = 30.0
+_T = TypeVar("_T")
 
 
 def in_worker_pool(rdd: RDD[object], pool: int) -> None:
@@ -245,6 +247,11 @@ class BatchHandler:
         self._task_numbers: RDD[int] | None = None  # partition n: task n (see _run)
         self.quarantine = Quarantine(files)
         self.quarantine.load()
+        # Cleared while a job warms the computation's Python workers as its query starts
+        # (warm, run by the runner): the first batch waits for it, so that its tasks find
+        # those workers idle and none starts a cold one beside them.
+        self.warmed = threading.Event()
+        self.warmed.set()
         # Set by the topology's query for one batch: the job that runs this computation's
         # first attempt beside the other computations' (TopologyBatch).
         self.shared_job: TopologyJob | None = None
@@ -354,6 +361,7 @@ class BatchHandler:
         """Run the batch (if it has input or ticks) until an attempt succeeds, isolating
         poison pills if it keeps failing: its interval rows, and what the failed attempts
         before it said."""
+        self.warmed.wait()  # its tasks would otherwise queue behind the warming ones
         failures: list[str] = []
         try:
             return self._retried(run, failures), failures
@@ -590,6 +598,34 @@ class BatchHandler:
             )
         )
 
+    def warm(self) -> list[str]:
+        """Make the connections of the Python workers that will run this computation's
+        tasks, before its first batch needs them (:class:`.executor.WarmTask`): a job of its
+        tasks, in its own workers (:func:`in_worker_pool`), which in local mode meet in a
+        directory of their own so that each runs in a process of its own. Returns the
+        workers that ran it, as ``host:pid``."""
+        meet = None if self._claims is None else self._claims / f"warm-{uuid.uuid4().hex}"
+        topics = tuple(self.data_topics)
+        task = WarmTask(
+            self.spec, self.settings, topics, None if meet is None else str(meet), self.tasks
+        )
+        try:
+            workers = self._job(task).collect()
+        finally:
+            if meet is not None and meet.exists():
+                shutil.rmtree(meet)
+        return sorted({f"{host}:{pid}" for host, pid in workers})
+
+    def _job(self, task: Callable[[int, Iterable[object]], Iterator[_T]]) -> RDD[_T]:
+        """The RDD of ``task`` on task numbers ``range(self.tasks)`` (partition ``n``: task
+        ``n``), in this computation's Python workers."""
+        if self._task_numbers is None:  # made once: each job adds its own step
+            self._task_numbers = self.spark.sparkContext.parallelize(range(self.tasks), self.tasks)
+        rdd = self._task_numbers.mapPartitionsWithIndex(task)
+        if self._claims is not None and self.worker_pool:
+            in_worker_pool(rdd, self.worker_pool)
+        return rdd
+
     def _task_slots(self) -> IntervalSlots:
         """Each interval's task, as the driver last spread them."""
         assignment = self.driver.assignment
@@ -640,14 +676,7 @@ class BatchHandler:
                 job, self.shared_job = self.shared_job, None
                 collected = job.submit(self.spec.name, self.tasks, task)
             else:
-                if self._task_numbers is None:  # made once: each batch adds its own step
-                    self._task_numbers = self.spark.sparkContext.parallelize(
-                        range(self.tasks), self.tasks
-                    )
-                rdd = self._task_numbers.mapPartitionsWithIndex(task)
-                if self._claims is not None and self.worker_pool:
-                    in_worker_pool(rdd, self.worker_pool)
-                collected = rdd.collect()
+                collected = self._job(task).collect()
         finally:
             if claims is not None and claims.exists():
                 shutil.rmtree(claims)  # this job's alone: a retry claims in a fresh one

@@ -184,6 +184,8 @@ def _handler(tmp_path: Path, runs: _FakeRuns, monkeypatch: pytest.MonkeyPatch) -
     handler.data_topics = ["t"]
     handler.quarantine = Quarantine(tmp_path)
     handler.stopping = threading.Event()
+    handler.warmed = threading.Event()
+    handler.warmed.set()
     monkeypatch.setattr(handler, "_run", runs)
     monkeypatch.setattr("millstream.spark.batch.time.sleep", lambda seconds: None)
     return handler
@@ -267,6 +269,24 @@ def test_a_batch_failing_as_its_query_stops_is_neither_retried_nor_searched_for_
         handler._attempt(_batch_run())
     assert failed.value is error
     assert [records for records, _ in runs.runs] == [None]  # one attempt, no control run
+
+
+@pytest.mark.unit
+def test_a_batch_waits_for_the_job_warming_its_python_workers_before_it_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = _FakeRuns(set(), RuntimeError("unused"))
+    handler = _handler(tmp_path, runs, monkeypatch)
+    handler.warmed.clear()  # as the runner does while the warming job runs
+    attempt = threading.Thread(target=handler._attempt, args=(_batch_run(),), daemon=True)
+    attempt.start()
+    attempt.join(0.3)
+    assert attempt.is_alive()
+    assert runs.runs == []  # no job yet: its tasks would queue behind the warming ones
+    handler.warmed.set()
+    attempt.join(10)
+    assert not attempt.is_alive()
+    assert runs.runs == [(None, set())]
 
 
 # Spark's StreamExecution.PROXY_ERROR: how it tells a Python function's error for the Py4J

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -43,6 +45,7 @@ from millstream.spark.executor import (
     TaskSettings,
     batch_task,
     claim_slot,
+    meet_workers,
 )
 from millstream.spark.isolation import OffsetRange, Position
 from millstream.spark.metrics import RESULT_COLUMNS, RESULT_SCHEMA, ROUTING, ResultRow
@@ -758,3 +761,21 @@ def test_a_transaction_left_open_is_waited_for_once_until_its_partition_moves() 
     assert moved.settle(stuck) == {("mid", 0): 12, ("mid", 1): 3}
     assert moved.slept == [0.005]
     assert stuck == {}
+
+
+def test_the_tasks_warming_a_computations_workers_wait_for_each_other_up_to_a_bound(
+    tmp_path: Path,
+) -> None:
+    # Two tasks at once meet at once; a task alone (its partner ran before it in the same
+    # process, or never started) waits the bound out and goes on.
+    started = time.monotonic()
+    with ThreadPoolExecutor(2) as pool:
+        met = list(
+            pool.map(lambda name: meet_workers(tmp_path / "job", name, 2, 30.0), ["h:1", "h:2"])
+        )
+    assert met == [2, 2]
+    assert time.monotonic() - started < 10.0
+    started = time.monotonic()
+    assert meet_workers(tmp_path / "alone", "h:1", 2, 0.3) == 1
+    assert time.monotonic() - started >= 0.3
+    assert sorted(os.listdir(tmp_path / "job")) == ["h:1", "h:2"]

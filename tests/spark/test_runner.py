@@ -12,6 +12,7 @@ import contextlib
 import importlib.util
 import json
 import logging
+import math
 import os
 import signal
 import socket
@@ -23,7 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
@@ -739,26 +740,26 @@ def test_computations_are_added_and_removed_while_the_others_keep_running(
 
 
 class WhereCounted(Computation):
-    """Keeps, per key, the Python worker pools and processes its records were processed in;
-    passes each record on to ``output`` if given."""
+    """Keeps, per key, the Python worker pools and processes its records were processed in,
+    and when the first was; passes each record on to ``output`` if given."""
 
     def __init__(self, output: str | None = None) -> None:
         self.output = output
 
     def process_record(self, ctx: Context, record: Record) -> None:
         seen = ctx.state(JSON)
-        where: dict[str, list[Any]] = seen.get({"pools": [], "pids": []})
+        where: dict[str, Any] = seen.get({"pools": [], "pids": []})
         where["pools"] = sorted({*where["pools"], os.environ.get(WORKER_POOL_VARIABLE)})
         where["pids"] = sorted({*where["pids"], os.getpid()})
+        where["first"] = min(where.get("first", math.inf), time.time())  # wall time, seconds
         seen.set(where)
         if self.output is not None:
             ctx.produce(self.output, record.value, record.timestamp)
 
 
-def test_each_computation_runs_in_python_workers_of_its_own(
-    services: MillstreamConfig, spark: SparkSession, cassandra: Session, pipeline: Pipeline
-) -> None:
-    topology = Topology(f"pools_{pipeline.suffix}", streams=[pipeline.searches])
+def where_counted_topology(pipeline: Pipeline, prefix: str) -> Topology:
+    """Searches counted per user, whose hits are counted per query, each where counted."""
+    topology = Topology(f"{prefix}_{pipeline.suffix}", streams=[pipeline.searches])
     options = ComputationOptions(key_intervals=INTERVALS)
     by_user = {pipeline.searches: lambda record: json.loads(record.value)["user"]}
     topology.add_computation(
@@ -771,6 +772,13 @@ def test_each_computation_runs_in_python_workers_of_its_own(
         inputs={pipeline.hits: lambda record: json.loads(record.value)["query"]},
         options=options,
     )
+    return topology
+
+
+def test_each_computation_runs_in_python_workers_of_its_own(
+    services: MillstreamConfig, spark: SparkSession, cassandra: Session, pipeline: Pipeline
+) -> None:
+    topology = where_counted_topology(pipeline, "pools")
     kafka_connector.create_topics(services, [pipeline.searches], partitions=2)
     produce(services, pipeline.searches, [encode_record(r) for r in events(40)])
     running = start(pipeline, services, spark, topology=topology)
@@ -791,6 +799,40 @@ def test_each_computation_runs_in_python_workers_of_its_own(
     assert (first_pools, second_pools) == ({None}, {"1"})
     assert not first_processes & second_processes
     assert WORKER_POOL_VARIABLE not in spark.sparkContext.environment
+
+
+def test_each_computations_first_batch_runs_in_the_python_workers_warmed_as_it_started(
+    services: MillstreamConfig,
+    spark: SparkSession,
+    cassandra: Session,
+    pipeline: Pipeline,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    topology = where_counted_topology(pipeline, "warmed")
+    kafka_connector.create_topics(services, [pipeline.searches], partitions=2)
+    produce(services, pipeline.searches, [encode_record(r) for r in events(40)])
+    caplog.set_level(logging.INFO, logger="millstream.spark.runner")
+    running = start(pipeline, services, spark, topology=topology, trigger=ProcessingTime(0.2))
+    try:
+        running.await_idle(timeout=180)
+    finally:
+        running.stop()
+
+    warmed: dict[str, tuple[float, set[int]]] = {}
+    for record in caplog.records:
+        if record.name == "millstream.spark.runner" and "warmed in" in record.getMessage():
+            name, workers, _ = cast("tuple[str, str, float]", record.args)
+            pids = {int(worker.rsplit(":", 1)[1]) for worker in workers.split(", ")}
+            warmed[name] = (record.created, pids)
+    assert sorted(warmed) == sorted([pipeline.per_user, pipeline.per_query])
+    tasks = min(INTERVALS, spark.sparkContext.defaultParallelism)
+    for name, (at, pids) in warmed.items():
+        # A process a task (they met) before any record, and every record in one of them.
+        assert len(pids) == tasks, name
+        found = states(cassandra, pipeline.keyspace, name).values()
+        assert found, f"{name} processed nothing"
+        assert at < min(where["first"] for where in found), name
+        assert {pid for where in found for pid in where["pids"]} <= pids, name
 
 
 def assert_counts_equal(session: Session, keyspace: str, left: str, right: str) -> None:
@@ -1299,14 +1341,22 @@ def test_a_run_stopped_mid_batch_does_not_retry_the_cancelled_batch(
     )
     try:
         # 200 records at 50 ms each keep the first batch's interval tasks busy for seconds.
+        queries = list({id(q): q for q in running.queries.values()}.values())
+        tracker = spark.sparkContext.statusTracker()
+
+        def batch_jobs() -> set[int]:
+            """The queries' jobs running now (a query's run ID is its jobs' group), not
+            the job warming the Python workers as a query starts."""
+            groups = {j for q in queries for j in tracker.getJobIdsForGroup(str(q.runId))}
+            return groups & set(tracker.getActiveJobsIds())
+
         deadline = time.monotonic() + 60
-        while not spark.sparkContext.statusTracker().getActiveJobsIds():
+        while not batch_jobs():
             running.raise_failure()
             assert time.monotonic() < deadline, "the first batch never started its job"
             time.sleep(0.1)
         time.sleep(1.0)
         assert not running.batches(), "the first batch ended before the stop"
-        queries = list({id(q): q for q in running.queries.values()}.values())
     finally:
         with caplog.at_level(logging.INFO, logger="millstream.spark.batch"):
             running.stop()
