@@ -108,8 +108,8 @@ _OFFSETS_TIMEOUT: Final = 30.0
 _T = TypeVar("_T")
 
 
-def in_worker_pool(rdd: RDD[object], pool: int) -> None:
-    """Have ``rdd``'s tasks run in Python workers of pool ``pool``.
+def in_worker_pool(rdd: RDD[Any], pool: int) -> None:
+    """Have ``rdd``'s tasks run in Python workers of pool ``pool`` (0: Spark's default set).
 
     Spark keeps one set of Python workers (one ``pyspark.daemon`` and its forks) for each
     distinct environment of the functions it runs (``SparkEnv.createPythonWorker`` keys its
@@ -123,7 +123,10 @@ def in_worker_pool(rdd: RDD[object], pool: int) -> None:
     --only millstream-3-stages``). A set of its own per computation keeps each share in
     the worker that has it. The environment is read when the task's function is wrapped
     for the JVM, so it is set for that moment only, under a lock: the handlers of a
-    topology's queries run on threads of their own.
+    topology's queries run on threads of their own. A function of pool 0 is wrapped under
+    the lock too, without the variable: wrapped while another thread had set it, it ran in
+    that thread's pool (found when the jobs warming the workers of a pipeline's queries
+    started at once: the first computation's batch ran in the second's workers).
 
     The price: Spark stops a set's idle workers once the set had no task for a minute, so a
     computation that had no batch for that long starts its next one in fresh workers (their
@@ -131,11 +134,12 @@ def in_worker_pool(rdd: RDD[object], pool: int) -> None:
     might have found them warm."""
     context = rdd.context
     with _ENVIRONMENT_LOCK:
-        context.environment[WORKER_POOL_VARIABLE] = str(pool)
+        if pool:
+            context.environment[WORKER_POOL_VARIABLE] = str(pool)
         try:
             rdd._jrdd  # noqa: B018  (the property wraps the function, with the environment)
         finally:
-            del context.environment[WORKER_POOL_VARIABLE]
+            context.environment.pop(WORKER_POOL_VARIABLE, None)
 
 
 class BatchHandler:
@@ -622,8 +626,8 @@ class BatchHandler:
         if self._task_numbers is None:  # made once: each job adds its own step
             self._task_numbers = self.spark.sparkContext.parallelize(range(self.tasks), self.tasks)
         rdd = self._task_numbers.mapPartitionsWithIndex(task)
-        if self._claims is not None and self.worker_pool:
-            in_worker_pool(rdd, self.worker_pool)
+        if self._claims is not None:
+            in_worker_pool(rdd, self.worker_pool or 0)
         return rdd
 
     def _task_slots(self) -> IntervalSlots:
@@ -850,7 +854,9 @@ class TopologyJob:
         try:
             width = max(part.tasks for part in parts)
             function = topology_task(tuple((part.tasks, part.task) for part in parts))
-            collected = task_numbers(width).mapPartitionsWithIndex(function).collect()
+            rdd = task_numbers(width).mapPartitionsWithIndex(function)
+            in_worker_pool(rdd, 0)  # Spark's default set, whatever another thread sets
+            collected = rdd.collect()
         except BaseException as exc:
             for part in parts:
                 part.rows.set_exception(exc)

@@ -19,7 +19,14 @@ from millstream.engine.clock import ManualClock
 from millstream.engine.driver import BatchPlan
 from millstream.engine.errors import FencedError, PoisonIsolationError, ServiceOutageError
 from millstream.engine.outages import Outage
-from millstream.spark.batch import BatchHandler, _BatchRun, short_error, stopped_batch
+from millstream.spark.batch import (
+    WORKER_POOL_VARIABLE,
+    BatchHandler,
+    _BatchRun,
+    in_worker_pool,
+    short_error,
+    stopped_batch,
+)
 from millstream.spark.executor import IntervalSlots
 from millstream.spark.isolation import MAX_ISOLATED, OffsetRange, Position
 from millstream.spark.metrics import ResultRow
@@ -289,6 +296,37 @@ def test_a_batch_waits_for_the_job_warming_its_python_workers_before_it_runs(
     assert runs.runs == [(None, set())]
 
 
+@pytest.mark.unit
+def test_a_job_of_the_default_python_workers_is_never_wrapped_in_another_pools() -> None:
+    # Another thread's job of pool 1 is being wrapped (its variable set) as a job of pool 0
+    # is: the second waits for the first, and runs in Spark's default set.
+    held, release = threading.Event(), threading.Event()
+
+    class Held(_TaskNumbers):
+        @property
+        def _jrdd(self) -> None:
+            self.wrapped_in.append(dict(self.context.environment))
+            held.set()
+            release.wait(10)
+
+    first, second = Held(), _TaskNumbers()
+    second.context = first.context  # one SparkContext
+    pool_one = threading.Thread(target=in_worker_pool, args=(first, 1), daemon=True)
+    pool_one.start()
+    assert held.wait(10)
+    default = threading.Thread(target=in_worker_pool, args=(second, 0), daemon=True)
+    default.start()
+    default.join(0.2)
+    assert default.is_alive()  # waits for the lock
+    release.set()
+    for thread in (pool_one, default):
+        thread.join(10)
+        assert not thread.is_alive()
+    assert first.wrapped_in == [{WORKER_POOL_VARIABLE: "1"}]
+    assert second.wrapped_in == [{}]
+    assert first.context.environment == {}
+
+
 # Spark's StreamExecution.PROXY_ERROR: how it tells a Python function's error for the Py4J
 # error of a call its query's stop interrupted.
 _SPARK_PROXY_ERROR = re.compile(
@@ -425,6 +463,12 @@ class _TaskNumbers:
     def __init__(self, fail: Exception | None = None) -> None:
         self.jobs: list[int] = []  # each job's width
         self.fail = fail
+        self.context = SimpleNamespace(environment={})
+        self.wrapped_in: list[dict[str, str]] = []  # the environment each wrap saw
+
+    @property
+    def _jrdd(self) -> None:
+        self.wrapped_in.append(dict(self.context.environment))
 
     def __call__(self, width: int) -> _TaskNumbers:
         self.width = width
@@ -485,6 +529,7 @@ def test_a_topology_job_runs_every_part_in_one_job_and_a_raising_part_fails_alon
     for thread in threads:
         thread.join(timeout=10)
     assert numbers.jobs == [2]  # one job, as wide as the widest part
+    assert numbers.wrapped_in == [{}]  # in Spark's default Python workers
     assert outcomes["count"] == [{"computation": "count", "task": n} for n in (0, 1)]
     assert outcomes["rank"] == [{"computation": "rank", "task": 0}]
     failed = outcomes["alert"]
