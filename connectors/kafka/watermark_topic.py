@@ -193,7 +193,11 @@ class KafkaWatermarkTopic:
         """
         reader = self._read_consumer()
         if ends is None:
-            ends = end_offsets(reader, [self.topic], timeout)[self.topic]
+            # Asked by a consumer that fetches nothing: a broker answers a connection's
+            # requests in turn, and the reader's fetch, held up to its fetch.wait.max.ms when
+            # no report is new, held each of these two requests behind it (12 to 21 ms of
+            # every batch's start at 2,000 events/s; about 2 ms this way).
+            ends = end_offsets(self._offsets_consumer(), [self.topic], timeout)[self.topic]
         if not self._assigned or ends.keys() - self._next.keys():
             # Assigned once (again only if partitions are added, or after a failed read):
             # re-assigning resets the fetcher, which then takes a second or more to deliver.

@@ -119,6 +119,45 @@ def test_closing_flushes_what_was_written_once(kafka: Kafka) -> None:
     assert producer.flushes == flushed + 1
 
 
+class FakeConsumer:
+    """A consumer of group ``group``, assigned what it is given."""
+
+    def __init__(self, group: str) -> None:
+        self.group = group
+        self.assigned: list[Any] = []
+
+    def assign(self, partitions: list[Any]) -> None:
+        self.assigned = partitions
+
+
+def test_a_read_asks_for_the_topics_end_with_a_consumer_that_fetches_nothing(
+    kafka: Kafka, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The reading consumer keeps a fetch in flight, which the broker holds up to its
+    # fetch.wait.max.ms when nothing is new, and answers a connection's requests in turn:
+    # asked through it, the end waited behind that fetch at every batch's start.
+    made: list[FakeConsumer] = []
+    asked: list[FakeConsumer] = []
+
+    def consumer(config: MillstreamConfig, group: str, **settings: Any) -> FakeConsumer:
+        made.append(FakeConsumer(group))
+        return made[-1]
+
+    def end_offsets(reader: FakeConsumer, topics: list[str], timeout: float) -> Any:
+        asked.append(reader)
+        return {topic: {0: 0} for topic in topics}
+
+    monkeypatch.setattr(kafka_watermark_topic, "consumer", consumer)
+    monkeypatch.setattr(kafka_watermark_topic, "end_offsets", end_offsets)
+    topic = KafkaWatermarkTopic(CONFIG, create=False)
+    assert topic.read() == []
+    assert topic.read() == []
+    reading = [c for c in made if c.assigned]
+    assert [c.group for c in reading] == ["millstream-watermarks"]
+    assert len(asked) == 2
+    assert not set(map(id, asked)) & set(map(id, reading))
+
+
 @pytest.mark.parametrize(
     ("name", "creates"),
     [("WatermarkPublisher", True), ("WatermarkReader", False), ("KafkaWatermarkChannel", True)],
