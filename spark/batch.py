@@ -14,6 +14,7 @@ the batch runs again without them.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import shutil
@@ -608,17 +609,25 @@ class BatchHandler:
         tasks, in its own workers (:func:`in_worker_pool`), which in local mode meet in a
         directory of their own so that each runs in a process of its own. Returns the
         workers that ran it, as ``host:pid``."""
-        meet = None if self._claims is None else self._claims / f"warm-{uuid.uuid4().hex}"
         topics = tuple(self.data_topics)
-        task = WarmTask(
-            self.spec, self.settings, topics, None if meet is None else str(meet), self.tasks
-        )
-        try:
+        with self._job_directory("warm-") as meet:
+            task = WarmTask(
+                self.spec, self.settings, topics, None if meet is None else str(meet), self.tasks
+            )
             workers = self._job(task).collect()
-        finally:
-            if meet is not None and meet.exists():
-                shutil.rmtree(meet)
         return sorted({f"{host}:{pid}" for host, pid in workers})
+
+    @contextlib.contextmanager
+    def _job_directory(self, prefix: str = "") -> Iterator[Path | None]:
+        """A directory of one job's own in the computation's claims directory (local mode,
+        else ``None``), where its tasks meet, removed once the job ended: a retry gets a
+        fresh one."""
+        directory = None if self._claims is None else self._claims / f"{prefix}{uuid.uuid4().hex}"
+        try:
+            yield directory
+        finally:
+            if directory is not None and directory.exists():
+                shutil.rmtree(directory)
 
     def _job(self, task: Callable[[int, Iterable[object]], Iterator[_T]]) -> RDD[_T]:
         """The RDD of ``task`` on task numbers ``range(self.tasks)`` (partition ``n``: task
@@ -659,31 +668,27 @@ class BatchHandler:
         whole = records is None
         if records is None:
             records = self._ranges(run) if run.has_data else []
-        claims = None if self._claims is None else self._claims / uuid.uuid4().hex
-        batch = BatchInput(
-            ranges=tuple(records),
-            ticks=ticks,
-            slots=self._task_slots(),
-            quarantine=quarantine,
-            claims=None if claims is None else str(claims),
-            ends={
-                (topic, partition): end
-                for topic in self.data_topics
-                for partition, end in run.consumed.get(topic, {}).items()
-            },
-        )
-        task = batch_task(
-            self.spec, self.settings, plan.watermark, plan.timer_watermark, plan.layout, batch
-        )
-        try:
+        with self._job_directory() as claims:
+            batch = BatchInput(
+                ranges=tuple(records),
+                ticks=ticks,
+                slots=self._task_slots(),
+                quarantine=quarantine,
+                claims=None if claims is None else str(claims),
+                ends={
+                    (topic, partition): end
+                    for topic in self.data_topics
+                    for partition, end in run.consumed.get(topic, {}).items()
+                },
+            )
+            task = batch_task(
+                self.spec, self.settings, plan.watermark, plan.timer_watermark, plan.layout, batch
+            )
             if whole and self.shared_job is not None:
                 job, self.shared_job = self.shared_job, None
                 collected = job.submit(self.spec.name, self.tasks, task)
             else:
                 collected = self._job(task).collect()
-        finally:
-            if claims is not None and claims.exists():
-                shutil.rmtree(claims)  # this job's alone: a retry claims in a fresh one
         return [ResultRow.of(row) for row in collected]
 
 

@@ -497,11 +497,20 @@ def read_from_kafka(
     """The messages of ``ranges`` but those ``skip`` refuses, read with this process's
     consumer."""
     resources = _resources(settings)
+    return read_ranges(
+        _batch_reader(resources, settings),
+        ranges,
+        _READ_TIMEOUT,
+        skip=skip,
+        known_topics=resources.reader_topics,
+    )
+
+
+def _batch_reader(resources: _Resources, settings: TaskSettings) -> Any:
+    """``resources``' consumer of the batches' ranges, made at its first use."""
     if resources.reader is None:
         resources.reader = range_reader(settings.config)
-    return read_ranges(
-        resources.reader, ranges, _READ_TIMEOUT, skip=skip, known_topics=resources.reader_topics
-    )
+    return resources.reader
 
 
 def committed_ends_from_kafka(
@@ -710,9 +719,8 @@ class WarmTask:
 
     def __call__(self, _index: int, _elements: Iterable[object]) -> Iterator[tuple[str, int]]:
         resources = _resources(self.settings)
-        if resources.reader is None:
-            resources.reader = range_reader(self.settings.config)
-        learn_topics(resources.reader, set(self.topics), resources.reader_topics, _READ_TIMEOUT)
+        reader = _batch_reader(resources, self.settings)
+        learn_topics(reader, set(self.topics), resources.reader_topics, _READ_TIMEOUT)
         if self.meet is not None:
             meet_workers(Path(self.meet), f"{_HOST}:{os.getpid()}", self.tasks, WARM_MEET_SECONDS)
         yield _HOST, os.getpid()
