@@ -120,14 +120,20 @@ def test_closing_flushes_what_was_written_once(kafka: Kafka) -> None:
 
 
 class FakeConsumer:
-    """A consumer of group ``group``, assigned what it is given."""
+    """A consumer of group ``group``, assigned what it is given; ``calls``: what it was
+    asked, in order."""
 
     def __init__(self, group: str) -> None:
         self.group = group
         self.assigned: list[Any] = []
+        self.calls: list[tuple[str, str | None]] = []
 
     def assign(self, partitions: list[Any]) -> None:
         self.assigned = partitions
+        self.calls.append(("assign", None))
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> None:
+        self.calls.append(("list_topics", topic))
 
 
 def test_a_read_asks_for_the_topics_end_with_a_consumer_that_fetches_nothing(
@@ -156,6 +162,30 @@ def test_a_read_asks_for_the_topics_end_with_a_consumer_that_fetches_nothing(
     assert [c.group for c in reading] == ["millstream-watermarks"]
     assert len(asked) == 2
     assert not set(map(id, asked)) & set(map(id, reading))
+
+
+def test_the_reading_consumer_learns_the_topic_before_it_is_assigned_to_it(
+    kafka: Kafka, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Else librdkafka fetches nothing until its once-a-second scan of its topics finds the
+    # topic's leader: a batch's first read waited about a second, in one run of two.
+    made: list[FakeConsumer] = []
+
+    def consumer(config: MillstreamConfig, group: str, **settings: Any) -> FakeConsumer:
+        made.append(FakeConsumer(group))
+        return made[-1]
+
+    monkeypatch.setattr(kafka_watermark_topic, "consumer", consumer)
+    monkeypatch.setattr(
+        kafka_watermark_topic,
+        "end_offsets",
+        lambda reader, topics, timeout: {topic: {0: 0} for topic in topics},
+    )
+    topic = KafkaWatermarkTopic(CONFIG, create=False)
+    assert topic.read() == []
+    assert topic.read() == []  # assigned once: asked once
+    (reading,) = [c for c in made if c.assigned]
+    assert reading.calls == [("list_topics", CONFIG.kafka_watermark_topic), ("assign", None)]
 
 
 @pytest.mark.parametrize(
