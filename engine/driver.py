@@ -28,6 +28,7 @@ each of them may be run again after a failure.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Final, Protocol, TypeVar
@@ -145,6 +146,9 @@ class ComputationDriver:
         self.tasks = tasks
         self.delivered = delivered
         self.layout: IntervalLayout | None = None
+        # A query's warm-up (on a thread of its own) may load the layout as its first batch
+        # begins: one loads it, the other finds it (loading finishes a journaled change).
+        self._loading = threading.Lock()
         """The computation's key intervals (``None``: not read yet)."""
         self.assignment: Mapping[int, int] | None = None
         """Each interval's task once the intervals were spread by load (``None``: the
@@ -155,13 +159,22 @@ class ComputationDriver:
     def load_layout(self, retry: Retry = at_once) -> IntervalLayout:
         """Read the computation's layout (writing the initial one if there is none), and
         finish a change a killed driver left journaled."""
-        self.layout = retry(self._current_layout)
-        return self.layout
+        with self._loading:
+            self.layout = retry(self._current_layout)
+            return self.layout
+
+    def current_layout(self, retry: Retry = at_once) -> IntervalLayout:
+        """The layout this driver holds, loaded first (:meth:`load_layout`) if it has none;
+        safe to call from another thread than the batches'."""
+        with self._loading:
+            if self.layout is None:
+                self.layout = retry(self._current_layout)
+            return self.layout
 
     def begin(self, consumed: Offsets, *, had_input: bool, retry: Retry = at_once) -> BatchPlan:
         """Start a batch that consumes up to ``consumed``; ``had_input``: whether it has
         records (else it runs for ticks and reports only)."""
-        layout = self.layout if self.layout is not None else self.load_layout(retry)
+        layout = self.current_layout(retry)
         watermarks = self.watermarks
         retry(lambda: watermarks.read(self.reader))
         watermark, timer_watermark = watermarks.advance(consumed)

@@ -357,6 +357,9 @@ class IntervalWorker:
         # on one (its resolution failing too, the store down) reports it once a later batch,
         # which resolves it by taking the interval over, has committed.
         self._unknown_outcomes = 0
+        # What a take() ahead of the batch found as it took the interval, which the next
+        # batch reports as its own (it kept the lease the take acquired).
+        self._taken: BatchResult | None = None
 
     def process(
         self,
@@ -382,6 +385,38 @@ class IntervalWorker:
             # crash between steps); only a rescan can tell what it holds.
             self._soft = None
             raise
+
+    def take(self) -> None:
+        """Step 1 of the next batch, and the reads its view of the interval makes once, ahead
+        of that batch: acquire the sequencer (or keep the lease this worker still holds),
+        read back the pending productions, list the keys the interval holds, load its dedup
+        IDs' Bloom filter (exactly-once) and its earliest timers, and begin opening its
+        transactional producer.
+        For a worker with strong productions only (one with weak ones acquires every batch),
+        which keeps the lease to its next batch as it would from one batch to the next: that
+        batch then finds it held, with the soft state it makes. A query's start takes the
+        intervals of its first batch so (:class:`millstream.spark.executor.WarmTask`)."""
+        if not self.spec.options.strong_productions:
+            raise ValueError(
+                f"computation {self.spec.name!r} has weak productions: a worker of it "
+                "acquires the interval at every batch, so taking it ahead does nothing"
+            )
+        try:
+            soft, result = self._begin()
+            if self._transactions is not None and soft.unresolved:
+                self._transactions.prepare(
+                    self.spec.name, self.interval, self.spec.options.send_timeout, soft.lease.token
+                )
+            self._held_keys(soft)
+            if self.spec.options.exactly_once:
+                self._id_filter(soft)
+            self._next_timers(soft)  # then the batch reads due timers only if some are
+        except BaseException:
+            self._soft = None
+            self._taken = None
+            raise
+        if result.rescanned:
+            self._taken = result
 
     def _process(
         self, inputs: list[Delivery | Rejected], watermark: int, timer_watermark: int
@@ -436,7 +471,11 @@ class IntervalWorker:
         again from the pending productions the store holds."""
         store = self._store
         soft = self._soft
+        taken, self._taken = self._taken, None
         if soft is not None and self.spec.options.strong_productions and store.holds(soft.lease):
+            if taken is not None:  # acquired by take(): that is this batch's acquire
+                taken.resent = len(soft.pending)
+                return soft, taken
             return soft, BatchResult(lease=soft.lease, rescanned=False, resent=len(soft.pending))
         previous = soft.lease if soft is not None else None
         lease = store.acquire(self.spec.name, self.interval, previous)
@@ -654,12 +693,16 @@ class IntervalWorker:
 
     def _finish(self, soft: _SoftState, result: BatchResult) -> BatchResult:
         """What the interval has left to do once the batch is committed."""
+        result.pending = len(soft.pending)
+        result.progress = _progress(soft, self._next_timers(soft))
+        return result
+
+    def _next_timers(self, soft: _SoftState) -> NextTimers:
+        """The interval's earliest timers, read if the soft state does not know them."""
         if soft.next_timers is None:
             soft.next_timers = self._store.next_timers(soft.lease, soft.timer_floor)
             soft.timer_floor = TimerFloor.at(soft.next_timers)
-        result.pending = len(soft.pending)
-        result.progress = _progress(soft, soft.next_timers)
-        return result
+        return soft.next_timers
 
     def _due_timers(
         self, soft: _SoftState, timer_watermark: int, now: int

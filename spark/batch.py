@@ -603,19 +603,32 @@ class BatchHandler:
             )
         )
 
-    def warm(self) -> list[str]:
+    def warm(self) -> dict[str, tuple[int, ...]]:
         """Make the connections of the Python workers that will run this computation's
         tasks, before its first batch needs them (:class:`.executor.WarmTask`): a job of its
         tasks, in its own workers (:func:`in_worker_pool`), which in local mode meet in a
-        directory of their own so that each runs in a process of its own. Returns the
-        workers that ran it, as ``host:pid``."""
+        directory of their own so that each runs in a process of its own, and there take the
+        intervals of the share each will work in the first batch (strong productions).
+        Returns the workers that ran it, as ``host:pid``, each with the intervals it took."""
         topics = tuple(self.data_topics)
+        # Local mode: its tasks take the intervals of the first batch (WarmTask).
+        layout = None if self._claims is None else self.driver.current_layout()
         with self._job_directory("warm-") as meet:
             task = WarmTask(
-                self.spec, self.settings, topics, None if meet is None else str(meet), self.tasks
+                self.spec,
+                self.settings,
+                topics,
+                None if meet is None else str(meet),
+                self.tasks,
+                layout,
+                self._task_slots(),
             )
             workers = self._job(task).collect()
-        return sorted({f"{host}:{pid}" for host, pid in workers})
+        taken: dict[str, tuple[int, ...]] = {}
+        for host, pid, intervals in workers:
+            worker = f"{host}:{pid}"
+            taken[worker] = tuple(sorted({*taken.get(worker, ()), *intervals}))
+        return dict(sorted(taken.items()))
 
     @contextlib.contextmanager
     def _job_directory(self, prefix: str = "") -> Iterator[Path | None]:

@@ -1052,10 +1052,12 @@ class RunningTopology:
                     try:
                         workers = handler.warm()
                         _log.info(
-                            "computation %r: Python workers %s warmed in %.2f s",
+                            "computation %r: Python workers %s warmed in %.2f s; "
+                            "intervals taken: %s",
                             handler.spec.name,
                             ", ".join(workers),
                             time.monotonic() - started,
+                            workers,
                         )
                     except Exception as exc:  # logged: the first batch connects them itself
                         if not stopping.is_set():

@@ -485,6 +485,67 @@ def test_a_stale_answer_that_the_lease_is_held_costs_a_fenced_batch_and_nothing_
     assert workers.state(spec) == {"k": ["a", "b", "c"]}
 
 
+def _counted(monkeypatch: pytest.MonkeyPatch, store: Any, *names: str) -> dict[str, int]:
+    """How many times each of ``store``'s methods ``names`` is called from now on."""
+    calls = dict.fromkeys(names, 0)
+    for name in names:
+        method = getattr(store, name)
+
+        def counted(*args: Any, _name: str = name, _method: Any = method, **kwargs: Any) -> Any:
+            calls[_name] += 1
+            return _method(*args, **kwargs)
+
+        monkeypatch.setattr(store, name, counted)
+    return calls
+
+
+def test_a_take_ahead_of_a_batch_is_that_batchs_acquire_and_its_reads_back(
+    workers: Workers, make_record: RecordFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = workers.spec(Appender())
+    before = workers.worker(spec).process(deliver(make_record("k", b"a")), WM)
+    mine = workers.worker(spec)
+    reads = ("acquire", "pending_productions", "state_keys", "dedup_ids", "next_timers")
+    calls = _counted(monkeypatch, workers.store, *reads, "due_timers")
+    mine.take()
+    assert workers.store.sequencer("comp", 0) == before.lease.token + 1
+    once = {**dict.fromkeys(reads, 1), "due_timers": 0}
+    assert calls == once
+    first = mine.process(deliver(make_record("k", b"b")), WM)
+    assert calls == once  # and no timer is due: none read
+    # The batch reports the take's acquire as its own: a takeover, read back.
+    assert first.rescanned
+    assert first.lease.token == before.lease.token + 1
+    second = mine.process(deliver(make_record("k", b"c")), WM)
+    assert not second.rescanned
+    assert second.lease == first.lease
+    assert workers.state(spec) == {"k": ["a", "b", "c"]}
+
+
+def test_an_interval_taken_ahead_and_taken_over_before_the_batch_is_acquired_again(
+    workers: Workers, make_record: RecordFactory
+) -> None:
+    spec = workers.spec(Appender())
+    mine, other = workers.worker(spec), workers.worker(spec)
+    mine.take()
+    taken = workers.store.sequencer("comp", 0)
+    seen_elsewhere = make_record("k", b"a")
+    other.process(deliver(seen_elsewhere), WM)
+    result = mine.process(deliver(make_record("k", b"b"), seen_elsewhere), WM)
+    assert result.rescanned
+    assert result.lease.token == taken + 2
+    assert (result.processed, result.duplicates) == (1, 1)
+    assert workers.state(spec) == {"k": ["a", "b"]}
+
+
+def test_a_worker_with_weak_productions_takes_nothing_ahead(workers: Workers) -> None:
+    spec = workers.spec(
+        Appender(), options=ComputationOptions(key_intervals=1, strong_productions=False)
+    )
+    with pytest.raises(ValueError, match="weak productions"):
+        workers.worker(spec).take()
+
+
 def test_weak_productions_acquire_the_lease_every_batch(
     workers: Workers, make_record: RecordFactory
 ) -> None:

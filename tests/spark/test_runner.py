@@ -40,6 +40,7 @@ from millstream.engine.context import Context
 from millstream.engine.deadletters import decode_dead_letter, default_dead_letter_stream
 from millstream.engine.errors import TopologyError
 from millstream.engine.keys import key_interval
+from millstream.engine.layout import IntervalLayout
 from millstream.engine.records import (
     MAX_RECORD_BYTES,
     SINGLE_OBJECT_MARKER,
@@ -818,21 +819,32 @@ def test_each_computations_first_batch_runs_in_the_python_workers_warmed_as_it_s
     finally:
         running.stop()
 
-    warmed: dict[str, tuple[float, set[int]]] = {}
+    warmed: dict[str, tuple[float, set[int], dict[int, int]]] = {}
     for record in caplog.records:
         if record.name == "millstream.spark.runner" and "warmed in" in record.getMessage():
-            name, workers, _ = cast("tuple[str, str, float]", record.args)
+            name, workers, _, taken = cast(
+                "tuple[str, str, float, dict[str, tuple[int, ...]]]", record.args
+            )
             pids = {int(worker.rsplit(":", 1)[1]) for worker in workers.split(", ")}
-            warmed[name] = (record.created, pids)
+            takers = {i: int(w.rsplit(":", 1)[1]) for w, took in taken.items() for i in took}
+            warmed[name] = (record.created, pids, takers)
     assert sorted(warmed) == sorted([pipeline.per_user, pipeline.per_query])
     tasks = min(INTERVALS, spark.sparkContext.defaultParallelism)
-    for name, (at, pids) in warmed.items():
+    layout = IntervalLayout.initial(INTERVALS)
+    store = CassandraIntervalStore(cassandra, pipeline.keyspace, SystemClock())
+    for name, (at, pids, takers) in warmed.items():
         # A process a task (they met) before any record, and every record in one of them.
         assert len(pids) == tasks, name
-        found = states(cassandra, pipeline.keyspace, name).values()
+        found = states(cassandra, pipeline.keyspace, name)
         assert found, f"{name} processed nothing"
-        assert at < min(where["first"] for where in found), name
-        assert {pid for where in found for pid in where["pids"]} <= pids, name
+        assert at < min(where["first"] for where in found.values()), name
+        assert {pid for where in found.values() for pid in where["pids"]} <= pids, name
+        # Each interval taken by one of them as the query started, its records processed
+        # there, under the lease taken then: no batch acquired it again.
+        assert sorted(takers) == list(layout.ids), name
+        for key, where in found.items():
+            assert where["pids"] == [takers[layout.interval_of(key)]], (name, key)
+        assert [store.sequencer(name, i) for i in layout.ids] == [1] * INTERVALS, name
 
 
 def assert_counts_equal(session: Session, keyspace: str, left: str, right: str) -> None:
