@@ -61,6 +61,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence, Set
+from concurrent.futures import Future
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
@@ -367,6 +368,7 @@ class IntervalWorker:
         input_low_watermark: int,
         *,
         timer_watermark: int | None = None,
+        held: Future[bool] | None = None,
     ) -> BatchResult:
         """Process one batch; returns only once everything in it is committed.
 
@@ -374,11 +376,13 @@ class IntervalWorker:
         consumed (a record older than it is late). Event-time timers fire against
         ``timer_watermark`` when given: the watermark once this batch's input is consumed,
         which may be higher, since a key's timers fire only after its records of the batch.
+        ``held``: the answer of :meth:`lease_check`'s read, made ahead of this batch, which
+        step 1 then takes instead of reading.
         """
         timers = input_low_watermark if timer_watermark is None else timer_watermark
         try:
             return self._process(
-                list(inputs), input_low_watermark, max(timers, input_low_watermark)
+                list(inputs), input_low_watermark, max(timers, input_low_watermark), held
             )
         except BaseException:
             # The store may now differ from the soft state (a fenced or uncertain write, a
@@ -419,11 +423,15 @@ class IntervalWorker:
             self._taken = result
 
     def _process(
-        self, inputs: list[Delivery | Rejected], watermark: int, timer_watermark: int
+        self,
+        inputs: list[Delivery | Rejected],
+        watermark: int,
+        timer_watermark: int,
+        held: Future[bool] | None = None,
     ) -> BatchResult:
         steps = _Steps(self._step_clock)
         now = self._clock.now()
-        soft, result = self._begin()
+        soft, result = self._begin(held)
         if self._transactions is not None:
             # Known before the calls, so that a production is made tagged, not copied to
             # tag it after them (see _tag).
@@ -465,14 +473,31 @@ class IntervalWorker:
         finished.steps = steps.times
         return finished
 
-    def _begin(self) -> tuple[_SoftState, BatchResult]:
+    def lease_check(self) -> Callable[[], bool] | None:
+        """The read that tells whether this worker still holds the lease it keeps, to run
+        ahead of its next batch on another thread (while the batch's input is read) and hand
+        to :meth:`process` as ``held``; None if that batch acquires anyway (no lease kept, or
+        weak productions). A stale answer costs what a stale read at the batch's start
+        would: a fenced batch, never a wrong write."""
+        soft = self._soft
+        if soft is None or not self.spec.options.strong_productions:
+            return None
+        lease, store = soft.lease, self._store
+        return lambda: store.holds(lease)
+
+    def _begin(self, held: Future[bool] | None = None) -> tuple[_SoftState, BatchResult]:
         """Step 1: acquire the sequencer, unless this worker keeps the lease it still holds
-        (see the module docstring); keep the soft state if it is still exact, else start it
-        again from the pending productions the store holds."""
+        (see the module docstring; ``held``: that read, made ahead); keep the soft state if
+        it is still exact, else start it again from the pending productions the store
+        holds."""
         store = self._store
         soft = self._soft
         taken, self._taken = self._taken, None
-        if soft is not None and self.spec.options.strong_productions and store.holds(soft.lease):
+        if (
+            soft is not None
+            and self.spec.options.strong_productions
+            and (held.result() if held is not None else store.holds(soft.lease))
+        ):
             if taken is not None:  # acquired by take(): that is this batch's acquire
                 taken.resent = len(soft.pending)
                 return soft, taken

@@ -76,5 +76,11 @@ class WorkerPool:
             worker.layout = layout  # its own range is the same; the others may have split
         return worker, True
 
+    def existing(
+        self, spec: ComputationSpec, interval: int, *, run: str = ""
+    ) -> IntervalWorker | None:
+        """The worker of ``spec``'s ``interval`` if this pool made one, else ``None``."""
+        return self._workers.get((run, spec.name, interval))
+
     def __len__(self) -> int:
         return len(self._workers)

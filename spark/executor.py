@@ -92,7 +92,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Set
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from itertools import chain
 from pathlib import Path
@@ -356,6 +356,9 @@ def _resources(settings: TaskSettings) -> _Resources:
 
 # Per computation run token: the share of the intervals this process worked last.
 _LAST_SLOT: dict[str, int] = {}
+# Per computation run token and share: the intervals this process ran in its last batch,
+# whose leases its next batch checks while it reads its input (_lease_checks).
+_LAST_RAN: dict[tuple[str, int], frozenset[int]] = {}
 
 
 def claim_slot(claims: str, task: int, slots: int, run_token: str) -> int:
@@ -638,6 +641,7 @@ class BatchTask:
             }
         fault_point("executor.task", spec.name)
         faults = armed_faults("executor.record", spec.name)
+        held = _lease_checks(_CACHE.get(settings.endpoints), spec, settings.run_token, batch, tasks)
         routing_started, routing_cpu = thread_step_clock()
         by_interval = route_task(
             spec,
@@ -652,6 +656,10 @@ class BatchTask:
             _leave_out_read_ahead(by_interval, marks, settings.run_token, spec.name, batch.ticks)
         routed, routed_cpu = thread_step_clock()
         routing = [routed - routing_started, routed_cpu - routing_cpu]
+        for slot in tasks:
+            _LAST_RAN[settings.run_token, slot] = frozenset(
+                i for i in by_interval if batch.slots.task_of(i) == slot
+            )
         # The intervals' round trips to Cassandra and Kafka overlap on the pool's threads.
         futures = [
             resources.threads.submit(
@@ -665,6 +673,7 @@ class BatchTask:
                 self.timer_watermark,
                 self.layout,
                 faults,
+                held.get(interval),
             )
             for interval, inputs in sorted(by_interval.items())
         ]
@@ -1010,16 +1019,18 @@ def _run_interval(
     timer_watermark: int,
     layout: IntervalLayout | None,
     faults: frozenset[str] = frozenset(),
+    held: Future[bool] | None = None,
 ) -> dict[str, Any]:
     """Run one interval's inputs; its :data:`RESULT_SCHEMA` row (:meth:`ResultRow.columns`).
-    ``faults``: record IDs (hex) a fault harness armed (:mod:`~millstream.engine.fault_points`)."""
+    ``faults``: record IDs (hex) a fault harness armed (:mod:`~millstream.engine.fault_points`);
+    ``held``: its lease check, made as the task began (:func:`_lease_checks`)."""
     started, cpu_started = time.monotonic(), time.thread_time()
     # Partitions interleave as they are read; each partition's messages come in order.
     inputs.sort(key=_position)
     if faults:
         _inject_faults(spec, inputs, faults)
     worker, cached = workers.worker(spec, interval, layout, run=run_token)
-    result = worker.process(inputs, watermark, timer_watermark=timer_watermark)
+    result = worker.process(inputs, watermark, timer_watermark=timer_watermark, held=held)
     rejected = sum(isinstance(item, Rejected) for item in inputs)
     return ResultRow(
         computation=spec.name,
@@ -1032,6 +1043,33 @@ def _run_interval(
         progress=result.progress,
         steps=result.steps,
     ).columns()
+
+
+def _lease_checks(
+    resources: _Resources | None,
+    spec: ComputationSpec,
+    run_token: str,
+    batch: BatchInput,
+    tasks: Set[int],
+) -> dict[int, Future[bool]]:
+    """Begun on the interval threads as a task starts, for each interval of its shares that
+    this process ran in its last batch and whose worker keeps its lease: the read that tells
+    whether it still holds it (:meth:`IntervalWorker.lease_check`), which then overlaps the
+    task's reading and routing instead of starting the interval's work (about 8 to 14 ms an
+    interval at 2,000 events/s). An interval that turns out to have nothing to run wasted
+    one read; one idle in the last batch is not checked ahead. ``resources``: the process's
+    for the task's endpoints (``None``: it has none, so no worker either)."""
+    checks: dict[int, Future[bool]] = {}
+    if resources is None:
+        return checks
+    for slot in sorted(tasks):
+        for interval in sorted(_LAST_RAN.get((run_token, slot), ())):
+            if batch.slots.task_of(interval) != slot:
+                continue  # the intervals were spread anew since
+            worker = resources.workers.existing(spec, interval, run=run_token)
+            if worker is not None and (check := worker.lease_check()) is not None:
+                checks[interval] = resources.threads.submit(check)
+    return checks
 
 
 def _position(item: Delivery | Rejected) -> tuple[str, int, int]:

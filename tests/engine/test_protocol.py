@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Collection, Mapping, Sequence, Set
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -538,12 +539,46 @@ def test_an_interval_taken_ahead_and_taken_over_before_the_batch_is_acquired_aga
     assert workers.state(spec) == {"k": ["a", "b"]}
 
 
-def test_a_worker_with_weak_productions_takes_nothing_ahead(workers: Workers) -> None:
+def test_a_worker_with_weak_productions_takes_nothing_ahead(
+    workers: Workers, make_record: RecordFactory
+) -> None:
     spec = workers.spec(
         Appender(), options=ComputationOptions(key_intervals=1, strong_productions=False)
     )
+    worker = workers.worker(spec)
     with pytest.raises(ValueError, match="weak productions"):
-        workers.worker(spec).take()
+        worker.take()
+    worker.process(deliver(make_record("k", b"a")), WM)
+    assert worker.lease_check() is None  # it acquires every batch
+
+
+def test_a_lease_check_made_ahead_is_the_batchs_own_read_of_the_sequencer(
+    workers: Workers, make_record: RecordFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = workers.spec(Appender())
+    mine, other = workers.worker(spec), workers.worker(spec)
+    assert mine.lease_check() is None  # no lease kept yet: its batch acquires
+    first = mine.process(deliver(make_record("k", b"a")), WM)
+    check = mine.lease_check()
+    assert check is not None
+    held: Future[bool] = Future()
+    held.set_result(check())
+    calls = _counted(monkeypatch, workers.store, "holds", "acquire")
+    kept = mine.process(deliver(make_record("k", b"b")), WM, held=held)
+    assert calls == {"holds": 0, "acquire": 0}
+    assert kept.lease == first.lease
+    assert not kept.rescanned
+
+    # Taken over after the check was made: its stale answer fences the batch, nothing else.
+    check = mine.lease_check()
+    assert check is not None
+    stale: Future[bool] = Future()
+    stale.set_result(check())
+    other.process(deliver(make_record("k", b"c")), WM)
+    with pytest.raises(FencedError):
+        mine.process(deliver(make_record("k", b"stale")), WM, held=stale)
+    assert workers.state(spec) == {"k": ["a", "b", "c"]}
+    assert mine.lease_check() is None  # the failed batch dropped the lease it kept
 
 
 def test_weak_productions_acquire_the_lease_every_batch(

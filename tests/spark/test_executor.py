@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -83,6 +84,7 @@ def sink(monkeypatch: pytest.MonkeyPatch) -> Iterator[TestingSink]:
         threads,
     )
     monkeypatch.setitem(executor._CACHE, SETTINGS.endpoints, resources)
+    monkeypatch.setattr(executor, "_LAST_RAN", {})
     yield sink
     threads.shutdown()
 
@@ -202,6 +204,42 @@ def test_a_row_times_its_intervals_steps_and_a_task_its_routing_once(sink: Testi
     assert all(list(row.steps) in (list(STEPS), [*STEPS, ROUTING]) for row in results)
     assert sum(ROUTING in row.steps for row in results) == 2  # the two tasks
     assert all(t.seconds >= 0 and t.cpu_seconds >= 0 for r in results for t in r.steps.values())
+
+
+def test_a_task_checks_the_leases_its_intervals_keep_while_it_reads_its_input(
+    sink: TestingSink, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec, layout = windows(4)
+    (ran,) = {row.interval for row in run_batch(spec, messages([record("a", 10, 0)]), layout)}
+    store = executor._CACHE[SETTINGS.endpoints].workers.store
+    checked: list[int] = []
+    asked = threading.Event()
+    holds = store.holds
+
+    def counted(lease: Any) -> bool:
+        checked.append(lease.interval)
+        asked.set()
+        return holds(lease)
+
+    monkeypatch.setattr(store, "holds", counted)
+    later = InputMessage("in", 0, 1, 5, None, record("a", 20, 1))
+    batch = BatchInput(
+        ranges=(OffsetRange("in", 0, 1, 2),), ticks=(), slots=IntervalSlots(2), quarantine={}
+    )
+
+    def read(
+        settings: TaskSettings, ranges: Sequence[OffsetRange], skip: Skip
+    ) -> list[InputMessage]:
+        # The check of the interval the last batch ran began before the read: it overlaps it.
+        assert asked.wait(5), "no lease was checked before the input was read"
+        return [later]
+
+    task = batch_task(spec, SETTINGS, 0, 0, layout, batch, read)
+    number = batch.slots.task_of(ran)
+    (row,) = [ResultRow.of(r) for r in task(number, iter([number]))]
+    assert (row.interval, row.counts.processed) == (ran, 1)
+    assert checked == [ran]  # read once, ahead: the batch took that answer
+    assert row.counts.rescans == 0
 
 
 def test_a_fence_is_raised_before_another_intervals_failure(
