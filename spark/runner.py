@@ -187,6 +187,9 @@ computations' own; no computation can be named so."""
 # How often in a row a driver restarts a query that lost its checkpoint to a zombie.
 _TAKE_BACKS: Final = 5
 
+# How long a stop waits for a query's warm-up to end before cancelling its job group again.
+_WARM_CANCEL_SECONDS: Final = 0.1
+
 # What a JVM's IOException says when the disk under a checkpoint refuses a write.
 _STORAGE_FAILURES = ("No space left on device", "Disk quota exceeded", "Read-only file system")
 
@@ -757,8 +760,13 @@ class RunningTopology:
             stopping.set()
         if warming is not None:
             thread, group = warming
-            self.spark.sparkContext.cancelJobGroup(group)
-            thread.join()
+            # Cancelled until its thread ends: a warm-up whose job was not submitted yet when
+            # first cancelled would otherwise run it whole (its takes waiting out an outage).
+            while True:
+                self.spark.sparkContext.cancelJobGroup(group)
+                thread.join(_WARM_CANCEL_SECONDS)
+                if not thread.is_alive():
+                    break
         query.stop()
 
     @property
@@ -1048,6 +1056,8 @@ class RunningTopology:
             context.setJobGroup(group, f"millstream: warming the Python workers of {what}")
             try:
                 for handler in handlers:
+                    if stopping.is_set():
+                        return  # stopped as it started: nothing more to warm
                     started = time.monotonic()
                     try:
                         workers = handler.warm()

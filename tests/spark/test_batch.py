@@ -31,6 +31,7 @@ from millstream.spark.executor import IntervalSlots
 from millstream.spark.isolation import MAX_ISOLATED, OffsetRange, Position
 from millstream.spark.metrics import ResultRow
 from millstream.spark.quarantine import QUARANTINE_DIRECTORY, Quarantine
+from millstream.spark.runner import RunningTopology
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -564,3 +565,37 @@ def test_a_topology_job_failing_whole_fails_every_part_and_waits_for_every_compu
     nobody.leave("count")
     nobody.run(cast(Any, numbers))  # no part: no job
     assert numbers.jobs == [2]
+
+
+class CancelledOnce:
+    """A warm-up's thread whose job is submitted only after the first cancel of its group
+    (the stop came between the thread's start and the submission): it ends when a cancel
+    finds the job, or else after the whole job, ``seconds`` later."""
+
+    def __init__(self, seconds: float) -> None:
+        self.cancels = 0
+        self.cancelled = threading.Event()
+        self.thread = threading.Thread(target=lambda: self.cancelled.wait(seconds))
+
+    def cancelJobGroup(self, group: str) -> None:  # noqa: N802  (SparkContext's name)
+        self.cancels += 1
+        if self.cancels > 1:  # the job is running by now
+            self.cancelled.set()
+
+
+@pytest.mark.unit
+def test_a_stop_cancels_a_warm_up_until_it_has_ended() -> None:
+    warm = CancelledOnce(seconds=20)
+    warm.thread.start()
+    stopped: list[bool] = []
+    topology = SimpleNamespace(
+        _lock=threading.Lock(),
+        _stopping={"c": threading.Event()},
+        _warming={"c": (warm.thread, "millstream-warm-x")},
+        spark=SimpleNamespace(sparkContext=warm),
+    )
+    query = SimpleNamespace(stop=lambda: stopped.append(True))
+    RunningTopology._stop_query(cast(Any, topology), "c", cast(Any, query))
+    assert not warm.thread.is_alive()
+    assert warm.cancelled.is_set()  # ended by a cancel, not after its whole job
+    assert stopped == [True]
