@@ -407,10 +407,7 @@ class IntervalWorker:
             )
         try:
             soft, result = self._begin()
-            if self._transactions is not None and soft.unresolved:
-                self._transactions.prepare(
-                    self.spec.name, self.interval, self.spec.options.send_timeout, soft.lease.token
-                )
+            self._prepare_producer(soft)
             self._held_keys(soft)
             if self.spec.options.exactly_once:
                 self._id_filter(soft)
@@ -436,12 +433,8 @@ class IntervalWorker:
             # Known before the calls, so that a production is made tagged, not copied to
             # tag it after them (see _tag).
             self._batch_tag = CommitTag(soft.lease.token, soft.commits + 1)
-        if inputs and self._transactions is not None and soft.unresolved:
-            # The producer's open (a few round trips, more while librdkafka finds the
-            # coordinator) overlaps the batch's reads, user code and commit.
-            self._transactions.prepare(
-                self.spec.name, self.interval, self.spec.options.send_timeout, soft.lease.token
-            )
+        if inputs:
+            self._prepare_producer(soft)
         steps.end("lease")
         self._resend(soft, result)
         steps.end("resend")
@@ -472,6 +465,15 @@ class IntervalWorker:
         steps.end("finish")
         finished.steps = steps.times
         return finished
+
+    def _prepare_producer(self, soft: _SoftState) -> None:
+        """Begin opening the interval's transactional producer for this view's lease if the
+        view is unresolved (a takeover): the open (a few round trips, more while librdkafka
+        finds the coordinator) then overlaps the batch's reads, user code and commit."""
+        if self._transactions is not None and soft.unresolved:
+            self._transactions.prepare(
+                self.spec.name, self.interval, self.spec.options.send_timeout, soft.lease.token
+            )
 
     def lease_check(self) -> Callable[[], bool] | None:
         """The read that tells whether this worker still holds the lease it keeps, to run

@@ -486,6 +486,19 @@ def test_a_stale_answer_that_the_lease_is_held_costs_a_fenced_batch_and_nothing_
     assert workers.state(spec) == {"k": ["a", "b", "c"]}
 
 
+# A computation with weak productions, on one interval.
+WEAK = ComputationOptions(key_intervals=1, strong_productions=False)
+
+
+def _checked_ahead(worker: IntervalWorker) -> Future[bool]:
+    """The worker's lease check, made now, as a task makes it ahead of a batch."""
+    check = worker.lease_check()
+    assert check is not None
+    held: Future[bool] = Future()
+    held.set_result(check())
+    return held
+
+
 def _counted(monkeypatch: pytest.MonkeyPatch, store: Any, *names: str) -> dict[str, int]:
     """How many times each of ``store``'s methods ``names`` is called from now on."""
     calls = dict.fromkeys(names, 0)
@@ -542,9 +555,7 @@ def test_an_interval_taken_ahead_and_taken_over_before_the_batch_is_acquired_aga
 def test_a_worker_with_weak_productions_takes_nothing_ahead(
     workers: Workers, make_record: RecordFactory
 ) -> None:
-    spec = workers.spec(
-        Appender(), options=ComputationOptions(key_intervals=1, strong_productions=False)
-    )
+    spec = workers.spec(Appender(), options=WEAK)
     worker = workers.worker(spec)
     with pytest.raises(ValueError, match="weak productions"):
         worker.take()
@@ -559,10 +570,7 @@ def test_a_lease_check_made_ahead_is_the_batchs_own_read_of_the_sequencer(
     mine, other = workers.worker(spec), workers.worker(spec)
     assert mine.lease_check() is None  # no lease kept yet: its batch acquires
     first = mine.process(deliver(make_record("k", b"a")), WM)
-    check = mine.lease_check()
-    assert check is not None
-    held: Future[bool] = Future()
-    held.set_result(check())
+    held = _checked_ahead(mine)
     calls = _counted(monkeypatch, workers.store, "holds", "acquire")
     kept = mine.process(deliver(make_record("k", b"b")), WM, held=held)
     assert calls == {"holds": 0, "acquire": 0}
@@ -570,10 +578,7 @@ def test_a_lease_check_made_ahead_is_the_batchs_own_read_of_the_sequencer(
     assert not kept.rescanned
 
     # Taken over after the check was made: its stale answer fences the batch, nothing else.
-    check = mine.lease_check()
-    assert check is not None
-    stale: Future[bool] = Future()
-    stale.set_result(check())
+    stale = _checked_ahead(mine)
     other.process(deliver(make_record("k", b"c")), WM)
     with pytest.raises(FencedError):
         mine.process(deliver(make_record("k", b"stale")), WM, held=stale)
@@ -585,9 +590,7 @@ def test_weak_productions_acquire_the_lease_every_batch(
     workers: Workers, make_record: RecordFactory
 ) -> None:
     # They leave before the commit: a batch must not send what a stale view made.
-    spec = workers.spec(
-        Appender(), options=ComputationOptions(key_intervals=1, strong_productions=False)
-    )
+    spec = workers.spec(Appender(), options=WEAK)
     worker = workers.worker(spec)
     first = worker.process(deliver(make_record("k", b"a")), WM)
     second = worker.process(deliver(make_record("k", b"b")), WM)
@@ -791,9 +794,7 @@ def test_weak_productions_are_sent_before_the_commit_and_not_checkpointed(
 ) -> None:
     sink = InspectingSink(store)
     workers = make_workers(store, sink)
-    spec = workers.spec(
-        Appender(), options=ComputationOptions(key_intervals=1, strong_productions=False)
-    )
+    spec = workers.spec(Appender(), options=WEAK)
     result = workers.worker(spec).process(deliver(make_record("k", b"a")), WM)
 
     assert sink.commits_at_send == [0]
@@ -809,9 +810,7 @@ def test_weak_stragglers_are_checkpointed_and_resent(
     outcome = SendOutcome.LOST
     sink = TestingSink(lambda _: outcome)
     workers = make_workers(store, sink)
-    spec = workers.spec(
-        Appender(), options=ComputationOptions(key_intervals=1, strong_productions=False)
-    )
+    spec = workers.spec(Appender(), options=WEAK)
     worker = workers.worker(spec)
     worker.process(deliver(make_record("k", b"a")), WM)
     assert [p.record.value for p in store.productions("comp")] == [b"a"]
