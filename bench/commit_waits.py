@@ -39,12 +39,12 @@ if __package__ in (None, ""):  # run as a script: make `bench.*` importable
 
 from cassandra.query import BatchStatement
 
+from bench.core_commits import key_change
 from bench.harness import percentile
 from millstream.connectors import cassandra as cassandra_connector
 from millstream.engine.clock import SystemClock
 from millstream.engine.config import load_config
-from millstream.engine.productions import Production
-from millstream.engine.records import Record, injector_record_id
+from millstream.engine.records import injector_record_id
 from millstream.engine.state import KeyChanges
 from millstream.engine.stores.cassandra import CassandraIntervalStore, create_schema
 
@@ -135,14 +135,15 @@ def read_traces(session: Any, traced: Sequence[tuple[float, uuid.UUID]]) -> list
 
 
 def commit_keys(interval: int, keys: int, batch: int) -> list[KeyChanges]:
-    """A batch's changes of ``keys`` keys: per key a state, one record's ID and a production."""
-    changes = []
-    for n in range(keys):
-        key = f"key-{interval}-{n:04d}"
-        record_id = injector_record_id("commit-waits", interval, batch * keys + n)
-        production = Production("out", Record(key, b"v" * 100, 1, record_id))
-        changes.append(KeyChanges(key, b"s" * 100, {}, [production], [record_id]))
-    return changes
+    """A batch's changes of ``keys`` keys, one record each (as ``bench/core_commits.py``'s
+    ``store`` mode makes them)."""
+    return [
+        key_change(
+            f"key-{interval}-{n:04d}",
+            injector_record_id("commit-waits", interval, batch * keys + n),
+        )
+        for n in range(keys)
+    ]
 
 
 @contextlib.contextmanager

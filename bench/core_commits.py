@@ -145,6 +145,13 @@ def _measure(
     return Cell(setup.nodelay, mode, keys, len(latencies), elapsed, latencies, lwts)
 
 
+def key_change(key: str, record_id: bytes) -> KeyChanges:
+    """What one record makes of ``key`` in ``store`` mode: its state, its production and its
+    dedup ID."""
+    production = Production("out", Record(key, b"v" * VALUE_BYTES, 1, record_id))
+    return KeyChanges(key, b"s" * STATE_BYTES, {}, [production], [record_id])
+
+
 def bench_store(setup: Setup, keys: int) -> Cell:
     store = setup.store()
     setup.bury(setup.name("store", keys))
@@ -152,12 +159,10 @@ def bench_store(setup: Setup, keys: int) -> Cell:
     offsets = itertools.count()
 
     def step() -> None:
-        changes = []
-        for n in range(keys):
-            record_id = injector_record_id("bench", keys, next(offsets))
-            key = f"key-{n:05d}"
-            production = Production("out", Record(key, b"v" * VALUE_BYTES, 1, record_id))
-            changes.append(KeyChanges(key, b"s" * STATE_BYTES, {}, [production], [record_id]))
+        changes = [
+            key_change(f"key-{n:05d}", injector_record_id("bench", keys, next(offsets)))
+            for n in range(keys)
+        ]
         store.commit(lease, changes, dedup_ttl=DEDUP_TTL)
 
     return _measure(setup, "store", keys, step, store)

@@ -1,5 +1,5 @@
 """bench/commit_waits.py: a commit's waits on the commit log are read from its trace, and a
-turn on the real node traces every commit it makes."""
+turn on the real node times every commit it makes and traces one in every few."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def test_a_turns_summary_is_of_its_commits_and_their_waits() -> None:
 
 
 @pytest.mark.integration
-def test_every_commit_of_a_turn_is_traced_on_the_node(
+def test_a_turn_times_every_commit_and_traces_one_in_every_few_on_the_node(
     cassandra: Any, cassandra_keyspace: Callable[[], str]
 ) -> None:
     keyspace = cassandra_keyspace()
