@@ -368,6 +368,32 @@ def drop_keyspace(config: MillstreamConfig, keyspace: str) -> None:
         cluster.shutdown()
 
 
+def settle_compactions(
+    config: MillstreamConfig, timeout: float = 60.0, quiet: float = 0.3
+) -> float:
+    """Wait until the Cassandra node has run no compaction for ``quiet`` seconds (its
+    ``system_views.sstable_tasks`` empty), at most ``timeout``; the seconds waited.
+
+    A measured run starts after it, so that none pays for what the one before left: a DROP
+    flushes ``system.paxos``, whose Leveled compaction then rewrites the whole table on one
+    of the two cores, for a second or more while the node has kept much Paxos state."""
+    cluster, session = cassandra_connector.connect(config)
+    began = time.monotonic()
+    try:
+        quiet_since: float | None = None
+        while (now := time.monotonic()) - began < timeout:
+            if session.execute("SELECT task_id FROM system_views.sstable_tasks").one() is None:
+                quiet_since = now if quiet_since is None else quiet_since
+                if now - quiet_since >= quiet:
+                    break
+            else:
+                quiet_since = None
+            time.sleep(0.05)
+        return time.monotonic() - began
+    finally:
+        cluster.shutdown()
+
+
 def unique_suffix() -> str:
     return uuid.uuid4().hex[:8]
 

@@ -163,6 +163,7 @@ from bench.harness import (
     percentile,
     process_cpu,
     python_worker_cpu,
+    settle_compactions,
     stack_services,
     unique_suffix,
 )
@@ -1086,6 +1087,8 @@ def _start_and_drain(
         run.viewers = Viewers(
             run, f"count_{run.topics.suffix}", panels=system.name == "millstream-viewed"
         )
+    if (settled := settle_compactions(run.config)) >= 0.5:
+        result.notes.append(f"waited {settled:.1f} s for Cassandra's compactions to end")
     cpu_before = python_worker_cpu()
     cores_before = core_use(bench.services)
     started = time.time()

@@ -71,8 +71,9 @@ def service(tmp_path: Path) -> CassandraService:
 def test_yaml_selects_paxos_v2(service: CassandraService) -> None:
     settings = top_level_settings(service.cassandra_yaml())
     assert settings["paxos_variant"] == "v2"
-    # "repaired" purging needs regular Paxos repairs, which a local node never gets.
-    assert settings["paxos_state_purging"] == "legacy"
+    # "repaired" purging needs regular Paxos repairs, which a local node never gets; "legacy"
+    # kept a dropped table's Paxos state for its 10-day TTL.
+    assert settings["paxos_state_purging"] == "gc_grace"
 
 
 def test_yaml_binds_loopback_only_on_configured_ports(service: CassandraService) -> None:

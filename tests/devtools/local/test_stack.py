@@ -95,6 +95,11 @@ def test_cassandra_runs_paxos_v2(cassandra: Session) -> None:
     ).one()
     assert row is not None
     assert row.value == "v2"
+    purging = cassandra.execute(
+        "SELECT value FROM system_views.settings WHERE name = 'paxos_state_purging'"
+    ).one()
+    assert purging is not None
+    assert purging.value == "gc_grace"
 
 
 @pytest.mark.integration
