@@ -155,6 +155,10 @@ class ComputationDriver:
         interval's ID modulo ``tasks``). A new mapping whenever it changes."""
         self.rebalances = 0
         self._batch: _Batch | None = None
+        # The watermark reports are read by the batches, and once before the first by a
+        # query's warm-up (read_ahead): never at once, and the warm-up's never after a batch.
+        self._reading = threading.Lock()
+        self._began = False
 
     def load_layout(self, retry: Retry = at_once) -> IntervalLayout:
         """Read the computation's layout (writing the initial one if there is none), and
@@ -176,11 +180,23 @@ class ComputationDriver:
         records (else it runs for ticks and reports only)."""
         layout = self.current_layout(retry)
         watermarks = self.watermarks
-        retry(lambda: watermarks.read(self.reader))
+        with self._reading:
+            self._began = True
+            retry(lambda: watermarks.read(self.reader))
         watermark, timer_watermark = watermarks.advance(consumed)
         ticks = watermarks.intervals_to_run(timer_watermark, self.clock.now())
         self._batch = _Batch(had_input)
         return BatchPlan(watermark, timer_watermark, ticks, layout)
+
+    def read_ahead(self, retry: Retry = at_once) -> None:
+        """Read the watermark reports so far, unless a batch began: the first read of the
+        topic (its consumer's connection, the topic's metadata, the reports from its start)
+        is the slow one, some 60 ms, and a query's warm-up makes it here instead of its first
+        batch, whose :meth:`begin` then reads only what came since. Safe to call from another
+        thread than the batches'."""
+        with self._reading:
+            if not self._began:
+                retry(lambda: self.watermarks.read(self.reader))
 
     def absorb(self, outcomes: Iterable[IntervalOutcome], *, complete: bool = True) -> None:
         """Take every interval that ran in the batch, once the batch committed.

@@ -48,7 +48,12 @@ from millstream.engine.productions import CommitTag
 from millstream.engine.store import IntervalStore
 from millstream.engine.topology import ComputationSpec
 from millstream.engine.watermarks import Offsets, WatermarkReport
-from millstream.spark.checkpoint import batch_offsets, fence_checkpoint, lost_checkpoint_race
+from millstream.spark.checkpoint import (
+    batch_offsets,
+    fence_checkpoint,
+    initial_offsets,
+    lost_checkpoint_race,
+)
 from millstream.spark.driver_watermarks import DriverWatermarks, offsets_consumer
 from millstream.spark.executor import (
     BatchInput,
@@ -426,11 +431,14 @@ class BatchHandler:
         )
 
     def _ranges(self, run: _BatchRun) -> list[OffsetRange]:
-        """The offset ranges of the batch's data topics: from where the previous batch ended,
-        or, for a partition no batch read before (the query's first batch, a partition
-        added since), from its earliest offset, where the Kafka source starts it."""
+        """The offset ranges of the batch's data topics: from where the previous batch ended;
+        in the query's first batch, from where its Kafka source started it (its initial
+        offsets in the checkpoint); for a partition no batch read before (one added since),
+        from its earliest offset, where the Kafka source starts it."""
         if run.ranges is None:
-            starts = run.previous or {}
+            starts = run.previous
+            if starts is None:
+                starts = initial_offsets(self.checkpoint)
             unread = [
                 (topic, partition)
                 for topic in self.data_topics
@@ -604,12 +612,16 @@ class BatchHandler:
         )
 
     def warm(self) -> dict[str, tuple[int, ...]]:
-        """Make the connections of the Python workers that will run this computation's
-        tasks, before its first batch needs them (:class:`.executor.WarmTask`): a job of its
-        tasks, in its own workers (:func:`in_worker_pool`), which in local mode meet in a
-        directory of their own so that each runs in a process of its own, and there take the
-        intervals of the share each will work in the first batch (strong productions).
-        Returns the workers that ran it, as ``host:pid``, each with the intervals it took."""
+        """Read the watermark reports so far (:meth:`ComputationDriver.read_ahead
+        <millstream.engine.driver.ComputationDriver.read_ahead>`) and make the connections of
+        the Python workers that will run this computation's tasks, before its first batch
+        needs them (:class:`.executor.WarmTask`): a job of its tasks, in its own workers
+        (:func:`in_worker_pool`), which in local mode meet in a directory of their own so that
+        each runs in a process of its own, and there take the intervals of the share each
+        will work in the first batch (strong productions). Returns the workers that ran it,
+        as ``host:pid``, each with the intervals it took."""
+        # The first batch then reads only the reports published since.
+        self.driver.read_ahead()
         topics = tuple(self.data_topics)
         # Local mode: its tasks take the intervals of the first batch (WarmTask).
         layout = None if self._claims is None else self.driver.current_layout()

@@ -1,8 +1,10 @@
 """A computation query's checkpoint directory, as millstream reads and fences it.
 
 Spark keeps a query's write-ahead log there: ``offsets/<batch>`` (the batch's Kafka range,
-written before the batch runs) and ``commits/<batch>`` (written after). millstream reads the
-offset log for each batch's end offsets, and adds one file of its own, the *claim*
+written before the batch runs) and ``commits/<batch>`` (written after), and each Kafka
+source's offsets at the query's very start (``sources/<source>/0``). millstream reads the
+offset log for each batch's end offsets and the sources' for where the first batch starts,
+and adds one file of its own, the *claim*
 (``millstream-driver``): the driver that started the query last writes its id there.
 
 Two drivers can run one query for a while: a driver stopped for long (a SIGSTOP, a GC pause,
@@ -38,6 +40,7 @@ __all__ = [
     "checkpoint_holder",
     "claim_checkpoint",
     "fence_checkpoint",
+    "initial_offsets",
     "latest_batch",
     "lost_checkpoint_race",
     "query_members",
@@ -135,6 +138,43 @@ def batch_offsets(checkpoint: Path, batch_id: int) -> dict[str, dict[int, int]] 
                 )
         except (ValueError, AttributeError) as exc:
             raise TopologyError(f"cannot read Spark's offset log entry {file}: {exc}") from exc
+    return offsets
+
+
+def initial_offsets(checkpoint: Path) -> dict[str, dict[int, int]]:
+    """Where the query's Kafka sources started its first batch, from their initial offset
+    files (``sources/<source>/0``; empty if Spark wrote none, as before a first batch).
+
+    Spark's Kafka source resolves its ``startingOffsets`` (``earliest``, say) to numbers once,
+    at the query's start, and writes them there before the first batch: a NUL byte (kept for
+    Spark 2.1.0), a version line, then ``{"topic": {"partition": offset}}``. They are the
+    first batch's start exactly, where asking Kafka for its earliest offsets later would
+    cost a round trip and could find that retention moved them.
+    """
+    offsets: dict[str, dict[int, int]] = {}
+    try:
+        sources = sorted(os.listdir(checkpoint / "sources"))
+    except FileNotFoundError:
+        return offsets
+    for source in sources:
+        file = checkpoint / "sources" / source / "0"
+        try:
+            text = file.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            continue
+        version, _, body = text.lstrip("\0").partition("\n")
+        try:
+            if not version.startswith("v"):
+                raise ValueError(f"unexpected version line {version[:20]!r}")
+            for topic, partitions in json.loads(body).items():
+                offsets.setdefault(topic, {}).update(
+                    {int(p): int(o) for p, o in partitions.items()}
+                )
+        except (ValueError, AttributeError) as exc:
+            raise TopologyError(
+                f"cannot read Spark's initial offsets {file}: {exc}; "
+                "this Spark version is not supported by millstream"
+            ) from exc
     return offsets
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import replace
 from typing import TypeVar
@@ -43,6 +44,11 @@ class Topic:
     def __init__(self) -> None:
         self.messages: list[tuple[str, WatermarkMessage | None]] = []
         self._read = 0
+
+    @property
+    def taken(self) -> int:
+        """How many of the messages were read."""
+        return self._read
 
     def read(self, timeout: float = 0.0) -> list[tuple[str, WatermarkMessage | None]]:
         new, self._read = self.messages[self._read :], len(self.messages)
@@ -90,6 +96,59 @@ def test_a_batch_runs_under_the_watermark_its_input_reached_and_ticks_unknown_in
     # The report's offsets reached: applied. Records run under the watermark before it.
     assert (reached.watermark, reached.timer_watermark) == (MIN_EVENT_TIME, 50)
     assert reached.ticks == []
+
+
+def test_a_warm_up_reads_the_reports_before_the_first_batch_and_none_once_a_batch_began() -> None:
+    driver, topic, _ = driver_of(ComputationOptions(key_intervals=1))
+    feed = injector_source("feed")
+    topic.messages.append((feed, WatermarkReport(feed, ("in",), 50, 1, {"in": {0: 4}})))
+    driver.read_ahead()
+    assert topic.taken == 1
+    topic.messages.append((feed, WatermarkReport(feed, ("in",), 60, 2, {"in": {0: 9}})))
+    plan = driver.begin({"in": {0: 4}}, had_input=True)
+    assert topic.taken == 2  # the batch reads what came since
+    assert plan.timer_watermark == 50  # the report read ahead applies: its offsets reached
+    driver.absorb([idle(0, 4)])
+    driver.finish()
+    topic.messages.append((feed, WatermarkReport(feed, ("in",), 70, 3, {"in": {0: 12}})))
+    driver.read_ahead()  # a batch began: the batches read, not the warm-up
+    assert topic.taken == 2
+
+
+def test_a_batch_that_begins_during_the_warm_ups_read_waits_for_it() -> None:
+    # The topic read straight, not through an authority (whose subscriptions lock their
+    # reads): the driver's own lock is what keeps the two reads apart.
+    made, topic, store = driver_of(ComputationOptions(key_intervals=1))
+    driver = ComputationDriver(
+        made.spec, made.watermarks, topic, layout_store=lambda: store, clock=made.clock
+    )
+    release = threading.Event()
+    first = threading.Event()
+    read = topic.read
+
+    def slow_first_read(timeout: float = 0.0) -> list[tuple[str, WatermarkMessage | None]]:
+        if not first.is_set():
+            first.set()
+            release.wait(10)
+        return read(timeout)
+
+    topic.read = slow_first_read  # type: ignore[method-assign]
+    warm = threading.Thread(target=driver.read_ahead)
+    warm.start()
+    assert first.wait(10)
+    begun = threading.Event()
+
+    def first_batch() -> None:
+        driver.begin({"in": {0: 1}}, had_input=True)
+        begun.set()
+
+    batch = threading.Thread(target=first_batch)
+    batch.start()
+    assert not begun.wait(0.2)  # the reader is the warm-up's until its read ends
+    release.set()
+    assert begun.wait(10)
+    warm.join(10)
+    batch.join(10)
 
 
 def test_a_batch_without_input_keeps_the_loads_and_one_with_input_idles_the_rest() -> None:

@@ -8,7 +8,12 @@ from pathlib import Path
 import pytest
 
 from millstream.engine.errors import TopologyError
-from millstream.spark.checkpoint import MEMBERS_FILE, admit_members, latest_batch
+from millstream.spark.checkpoint import (
+    MEMBERS_FILE,
+    admit_members,
+    initial_offsets,
+    latest_batch,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -58,3 +63,29 @@ def test_members_keep_their_place_new_topics_join_and_removed_ones_leave(
     log_batch(tmp_path, 1, {"searches": {"0": 41}, "counts": {"0": 15}, "clicks": {"0": 3}})
     with pytest.raises(TopologyError, match="'rank' cannot join"):
         admit_members(tmp_path, {"count": ["searches"], "rank": ["counts"]})
+
+
+def write_initial(checkpoint: Path, source: int, offsets: dict[str, dict[str, int]]) -> None:
+    """Spark's Kafka source's initial offsets: a NUL byte, a version line, the JSON."""
+    (checkpoint / "sources" / str(source)).mkdir(parents=True, exist_ok=True)
+    (checkpoint / "sources" / str(source) / "0").write_text(f"\0v1\n{json.dumps(offsets)}")
+
+
+def test_the_first_batch_starts_where_each_source_started_the_query(tmp_path: Path) -> None:
+    assert initial_offsets(tmp_path) == {}  # Spark wrote none yet
+    write_initial(tmp_path, 0, {"searches": {"0": 7, "1": 0}, "wake": {"0": 3}})
+    write_initial(tmp_path, 1, {"clicks": {"0": 12}})
+    (tmp_path / "sources" / "2").mkdir()  # a source with no file yet
+    assert initial_offsets(tmp_path) == {
+        "searches": {0: 7, 1: 0},
+        "wake": {0: 3},
+        "clicks": {0: 12},
+    }
+
+
+@pytest.mark.parametrize("text", ["\0{}", "\0v1\nnot json", "\0v1\n[1, 2]"])
+def test_initial_offsets_spark_wrote_otherwise_are_refused(tmp_path: Path, text: str) -> None:
+    (tmp_path / "sources" / "0").mkdir(parents=True)
+    (tmp_path / "sources" / "0" / "0").write_text(text)
+    with pytest.raises(TopologyError, match="cannot read Spark's initial offsets"):
+        initial_offsets(tmp_path)

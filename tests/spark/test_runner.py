@@ -55,6 +55,7 @@ from millstream.engine.timers import TimeDomain, Timer
 from millstream.engine.topology import ComputationOptions, Topology
 from millstream.engine.watermarks import WatermarkReport, computation_source, injector_source
 from millstream.spark.batch import WORKER_POOL_VARIABLE
+from millstream.spark.checkpoint import initial_offsets
 from millstream.spark.runner import (
     AvailableNow,
     ProcessingTime,
@@ -247,6 +248,10 @@ def test_two_stages_keyed_differently_count_each_distinct_event_once(
         assert second.duplicates == second.inputs - len(distinct)
         assert first.batches >= 3
         assert first.intervals == first.rescans + first.cache_hits
+        # The first batch started where Spark's source started the query (from the
+        # checkpoint, not a question to Kafka): the topic's first offsets.
+        checkpoint = pipeline.checkpoints / pipeline.topology().name / pipeline.per_user
+        assert initial_offsets(checkpoint)[pipeline.searches] == {0: 0, 1: 0}
         # Downstream, deduplicating by record ID, sees one production per distinct event.
         hits = [decode_record(value) for _, _, value in read_topic(services, pipeline.hits)]
         assert len({r.record_id for r in hits}) == len(distinct)
