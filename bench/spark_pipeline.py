@@ -46,6 +46,7 @@ from bench.harness import (
     latencies,
     percentiles,
     read_times,
+    settle_compactions,
     wait_for,
 )
 from millstream.connectors import kafka as kafka_connector
@@ -103,6 +104,7 @@ def floor_run(
     suffix = uuid.uuid4().hex[:8]
     source, sink = f"bench_in_{suffix}", f"bench_out_{suffix}"
     keyspace = f"bench_{suffix}"  # only the injector's checkpoint
+    settle_compactions(config)  # not during the one the mode before left (its DROP)
     kafka_connector.create_topics(config, [source, sink], partitions=2)
     query = floor_query(spark, config, source, sink, str(root / f"floor-{suffix}"), TRIGGER_SECONDS)
     reader = kafka_connector.consumer(config, "bench-offsets")
@@ -135,6 +137,7 @@ def runner_run(
     suffix = uuid.uuid4().hex[:8]
     source, middle, sink = f"bench_in_{suffix}", f"bench_mid_{suffix}", f"bench_out_{suffix}"
     keyspace = f"bench_{suffix}"
+    settle_compactions(config)  # not during the one the mode before left (its DROP)
     topology = Topology(f"bench_{suffix}", streams=[source])
     topology.add_computation(
         f"stage1_{suffix}", Stage(middle, True), inputs=[source], outputs=[middle], options=options
