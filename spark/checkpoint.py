@@ -132,13 +132,17 @@ def batch_offsets(checkpoint: Path, batch_id: int) -> dict[str, dict[int, int]] 
         if line.strip() in ("", "-"):
             continue
         try:
-            for topic, partitions in json.loads(line).items():
-                offsets.setdefault(topic, {}).update(
-                    {int(p): int(o) for p, o in partitions.items()}
-                )
+            _add_offsets(offsets, line)
         except (ValueError, AttributeError) as exc:
             raise TopologyError(f"cannot read Spark's offset log entry {file}: {exc}") from exc
     return offsets
+
+
+def _add_offsets(offsets: dict[str, dict[int, int]], line: str) -> None:
+    """Add one JSON line of Spark's, ``{"topic": {"partition": offset}}``, to ``offsets``;
+    raises ``ValueError`` or ``AttributeError`` on anything else."""
+    for topic, partitions in json.loads(line).items():
+        offsets.setdefault(topic, {}).update({int(p): int(o) for p, o in partitions.items()})
 
 
 def initial_offsets(checkpoint: Path) -> dict[str, dict[int, int]]:
@@ -166,10 +170,7 @@ def initial_offsets(checkpoint: Path) -> dict[str, dict[int, int]]:
         try:
             if not version.startswith("v"):
                 raise ValueError(f"unexpected version line {version[:20]!r}")
-            for topic, partitions in json.loads(body).items():
-                offsets.setdefault(topic, {}).update(
-                    {int(p): int(o) for p, o in partitions.items()}
-                )
+            _add_offsets(offsets, body)
         except (ValueError, AttributeError) as exc:
             raise TopologyError(
                 f"cannot read Spark's initial offsets {file}: {exc}; "
