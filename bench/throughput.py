@@ -30,8 +30,8 @@ is (41 bytes).
 | ``millstream-weak`` | weak productions, ``exactly_once=False`` | none |
 
 (``eo-millstream``: exactly-once for millstream's deduplicating readers, at-least-once for
-plain ones. The millstream rows run ``ComputationOptions``' default of 4 key intervals unless
-``--key-intervals`` says otherwise.)
+plain ones. The millstream rows run ``ComputationOptions``' default key intervals, one per
+core of the Spark job, unless ``--key-intervals`` says otherwise.)
 
 **records/s** = records / (end - start). *Start* is when the system began reading the
 backlog: for the Spark rows (millstream included) the trigger time of the first micro-batch that
@@ -907,8 +907,8 @@ def warm_up_millstream(bench: Bench) -> None:
 
 def millstream_options(system: str, key_intervals: int | None = None) -> ComputationOptions:
     """The row's options; ``key_intervals`` (``--key-intervals``) if given, else the
-    default's."""
-    intervals = ComputationOptions().key_intervals if key_intervals is None else key_intervals
+    default's (one per core of the Spark job)."""
+    intervals = key_intervals
     if system in ("millstream-strong", STAGED, STAGED_FUSED, *VIEWED):
         # Strong productions, exactly-once, Kafka transactions.
         return ComputationOptions(key_intervals=intervals)
@@ -1513,7 +1513,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--key-intervals",
         type=int,
-        help="key intervals of the millstream rows (default: ComputationOptions' default, 4)",
+        help="key intervals of the millstream rows (default: ComputationOptions' default, one "
+        "per core of the Spark job)",
     )
     parser.add_argument("--json", type=Path, help="write the figures to this JSON file")
     parser.add_argument("--plot", type=Path, help="write a PNG bar chart here")

@@ -158,14 +158,16 @@ def decode_state(data: bytes, codec: StateCodec = "auto") -> dict[str, Any]:
 
 
 def key_intervals_of(topology: Topology, computation: str) -> int:
-    """The number of key intervals ``computation`` has in ``topology``."""
+    """The key intervals ``computation`` of ``topology`` starts with where no Spark job ran
+    it (:meth:`~millstream.engine.topology.ComputationOptions.starting_intervals`): the
+    number for a store no driver stored a layout in yet."""
     spec = topology.computations.get(computation)
     if spec is None:
         names = ", ".join(sorted(topology.computations)) or "none"
         raise ConfigError(
             f"topology {topology.name!r} has no computation {computation!r} (it has: {names})"
         )
-    return spec.options.key_intervals
+    return spec.options.starting_intervals()
 
 
 def view_document(

@@ -120,8 +120,10 @@ class ComputationDriver:
     restart the computation's batches with a new one), ``reader`` its view of the watermark
     topic. ``layout_store`` gives the store that keeps the computation's interval layout
     (read at the first batch; a change a killed driver left journaled is finished then).
-    ``tasks``: how many tasks a batch's intervals are spread over. ``delivered``: the
-    transaction marker of an interval a split or merge retires (see
+    ``tasks``: how many tasks a batch's intervals are spread over; ``cores``: how many the
+    job running it has (a computation without ``key_intervals`` starts with one interval
+    each, :meth:`~millstream.engine.topology.ComputationOptions.starting_intervals`).
+    ``delivered``: the transaction marker of an interval a split or merge retires (see
     :func:`~millstream.engine.rebalance.finish_change`), for transactional productions.
     """
 
@@ -134,6 +136,7 @@ class ComputationDriver:
         layout_store: Callable[[], IntervalStore],
         clock: Clock,
         tasks: int = 1,
+        cores: int | None = None,
         delivered: Callable[[str, int], CommitTag | None] | None = None,
     ) -> None:
         if tasks < 1:
@@ -144,6 +147,7 @@ class ComputationDriver:
         self.layout_store = layout_store
         self.clock = clock
         self.tasks = tasks
+        self.cores = cores
         self.delivered = delivered
         self.layout: IntervalLayout | None = None
         # A query's warm-up (on a thread of its own) may load the layout as its first batch
@@ -325,9 +329,11 @@ class ComputationDriver:
     def _finished_layout(self, store: IntervalStore) -> IntervalLayout:
         """The stored layout (the initial one written if none is), its journaled change
         finished."""
-        wanted = self.spec.options.key_intervals
+        chosen = self.spec.options.key_intervals
+        wanted = self.spec.options.starting_intervals(self.cores)
         layout = store.layout(self.spec.name, wanted)
-        if layout.is_initial and len(layout.ids) != wanted:
+        # Only a number the options name is worth a warning: the default follows the cores.
+        if layout.is_initial and chosen is not None and len(layout.ids) != chosen:
             # Keys live where the stored layout puts them: a new count (or a changed default)
             # would strand their state. Only a rebalance policy moves them.
             _log.warning(
@@ -335,7 +341,7 @@ class ComputationDriver:
                 "options say %d): key intervals change only by a rebalance policy",
                 self.spec.name,
                 len(layout.ids),
-                wanted,
+                chosen,
             )
         if layout.change is not None:
             _log.info("computation %r: finishing a %s", self.spec.name, layout.change.kind)

@@ -335,7 +335,7 @@ class IntervalWorker:
         transactions: TransactionalSink | None = None,
         step_clock: StepClock = thread_step_clock,
     ) -> None:
-        self.layout = layout or IntervalLayout.initial(spec.options.key_intervals)
+        self.layout = layout or IntervalLayout.initial(spec.options.starting_intervals())
         if interval not in self.layout.ids:
             raise ValueError(
                 f"interval {interval} is outside the intervals {list(self.layout.ids)} "

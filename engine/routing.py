@@ -175,7 +175,7 @@ def rejected_interval(spec: ComputationSpec, layout: IntervalLayout | None = Non
     the intervals the computation starts with)."""
     if layout is not None:
         return layout.interval_of("")
-    return key_interval("", spec.options.key_intervals)
+    return key_interval("", spec.options.starting_intervals())
 
 
 def interval_of(
@@ -187,7 +187,7 @@ def interval_of(
     key = item.key if isinstance(item, Delivery) else item.origin.key or ""
     if layout is not None:
         return layout.interval_of(key)
-    return key_interval(key, spec.options.key_intervals)
+    return key_interval(key, spec.options.starting_intervals())
 
 
 def split_by_interval(

@@ -33,6 +33,7 @@ from millstream.engine.rebalance import RebalancePolicy
 from millstream.engine.records import Record
 
 __all__ = [
+    "DEFAULT_KEY_INTERVALS",
     "ComputationOptions",
     "ComputationSpec",
     "InputStream",
@@ -53,6 +54,10 @@ _MINUTE = 60 * 1_000_000
 # Defaults of the deprecated Bloom options: only a value other than these warns.
 _BLOOM_EXPECTED_IDS = 100_000
 _BLOOM_FALSE_POSITIVE_RATE = 0.01
+
+DEFAULT_KEY_INTERVALS = 4
+"""The key intervals a computation without ``key_intervals`` starts with where no Spark job
+runs it (the test harness, tools): a Spark job gives it one per core."""
 
 Tombstones = Literal["dead-letter", "deliver"]
 """What a computation does with a Kafka tombstone (a message with no value): see
@@ -81,9 +86,13 @@ class ComputationOptions:
       with weak productions: at-least-once on Kafka, exactly-once for millstream's readers.
     * ``key_intervals``: how many key intervals (units of parallelism and of the store) the
       computation starts with; its first batch stores them, and only a ``rebalance`` policy
-      changes them after that. Each interval with input costs a batch a lease check, a
-      commit and a Kafka transaction: two to four per core of the job's Spark tasks (the
-      default 4 suits two cores; 16 cost a 2-core machine a fifth of its throughput).
+      changes them after that. ``None`` (the default): one per core of the Spark job that
+      first runs it (``defaultParallelism``, as Spark sizes its own stages), or
+      :data:`DEFAULT_KEY_INTERVALS` where no Spark job runs it (the test harness, tools).
+      Each interval with input costs a batch a lease check, a commit and a Kafka
+      transaction, so more than one per core costs more than it spreads: on two cores, four
+      intervals made a further stage of a pipeline in one query wait 20 % longer than two,
+      and sixteen cost a fifth of the throughput.
     * ``retry_window`` + ``late_injector_slack`` (µs): how long dedup IDs are kept.
     * ``send_timeout`` (s): how long a worker waits for the sink before leaving productions
       pending for a later resend.
@@ -128,7 +137,7 @@ class ComputationOptions:
     exactly_once: bool = True
     strong_productions: bool = True
     transactional_productions: bool = True
-    key_intervals: int = 4
+    key_intervals: int | None = None
     retry_window: int = 10 * _MINUTE
     late_injector_slack: int = 0
     weak_production_delay: float = 1.0
@@ -144,12 +153,22 @@ class ComputationOptions:
     rebalance: RebalancePolicy | None = None
     tombstones: Tombstones = "dead-letter"
 
+    def starting_intervals(self, cores: int | None = None) -> int:
+        """The key intervals the computation starts with: ``key_intervals``, or one per core
+        of the job running it (``cores``, capped at the most the layout allows), or
+        :data:`DEFAULT_KEY_INTERVALS` where no job says how many cores it has."""
+        if self.key_intervals is not None:
+            return self.key_intervals
+        if cores is None:
+            return DEFAULT_KEY_INTERVALS
+        return max(1, min(cores, MAX_KEY_INTERVALS))
+
     def __post_init__(self) -> None:
         if self.tombstones not in get_args(Tombstones):
             raise TopologyError(
                 f"tombstones must be one of {list(get_args(Tombstones))}, got {self.tombstones!r}"
             )
-        if not 1 <= self.key_intervals <= MAX_KEY_INTERVALS:
+        if self.key_intervals is not None and not 1 <= self.key_intervals <= MAX_KEY_INTERVALS:
             raise TopologyError(
                 f"key_intervals must be in [1, {MAX_KEY_INTERVALS}], got {self.key_intervals}"
             )

@@ -229,7 +229,9 @@ class BatchHandler:
         # call: a wave of tasks, not one Python round trip per interval.
         cores = spark.sparkContext.defaultParallelism
         rebalanced = spec.options.rebalance is not None
-        self.tasks = max(1, cores if rebalanced else min(spec.options.key_intervals, cores))
+        self.tasks = max(
+            1, cores if rebalanced else min(spec.options.starting_intervals(cores), cores)
+        )
         # The computation's key intervals are read from the store at the first batch.
         self._transactions: KafkaTransactionalSink | None = None
         # Transactional outputs: a producer that died mid-transaction stalls their readers.
@@ -245,6 +247,7 @@ class BatchHandler:
             layout_store=layout_store,
             clock=clock,
             tasks=self.tasks,
+            cores=cores,
             delivered=self._delivered if spec.options.transactional else None,
         )
         self._slots = IntervalSlots(self.tasks)  # each interval's task

@@ -423,7 +423,7 @@ def message_router(
     that key (its dead letter says so), which is where :func:`batch_task` finds it without
     decoding it.
     """
-    layout = layout or IntervalLayout.initial(spec.options.key_intervals)
+    layout = layout or IntervalLayout.initial(spec.options.starting_intervals())
     interval_of_key = layout.interval_lookup()
     reject_interval = rejected_interval(spec, layout)
     streams = _streams_by_topic(spec)

@@ -824,7 +824,8 @@ class RunningTopology:
         if spec is None:
             raise TopologyError(f"no computation {computation!r} in {self.topology.name!r}")
         stored = self._driver_store().read_layout(computation)
-        return stored or IntervalLayout.initial(spec.options.key_intervals)
+        cores = self.spark.sparkContext.defaultParallelism
+        return stored or IntervalLayout.initial(spec.options.starting_intervals(cores))
 
     def holds(self, computation: str) -> list[Hold]:
         return self._watermarks.get(computation).state.input.explain()

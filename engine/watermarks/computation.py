@@ -121,7 +121,7 @@ class ComputationWatermarks:
                 ]
                 for i in spec.inputs
             },
-            key_intervals=spec.options.key_intervals,
+            key_intervals=spec.options.starting_intervals(),
             percentiles={
                 p
                 for stream in written

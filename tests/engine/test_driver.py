@@ -19,7 +19,7 @@ from millstream.engine.layout import IntervalLayout
 from millstream.engine.rebalance import RebalancePolicy
 from millstream.engine.records import MIN_EVENT_TIME, Record
 from millstream.engine.stores.memory.store import MemoryIntervalStore
-from millstream.engine.topology import ComputationOptions, Topology
+from millstream.engine.topology import DEFAULT_KEY_INTERVALS, ComputationOptions, Topology
 from millstream.engine.watermarks import (
     ComputationWatermarks,
     IntervalProgress,
@@ -59,6 +59,7 @@ def driver_of(
     options: ComputationOptions | None = None,
     *,
     tasks: int = 1,
+    cores: int | None = None,
     store: MemoryIntervalStore | None = None,
 ) -> tuple[ComputationDriver, Topic, MemoryIntervalStore]:
     topology = Topology("t", streams=["in"])
@@ -71,7 +72,7 @@ def driver_of(
     reader = WatermarkAuthority(topic).subscribe("count")
     watermarks = ComputationWatermarks.of(topology, spec)
     driver = ComputationDriver(
-        spec, watermarks, reader, layout_store=lambda: store, clock=clock, tasks=tasks
+        spec, watermarks, reader, layout_store=lambda: store, clock=clock, tasks=tasks, cores=cores
     )
     return driver, topic, store
 
@@ -286,6 +287,31 @@ def test_the_layout_a_computation_first_ran_with_stays_and_a_new_count_is_logged
         "computation 'count' keeps the 16 key intervals it was first run with (its options "
         "say 4): key intervals change only by a rebalance policy"
     ]
+
+
+def test_a_computation_without_a_count_starts_with_an_interval_per_core() -> None:
+    driver, _, store = driver_of(cores=3, tasks=3)
+    plan = driver.begin({}, had_input=False)
+    assert plan.layout == IntervalLayout.initial(3)
+    assert store.read_layout("count") == plan.layout
+    assert driver.watermarks.intervals.ids == frozenset(range(3))
+    # No job's cores known (the test harness): the default count.
+    harnessed, _, _ = driver_of()
+    assert harnessed.load_layout() == IntervalLayout.initial(DEFAULT_KEY_INTERVALS)
+
+
+def test_a_stored_layout_outlives_a_new_core_count_without_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = MemoryIntervalStore(ManualClock(1_000))
+    first, _, _ = driver_of(cores=4, tasks=4, store=store)
+    assert first.load_layout() == IntervalLayout.initial(4)
+    # Run again on a job of 2 cores: its keys stay where its state is; the options named
+    # no count, so there is nothing to warn about.
+    again, _, _ = driver_of(cores=2, tasks=2, store=store)
+    assert again.load_layout() == IntervalLayout.initial(4)
+    assert again.watermarks.intervals.ids == frozenset(range(4))
+    assert not caplog.records
 
 
 def test_intervals_move_between_tasks_only_for_a_clear_gain() -> None:

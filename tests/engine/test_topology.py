@@ -5,8 +5,14 @@ import pytest
 from millstream.engine.computation import Computation
 from millstream.engine.context import Context
 from millstream.engine.errors import TopologyError
+from millstream.engine.keys import MAX_KEY_INTERVALS
 from millstream.engine.records import Deletion, Record
-from millstream.engine.topology import ComputationOptions, Topology, record_key
+from millstream.engine.topology import (
+    DEFAULT_KEY_INTERVALS,
+    ComputationOptions,
+    Topology,
+    record_key,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -114,6 +120,19 @@ def test_duplicate_names_and_non_computations_are_refused() -> None:
 def test_options_are_validated(options: dict[str, object]) -> None:
     with pytest.raises(TopologyError):
         ComputationOptions(**options)  # type: ignore[arg-type]
+
+
+def test_key_intervals_default_to_one_per_core_of_the_job() -> None:
+    default = ComputationOptions()
+    assert default.key_intervals is None
+    assert default.starting_intervals(2) == 2
+    assert default.starting_intervals(12) == 12
+    assert default.starting_intervals(MAX_KEY_INTERVALS + 1) == MAX_KEY_INTERVALS
+    # No job says how many cores it has (the test harness, tools).
+    assert default.starting_intervals() == DEFAULT_KEY_INTERVALS
+    # A number the options name is kept whatever the cores.
+    assert ComputationOptions(key_intervals=8).starting_intervals(2) == 8
+    assert ComputationOptions(key_intervals=8).starting_intervals() == 8
 
 
 def test_dedup_ttl_is_the_retry_window_plus_the_slack() -> None:

@@ -120,7 +120,7 @@ def run_batch(
     rows of all of them. Checks that no interval ran in two tasks. With ``claims``, task
     ``n`` runs in a process whose last slots are ``processes[n]``. The reader leaves out
     what a task says to skip, as Kafka's does."""
-    layout = layout or IntervalLayout.initial(spec.options.key_intervals)
+    layout = layout or IntervalLayout.initial(spec.options.starting_intervals())
     batch = BatchInput(
         ranges=(OffsetRange("in", 0, 0, len(sent)),),
         ticks=tuple(ticks),

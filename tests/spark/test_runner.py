@@ -1542,6 +1542,37 @@ class Idle(Computation):
         pass
 
 
+class Echo(Computation):
+    """Produces each record's key."""
+
+    def __init__(self, output: str) -> None:
+        self.output = output
+
+    def process_record(self, ctx: Context, record: Record) -> None:
+        ctx.produce(self.output, ctx.key.encode(), record.timestamp)
+
+
+def test_a_computation_without_a_count_runs_an_interval_per_core_of_the_job(
+    services: MillstreamConfig, spark: SparkSession, cassandra: Session, pipeline: Pipeline
+) -> None:
+    cores = spark.sparkContext.defaultParallelism
+    topology = searches_to_hits(pipeline, "cores", Echo(pipeline.hits), ComputationOptions())
+    sent = events(40)
+    kafka_connector.create_topics(services, [pipeline.searches], partitions=2)
+    produce(services, pipeline.searches, [encode_record(r) for r in sent])
+    running = start(pipeline, services, spark, topology=topology)
+    try:
+        assert running.layout(pipeline.per_user) == IntervalLayout.initial(cores)  # not run yet
+        running.process_available(timeout=300)
+        assert running.layout(pipeline.per_user) == IntervalLayout.initial(cores)
+    finally:
+        running.stop()
+    store = CassandraIntervalStore(cassandra, pipeline.keyspace, SystemClock())
+    assert store.read_layout(pipeline.per_user) == IntervalLayout.initial(cores)
+    produced = Counter(decode_record(v).value for _, _, v in read_topic(services, pipeline.hits))
+    assert produced == Counter(r.key.encode() for r in sent)
+
+
 def test_a_topology_started_while_cassandra_does_not_answer_starts_once_it_does(
     services: MillstreamConfig,
     spark: SparkSession,
