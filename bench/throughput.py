@@ -1272,7 +1272,9 @@ def computation_phases(
     their median ``triggerExecution`` (ms, Spark's; ``triggers``, as far as Spark's recent
     progress reaches back), the batches that ran a job (millstream's), and each step's mean
     ms a batch, summed over its tasks and intervals: where a stage of a pipeline spends the
-    batches a record waits through."""
+    batches a record waits through. A batch that took :data:`STALL_FACTOR` times the median
+    of those that ran a job, and at least :data:`STALL_SECONDS`, is named with its own steps:
+    where a stall went, which the means hide."""
     parts = []
     for name in sorted(triggers):
         ran = [b for b in batches if b.computation == name]
@@ -1290,8 +1292,36 @@ def computation_phases(
         parts.append(
             f"{name}: {len(spark)} batches, {median}{jobs}"
             + (f" (steps, ms a batch: {steps})" if steps else "")
+            + slowest_batch(ran)
         )
     return "; per computation: " + " | ".join(parts) if parts else ""
+
+
+STALL_FACTOR: Final = 4.0
+STALL_SECONDS: Final = 1.0
+
+
+def slowest_batch(batches: Sequence[BatchMetrics]) -> str:
+    """``", slowest: ..."``: the longest of ``batches`` (one computation's), its seconds
+    (the handler's, report included), the steps it spent over 5 ms in (summed over its
+    tasks and intervals) and its bookkeeping, if it took :data:`STALL_FACTOR` times their
+    median and at least :data:`STALL_SECONDS`; else ``""``."""
+    if not batches:
+        return ""
+    slowest = max(batches, key=lambda b: b.seconds)
+    typical = statistics.median(b.seconds for b in batches)
+    if slowest.seconds < max(STALL_SECONDS, STALL_FACTOR * typical):
+        return ""
+    steps = ", ".join(
+        f"{step} {time.seconds * 1_000:.0f}"
+        for step, time in sorted(slowest.steps.items(), key=lambda item: -item[1].seconds)
+        if time.seconds >= 0.005
+    )
+    return (
+        f", slowest: batch {slowest.batch_id}, {slowest.seconds * 1_000:.0f} ms against a median "
+        f"{typical * 1_000:.0f} (steps, ms: {steps or 'none'}; bookkeeping "
+        f"{slowest.watermark_seconds * 1_000:.0f})"
+    )
 
 
 def check_outputs(

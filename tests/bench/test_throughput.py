@@ -181,6 +181,29 @@ def test_each_stage_of_a_pipeline_says_its_batches_and_where_a_batch_went() -> N
     )
 
 
+def test_a_stalled_batch_is_named_with_its_own_steps() -> None:
+    def batch(batch_id: int, seconds: float, commit: float) -> BatchMetrics:
+        steps = {ROUTING: StepTime(0.02, 0.01), "commit": StepTime(commit, 0.01)}
+        return BatchMetrics(
+            computation="count",
+            batch_id=batch_id,
+            seconds=seconds,
+            steps=steps,
+            watermark_seconds=0.004,
+        )
+
+    usual = [batch(n, 0.2, 0.05) for n in range(5)]
+    note = computation_phases({"count": [200.0] * 6}, [*usual, batch(9, 3.2, 2.9)])
+    assert note.endswith(
+        ", slowest: batch 9, 3200 ms against a median 200 (steps, ms: commit 2900, routing 20;"
+        " bookkeeping 4)"
+    )
+    # Slower than usual, but not a stall: under a second, or under four times the median.
+    assert "slowest" not in computation_phases({"count": [200.0]}, [*usual, batch(9, 0.7, 0.5)])
+    slow = [batch(n, 0.6, 0.05) for n in range(5)]
+    assert "slowest" not in computation_phases({"count": [600.0]}, [*slow, batch(9, 2.0, 1.5)])
+
+
 def test_the_large_state_goal_is_the_large_intervals_ratio() -> None:
     rows = [
         {"system": "large-state/1000-keys", "interval_keys": 1000, "batch_seconds": 0.25},
