@@ -908,13 +908,14 @@ def warm_up_millstream(bench: Bench) -> None:
 def millstream_options(system: str, key_intervals: int | None = None) -> ComputationOptions:
     """The row's options; ``key_intervals`` (``--key-intervals``) if given, else the
     default's (one per core of the Spark job)."""
-    intervals = key_intervals
     if system in ("millstream-strong", STAGED, STAGED_FUSED, *VIEWED):
         # Strong productions, exactly-once, Kafka transactions.
-        return ComputationOptions(key_intervals=intervals)
+        return ComputationOptions(key_intervals=key_intervals)
     if system == "millstream-notx":
-        return ComputationOptions(key_intervals=intervals, transactional_productions=False)
-    return ComputationOptions(key_intervals=intervals, strong_productions=False, exactly_once=False)
+        return ComputationOptions(key_intervals=key_intervals, transactional_productions=False)
+    return ComputationOptions(
+        key_intervals=key_intervals, strong_productions=False, exactly_once=False
+    )
 
 
 def start_millstream(
@@ -1313,9 +1314,9 @@ def slowest_batch(batches: Sequence[BatchMetrics]) -> str:
     if slowest.seconds < max(STALL_SECONDS, STALL_FACTOR * typical):
         return ""
     steps = ", ".join(
-        f"{step} {time.seconds * 1_000:.0f}"
-        for step, time in sorted(slowest.steps.items(), key=lambda item: -item[1].seconds)
-        if time.seconds >= 0.005
+        f"{step} {spent.seconds * 1_000:.0f}"
+        for step, spent in sorted(slowest.steps.items(), key=lambda item: -item[1].seconds)
+        if spent.seconds >= 0.005
     )
     return (
         f", slowest: batch {slowest.batch_id}, {slowest.seconds * 1_000:.0f} ms against a median "
