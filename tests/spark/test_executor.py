@@ -689,7 +689,7 @@ def test_a_read_ahead_begins_at_the_planned_end_of_every_partition_empty_ranges_
     assert ahead == {("mid", 0): 7, ("mid", 1): 4}
 
 
-def test_a_batch_planning_more_than_the_hand_off_bound_runs_its_stages_at_once(
+def test_a_batch_with_a_part_past_the_hand_off_bound_runs_its_stages_at_once(
     sink: TestingSink,
 ) -> None:
     first, second = pipeline()
@@ -700,21 +700,29 @@ def test_a_batch_planning_more_than_the_hand_off_bound_runs_its_stages_at_once(
         reads.append(ranges[0].topic)
         return []
 
-    def job(mid_offsets: int) -> None:
+    def job(mid_offsets: int, in_offsets: int = 1) -> tuple[list[str], list[Any]]:
+        reads.clear()
+        ends.asked.clear()
         parts = two_stages(
             read,
             ends,
-            [(second, OffsetRange("mid", 0, 0, mid_offsets)), (first, OffsetRange("in", 0, 0, 1))],
+            [
+                (second, OffsetRange("mid", 0, 0, mid_offsets)),
+                (first, OffsetRange("in", 0, 0, in_offsets)),
+            ],
         )
         results = list(executor.topology_task(parts)(0, iter([0])))
         assert all(error is None for *_, error in results)
+        return reads, ends.asked
 
-    job(executor.HAND_OFF_MOST_OFFSETS - 1)  # with `in`'s one offset: at the bound
-    assert (reads, ends.asked) == (["in", "mid"], [[("mid", 0)]])  # upstream first, read ahead
-    reads.clear()
-    ends.asked.clear()
-    job(executor.HAND_OFF_MOST_OFFSETS)  # past it: as listed, and nothing read ahead
-    assert (reads, ends.asked) == (["mid", "in"], [])
+    bound = executor.HAND_OFF_MOST_OFFSETS
+    # Upstream first, and the later stage reads ahead.
+    assert job(bound) == (["in", "mid"], [[("mid", 0)]])
+    # The bound is a part's, not the batch's: two stages at it, handed on all the same.
+    assert job(bound, bound) == (["in", "mid"], [[("mid", 0)]])
+    # One part past it (the later stage's, say, after a backlog): as listed, nothing read ahead.
+    assert job(bound + 1) == (["mid", "in"], [])
+    assert job(1, bound + 1) == (["mid", "in"], [])
 
 
 class _Offsets:
