@@ -127,7 +127,7 @@ from millstream.engine.routing import (
 )
 from millstream.engine.topology import ComputationSpec, record_key
 from millstream.engine.worker_pool import WorkerPool
-from millstream.spark.isolation import OffsetRange, Position
+from millstream.spark.isolation import OffsetRange, Position, count
 from millstream.spark.metrics import RESULT_SCHEMA, ROUTING, ResultRow, interval_counts
 
 if TYPE_CHECKING:
@@ -802,7 +802,7 @@ def topology_task(
     # Per part, not summed: once records are handed on, a later stage's planned ranges are
     # what it read ahead in the batch before (left out again), so a sum counts a pipeline's
     # records once a stage; the largest part is the most any stage may have to work.
-    largest = max((sum(r.size for r in task.batch.ranges) for _, task in parts), default=0)
+    largest = max((count(task.batch.ranges) for _, task in parts), default=0)
     if largest <= HAND_OFF_MOST_OFFSETS:
         levels = upstream_first([task.spec for _, task in parts])
     else:
