@@ -149,15 +149,16 @@ def backend(request: pytest.FixtureRequest) -> Backend:
         return Backend("memory", clock, memory)
 
     # Only the Cassandra case needs the services, so unit runs never start them.
-    from millstream.engine.stores.cassandra import CassandraIntervalStore, create_schema
+    from millstream.engine.stores.cassandra import CassandraIntervalStore
 
     session = request.getfixturevalue("cassandra")
-    keyspace = request.getfixturevalue("cassandra_keyspace")()
-    create_schema(session, keyspace)
+    table = request.getfixturevalue("store_table")
 
     def cassandra(limit: int | None) -> IntervalStore:
         if limit is None:
-            return CassandraIntervalStore(session, keyspace, clock)
-        return CassandraIntervalStore(session, keyspace, clock, max_batch_bytes=limit)
+            return CassandraIntervalStore(session, table.keyspace, clock, table=table.name)
+        return CassandraIntervalStore(
+            session, table.keyspace, clock, table=table.name, max_batch_bytes=limit
+        )
 
     return Backend("cassandra", clock, cassandra)

@@ -57,6 +57,7 @@ from millstream.engine.stores.cassandra.schema import (
 from millstream.engine.testing import TestingSink
 from millstream.engine.timers import TimeDomain, Timer
 from millstream.engine.topology import ComputationOptions, ComputationSpec, InputStream
+from tests.store_tables import StoreTable
 from tests.tombstones import delete_index_entries, delete_states
 from tests.waiting import wait_until
 
@@ -190,10 +191,9 @@ StoreFactory = Callable[..., CassandraIntervalStore]
 
 
 @pytest.fixture
-def keyspace(cassandra: Any, cassandra_keyspace: Callable[[], str]) -> str:
-    name = cassandra_keyspace()
-    create_schema(cassandra, name)
-    return name
+def table(store_table: StoreTable) -> StoreTable:
+    """The test's interval table (a table of its own, in the module's keyspace)."""
+    return store_table
 
 
 @pytest.fixture
@@ -202,34 +202,31 @@ def scripted(cassandra: Any) -> ScriptedSession:
 
 
 @pytest.fixture
-def make_store(scripted: ScriptedSession, keyspace: str) -> StoreFactory:
+def make_store(scripted: ScriptedSession, table: StoreTable) -> StoreFactory:
     """Factory of stores on the test's table: all share the scripted session by default."""
 
     def make(session: Any = None, clock: Any = None, **options: Any) -> CassandraIntervalStore:
         return CassandraIntervalStore(
             scripted if session is None else session,
-            keyspace,
+            table.keyspace,
             clock if clock is not None else ManualClock(1_000_000),
+            table=table.name,
             **options,
         )
 
     return make
 
 
-def rows_of(session: Any, keyspace: str, kind: str) -> list[Any]:
+def rows_of(session: Any, table: StoreTable, kind: str) -> list[Any]:
     """Every row of one kind in the table, read plainly (for checks only)."""
-    return list(
-        session.execute(
-            f"SELECT * FROM {keyspace}.intervals WHERE kind = %s ALLOW FILTERING", (kind,)
-        )
-    )
+    return list(session.execute(f"SELECT * FROM {table} WHERE kind = %s ALLOW FILTERING", (kind,)))
 
 
-def dedup_rows(session: Any, keyspace: str) -> list[Any]:
+def dedup_rows(session: Any, table: StoreTable) -> list[Any]:
     """Every dedup row of the table (those of earlier versions' kind aside), read plainly."""
     return list(
         session.execute(
-            f"SELECT * FROM {keyspace}.intervals WHERE kind > %s AND kind < %s ALLOW FILTERING",
+            f"SELECT * FROM {table} WHERE kind > %s AND kind < %s ALLOW FILTERING",
             (DEDUP_BUCKET_PREFIX, DEDUP_BUCKETS_END),
         )
     )
@@ -239,32 +236,34 @@ def dedup_rows(session: Any, keyspace: str) -> list[Any]:
 
 
 def test_create_schema_is_idempotent_and_requires_the_keyspace(
-    cassandra: Any, keyspace: str
+    cassandra: Any, table: StoreTable
 ) -> None:
-    create_schema(cassandra, keyspace)
+    create_schema(cassandra, table.keyspace, table.name)
     with pytest.raises(StoreError, match="does not exist; create it first"):
         create_schema(cassandra, "no_such_keyspace_here")
     with pytest.raises(ValueError, match="not a valid table name"):
-        create_schema(cassandra, keyspace, "drop table x")
+        create_schema(cassandra, table.keyspace, "drop table x")
 
 
-def test_a_missing_table_is_reported_with_the_fix(cassandra: Any, keyspace: str) -> None:
+def test_a_missing_table_is_reported_with_the_fix(cassandra: Any, table: StoreTable) -> None:
     with pytest.raises(StoreError, match=r"create_schema\(session, keyspace, table\)"):
-        CassandraIntervalStore(cassandra, keyspace, SystemClock(), table="absent")
+        CassandraIntervalStore(cassandra, table.keyspace, SystemClock(), table="absent")
 
 
 def test_a_table_whose_columns_bound_rows_would_misencode_is_refused(
-    cassandra: Any, keyspace: str
+    cassandra: Any, table: StoreTable
 ) -> None:
     # Every column the store reads and writes, but ``expires`` an int: a bound dedup row's
     # 8-byte expiry would not fit it.
-    cassandra.execute(schema_cql(keyspace, "misshapen").replace("expires bigint", "expires int"))
+    misshapen = f"{table.name}_m"
+    statement = schema_cql(table.keyspace, misshapen)
+    cassandra.execute(statement.replace("expires bigint", "expires int"))
     with pytest.raises(StoreError, match=r"binds .*Int32Type.*not .*LongType"):
-        CassandraIntervalStore(cassandra, keyspace, SystemClock(), table="misshapen")
+        CassandraIntervalStore(cassandra, table.keyspace, SystemClock(), table=misshapen)
 
 
-def test_bound_rows_carry_what_the_driver_would_bind(cassandra: Any, keyspace: str) -> None:
-    store = CassandraIntervalStore(cassandra, keyspace, SystemClock())
+def test_bound_rows_carry_what_the_driver_would_bind(cassandra: Any, table: StoreTable) -> None:
+    store = CassandraIntervalStore(cassandra, table.keyspace, SystemClock(), table=table.name)
     statements = store._statements
     lease = Lease("c\u00e9", 2**31 - 1, 7, cache_valid=False)
     change = KeyChanges("k\u00ff", state=b"\x00state", dedup_ids=[rid(1), rid(2), rid(1)])
@@ -315,13 +314,19 @@ def test_a_batchs_reads_are_all_sent_before_any_is_awaited(
     assert seen == {(keys[1], rid(1))}
 
 
-def test_options_are_validated(cassandra: Any, keyspace: str) -> None:
+def test_options_are_validated(cassandra: Any, table: StoreTable) -> None:
     with pytest.raises(ValueError, match="max_batch_bytes"):
-        CassandraIntervalStore(cassandra, keyspace, SystemClock(), max_batch_bytes=0)
+        CassandraIntervalStore(
+            cassandra, table.keyspace, SystemClock(), table=table.name, max_batch_bytes=0
+        )
     with pytest.raises(ValueError, match="request_timeout"):
-        CassandraIntervalStore(cassandra, keyspace, SystemClock(), request_timeout=0)
+        CassandraIntervalStore(
+            cassandra, table.keyspace, SystemClock(), table=table.name, request_timeout=0
+        )
     with pytest.raises(ValueError, match="acquire_attempts"):
-        CassandraIntervalStore(cassandra, keyspace, SystemClock(), acquire_attempts=0)
+        CassandraIntervalStore(
+            cassandra, table.keyspace, SystemClock(), table=table.name, acquire_attempts=0
+        )
     with pytest.raises(ValueError, match="not a valid keyspace name"):
         CassandraIntervalStore(cassandra, "Bad-Name", SystemClock())
 
@@ -344,7 +349,7 @@ def test_statements_are_prepared_once(make_store: StoreFactory, scripted: Script
 
 
 def test_a_fenced_batch_applies_nothing(
-    make_store: StoreFactory, cassandra: Any, keyspace: str
+    make_store: StoreFactory, cassandra: Any, table: StoreTable
 ) -> None:
     store = make_store()
     zombie = store.acquire("c", 0)
@@ -362,10 +367,10 @@ def test_a_fenced_batch_applies_nothing(
     ]
     with pytest.raises(FencedError, match=r"sequencer 2, this lease 1"):
         store.commit(zombie, changes, dedup_ttl=TTL)
-    assert [row.key for row in rows_of(cassandra, keyspace, "state")] == ["before"]
+    assert [row.key for row in rows_of(cassandra, table, "state")] == ["before"]
     for kind in ("timers", "timer", "production"):
-        assert rows_of(cassandra, keyspace, kind) == []
-    assert dedup_rows(cassandra, keyspace) == []
+        assert rows_of(cassandra, table, kind) == []
+    assert dedup_rows(cassandra, table) == []
 
 
 def test_a_zombie_worker_is_fenced(make_store: StoreFactory) -> None:
@@ -559,7 +564,7 @@ def test_scan_returns_timers_pending_productions_and_unexpired_dedup_ids(
 
 
 def test_productions_share_a_row_per_commit_batch_deleted_once_all_are_acknowledged(
-    make_store: StoreFactory, cassandra: Any, keyspace: str
+    make_store: StoreFactory, cassandra: Any, table: StoreTable
 ) -> None:
     store = make_store()
     lease = store.acquire("c", 0)
@@ -568,7 +573,7 @@ def test_productions_share_a_row_per_commit_batch_deleted_once_all_are_acknowled
         [KeyChanges(k, productions=[production(n, k)]) for n, k in enumerate("abc")],
         dedup_ttl=TTL,
     )
-    assert len(rows_of(cassandra, keyspace, "production")) == 1
+    assert len(rows_of(cassandra, table, "production")) == 1
     store.delete_productions(lease, [rid(0), rid(2)])
     # The row stays while one of its productions is unacknowledged; a new owner resends all.
     successor = make_store()
@@ -577,12 +582,12 @@ def test_productions_share_a_row_per_commit_batch_deleted_once_all_are_acknowled
         production(n, k) for n, k in enumerate("abc")
     }
     successor.delete_productions(new_lease, [rid(0), rid(1), rid(2)])
-    assert rows_of(cassandra, keyspace, "production") == []
+    assert rows_of(cassandra, table, "production") == []
     assert successor.pending_productions(new_lease) == ()
 
 
 def test_delivered_rows_go_in_the_commits_own_batch_unless_it_is_split(
-    make_store: StoreFactory, cassandra: Any, keyspace: str
+    make_store: StoreFactory, cassandra: Any, table: StoreTable
 ) -> None:
     store = make_store(max_batch_bytes=FAIL_THRESHOLD)
     lease = store.acquire("c", 0)
@@ -590,7 +595,7 @@ def test_delivered_rows_go_in_the_commits_own_batch_unless_it_is_split(
     before = store.stats.batches
     store.commit(lease, [full_change(1)], dedup_ttl=TTL, delivered=[rid(0)])
     assert store.stats.batches == before + 1  # one conditional write: the commit's
-    assert [r.key for r in rows_of(cassandra, keyspace, "production")] == [""]  # key 1's
+    assert [r.key for r in rows_of(cassandra, table, "production")] == [""]  # key 1's
     # A commit split in several batches deletes in a write of its own, first.
     large = [full_change(n, state_size=1_000) for n in range(2, 2 + 3 * FAIL_THRESHOLD // 1_000)]
     before = store.stats.batches
@@ -601,7 +606,7 @@ def test_delivered_rows_go_in_the_commits_own_batch_unless_it_is_split(
 
 
 def test_timers_are_indexed_by_time_and_the_index_follows_replacements(
-    make_store: StoreFactory, cassandra: Any, keyspace: str
+    make_store: StoreFactory, cassandra: Any, table: StoreTable
 ) -> None:
     store = make_store()
     lease = store.acquire("c", 0)
@@ -620,7 +625,7 @@ def test_timers_are_indexed_by_time_and_the_index_follows_replacements(
     )
     assert store.due_timers(lease, 39, 0) == []
     assert store.due_timers(lease, 41, 0) == [later]
-    assert len(rows_of(cassandra, keyspace, "timer_event")) == 1
+    assert len(rows_of(cassandra, table, "timer_event")) == 1
     # Replaced at the same time: the index row stays (a delete would win over the put).
     store.commit(
         lease, [KeyChanges("a", timers={"t": later}, previous_timers=[later])], dedup_ttl=TTL
@@ -715,15 +720,15 @@ def _fire_fresh_tags(store: CassandraIntervalStore, lease: Lease, keys: list[str
 
 
 def test_a_keys_timers_are_one_row_so_its_reads_pass_over_no_fired_timer(
-    make_store: StoreFactory, cassandra: Any, keyspace: str
+    make_store: StoreFactory, cassandra: Any, table: StoreTable
 ) -> None:
     keys = [f"k{n}" for n in range(5)]
     store = make_store()
     lease = store.acquire("c", 0)
     _fire_fresh_tags(store, lease, keys, 100)
     # One row a key, overwritten by each commit: not 100 rows a key, 99 of them deleted.
-    assert sorted(row.key for row in rows_of(cassandra, keyspace, "timers")) == keys
-    assert rows_of(cassandra, keyspace, "timer") == []
+    assert sorted(row.key for row in rows_of(cassandra, table, "timers")) == keys
+    assert rows_of(cassandra, table, "timer") == []
 
     traced = Traced(cassandra)
     other = make_store(session=traced)
@@ -738,7 +743,7 @@ def test_a_keys_timers_are_one_row_so_its_reads_pass_over_no_fired_timer(
     # Rows of a timer each (earlier versions), fired as often: every read of the keys
     # passes over each one's tombstone, as the reads above did before.
     delete = cassandra.prepare(
-        f"DELETE FROM {keyspace}.intervals WHERE computation = 'c' AND interval = 1 "
+        f"DELETE FROM {table} WHERE computation = 'c' AND interval = 1 "
         "AND kind = 'timer' AND key = ? AND item = ?"
     )
     for key in keys:
@@ -751,14 +756,14 @@ def test_a_keys_timers_are_one_row_so_its_reads_pass_over_no_fired_timer(
 
 
 def test_a_takeover_that_cannot_list_the_keys_for_the_deleted_rows_among_them_reads_every_key(
-    make_store: StoreFactory, cassandra: Any, keyspace: str, caplog: pytest.LogCaptureFixture
+    make_store: StoreFactory, cassandra: Any, table: StoreTable, caplog: pytest.LogCaptureFixture
 ) -> None:
     store = make_store()
     lease = store.acquire("c", 0)
     store.commit(lease, [KeyChanges("live", state=b"s")], dedup_ttl=TTL)
     # Keys whose state was deleted (a session's end, a state TTL) stay tombstones for 10
     # days: here more than the node's tombstone_failure_threshold (100,000), before "live".
-    delete_states(cassandra, f"{keyspace}.intervals", "c")
+    delete_states(cassandra, str(table), "c")
     # The read that lists them fails on the node...
     with pytest.raises(ReadFailure):
         cassandra.execute(store._statements.scan_keys, ("c", 0))
@@ -779,29 +784,29 @@ def test_a_takeover_that_cannot_list_the_keys_for_the_deleted_rows_among_them_re
         other.export("c", 0)
 
 
-def _put_legacy_timer(session: Any, keyspace: str, timer: Timer) -> None:
+def _put_legacy_timer(session: Any, table: StoreTable, timer: Timer) -> None:
     """A timer as earlier versions wrote it: a row of its own, and its index row."""
     session.execute(
-        f"INSERT INTO {keyspace}.intervals (computation, interval, kind, key, item, "
+        f"INSERT INTO {table} (computation, interval, kind, key, item, "
         "timer_timestamp, timer_domain, timer_set_by) VALUES ('c', 0, 'timer', %s, %s, %s, %s, %s)",
         (timer.key, timer.tag.encode(), timer.timestamp, timer.domain.value, timer.set_by),
     )
     kind, key, item = index_row(timer)
     session.execute(
-        f"INSERT INTO {keyspace}.intervals (computation, interval, kind, key, item, "
+        f"INSERT INTO {table} (computation, interval, kind, key, item, "
         "timer_timestamp, timer_domain, timer_set_by) VALUES ('c', 0, %s, %s, %s, %s, %s, %s)",
         (kind, key, item, timer.timestamp, timer.domain.value, timer.set_by),
     )
 
 
 def test_timer_rows_of_an_earlier_version_are_read_and_give_way_to_the_keys_timers_row(
-    make_store: StoreFactory, cassandra: Any, keyspace: str
+    make_store: StoreFactory, cassandra: Any, table: StoreTable
 ) -> None:
     store = make_store()
     lease = store.acquire("c", 0)
     a, b, x = Timer("k", "a", 10), Timer("k", "b", 20), Timer("j", "x", 30, TimeDomain.WALL_TIME)
     for timer in (a, b, x):
-        _put_legacy_timer(cassandra, keyspace, timer)
+        _put_legacy_timer(cassandra, table, timer)
     assert store.read_keys(lease, ["k", "j"]) == {
         "k": KeySnapshot(None, {"a": a, "b": b}),
         "j": KeySnapshot(None, {"x": x}),
@@ -814,7 +819,7 @@ def test_timer_rows_of_an_earlier_version_are_read_and_give_way_to_the_keys_time
     change = KeyChanges("k", timers={"a": None, "c": c}, previous_timers=[a])
     change.timers_after = {"b": b, "c": c}
     store.commit(lease, [change], dedup_ttl=TTL)
-    assert [row.key for row in rows_of(cassandra, keyspace, "timer")] == ["j"]
+    assert [row.key for row in rows_of(cassandra, table, "timer")] == ["j"]
     assert store.read_keys(lease, ["k"])["k"].timers == {"b": b, "c": c}
     assert store.due_timers(lease, 100, 100) == [c, b, x]
     # A worker taking over reads the same; emptied, the key has no timers (none comes back).
@@ -826,13 +831,13 @@ def test_timer_rows_of_an_earlier_version_are_read_and_give_way_to_the_keys_time
     }
     emptied = KeyChanges("k", timers={"b": None, "c": None}, previous_timers=[b, c])
     other.commit(taken, [emptied], dedup_ttl=TTL)
-    assert rows_of(cassandra, keyspace, "timers") == []
+    assert rows_of(cassandra, table, "timers") == []
     assert make_store().read_keys(taken, ["k"])["k"] == KeySnapshot()
     assert [(c.key, c.timers_after) for c in other.export("c", 0)] == [("j", {"x": x})]
 
 
 def test_a_commit_without_the_keys_whole_timer_set_reads_it(
-    make_store: StoreFactory, cassandra: Any, keyspace: str
+    make_store: StoreFactory, cassandra: Any, table: StoreTable
 ) -> None:
     store = make_store()
     lease = store.acquire("c", 0)
@@ -844,20 +849,20 @@ def test_a_commit_without_the_keys_whole_timer_set_reads_it(
     assert store.read_keys(lease, ["k"])["k"] == KeySnapshot(b"s", {"a": a, "b": b})
     other.commit(lease, [KeyChanges("k", timers={"a": None})], dedup_ttl=TTL)
     assert store.read_keys(lease, ["k"])["k"].timers == {"b": b}
-    assert len(rows_of(cassandra, keyspace, "timers")) == 1
+    assert len(rows_of(cassandra, table, "timers")) == 1
 
 
 def test_an_lwt_stops_at_the_partitions_anchor_not_at_the_tombstones_before_its_rows(
-    make_store: StoreFactory, cassandra: Any, keyspace: str
+    make_store: StoreFactory, cassandra: Any, table: StoreTable
 ) -> None:
     # A partition as an earlier version left it: no anchor row, and before its rows 300
     # tombstones of the kind that sorts first (dedup IDs expire into such).
     cassandra.execute(
-        f"INSERT INTO {keyspace}.intervals (computation, interval, sequencer, last_commit) "
+        f"INSERT INTO {table} (computation, interval, sequencer, last_commit) "
         "VALUES ('c', 0, 1, 0x00)"
     )
     delete = cassandra.prepare(
-        f"DELETE FROM {keyspace}.intervals WHERE computation = 'c' AND interval = 0 "
+        f"DELETE FROM {table} WHERE computation = 'c' AND interval = 0 "
         "AND kind = 'dedup' AND key = ? AND item = 0x"
     )
     for n in range(300):
@@ -878,7 +883,7 @@ def test_an_lwt_stops_at_the_partitions_anchor_not_at_the_tombstones_before_its_
     taken = other.acquire("c", 0)
     other.commit(taken, [KeyChanges("z", state=b"u")], dedup_ttl=TTL)
     assert traced.tombstones() == 0
-    assert [row.kind for row in rows_of(cassandra, keyspace, "")] == [""]
+    assert [row.kind for row in rows_of(cassandra, table, "")] == [""]
     assert other.read_keys(taken, ["z"])["z"].state == b"u"
 
 
@@ -902,7 +907,7 @@ def test_a_lookup_starts_at_the_expiry_of_now_within_the_earliest_live_bucket(
 
 
 def test_production_rows_reuse_their_slots_so_a_takeover_passes_few_tombstones(
-    make_store: StoreFactory, cassandra: Any, keyspace: str
+    make_store: StoreFactory, cassandra: Any, table: StoreTable
 ) -> None:
     # A commit's productions are one row, deleted once Kafka acknowledged them (here, with
     # the next commit): a row of its own per commit left one tombstone per commit, for 10 days.
@@ -916,7 +921,7 @@ def test_production_rows_reuse_their_slots_so_a_takeover_passes_few_tombstones(
         store.commit(lease, changes, dedup_ttl=TTL, delivered=delivered)
         delivered = [made.record_id]
     # Two slots in turn: a commit deletes the row it acknowledges and writes to the other.
-    assert [row.item for row in rows_of(cassandra, keyspace, "production")] == [b"#\0\0\0\1"]
+    assert [row.item for row in rows_of(cassandra, table, "production")] == [b"#\0\0\0\1"]
 
     traced = Traced(cassandra)
     other = make_store(session=traced)
@@ -932,21 +937,21 @@ def test_production_rows_reuse_their_slots_so_a_takeover_passes_few_tombstones(
     }
     # Both acknowledged, both rows go; the next commit takes the first slot again.
     other.delete_productions(taken, [rid(299), rid(300)])
-    assert rows_of(cassandra, keyspace, "production") == []
+    assert rows_of(cassandra, table, "production") == []
     other.commit(taken, [KeyChanges("k", productions=[production(301)])], dedup_ttl=TTL)
-    assert [row.item for row in rows_of(cassandra, keyspace, "production")] == [b"#\0\0\0\0"]
+    assert [row.item for row in rows_of(cassandra, table, "production")] == [b"#\0\0\0\0"]
     assert [p.tag for p in make_store().pending_productions(taken)] == [None]
 
 
 def test_production_rows_of_an_earlier_version_keep_their_tags_and_are_deleted(
-    make_store: StoreFactory, cassandra: Any, keyspace: str
+    make_store: StoreFactory, cassandra: Any, table: StoreTable
 ) -> None:
     # As versions before slots wrote them: a unique item, the commit's tag in front of it.
     store = make_store()
     lease = store.acquire("c", 0)
     tagged, untagged = production(1), production(2)
     insert = (
-        f"INSERT INTO {keyspace}.intervals (computation, interval, kind, key, item, record) "
+        f"INSERT INTO {table} (computation, interval, kind, key, item, record) "
         "VALUES ('c', 0, 'production', '', %s, %s)"
     )
     tag = CommitTag(lease.token, 4)
@@ -965,11 +970,11 @@ def test_production_rows_of_an_earlier_version_keep_their_tags_and_are_deleted(
         dedup_ttl=TTL,
         delivered=[tagged.record_id, untagged.record_id],
     )
-    assert [row.item for row in rows_of(cassandra, keyspace, "production")] == [b"#\0\0\0\0"]
+    assert [row.item for row in rows_of(cassandra, table, "production")] == [b"#\0\0\0\0"]
 
 
 def test_dedup_ids_expire_by_cassandra_ttl(
-    make_store: StoreFactory, cassandra: Any, keyspace: str
+    make_store: StoreFactory, cassandra: Any, table: StoreTable
 ) -> None:
     store = make_store(clock=SystemClock())
     lease = store.acquire("c", 0)
@@ -978,11 +983,11 @@ def test_dedup_ids_expire_by_cassandra_ttl(
     assert store.has_seen(lease, "k", [rid(1), rid(2)]) == {rid(1), rid(2)}
     # Cassandra must keep them at least as long as they count as seen (one second).
     time.sleep(max(0.0, committed + 0.95 - time.monotonic()))
-    assert len(dedup_rows(cassandra, keyspace)) == 1  # the key's IDs in one row
+    assert len(dedup_rows(cassandra, table)) == 1  # the key's IDs in one row
     # Gone from Cassandra, not just filtered.
     wait_until(
         "Cassandra deletes the expired dedup row",
-        lambda: dedup_rows(cassandra, keyspace) == [],
+        lambda: dedup_rows(cassandra, table) == [],
         timeout=5,
         every=0.2,
     )
@@ -1025,7 +1030,7 @@ def test_a_hot_keys_lookup_and_a_takeovers_load_read_no_expired_dedup_ids(
 
 
 def test_a_keys_ids_of_one_commit_are_one_row_and_rows_of_one_id_still_count(
-    make_store: StoreFactory, cassandra: Any, keyspace: str
+    make_store: StoreFactory, cassandra: Any, table: StoreTable
 ) -> None:
     store = make_store()
     lease = store.acquire("c", 0)
@@ -1034,12 +1039,12 @@ def test_a_keys_ids_of_one_commit_are_one_row_and_rows_of_one_id_still_count(
         lease, [KeyChanges("a", dedup_ids=ids), KeyChanges("b", dedup_ids=[rid(20)])], dedup_ttl=TTL
     )
     store.commit(lease, [KeyChanges("a", dedup_ids=[rid(21)])], dedup_ttl=TTL)
-    rows = dedup_rows(cassandra, keyspace)
+    rows = dedup_rows(cassandra, table)
     assert sorted((row.key, len(row.record)) for row in rows) == [("a", 16), ("a", 320), ("b", 16)]
     # A row per ID, as versions before packing wrote them (no record, and the one kind of
     # rows before buckets), counts until it expires, for a worker taking the interval over.
     cassandra.execute(
-        f"INSERT INTO {keyspace}.intervals (computation, interval, kind, key, item, expires) "
+        f"INSERT INTO {table} (computation, interval, kind, key, item, expires) "
         "VALUES ('c', 0, 'dedup', 'b', %s, %s)",
         (rid(30), store.clock.now() + TTL),
     )
@@ -1069,7 +1074,7 @@ def test_a_dedup_id_that_is_not_a_record_id_is_refused(make_store: StoreFactory)
 
 
 def test_the_ttl_is_rounded_up_to_outlive_the_expiry_time(
-    make_store: StoreFactory, cassandra: Any, keyspace: str
+    make_store: StoreFactory, cassandra: Any, table: StoreTable
 ) -> None:
     store = make_store(clock=SystemClock())
     lease = store.acquire("c", 0)
@@ -1080,7 +1085,7 @@ def test_the_ttl_is_rounded_up_to_outlive_the_expiry_time(
     for n in range(3):
         store.commit(lease, [KeyChanges(f"k{n}", dedup_ids=[rid(n)])], dedup_ttl=100_000_001)
         rows = cassandra.execute(
-            f"SELECT key, TTL(expires) AS ttl FROM {keyspace}.intervals WHERE computation = 'c' "
+            f"SELECT key, TTL(expires) AS ttl FROM {table} WHERE computation = 'c' "
             "AND interval = 0 AND kind > %s AND kind < %s",
             (DEDUP_BUCKET_PREFIX, DEDUP_BUCKETS_END),
         )
@@ -1347,13 +1352,13 @@ def test_the_per_key_protocol_is_exactly_once_on_cassandra(make_store: StoreFact
 
 
 def test_a_takeover_reads_the_timer_index_from_the_floor_the_last_commit_kept(
-    make_store: StoreFactory, cassandra: Any, keyspace: str
+    make_store: StoreFactory, cassandra: Any, table: StoreTable
 ) -> None:
     store = make_store()
     lease = store.acquire("c", 0)
     # The index rows of 100,001 timers fired before: tombstones for 10 days, more than the
     # node's tombstone_failure_threshold, in front of the one live timer.
-    delete_index_entries(cassandra, f"{keyspace}.intervals", "c")
+    delete_index_entries(cassandra, str(table), "c")
     live = Timer("k", "t", 200_000)
     kept = TimerFloor(150_000, None)
     store.commit(lease, [KeyChanges("k", timers={"t": live})], dedup_ttl=TTL, timer_floor=kept)
@@ -1371,7 +1376,7 @@ def test_a_takeover_reads_the_timer_index_from_the_floor_the_last_commit_kept(
     below = Timer("j", "t", 100)
     other.commit(taken, [KeyChanges("j", timers={"t": below})], dedup_ttl=TTL)
     assert make_store().kept_timer_floor(taken) == NO_FLOOR
-    assert [row.kind for row in rows_of(cassandra, keyspace, "timer_floor")] == ["timer_floor"]
+    assert [row.kind for row in rows_of(cassandra, table, "timer_floor")] == ["timer_floor"]
 
 
 def test_a_worker_taking_an_interval_over_passes_over_none_of_the_fired_timers(
