@@ -423,15 +423,25 @@ def cassandra_keyspace(
     created: list[str] = []
 
     def make() -> str:
-        name = unique_name("test")
-        cassandra_connector.create_keyspace(cassandra, name, services.cassandra_replication)
-        created.append(name)
-        return name
+        created.append(_test_keyspace(services, cassandra))
+        return created[-1]
 
     yield make
     for name in created:
-        cassandra_connector.drop_keyspace(cassandra, name)
-        kafka_connector.delete_transaction_markers(services, name)
+        _drop_test_keyspace(services, cassandra, name)
+
+
+def _test_keyspace(services: MillstreamConfig, cassandra: Session) -> str:
+    """A unique keyspace of the configured replication, made now."""
+    name = unique_name("test")
+    cassandra_connector.create_keyspace(cassandra, name, services.cassandra_replication)
+    return name
+
+
+def _drop_test_keyspace(services: MillstreamConfig, cassandra: Session, name: str) -> None:
+    """Drop a keyspace of :func:`_test_keyspace`, and the transaction markers named after it."""
+    cassandra_connector.drop_keyspace(cassandra, name)
+    kafka_connector.delete_transaction_markers(services, name)
 
 
 @pytest.fixture(scope="module")
@@ -446,14 +456,12 @@ def store_keyspace(services: MillstreamConfig, cassandra: Session) -> Iterator[s
     """
     from millstream.engine.stores.cassandra.schema import execute_schema_change, fences_cql
 
-    name = unique_name("test")
-    cassandra_connector.create_keyspace(cassandra, name, services.cassandra_replication)
+    name = _test_keyspace(services, cassandra)
     try:
         execute_schema_change(cassandra, fences_cql(name))
         yield name
     finally:
-        cassandra_connector.drop_keyspace(cassandra, name)
-        kafka_connector.delete_transaction_markers(services, name)
+        _drop_test_keyspace(services, cassandra, name)
 
 
 @pytest.fixture
