@@ -27,6 +27,15 @@ takes an interval over first :meth:`~TransactionalSink.open` s it, which fences 
 producer of the interval (aborting its open transaction) and returns the marker: pending
 productions tagged at or below it were delivered and are dropped without a resend; the rest
 go in a new transaction. A transaction whose outcome is unknown is resolved the same way.
+
+A commit the sink answered counts only once it is *settled*: the interval's marker, read
+once no transaction holds it pending, covers it (:meth:`TransactionalSink.settled`). Kafka
+can answer a commit and never complete it: a broker killed as the commit completed may,
+restarting, skip the transaction's markers (it takes the partitions for deleted), which
+leaves the transaction hanging until a sweep aborts it
+(:mod:`millstream.connectors.kafka.hanging`). Until a commit settles, its productions stay
+pending (and hold the watermark); one that does not is resolved by the marker like an
+unknown outcome.
 """
 
 from __future__ import annotations
@@ -200,6 +209,13 @@ class TransactionalSink(Protocol):
     ) -> DeliveryOutcome:
         """Send ``productions`` and record ``marker`` in one transaction of the interval's
         producer (opened before); readers of committed data see all of them or none."""
+        ...
+
+    def settled(self, computation: str, interval: int, marker: CommitTag, timeout: float) -> bool:
+        """Whether the transaction of the interval that recorded ``marker``, whose commit was
+        answered, is settled: the interval's marker, read once no transaction holds it
+        pending, is ``marker`` or later. ``False`` when it is earlier (the transaction was
+        aborted after all) or not readable so within ``timeout``. Raises nothing."""
         ...
 
     def stage(

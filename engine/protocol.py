@@ -224,7 +224,9 @@ class BatchResult:
     ``marker_resolved`` pending productions an open found delivered by the marker, dropped
     without a resend; ``aborted_commits`` earlier owners' commits an open found undelivered
     (their transaction aborted by the open or by its timeout, or never begun: while open, it
-    held ``read_committed`` readers back), sent again."""
+    held ``read_committed`` readers back), sent again; ``unsettled_commits`` commits the sink
+    answered whose marker did not then read as committed (counted as failures too: their
+    productions stay pending until an open resolves them)."""
 
     lease: Lease
     rescanned: bool
@@ -245,6 +247,7 @@ class BatchResult:
     fenced_producers: int = 0
     marker_resolved: int = 0
     aborted_commits: int = 0
+    unsettled_commits: int = 0
     # Attempts this batch's acquire lost to another writer (or could not tell).
     sequencer_conflicts: int = 0
     progress: IntervalProgress = field(default_factory=IntervalProgress)
@@ -980,6 +983,15 @@ class IntervalWorker:
                     return
                 marker = _marker(soft, productions)
                 outcome = transactions.deliver(name, self.interval, productions, marker, timeout)
+            if outcome is DeliveryOutcome.COMMITTED and not transactions.settled(
+                name, self.interval, marker, timeout
+            ):
+                # Answered but not settled (see millstream.engine.productions): they stay
+                # pending, and the next delivery's open resolves them by the marker.
+                soft.unresolved = True
+                result.transaction_failures += 1
+                result.unsettled_commits += 1
+                return
             if outcome is DeliveryOutcome.COMMITTED:
                 soft.marker = marker
                 result.transactions += 1

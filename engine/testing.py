@@ -220,6 +220,13 @@ class TransactionFault(enum.Enum):
     """The process dies with the transaction open (:class:`InjectedCrash`)."""
     CRASH_AFTER_COMMIT = "crash-after-commit"
     """The process dies as the commit returns (:class:`InjectedCrash`)."""
+    COMMIT_UNDONE = "commit-undone"
+    """The commit is answered, but the transaction is aborted after all (a Kafka broker
+    restarted as it completed skipped its markers, and the sweep of hanging transactions
+    aborted it): nothing delivered, the marker not moved."""
+    UNSETTLED = "unsettled"
+    """Committed and answered, but the marker is not readable right after (the read that
+    settles the commit times out once)."""
 
 
 @dataclass
@@ -234,6 +241,7 @@ class _TransactionLog:
     prepares: int = 0
     staged: int = 0
     aborted: int = 0
+    settles: int = 0
 
 
 class TestingTransactions:
@@ -256,6 +264,8 @@ class TestingTransactions:
         self._faults: list[TransactionFault] = []
         self._before_open: list[Callable[[], object]] = []
         self._prepared: set[tuple[str, int, int]] = set()
+        # Intervals whose marker the next settling read does not read (UNSETTLED).
+        self._unreadable: set[tuple[str, int]] = set()
         self.unavailable = False
         self.prepared_ready = False
         """Whether an open prepared for a lease counts as finished (ready) by the batch's
@@ -331,6 +341,10 @@ class TestingTransactions:
             raise InjectedCrash("injected crash with a transaction open")
         if fault is TransactionFault.ABORTED:
             return DeliveryOutcome.UNKNOWN
+        if fault is TransactionFault.COMMIT_UNDONE:
+            return DeliveryOutcome.COMMITTED
+        if fault is TransactionFault.UNSETTLED:
+            self._unreadable.add(key)
         self._log.committed.extend(productions)
         self._log.markers[key] = marker
         if fault is TransactionFault.CRASH_AFTER_COMMIT:
@@ -338,6 +352,20 @@ class TestingTransactions:
         if fault is TransactionFault.COMMITTED_UNACKNOWLEDGED:
             return DeliveryOutcome.UNKNOWN
         return DeliveryOutcome.COMMITTED
+
+    def settled(self, computation: str, interval: int, marker: CommitTag, timeout: float) -> bool:
+        key = (computation, interval)
+        self._log.settles += 1
+        if key in self._unreadable:
+            self._unreadable.discard(key)
+            return False
+        found = self._log.markers.get(key)
+        return found is not None and found >= marker
+
+    @property
+    def settles(self) -> int:
+        """How many times any client read a commit's marker back to settle it."""
+        return self._log.settles
 
     def stage(
         self,

@@ -46,7 +46,8 @@ class MetricCounts:
     Transactional productions: ``transactions`` committed, ``transaction_failures`` aborted
     or unknown (and opens Kafka did not answer), ``fenced_producers`` refused as a zombie's,
     ``marker_resolved`` pending productions found delivered by the marker (not resent),
-    ``aborted_commits`` earlier owners' commits found undelivered (see
+    ``aborted_commits`` earlier owners' commits found undelivered, ``unsettled_commits``
+    commits Kafka answered whose marker did not read as committed after (see
     :class:`~millstream.engine.protocol.BatchResult`).
     """
 
@@ -71,6 +72,7 @@ class MetricCounts:
     fenced_producers: int = 0
     marker_resolved: int = 0
     aborted_commits: int = 0
+    unsettled_commits: int = 0
     sequencer_conflicts: int = 0
 
     def __add__(self, other: MetricCounts) -> MetricCounts:
@@ -209,6 +211,7 @@ def interval_counts(inputs: int, rejected: int, result: BatchResult, cached: boo
         fenced_producers=result.fenced_producers,
         marker_resolved=result.marker_resolved,
         aborted_commits=result.aborted_commits,
+        unsettled_commits=result.unsettled_commits,
         sequencer_conflicts=result.sequencer_conflicts,
     )
 

@@ -112,6 +112,11 @@ COUNTER_METRICS: Final[Mapping[str, tuple[str, str]]] = {
         "Earlier owners' commits found undelivered by an open: their Kafka transaction was "
         "aborted, timed out or never begun (while open it held read_committed readers).",
     ),
+    "unsettled_commits": (
+        "millstream_unsettled_commits_total",
+        "Kafka transactions whose commit was answered but whose marker did not then read as "
+        "committed (their productions stay pending until the marker resolves them).",
+    ),
     "sequencer_conflicts": (
         "millstream_sequencer_conflicts_total",
         "Acquire attempts that lost the interval's sequencer to another writer, or whose "

@@ -160,6 +160,7 @@ class NonVacuity:
     resent_productions: int = 0
     marker_resolved: int = 0
     aborted_commits: int = 0
+    unsettled_commits: int = 0
     fenced_producers: int = 0
     transaction_stalls: int = 0
     duplicates_absorbed: int = 0
@@ -185,6 +186,7 @@ class NonVacuity:
             ("strong productions re-sent", self.resent_productions),
             ("pending productions found delivered by the marker", self.marker_resolved),
             ("commits found undelivered (transaction aborted), re-sent", self.aborted_commits),
+            ("commits answered by Kafka but not settled, resolved again", self.unsettled_commits),
             ("zombie producers fenced by Kafka", self.fenced_producers),
             ("output partitions stalled by an open transaction", self.transaction_stalls),
             ("duplicates dropped by exactly-once", self.duplicates_absorbed),
@@ -688,6 +690,7 @@ def _non_vacuity(
         counts.resent_productions += int(batch["resent"])
         counts.marker_resolved += int(batch.get("marker_resolved", 0))
         counts.aborted_commits += int(batch.get("aborted_commits", 0))
+        counts.unsettled_commits += int(batch.get("unsettled_commits", 0))
         counts.fenced_producers += int(batch.get("fenced_producers", 0))
         counts.transaction_stalls += int(batch.get("stalls", 0))
         # Resolved within the batch, or left by an attempt that failed on it (a failed task

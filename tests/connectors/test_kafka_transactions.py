@@ -18,6 +18,7 @@ from millstream.connectors.kafka import (
     delete_transaction_markers,
     store_namespace,
     stream_topic,
+    transaction_marker_topic,
 )
 from millstream.connectors.kafka.clients import producer
 from millstream.connectors.kafka.transactions import transactional_id
@@ -134,6 +135,41 @@ def test_a_transaction_delivers_its_productions_and_records_its_marker(
     # Another process opening the interval reads the marker back.
     assert sinks().open("comp", 3, TIMEOUT) == CommitTag(7, 1)
     assert sinks().open("comp", 4, TIMEOUT) is None  # markers are per interval
+
+
+def test_a_commit_settles_once_its_marker_reads_back_as_committed(
+    config: MillstreamConfig,
+    namespace: str,
+    sinks: Callable[[], KafkaTransactionalSink],
+    kafka_topic: Callable[..., str],
+    unique: Callable[[str], str],
+) -> None:
+    topic = kafka_topic()
+    sink = sinks()
+    sink.open("comp", 0, TIMEOUT)
+    assert sink.deliver("comp", 0, productions(topic, b"a"), CommitTag(7, 1), TIMEOUT) is (
+        DeliveryOutcome.COMMITTED
+    )
+    # Read back at once: the coordinator's markers may land a few milliseconds later.
+    assert sink.settled("comp", 0, CommitTag(7, 1), TIMEOUT)
+    assert not sink.settled("comp", 0, CommitTag(7, 2), TIMEOUT)  # a later commit's: undone
+
+    # A transaction holding the marker pending (another producer's offsets for the
+    # interval's group): not readable as committed while it lasts.
+    name = transactional_id(namespace, "comp", 0)
+    holder = producer(config, **{"transactional.id": unique("holder")})
+    holder.init_transactions(TIMEOUT)
+    holder.begin_transaction()
+    group = Consumer({"bootstrap.servers": config.kafka_bootstrap, "group.id": name})
+    marker = TopicPartition(transaction_marker_topic(config), 0, 9, metadata="held")
+    holder.send_offsets_to_transaction([marker], group.consumer_group_metadata(), TIMEOUT)
+    group.close()
+    started = time.monotonic()
+    assert not sink.settled("comp", 0, CommitTag(7, 1), 2.0)
+    # Asked again until its timeout (short of the last pause, at most 0.1 s).
+    assert 1.8 <= time.monotonic() - started < 10.0
+    holder.abort_transaction(TIMEOUT)
+    assert sink.settled("comp", 0, CommitTag(7, 1), TIMEOUT)
 
 
 def test_a_keyspaces_markers_are_deleted_with_it_and_no_other(
@@ -327,12 +363,30 @@ class Counting(Computation):
         ctx.produce(self.stream, f"{ctx.key}={count}".encode(), record.timestamp)
 
 
-class DyingSink:
-    """Passes the transaction through to Kafka, or not, then the process dies."""
+def counting_spec(output: str) -> ComputationSpec:
+    """A computation of one interval counting each key's records onto ``output``."""
+    return ComputationSpec(
+        "counter",
+        Counting(output),
+        (InputStream("in"),),
+        (output,),
+        ComputationOptions(key_intervals=1),
+    )
 
-    def __init__(self, inner: KafkaTransactionalSink, commit_first: bool) -> None:
+
+def numbered(keys: Sequence[str]) -> list[Delivery]:
+    """A delivery per key, each record with an ID of its own."""
+    return [
+        Delivery(k, Record(k, b"", 1, injector_record_id("t", 0, n))) for n, k in enumerate(keys)
+    ]
+
+
+class UnstagedSink:
+    """A Kafka sink that never stages: the worker opens and delivers after its store commit,
+    through :meth:`deliver`, which subclasses make go wrong."""
+
+    def __init__(self, inner: KafkaTransactionalSink) -> None:
         self.inner = inner
-        self.commit_first = commit_first
 
     def prepare(self, computation: str, interval: int, timeout: float, token: int) -> None:
         self.inner.prepare(computation, interval, timeout, token)
@@ -343,7 +397,38 @@ class DyingSink:
         return self.inner.open(computation, interval, timeout, token)
 
     def ready(self, computation: str, interval: int, token: int) -> bool:
-        return False  # it opens after the store commit, to die around the Kafka commit
+        return False  # so the open comes after the store commit too
+
+    def settled(self, computation: str, interval: int, marker: CommitTag, timeout: float) -> bool:
+        return self.inner.settled(computation, interval, marker, timeout)
+
+    def deliver(
+        self,
+        computation: str,
+        interval: int,
+        productions: Sequence[Production],
+        marker: CommitTag,
+        timeout: float,
+    ) -> DeliveryOutcome:
+        return self.inner.deliver(computation, interval, productions, marker, timeout)
+
+    def stage(
+        self,
+        computation: str,
+        interval: int,
+        productions: Sequence[Production],
+        marker: CommitTag,
+        timeout: float,
+    ) -> None:
+        return None
+
+
+class DyingSink(UnstagedSink):
+    """Passes the transaction through to Kafka, or not, then the process dies."""
+
+    def __init__(self, inner: KafkaTransactionalSink, commit_first: bool) -> None:
+        super().__init__(inner)
+        self.commit_first = commit_first
 
     def deliver(
         self,
@@ -359,15 +444,62 @@ class DyingSink:
             )
         raise RuntimeError("worker process killed around the Kafka commit")
 
-    def stage(
+
+class UndoingSink(UnstagedSink):
+    """Kafka answers the first commit, then aborts the transaction after all, as the sweep of
+    hanging transactions does to one whose markers a restarted broker skipped."""
+
+    def __init__(self, inner: KafkaTransactionalSink) -> None:
+        super().__init__(inner)
+        self.undone = 0
+
+    def deliver(
         self,
         computation: str,
         interval: int,
         productions: Sequence[Production],
         marker: CommitTag,
         timeout: float,
-    ) -> None:
-        return None  # delivered (and killed) after the store commit
+    ) -> DeliveryOutcome:
+        if self.undone:
+            return self.inner.deliver(computation, interval, productions, marker, timeout)
+        self.undone += 1
+        staged = self.inner.stage(computation, interval, productions, marker, timeout)
+        assert staged is not None
+        staged.abort()
+        return DeliveryOutcome.COMMITTED
+
+
+def test_productions_of_a_commit_kafka_answered_then_undid_are_sent_again_once(
+    config: MillstreamConfig,
+    namespace: str,
+    cassandra: Session,
+    cassandra_keyspace: Callable[[], str],
+    kafka_topic: Callable[..., str],
+) -> None:
+    """Cassandra store, Kafka transactions: the answered commit does not settle, so its
+    productions stay pending (their rows kept) and the next batch sends them again."""
+    keyspace = cassandra_keyspace()
+    create_schema(cassandra, keyspace)
+    output = kafka_topic()
+    spec = counting_spec(output)
+    keys = ["a", "b", "a"]
+    deliveries = numbered(keys)
+    clock = ManualClock(2_000_000)
+    sink = UndoingSink(KafkaTransactionalSink(config, namespace))
+    store = CassandraIntervalStore(cassandra, keyspace, clock)
+    worker = IntervalWorker(
+        spec, 0, store=store, sink=KafkaProductionSink(config), clock=clock, transactions=sink
+    )
+    first = worker.process(deliveries, 0)
+    assert (first.unsettled_commits, first.pending, first.transactions) == (1, 3, 0)
+    assert read_committed(config, output) == []
+
+    after = worker.process([], 0)
+    sink.inner.close()
+    assert (after.resent, after.marker_resolved, after.pending) == (3, 0, 0)
+    values = read_committed(config, output)
+    assert sorted(decode_record(v).value for v in values) == [b"a=1", b"a=2", b"b=1"]
 
 
 @pytest.mark.parametrize(
@@ -386,17 +518,9 @@ def test_a_plain_reader_reads_each_production_once_across_a_crash_around_the_kaf
     keyspace = cassandra_keyspace()
     create_schema(cassandra, keyspace)
     output = kafka_topic()
-    spec = ComputationSpec(
-        "counter",
-        Counting(output),
-        (InputStream("in"),),
-        (output,),
-        ComputationOptions(key_intervals=1),
-    )
+    spec = counting_spec(output)
     keys = ["a", "b", "a", "c", "a", "b"]
-    deliveries = [
-        Delivery(k, Record(k, b"", 1, injector_record_id("t", 0, n))) for n, k in enumerate(keys)
-    ]
+    deliveries = numbered(keys)
     clock = ManualClock(2_000_000)
 
     def worker(transactions: TransactionalSink) -> IntervalWorker:

@@ -396,6 +396,57 @@ def test_two_unknown_outcomes_in_a_row_leave_the_productions_for_the_next_batch(
     assert values(transactions) == [b"1"]
 
 
+def test_a_commit_answered_then_undone_keeps_its_productions_pending_and_sends_them_again(
+    workers: Workers, transactions: TestingTransactions, make_record: RecordFactory
+) -> None:
+    # Kafka answered the commit, then skipped its markers and the sweep aborted it: the
+    # marker read back does not cover it, so nothing is taken for delivered.
+    spec = workers.spec(Echo())
+    owner = worker(workers, spec, transactions)
+    owner.process(deliver(make_record("a", b"0")), WM)
+    transactions.fail_next(TransactionFault.COMMIT_UNDONE)
+    one = make_record("a", b"1")
+    result = owner.process(deliver(one), WM)
+    assert (result.unsettled_commits, result.transaction_failures) == (1, 1)
+    assert (result.transactions, result.pending) == (0, 1)
+    assert result.progress.oldest_work == one.timestamp  # it holds the watermark back
+    assert values(transactions) == [b"0"]
+
+    # The next batch's commit keeps its row; its delivery opens, resolves by the marker and
+    # sends it again with the batch's own.
+    after = owner.process(deliver(make_record("b", b"2")), WM)
+    assert (after.resent, after.marker_resolved, after.pending) == (1, 0, 0)
+    assert values(transactions) == [b"0", b"1", b"2"]
+    assert duplicates(transactions.read_committed()) == 0
+    assert transactions.opens == 2
+
+
+def test_a_commit_whose_marker_reads_back_late_is_resolved_by_it_not_sent_twice(
+    workers: Workers, transactions: TestingTransactions, make_record: RecordFactory
+) -> None:
+    spec = workers.spec(Echo())
+    owner = worker(workers, spec, transactions)
+    transactions.fail_next(TransactionFault.UNSETTLED)
+    result = owner.process(deliver(make_record("a", b"1")), WM)
+    assert (result.unsettled_commits, result.pending) == (1, 1)
+
+    after = owner.process([], WM)
+    assert (after.marker_resolved, after.resent, after.pending) == (1, 0, 0)
+    assert values(transactions) == [b"1"]
+    assert workers.store.productions("comp") == []
+
+
+def test_every_answered_commit_is_settled_by_reading_its_marker_back(
+    workers: Workers, transactions: TestingTransactions, make_record: RecordFactory
+) -> None:
+    spec = workers.spec(Echo())
+    owner = worker(workers, spec, transactions)
+    for value in (b"1", b"2"):
+        assert owner.process(deliver(make_record("a", value)), WM).unsettled_commits == 0
+    owner.process([], WM)  # nothing delivered: nothing to settle
+    assert transactions.settles == 2
+
+
 def test_an_unreachable_coordinator_leaves_productions_pending_and_the_batch_commits(
     workers: Workers, transactions: TestingTransactions, make_record: RecordFactory
 ) -> None:
