@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -60,18 +61,35 @@ def test_a_busy_process_counts_under_its_service_name_and_as_a_descendant() -> N
     assert used["Spark JVM"] == used["Python workers"] == 0.0
 
 
+def started(*args: str) -> subprocess.Popen[bytes]:
+    """A busy Python child with ``args`` after its script, returned once /proc shows its
+    command line. ``Popen`` returns as the exec closes the child's descriptors, before the
+    kernel has set its arguments up: read then, its cmdline is empty (the test failed so on
+    a loaded machine)."""
+    argv = [sys.executable, "-c", BURN, *args]
+    child = subprocess.Popen(argv)
+    expected = b"".join(arg.encode() + b"\0" for arg in argv)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with open(f"/proc/{child.pid}/cmdline", "rb") as command:
+            if command.read() == expected:
+                return child
+        time.sleep(0.01)
+    child.kill()
+    child.wait()
+    raise AssertionError(f"process {child.pid} did not show its command line within 10 s")
+
+
 @pytest.mark.unit
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc (Linux)")
 def test_python_workers_are_the_daemons_processes_not_the_jvm_naming_pyspark_or_it() -> None:
     # The JVM's command line names pyspark too (its classpath); only the daemon's module
     # name tells Spark's Python workers.
-    jvm_like = subprocess.Popen([sys.executable, "-c", BURN, "-cp", "site-packages/pyspark/conf"])
+    jvm_like = started("-cp", "site-packages/pyspark/conf")
     # ... and, in millstream's sessions, the daemon's module among its ``--conf`` arguments.
-    conf_like = subprocess.Popen(
-        [sys.executable, "-c", BURN, "--conf", "spark.python.daemon.module=millstream.spark.daemon"]
-    )
-    worker_like = subprocess.Popen([sys.executable, "-c", BURN, "-m", "pyspark.daemon"])
-    ours_like = subprocess.Popen([sys.executable, "-c", BURN, "-m", "millstream.spark.daemon"])
+    conf_like = started("--conf", "spark.python.daemon.module=millstream.spark.daemon")
+    worker_like = started("-m", "pyspark.daemon")
+    ours_like = started("-m", "millstream.spark.daemon")
     try:
         assert {worker_like.pid, ours_like.pid} <= set(python_workers())
         assert not {jvm_like.pid, conf_like.pid} & set(python_workers())
