@@ -48,6 +48,8 @@ whose view is resolved stages that transaction while step 6 runs (begun, product
 marker sent, not committed: nobody reads it yet) and step 7 commits it, or aborts it if the
 commit failed; so does a takeover whose background open finished in time with nothing
 pending, which takes the open before step 6 (its commit is then the lease check after it).
+A transaction counts as delivered only once its marker reads back as committed (settled):
+Kafka may answer a commit it then never completes.
 
 If anything fails (a fenced write, a crash, an unresolved outcome) the exception propagates
 and the worker forgets its soft state; the batch's inputs must not be acknowledged, so they
