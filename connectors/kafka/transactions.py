@@ -599,15 +599,15 @@ class KafkaTransactionalSink:
             futures = admin.list_consumer_group_offsets([request], require_stable=True)
             answer = futures[name].result(timeout=timeout)
         except FutureTimeout as exc:
-            # No answer: its offset held by a transaction that does not end (the broker
-            # answers UNSTABLE_OFFSET_COMMIT and librdkafka asks again), or the client
-            # wedged. After a kill -9 of the broker, the admin client made before it never
-            # answered again (every read timed out for minutes while a new client's read of
-            # the same marker answered at once): the next read gets a new one.
+            # No answer: Kafka down, or the client wedged. After a kill -9 of the broker, the
+            # admin client made before it never answered again (every read timed out for
+            # minutes while a new client's read of the same marker answered at once): the
+            # next read gets a new one. (An offset a transaction holds pending is no reason:
+            # librdkafka 2.16 raises the broker's UNSTABLE_OFFSET_COMMIT at once, below.)
             self._renew_admin(admin)
             raise TransactionUnavailableError(
                 f"the transaction marker of {name!r} was not readable within {timeout:.0f} s "
-                "(a transaction left open on it, or Kafka not answering)"
+                "(Kafka not answering)"
             ) from exc
         except KafkaException as exc:
             raise TransactionUnavailableError(
