@@ -985,16 +985,14 @@ class IntervalWorker:
                     return
                 marker = _marker(soft, productions)
                 outcome = transactions.deliver(name, self.interval, productions, marker, timeout)
-            if outcome is DeliveryOutcome.COMMITTED and not transactions.settled(
-                name, self.interval, marker, timeout
-            ):
-                # Answered but not settled (see millstream.engine.productions): they stay
-                # pending, and the next delivery's open resolves them by the marker.
-                soft.unresolved = True
-                result.transaction_failures += 1
-                result.unsettled_commits += 1
-                return
             if outcome is DeliveryOutcome.COMMITTED:
+                if not transactions.settled(name, self.interval, marker, timeout):
+                    # Answered but not settled (see millstream.engine.productions): they stay
+                    # pending, and the next delivery's open resolves them by the marker.
+                    soft.unresolved = True
+                    result.transaction_failures += 1
+                    result.unsettled_commits += 1
+                    return
                 soft.marker = marker
                 result.transactions += 1
                 pause_point("executor.delivered", name)

@@ -7,8 +7,8 @@ stable offset for good, so ``read_committed`` readers (every Spark source millst
 see nothing after it, and a ``require_stable`` offset fetch of a group whose transactional
 commit sits there (an interval's transaction marker,
 :mod:`~millstream.connectors.kafka.transactions`) is refused as unstable, every time. Kafka
-leaves such a
-transaction to an operator (KIP-664: ``kafka-transactions.sh find-hanging``, then ``abort``).
+leaves such a transaction to an operator (KIP-664: ``kafka-transactions.sh find-hanging``,
+then ``abort``).
 The proving ground met one after a ``kill -9`` of the single local broker in the middle of
 interval transactions: the interval's outputs and its marker stayed stuck until the run's
 outage timeout.

@@ -436,7 +436,8 @@ class KafkaTransactionalSink:
 
     def settled(self, computation: str, interval: int, marker: CommitTag, timeout: float) -> bool:
         name = transactional_id(self._namespace, computation, interval)
-        deadline = time.monotonic() + min(timeout, SETTLE_SECONDS)
+        window = min(timeout, SETTLE_SECONDS)
+        deadline = time.monotonic() + window
         attempt = 0
         while True:
             try:
@@ -455,7 +456,7 @@ class KafkaTransactionalSink:
                     interval,
                     computation,
                     marker.encode(),
-                    min(timeout, SETTLE_SECONDS),
+                    window,
                     exc,
                 )
                 return False
