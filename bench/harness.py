@@ -268,10 +268,17 @@ class Output:
 class OutputWatcher:
     """Reads an output topic from its beginning on a thread of its own, as a downstream
     consumer would (``read_committed``: a transactional writer's records count once its
-    transaction commits), and notes when each count of messages was reached."""
+    transaction commits), and notes when each count of messages was reached.
+
+    The thread keeps the consumer's messages as they come and makes them :class:`Output`
+    only when :attr:`messages` is read, after the measured drain: made as they came, they
+    took the cores the measured row runs on (a 200,000-record drain's benchmark and driver
+    CPU fell from 0.9 to 0.5 s with this, about 2 µs a message)."""
 
     def __init__(self, config: MillstreamConfig, topic: str, partitions: int) -> None:
-        self.messages: list[Output] = []
+        self._outputs: list[Output] = []
+        self._arrived: list[tuple[list[Message], float]] = []  # not made Outputs yet
+        self._count = 0
         self._seen: list[tuple[int, float]] = []  # (messages so far, wall time), growing
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -292,21 +299,30 @@ class OutputWatcher:
             while not self._stop.is_set():
                 batch = self._consumer.consume(num_messages=10_000, timeout=0.05)
                 now = time.time()
-                fresh = [
-                    Output(m.key(), m.value() or b"", int(m.timestamp()[1]), now * 1_000)
-                    for m in batch
-                    if m.error() is None
-                ]
+                fresh = [m for m in batch if m.error() is None]
                 if fresh:
                     with self._lock:
-                        self.messages.extend(fresh)
-                        self._seen.append((len(self.messages), now))
+                        self._arrived.append((fresh, now))
+                        self._count += len(fresh)
+                        self._seen.append((self._count, now))
         except BaseException as exc:
             self._failure = exc
 
+    @property
+    def messages(self) -> list[Output]:
+        """Every message seen so far, in the order seen."""
+        with self._lock:
+            arrived, self._arrived = self._arrived, []
+            for batch, now in arrived:
+                self._outputs.extend(
+                    Output(m.key(), m.value() or b"", int(m.timestamp()[1]), now * 1_000)
+                    for m in batch
+                )
+            return self._outputs
+
     def count(self) -> int:
         with self._lock:
-            return len(self.messages)
+            return self._count
 
     def reached(self, count: int) -> float | None:
         """When (wall clock) the watcher had seen ``count`` messages; ``None``: not yet."""

@@ -7,13 +7,15 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
-from bench.harness import core_note, python_workers, settle_compactions
+from bench.harness import OutputWatcher, core_note, python_workers, settle_compactions
 from millstream.connectors import cassandra as cassandra_connector
+from millstream.connectors import kafka as kafka_connector
 from millstream.engine.config import MillstreamConfig
 
 if TYPE_CHECKING:
@@ -132,3 +134,35 @@ def test_a_run_starts_once_the_node_has_no_compaction_running(
     # At least the quiet time, never the timeout (other tests' drops may compact meanwhile,
     # so what the node runs the moment after is not asserted).
     assert 0.3 <= waited < 60.0
+
+
+@pytest.mark.integration
+def test_the_output_watcher_counts_messages_as_they_come_and_gives_each_once_asked(
+    services: MillstreamConfig, kafka_topic: Callable[..., str]
+) -> None:
+    topic = kafka_topic(partitions=2)
+    watcher = OutputWatcher(services, topic, 2)
+    try:
+        producer = kafka_connector.producer(services)
+        sent = {f"k{n}".encode(): f"v{n}".encode() for n in range(7)}
+        for key, value in sent.items():
+            producer.produce(topic, value, key)
+        assert producer.flush(30) == 0
+        at = watcher.wait(7, timeout=30)
+        assert watcher.count() == 7
+        assert watcher.reached(7) == at
+        assert watcher.reached(8) is None
+        first = list(watcher.messages)
+        assert {m.key: m.value for m in first} == sent
+        # Seen when their fetch came, the last of them when the count was reached.
+        assert all(m.timestamp > 0 and m.seen <= at * 1_000 for m in first)
+        assert max(m.seen for m in first) == at * 1_000
+        producer.produce(topic, b"late", b"k7")
+        assert producer.flush(30) == 0
+        watcher.wait(8, timeout=30)
+        # Made once: a later read keeps the first ones and adds the new one.
+        again = watcher.messages
+        assert again[:7] == first
+        assert [m.value for m in again[7:]] == [b"late"]
+    finally:
+        watcher.close()
