@@ -21,7 +21,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Set
 from concurrent.futures import Future
 from dataclasses import replace
 from functools import partial
@@ -614,15 +614,16 @@ class BatchHandler:
             )
         )
 
-    def warm(self) -> dict[str, tuple[int, ...]]:
+    def warm(self, upstream: Set[str] = frozenset()) -> dict[str, tuple[int, ...]]:
         """Read the watermark reports so far (:meth:`ComputationDriver.read_ahead
         <millstream.engine.driver.ComputationDriver.read_ahead>`) and make the connections of
         the Python workers that will run this computation's tasks, before its first batch
         needs them (:class:`.executor.WarmTask`): a job of its tasks, in its own workers
         (:func:`in_worker_pool`), which in local mode meet in a directory of their own so that
         each runs in a process of its own, and there take the intervals of the share each
-        will work in the first batch (strong productions). Returns the workers that ran it,
-        as ``host:pid``, each with the intervals it took."""
+        will work in the first batch (strong productions). ``upstream``: those of its input
+        topics another computation of its query writes to, which its batches read ahead in.
+        Returns the workers that ran it, as ``host:pid``, each with the intervals it took."""
         # The first batch then reads only the reports published since.
         self.driver.read_ahead()
         topics = tuple(self.data_topics)
@@ -637,6 +638,7 @@ class BatchHandler:
                 self.tasks,
                 layout,
                 self._task_slots(),
+                tuple(sorted(upstream & set(topics))),
             )
             workers = self._job(task).collect()
         taken: dict[str, tuple[int, ...]] = {}

@@ -1052,6 +1052,16 @@ class RunningTopology:
         group = f"millstream-warm-{uuid.uuid4().hex}"
         context = self.spark.sparkContext
         what = _computations(specs)
+        # The topics each computation of a query in one reads that another of it writes to.
+        upstream = {
+            spec.name: {
+                kafka_connector.stream_topic(stream)
+                for other in specs
+                if other is not spec
+                for stream in other.produced_streams
+            }
+            for spec in specs
+        }
 
         def run() -> None:
             context.setJobGroup(group, f"millstream: warming the Python workers of {what}")
@@ -1061,7 +1071,7 @@ class RunningTopology:
                         return  # stopped as it started: nothing more to warm
                     started = time.monotonic()
                     try:
-                        workers = handler.warm()
+                        workers = handler.warm(upstream[handler.spec.name])
                         _log.info(
                             "computation %r: Python workers %s warmed in %.2f s; "
                             "intervals taken: %s",

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, cast
 from unittest.mock import patch
 
@@ -44,6 +45,7 @@ from millstream.spark.executor import (
     IntervalSlots,
     Skip,
     TaskSettings,
+    WarmTask,
     batch_task,
     claim_slot,
     meet_workers,
@@ -825,3 +827,28 @@ def test_the_tasks_warming_a_computations_workers_wait_for_each_other_up_to_a_bo
     assert meet_workers(tmp_path / "alone", "h:1", 2, 0.3) == 1
     assert time.monotonic() - started >= 0.3
     assert sorted(os.listdir(tmp_path / "job")) == ["h:1", "h:2"]
+
+
+def test_a_warm_up_primes_read_aheads_admin_for_the_topics_upstream_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A computation that reads another's output in one query gets its read-ahead's admin
+    client made and asked by the warm-up (``tests/spark/test_executor_kafka.py`` asks a real
+    broker); one that reads no other's output gets none."""
+    resources = SimpleNamespace(reader_topics=set())
+    primed: list[set[str]] = []
+    monkeypatch.setattr(executor, "_resources", lambda settings: resources)
+    monkeypatch.setattr(executor, "_batch_reader", lambda resources, settings: object())
+    monkeypatch.setattr(executor, "learn_topics", lambda reader, topics, known, timeout: None)
+
+    def prime(resources: object, settings: TaskSettings, topics: set[str]) -> dict[str, object]:
+        primed.append(set(topics))
+        return {}
+
+    monkeypatch.setattr(executor, "_prime_end_offsets", prime)
+    spec, _ = windows(2)
+    settings = TaskSettings(MillstreamConfig(), "keyspace", "table", "run", "keyspace.table")
+    assert list(WarmTask(spec, settings, ("a", "b"))(0, [])) == [(executor._HOST, os.getpid(), ())]
+    assert primed == []
+    list(WarmTask(spec, settings, ("a", "b"), upstream=("b",))(0, []))
+    assert primed == [{"b"}]
