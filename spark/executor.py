@@ -528,7 +528,7 @@ def committed_ends_from_kafka(
     from millstream.connectors.kafka.stalls import latest_offsets
 
     resources = _resources(settings)
-    admin = _end_offsets_admin(resources, settings)
+    admin = _end_offsets_admin(resources, settings, {topic for topic, _ in places})
     return settled_ends(
         lambda: latest_offsets(admin, places, IsolationLevel.READ_COMMITTED, _READ_TIMEOUT),
         lambda: latest_offsets(admin, places, IsolationLevel.READ_UNCOMMITTED, _READ_TIMEOUT),
@@ -536,53 +536,29 @@ def committed_ends_from_kafka(
     )
 
 
-def _end_offsets_admin(resources: _Resources, settings: TaskSettings) -> Any:
-    """The process's Kafka admin client of read-ahead's end offsets, made at first use."""
+def _end_offsets_admin(resources: _Resources, settings: TaskSettings, topics: Set[str]) -> Any:
+    """The process's Kafka admin client of read-ahead's end offsets
+    (:func:`committed_ends_from_kafka`), made at first use and asked then for the metadata of
+    ``topics``, before any end offset.
+
+    A fresh librdkafka client (2.16) sends its first lookup of a topic's leaders, the one an
+    end offsets request makes, on its bootstrap connection, which it closes as soon as it
+    learns the broker's own address; the lookup is lost with it ("Broker handle destroyed
+    without termination" in its debug log), the learnt broker is connected a second later and
+    the topic asked again two seconds after that. On two busy cores 10 of 48 fresh clients
+    answered their first end offsets after 1 or 3 s, and a topology's downstream part in one
+    query made its client at its first read-ahead: the first batch of paced input after a
+    backlog took 3.1 s instead of 0.2 (``bench/throughput.py``, ``millstream-3-in-one`` at
+    200 events/s). A metadata request of its own (``list_topics``) is not lost so: asked
+    first, it took about 50 ms and the end offsets then none (0 of 64)."""
     if resources.admin is None:
         from millstream.connectors.kafka.topics import admin_client
 
-        resources.admin = admin_client(settings.config)
+        admin = admin_client(settings.config)
+        for topic in sorted(topics):
+            admin.list_topics(topic, timeout=_READ_TIMEOUT)
+        resources.admin = admin
     return resources.admin
-
-
-def _prime_end_offsets(
-    resources: _Resources, settings: TaskSettings, topics: Set[str]
-) -> Mapping[Any, Future[Any]]:
-    """Ask the end offsets of ``topics``' partitions (their metadata known to the batch
-    reader) with the admin client of read-ahead (:func:`committed_ends_from_kafka`), without
-    waiting for the answer: a warm-up (:class:`WarmTask`), so that the client has connected
-    to the partitions' leader and learnt them before a batch reads ahead.
-
-    A fresh librdkafka client (2.16) sends its first request for a topic's leaders on its
-    bootstrap connection, which it closes as soon as the broker's own address is learnt; the
-    request is lost with it and asked again only after 1 to 3 s (its debug log: "Broker
-    handle destroyed without termination", the learnt broker connected a second later, the
-    topic's metadata asked two more seconds on). In a quarter of fresh clients the first end
-    offsets took 1 or 3 s, and a topology's downstream part in one query made its client at
-    its first read-ahead: the first batch of paced input after a backlog took 3.1 s instead
-    of 0.2 (``bench/throughput.py``, ``millstream-3-in-one`` at 200 events/s). The answer
-    itself is not needed (returned for tests to wait on): a failure here is met again, and
-    raised, by the batch's own request."""
-    from confluent_kafka import IsolationLevel, TopicPartition
-    from confluent_kafka.admin import OffsetSpec
-
-    reader = _batch_reader(resources, settings)
-    partitions = [
-        TopicPartition(topic, partition)
-        for topic in sorted(topics)
-        if (metadata := reader.list_topics(topic, timeout=_READ_TIMEOUT).topics.get(topic))
-        is not None
-        and metadata.error is None
-        for partition in metadata.partitions
-    ]
-    if not partitions:
-        return {}
-    futures: Mapping[Any, Future[Any]] = _end_offsets_admin(resources, settings).list_offsets(
-        {tp: OffsetSpec.latest() for tp in partitions},  # type: ignore[no-untyped-call]
-        isolation_level=IsolationLevel.READ_COMMITTED,
-        request_timeout=_READ_TIMEOUT,
-    )
-    return futures
 
 
 def settled_ends(
@@ -785,8 +761,8 @@ class WarmTask:
     slots: IntervalSlots | None = None
     upstream: tuple[str, ...] = ()
     """Those of ``topics`` another computation of the same query writes to: a batch reads
-    ahead in them (:func:`topology_task`), with an admin client this warms
-    (:func:`_prime_end_offsets`)."""
+    ahead in them (:func:`topology_task`), with an admin client this makes
+    (:func:`_end_offsets_admin`)."""
 
     def __call__(
         self, index: int, _elements: Iterable[object]
@@ -795,7 +771,7 @@ class WarmTask:
         reader = _batch_reader(resources, self.settings)
         learn_topics(reader, set(self.topics), resources.reader_topics, _READ_TIMEOUT)
         if self.upstream:
-            _prime_end_offsets(resources, self.settings, set(self.upstream))
+            _end_offsets_admin(resources, self.settings, set(self.upstream))
         taken: tuple[int, ...] = ()
         if self.meet is not None and self.spec.options.strong_productions:
             taken = self._take(resources, index)

@@ -829,26 +829,27 @@ def test_the_tasks_warming_a_computations_workers_wait_for_each_other_up_to_a_bo
     assert sorted(os.listdir(tmp_path / "job")) == ["h:1", "h:2"]
 
 
-def test_a_warm_up_primes_read_aheads_admin_for_the_topics_upstream_only(
+def test_a_warm_up_makes_read_aheads_admin_for_the_topics_upstream_only(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A computation that reads another's output in one query gets its read-ahead's admin
-    client made and asked by the warm-up (``tests/spark/test_executor_kafka.py`` asks a real
-    broker); one that reads no other's output gets none."""
+    client made, and asked those topics' metadata, by the warm-up
+    (``tests/spark/test_executor_kafka.py`` asks a real broker); one that reads no other's
+    output gets none."""
     resources = SimpleNamespace(reader_topics=set())
-    primed: list[set[str]] = []
+    made: list[set[str]] = []
     monkeypatch.setattr(executor, "_resources", lambda settings: resources)
     monkeypatch.setattr(executor, "_batch_reader", lambda resources, settings: object())
     monkeypatch.setattr(executor, "learn_topics", lambda reader, topics, known, timeout: None)
 
-    def prime(resources: object, settings: TaskSettings, topics: set[str]) -> dict[str, object]:
-        primed.append(set(topics))
-        return {}
+    def admin(resources: object, settings: TaskSettings, topics: set[str]) -> object:
+        made.append(set(topics))
+        return object()
 
-    monkeypatch.setattr(executor, "_prime_end_offsets", prime)
+    monkeypatch.setattr(executor, "_end_offsets_admin", admin)
     spec, _ = windows(2)
     settings = TaskSettings(MillstreamConfig(), "keyspace", "table", "run", "keyspace.table")
     assert list(WarmTask(spec, settings, ("a", "b"))(0, [])) == [(executor._HOST, os.getpid(), ())]
-    assert primed == []
+    assert made == []
     list(WarmTask(spec, settings, ("a", "b"), upstream=("b",))(0, []))
-    assert primed == [{"b"}]
+    assert made == [{"b"}]
