@@ -23,6 +23,7 @@ from collections.abc import Callable, Generator, Iterator, Sequence, Set
 from typing import Literal, NamedTuple, NoReturn, Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from millstream.connectors import kafka
 from millstream.engine.config import MillstreamConfig
@@ -188,11 +189,11 @@ def read_ranges(
 
 
 def learn_topics(
-    reader: Consumer, topics: Set[str], known: set[str] | None, timeout: float
+    reader: Consumer | AdminClient, topics: Set[str], known: set[str] | None, timeout: float
 ) -> None:
-    """Ask ``reader`` (:func:`range_reader`) for the metadata of those of ``topics`` not in
-    ``known`` (all with ``None``), adding each the broker knows to ``known``; see
-    :func:`read_ranges`. Raises :class:`~millstream.engine.errors.ServiceOutageError` if
+    """Ask ``reader`` (:func:`range_reader`, or an admin client) for the metadata of those of
+    ``topics`` not in ``known`` (all with ``None``), adding each the broker knows to ``known``;
+    see :func:`read_ranges`. Raises :class:`~millstream.engine.errors.ServiceOutageError` if
     Kafka does not answer within ``timeout`` seconds."""
     for topic in sorted(topics - known if known is not None else topics):
         try:

@@ -555,8 +555,7 @@ def _end_offsets_admin(resources: _Resources, settings: TaskSettings, topics: Se
         from millstream.connectors.kafka.topics import admin_client
 
         admin = admin_client(settings.config)
-        for topic in sorted(topics):
-            admin.list_topics(topic, timeout=_READ_TIMEOUT)
+        learn_topics(admin, topics, None, _READ_TIMEOUT)
         resources.admin = admin
     return resources.admin
 
